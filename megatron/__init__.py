@@ -1,0 +1,1 @@
+"""Megatron-style training with a job-level OpenTelemetry span lifecycle."""

@@ -1,0 +1,1 @@
+"""Library code shared by training and other entry points."""

@@ -1,0 +1,1 @@
+"""The training entry point, its loop, and the job-level span lifecycle."""
