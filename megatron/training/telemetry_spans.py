@@ -1,0 +1,547 @@
+"""The job-level OpenTelemetry span lifecycle of one ``pretrain()`` call.
+
+Everything a newcomer needs to answer "where is this span opened, where is it
+closed, and why" is in this file. An incarnation of a training job emits
+several separate traces, never one run-long root span:
+
+* trace A, ``pre_startup``: the time the job sat in the scheduler queue
+  (backdated, only when it is known);
+* trace B, ``megatron.startup``: launch, imports, model build, data, checkpoint
+  load, up to the first training step;
+* traces C0..Cn, ``megatron.train``: one per checkpoint interval, each linked to
+  the one before it (C0 to B), so a SIGKILL loses at most the interval in flight.
+
+The lifecycle is an explicit state machine on the ``transitions`` library.
+Each state owns exactly the spans that are open while it is current: entering
+``startup`` opens B and leaving it closes B; entering ``interval`` opens a C and
+leaving it closes that C. A double close or an out-of-order reroot is therefore
+impossible by construction: it is a trigger the table does not list, and it
+raises :class:`SpanPhaseError` instead of being absorbed by a boolean flag.
+
+The second, tiny machine, :class:`ExitHooks`, models the process-wide atexit
+and SIGTERM hooks, which must exist at most once per process and act on the
+lifecycle of the most recent ``pretrain()``.
+
+Telemetry off (no handle, a handle that is not exporting, or the ``job`` span
+group off): the machine still runs and still rejects illegal orders, so the
+call-site ordering in ``training.py`` is checked in every run, but no callback
+touches the OpenTelemetry API.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace as otel_trace
+from opentelemetry.trace import Link, Span, SpanContext
+from transitions import Machine, MachineError
+
+from megatron.core.telemetry.span_groups import SpanGroup
+from megatron.core.telemetry.state import is_span_group_enabled
+
+__all__ = [
+    "EXIT_HOOKS",
+    "ExitHooks",
+    "SpanPhaseError",
+    "SpanPhases",
+    "TelemetryLike",
+    "install_exit_hooks",
+]
+
+_log = logging.getLogger(__name__)
+
+# Attribute keys. ``is_goodput_span`` and ``megatron.model_type`` are the names
+# Megatron-LM's flag-based implementation uses; the interval keys are ours.
+GOODPUT = "is_goodput_span"
+MODEL_TYPE = "megatron.model_type"
+INTERVAL_INDEX = "megatron.interval.index"
+INTERVAL_FIRST_ITERATION = "megatron.interval.first_iteration"
+INTERVAL_LAST_ITERATION = "megatron.interval.last_iteration"
+
+# A save_interval <= 0 means "no checkpointing": one interval covers the loop.
+# The countdown then starts so high that it never reaches zero in practice.
+_NEVER = sys.maxsize
+
+# Transitions hold SIGTERM off while they run, so the exit hooks never observe
+# a half-finished transition (say, interval C(k) ended and C(k+1) not yet open).
+_HELD_SIGNALS = frozenset({signal.SIGTERM})
+
+
+class TelemetryLike(Protocol):
+    """What the lifecycle needs from a telemetry handle."""
+
+    tracer: Any
+    is_exporting: bool
+
+    def force_flush(self, timeout_ms: int = ...) -> Any: ...
+
+    def shutdown(self, timeout_ms: int = ...) -> Any: ...
+
+
+class SpanPhaseError(MachineError):
+    """A trigger the transition table does not allow in the current state."""
+
+    def __init__(self, trigger: str, state: str) -> None:
+        super().__init__(f"Can't trigger '{trigger}' in state '{state}'")
+        self.trigger = trigger
+        self.state = state
+
+
+def _ns(seconds: float) -> int:
+    """Epoch seconds to the SDK's integer nanoseconds (same rounding as upstream)."""
+    return int(seconds * 1e9)
+
+
+def _is_folded(ts: Mapping[str, float | None]) -> bool:
+    """Whether the launch-script window can be drawn inside the startup trace."""
+    start = ts.get("launch_script_start")
+    presrun = ts.get("launch_script_presrun")
+    program = ts.get("program_start")
+    return None not in (start, presrun, program) and start <= presrun <= program
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Block SIGTERM for the duration of a transition (main-thread signals only)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _telemetry_guard(callback):
+    """Telemetry must never break training: log an SDK failure, don't raise it."""
+
+    def guarded(self, *args, **kwargs):
+        try:
+            callback(self, *args, **kwargs)
+        except Exception:  # noqa: BLE001 -- any exporter/SDK failure is non-fatal
+            self._telemetry_failures += 1
+            if self._telemetry_failures == 1:
+                _log.warning(
+                    "telemetry failed in %s; training continues and later failures "
+                    "of this lifecycle are not logged",
+                    callback.__name__,
+                    exc_info=True,
+                )
+
+    guarded.__name__ = callback.__name__
+    guarded.__doc__ = callback.__doc__
+    return guarded
+
+
+class SpanPhases:
+    """The span lifecycle of one ``pretrain()`` call, driven by named transitions.
+
+    ``training.py`` fires the triggers in the order a job lives: ``start_job``,
+    ``record_phase`` for each measured startup phase, ``start_train``, ``step``
+    once per loop pass, ``end_train``, and ``shutdown`` on every exit path.
+    """
+
+    # Each state names the callbacks that open and close the spans it owns.
+    STATES: tuple[dict[str, Any], ...] = (
+        {"name": "job"},
+        {"name": "startup", "on_enter": "_open_startup", "on_exit": "_close_startup"},
+        {"name": "train", "on_enter": "_restart_count"},
+        {
+            "name": "interval",
+            "on_enter": ["_count_interval", "_open_interval"],
+            "on_exit": ["_close_interval", "_end_count"],
+        },
+        {"name": "shutdown", "on_enter": "_shutdown_telemetry", "final": True},
+    )
+
+    _LIVE = ("job", "startup", "train", "interval")
+
+    # The whole contract at a glance. A trigger not listed for the current
+    # state raises SpanPhaseError. ``dest: None`` is an internal transition:
+    # callbacks run, the state (and so every open span) stays as it is.
+    TRANSITIONS: tuple[dict[str, Any], ...] = (
+        {"trigger": "start_job", "source": "job", "dest": "startup"},
+        {"trigger": "record_phase", "source": "startup", "dest": None, "after": "_emit_phase"},
+        {"trigger": "start_train", "source": "startup", "dest": "train"},
+        {"trigger": "reroot", "source": "train", "dest": "interval"},
+        {"trigger": "reroot", "source": "interval", "dest": "interval"},
+        {"trigger": "end_train", "source": "interval", "dest": "train"},
+        {"trigger": "shutdown", "source": _LIVE, "dest": "shutdown"},
+        {"trigger": "flush", "source": _LIVE, "dest": None, "after": "_flush_telemetry"},
+    )
+
+    def __init__(
+        self,
+        telemetry: TelemetryLike | None,
+        save_interval: int | None = 0,
+        enabled: bool | None = None,
+        *,
+        timeout_ms: int = 5000,
+    ) -> None:
+        self.telemetry = telemetry
+        self.enabled = self._telemetry_enabled(telemetry) if enabled is None else bool(enabled)
+        # The exit hooks may act on this lifecycle from a signal handler whenever
+        # its handle exports, so transitions then run with SIGTERM held.
+        self._exporting = bool(getattr(telemetry, "is_exporting", False))
+        self.save_interval = save_interval or 0
+        self.timeout_ms = timeout_ms
+        # Only a live tracer is ever kept: with telemetry off it stays None and
+        # every callback returns before touching OpenTelemetry.
+        self._tracer = telemetry.tracer if self.enabled and telemetry is not None else None
+        self._timestamps: Mapping[str, float | None] = {}
+        self._model_type: Any = None
+        self._startup: Span | None = None
+        self._startup_token: object | None = None
+        self._interval: Span | None = None
+        self._interval_token: object | None = None
+        # The span context the next interval links to: B's, then each C's.
+        self._link_to: SpanContext | None = None
+        self._interval_index = 0
+        self._first_iteration: int | None = None
+        self._last_iteration: int | None = None
+        # Passes left until the next reroot. 1 means "the next step() is a
+        # boundary", which is also how step() in a state where it is illegal
+        # reaches the machine and gets rejected.
+        self._countdown = 1
+        self._telemetry_failures = 0
+        self.machine = Machine(
+            model=self,
+            states=[dict(s) for s in self.STATES],
+            transitions=[dict(t) for t in self.TRANSITIONS],
+            initial="job",
+            auto_transitions=False,
+            name="span_phases",
+        )
+
+    @staticmethod
+    def _telemetry_enabled(telemetry: TelemetryLike | None) -> bool:
+        if telemetry is None or not getattr(telemetry, "is_exporting", False):
+            return False
+        groups = getattr(telemetry, "span_groups", None)
+        if groups is not None:
+            return SpanGroup.JOB in groups
+        return is_span_group_enabled(SpanGroup.JOB)
+
+    # ------------------------------------------------------------------
+    # Triggers: typed entry points, each firing the transition of its name.
+    # ------------------------------------------------------------------
+
+    def start_job(
+        self, model_type: Any = None, timestamps: Mapping[str, float | None] | None = None
+    ) -> None:
+        """Emit ``pre_startup`` if due, open ``megatron.startup`` and its launch children."""
+        self._model_type = model_type
+        self._fire("start_job", dict(timestamps or {}))
+
+    def record_phase(self, name: str, start: float | None, end: float | None) -> None:
+        """Record an elapsed startup phase as a backdated child of ``megatron.startup``."""
+        self._fire("record_phase", name, start, end)
+
+    def start_train(self) -> None:
+        """Close ``megatron.startup``; the next ``step()`` opens the first interval."""
+        self._fire("start_train")
+
+    def reroot(self) -> None:
+        """Close the open interval (if any) and open the next, in a new linked trace."""
+        self._fire("reroot")
+
+    def end_train(self) -> None:
+        """Close the open interval: the loop is over."""
+        self._fire("end_train")
+
+    def flush(self) -> None:
+        """Force-flush the exporters without changing any span (graceful SIGTERM drain)."""
+        self._fire("flush")
+
+    def shutdown(self) -> None:
+        """End what is open, innermost first, then shut telemetry down exactly once."""
+        self._fire("shutdown")
+
+    def step(self, iteration: int | None = None) -> None:
+        """Count one loop pass; reroot when the pass starts a new checkpoint interval.
+
+        Called at the top of every pass, so the non-boundary path is kept to
+        integer arithmetic and two attribute stores.
+        """
+        self._countdown -= 1
+        if self._countdown <= 0:
+            self._step_boundary(iteration)
+        self._last_iteration = iteration
+
+    def _step_boundary(self, iteration: int | None) -> None:
+        # step() is legal exactly where reroot is (train and interval), so the
+        # table decides; only the trigger named in the error is step's own.
+        try:
+            self._fire("reroot", iteration=iteration)
+        except SpanPhaseError as err:
+            self._countdown = 1
+            raise SpanPhaseError("step", err.state) from None
+
+    def _fire(self, trigger: str, *args: Any, **kwargs: Any) -> None:
+        """Run one transition with SIGTERM held, turning a table miss into SpanPhaseError."""
+        event = self.machine.events[trigger]
+        try:
+            if self._exporting:
+                with _signals_held():
+                    event.trigger(self, *args, **kwargs)
+            else:
+                event.trigger(self, *args, **kwargs)
+        except SpanPhaseError:
+            raise
+        except MachineError:
+            raise SpanPhaseError(trigger, self.state) from None
+
+    # ------------------------------------------------------------------
+    # State callbacks: where each span is opened and closed.
+    # ------------------------------------------------------------------
+
+    @_telemetry_guard
+    def _open_startup(self, timestamps: Mapping[str, float | None]) -> None:
+        """Entering ``startup``: traces A and B, and B's folded launch children."""
+        self._timestamps = timestamps
+        if self._tracer is None:
+            return
+        slurm = timestamps.get("slurm_job_start_time")
+        launch = timestamps.get("launch_script_start")
+        if slurm is not None and launch is not None and slurm < launch:
+            self._backdated("pre_startup", slurm, launch)
+
+        folded = _is_folded(timestamps)
+        opened_at = timestamps.get("launch_script_start" if folded else "program_start")
+        self._startup = self._tracer.start_span(
+            "megatron.startup",
+            context=otel_context.Context(),
+            start_time=None if opened_at is None else _ns(opened_at),
+            attributes={GOODPUT: True, MODEL_TYPE: str(self._model_type)},
+        )
+        self._link_to = self._startup.get_span_context()
+        self._startup_token = otel_context.attach(otel_trace.set_span_in_context(self._startup))
+        if folded:
+            presrun, program = timestamps["launch_script_presrun"], timestamps["program_start"]
+            self._backdated("megatron.startup.launch_script", launch, presrun, self._startup)
+            self._backdated("megatron.startup.container_load", presrun, program, self._startup)
+
+    @_telemetry_guard
+    def _emit_phase(self, name: str, start: float | None, end: float | None) -> None:
+        """``record_phase``: a startup phase measured before telemetry could record it."""
+        if self._tracer is not None:
+            self._backdated(name, start, end, self._startup)
+
+    @_telemetry_guard
+    def _close_startup(self, *_: Any, **__: Any) -> None:
+        """Leaving ``startup`` (``start_train`` or ``shutdown``): end B, keep its context.
+
+        The span context outlives the span: the first interval links to it.
+        """
+        span, token = self._startup, self._startup_token
+        self._startup = self._startup_token = None
+        if token is not None:
+            otel_context.detach(token)
+        if span is not None:
+            span.end()
+
+    # Pass counting. Counting passes rather than iteration numbers keeps the
+    # boundaries right in a resumed run, whose iteration numbers carry the
+    # checkpoint's offset. These run with telemetry off too: they are the
+    # bookkeeping that makes step() cheap, not spans.
+
+    def _restart_count(self, *_: Any, **__: Any) -> None:
+        """Entering ``train``: the next pass is a boundary and opens an interval."""
+        self._countdown = 1
+
+    def _count_interval(self, iteration: int | None = None) -> None:
+        """Entering ``interval``: passes until the next boundary, and the first iteration."""
+        self._countdown = self.save_interval if self.save_interval > 0 else _NEVER
+        self._first_iteration = iteration
+        self._last_iteration = None
+
+    def _end_count(self, *_: Any, **__: Any) -> None:
+        """Leaving ``interval``: the next step() goes to the table again.
+
+        That is how a step() after ``end_train`` opens a new interval, and how a
+        step() after ``shutdown`` is rejected.
+        """
+        self._countdown = 1
+        self._interval_index += 1
+
+    @_telemetry_guard
+    def _open_interval(self, *_: Any, **__: Any) -> None:
+        """Entering ``interval``: open C(k) in a new trace, linked to C(k-1) or to B."""
+        if self._tracer is None:
+            return
+        self._interval = self._tracer.start_span(
+            "megatron.train",
+            context=otel_context.Context(),
+            links=[Link(self._link_to)] if self._link_to is not None else None,
+            attributes={GOODPUT: True, INTERVAL_INDEX: self._interval_index},
+        )
+        self._interval_token = otel_context.attach(otel_trace.set_span_in_context(self._interval))
+
+    @_telemetry_guard
+    def _close_interval(self, *_: Any, **__: Any) -> None:
+        """Leaving ``interval`` (reroot, ``end_train`` or ``shutdown``): end C(k).
+
+        Its span context is kept: the next interval links to it.
+        """
+        span, token = self._interval, self._interval_token
+        self._interval = self._interval_token = None
+        if span is None:
+            return
+        self._link_to = span.get_span_context()
+        if self._first_iteration is not None:
+            span.set_attribute(INTERVAL_FIRST_ITERATION, self._first_iteration)
+        if self._last_iteration is not None:
+            span.set_attribute(INTERVAL_LAST_ITERATION, self._last_iteration)
+        if token is not None:
+            otel_context.detach(token)
+        span.end()
+
+    @_telemetry_guard
+    def _flush_telemetry(self) -> None:
+        """``flush``: push finished spans out; nothing opens or closes."""
+        if self._exporting:
+            self.telemetry.force_flush(timeout_ms=self.timeout_ms)
+
+    @_telemetry_guard
+    def _shutdown_telemetry(self, *_: Any, **__: Any) -> None:
+        """Entering ``shutdown``: open spans were already ended by the exit callbacks.
+
+        The handle is shut down here and only here; ``shutdown`` is final, so
+        this runs exactly once per lifecycle.
+        """
+        if self.telemetry is not None:
+            self.telemetry.shutdown(timeout_ms=self.timeout_ms)
+
+    # ------------------------------------------------------------------
+
+    def _backdated(
+        self, name: str, start: float | None, end: float | None, parent: Span | None = None
+    ) -> None:
+        """A span created and ended at once, for time that elapsed before now.
+
+        ``parent`` None makes it the root of a trace of its own. A phase whose
+        start or end is unknown is skipped rather than faked.
+        """
+        if start is None or end is None:
+            return
+        context = (
+            otel_trace.set_span_in_context(parent) if parent is not None else otel_context.Context()
+        )
+        span = self._tracer.start_span(
+            name, context=context, start_time=_ns(start), attributes={GOODPUT: True}
+        )
+        span.end(end_time=_ns(end))
+
+
+class ExitHooks:
+    """The process-wide atexit and SIGTERM hooks, as a machine of their own.
+
+    They exist only to get telemetry out of a dying process, so they are
+    installed only for a lifecycle whose telemetry is exporting, at most once
+    per process, and always act on the most recently attached lifecycle.
+    """
+
+    STATES: tuple[str, ...] = ("uninstalled", "installed", "terminating")
+
+    TRANSITIONS: tuple[dict[str, Any], ...] = (
+        {"trigger": "install", "source": "uninstalled", "dest": "installed", "after": "_register"},
+        # Later pretrain() calls only rebind the target (done before firing).
+        {"trigger": "install", "source": ["installed", "terminating"], "dest": None},
+        # Graceful drain: flush, keep everything open, let the trainer finish.
+        {"trigger": "sigterm", "source": "installed", "dest": None, "conditions": "graceful",
+         "after": "_flush_target"},
+        # Hard stop: end and export everything, then let the signal do its job.
+        {"trigger": "sigterm", "source": "installed", "dest": "terminating",
+         "after": "_shutdown_target"},
+        # A second SIGTERM while the first is being handled: never re-enter.
+        {"trigger": "sigterm", "source": "terminating", "dest": None},
+        {"trigger": "process_exit", "source": "installed", "dest": None,
+         "after": "_shutdown_target"},
+        {"trigger": "process_exit", "source": "terminating", "dest": None},
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.target: SpanPhases | None = None
+        self.graceful = False
+        self.previous_handler: Any = signal.SIG_DFL
+        self.machine = Machine(
+            model=self,
+            states=list(self.STATES),
+            transitions=[dict(t) for t in self.TRANSITIONS],
+            initial="uninstalled",
+            auto_transitions=False,
+            name="exit_hooks",
+        )
+
+    def attach(self, phases: SpanPhases, graceful: bool = False) -> None:
+        """Make ``phases`` the lifecycle the hooks act on; install them the first time.
+
+        Nothing happens for a lifecycle whose telemetry is off, so such a process
+        keeps exactly its old signal and exit behaviour.
+        """
+        if not getattr(phases.telemetry, "is_exporting", False):
+            return
+        self.target = phases
+        self.graceful = bool(graceful)
+        self.install()
+
+    def handle_sigterm(self, signum: int, frame: Any) -> None:
+        """The SIGTERM handler: flush or shut down, then pass the signal on."""
+        try:
+            self.sigterm()
+        except Exception:  # noqa: BLE001 -- the signal must still be passed on
+            _log.warning("telemetry SIGTERM hook failed", exc_info=True)
+        self._chain(signum, frame)
+
+    def handle_exit(self) -> None:
+        """The atexit hook: shut down whatever the latest lifecycle left open."""
+        try:
+            self.process_exit()
+        except Exception:  # noqa: BLE001 -- interpreter exit must not be disturbed
+            _log.warning("telemetry atexit hook failed", exc_info=True)
+
+    # -- callbacks -------------------------------------------------------
+
+    def _register(self) -> None:
+        atexit.register(self.handle_exit)
+        try:
+            self.previous_handler = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, self.handle_sigterm)
+        except ValueError:  # not the main thread: atexit remains the fallback
+            _log.info("SIGTERM hook not installed: not in the main thread")
+
+    def _flush_target(self) -> None:
+        if self.target is not None and self.target.may_flush():
+            self.target.flush()
+
+    def _shutdown_target(self) -> None:
+        # "If the table still allows it": a lifecycle that already shut down is
+        # left alone rather than made to raise from inside a signal handler.
+        if self.target is not None and self.target.may_shutdown():
+            self.target.shutdown()
+
+    def _chain(self, signum: int, frame: Any) -> None:
+        """Pass the signal on as if the hook had never been there."""
+        previous = self.previous_handler
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL or previous is None:
+            # The default action for SIGTERM is to die by it (status -15 / 143).
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        # SIG_IGN: the process chose to ignore SIGTERM; so do we.
+
+
+EXIT_HOOKS = ExitHooks()
+
+
+def install_exit_hooks(phases: SpanPhases, graceful: bool = False) -> ExitHooks:
+    """Point the process-wide exit hooks at ``phases`` (installing them once)."""
+    EXIT_HOOKS.attach(phases, graceful=graceful)
+    return EXIT_HOOKS
