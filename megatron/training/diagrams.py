@@ -30,9 +30,10 @@ from transitions.extensions import GraphMachine
 
 from megatron.training.telemetry_spans import ExitHooks, SpanPhases
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DIAGRAM_DIR = REPO_ROOT / "state_diagrams"
-README = REPO_ROOT / "README.md"
+# Paths are relative to the repository root handed in (the installed package
+# does not live inside the checkout, so it cannot find it by itself).
+DIAGRAM_DIR = "state_diagrams"
+README = "README.md"
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,9 @@ def embed_in_readme(readme_text: str, files: Mapping[str, str]) -> str:
     return readme_text
 
 
-def drift(directory: Path = DIAGRAM_DIR, readme: Path = README) -> list[str]:
-    """Names of checked-in files that differ from what the tables produce now."""
+def drift(root: Path) -> list[str]:
+    """Names of checked-in files under ``root`` that differ from what the tables draw now."""
+    directory, readme = root / DIAGRAM_DIR, root / README
     files = render()
     stale = [
         name
@@ -138,8 +140,9 @@ def drift(directory: Path = DIAGRAM_DIR, readme: Path = README) -> list[str]:
     return stale
 
 
-def write(directory: Path = DIAGRAM_DIR, readme: Path = README) -> list[str]:
-    """Regenerate everything; return the names that changed."""
+def write(root: Path) -> list[str]:
+    """Regenerate everything under ``root``; return the names that changed."""
+    directory, readme = root / DIAGRAM_DIR, root / README
     files = render()
     directory.mkdir(parents=True, exist_ok=True)
     changed = []
@@ -163,13 +166,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--check", action="store_true", help="compare only; exit 1 if anything drifted"
     )
+    parser.add_argument(
+        "--root", type=Path, default=Path.cwd(), help="repository root (default: current directory)"
+    )
     args = parser.parse_args(argv)
     if args.check:
-        stale = drift()
+        stale = drift(args.root)
         for name in stale:
             print(f"out of date: {name} (run: tox -e diagrams)", file=sys.stderr)
         return 1 if stale else 0
-    for name in write():
+    for name in write(args.root):
         print(f"wrote {name}")
     return 0
 
