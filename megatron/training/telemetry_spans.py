@@ -152,11 +152,7 @@ class SpanPhases:
         {"name": "job"},
         {"name": "startup", "on_enter": "_open_startup", "on_exit": "_close_startup"},
         {"name": "train", "on_enter": "_restart_count"},
-        {
-            "name": "interval",
-            "on_enter": ["_count_interval", "_open_interval"],
-            "on_exit": ["_close_interval", "_end_count"],
-        },
+        {"name": "interval", "on_enter": "_open_interval", "on_exit": "_close_interval"},
         {"name": "shutdown", "on_enter": "_shutdown_telemetry", "final": True},
     )
 
@@ -170,7 +166,10 @@ class SpanPhases:
         {"trigger": "record_phase", "source": "startup", "dest": None, "after": "_emit_phase"},
         {"trigger": "start_train", "source": "startup", "dest": "train"},
         {"trigger": "reroot", "source": "train", "dest": "interval"},
-        {"trigger": "reroot", "source": "interval", "dest": "interval"},
+        # Internal, so the one callback reads as what happens: end C(k), open
+        # C(k+1). (A reflexive edge would run the same exit/enter pair, at
+        # twice transitions' dispatch cost.)
+        {"trigger": "reroot", "source": "interval", "dest": None, "after": "_next_interval"},
         {"trigger": "end_train", "source": "interval", "dest": "train"},
         {"trigger": "shutdown", "source": _LIVE, "dest": "shutdown"},
         {"trigger": "flush", "source": _LIVE, "dest": None, "after": "_flush_telemetry"},
@@ -204,10 +203,10 @@ class SpanPhases:
         self._link_to: SpanContext | None = None
         self._interval_index = 0
         self._first_iteration: int | None = None
-        self._last_iteration: int | None = None
-        # Passes left until the next reroot. 1 means "the next step() is a
-        # boundary", which is also how step() in a state where it is illegal
-        # reaches the machine and gets rejected.
+        # Passes per interval, and passes left until the next reroot. A
+        # countdown of 1 means "the next step() is a boundary", which is also
+        # how step() in a state where it is illegal reaches the table.
+        self._period = self.save_interval if self.save_interval > 0 else _NEVER
         self._countdown = 1
         self._telemetry_failures = 0
         self.machine = Machine(
@@ -266,13 +265,13 @@ class SpanPhases:
     def step(self, iteration: int | None = None) -> None:
         """Count one loop pass; reroot when the pass starts a new checkpoint interval.
 
-        Called at the top of every pass, so the non-boundary path is kept to
-        integer arithmetic and two attribute stores.
+        Called at the top of every pass, so the non-boundary path is one
+        decrement and one comparison; ``iteration`` is only looked at on a
+        boundary (see ``_last_iteration``).
         """
         self._countdown -= 1
         if self._countdown <= 0:
             self._step_boundary(iteration)
-        self._last_iteration = iteration
 
     def _step_boundary(self, iteration: int | None) -> None:
         # step() is legal exactly where reroot is (train and interval), so the
@@ -346,35 +345,53 @@ class SpanPhases:
         if span is not None:
             span.end()
 
-    # Pass counting. Counting passes rather than iteration numbers keeps the
-    # boundaries right in a resumed run, whose iteration numbers carry the
-    # checkpoint's offset. These run with telemetry off too: they are the
-    # bookkeeping that makes step() cheap, not spans.
-
     def _restart_count(self, *_: Any, **__: Any) -> None:
-        """Entering ``train``: the next pass is a boundary and opens an interval."""
-        self._countdown = 1
+        """Entering ``train``: the next pass is a boundary and opens an interval.
 
-    def _count_interval(self, iteration: int | None = None) -> None:
-        """Entering ``interval``: passes until the next boundary, and the first iteration."""
-        self._countdown = self.save_interval if self.save_interval > 0 else _NEVER
-        self._first_iteration = iteration
-        self._last_iteration = None
-
-    def _end_count(self, *_: Any, **__: Any) -> None:
-        """Leaving ``interval``: the next step() goes to the table again.
-
-        That is how a step() after ``end_train`` opens a new interval, and how a
-        step() after ``shutdown`` is rejected.
+        Counting passes rather than iteration numbers keeps the boundaries right
+        in a resumed run, whose iteration numbers carry the checkpoint's offset.
         """
         self._countdown = 1
+
+    def _open_interval(self, iteration: int | None = None) -> None:
+        """Entering ``interval``: start counting its passes, open C(k)."""
+        self._countdown = self._period
+        self._first_iteration = iteration
+        if self._tracer is not None:
+            self._start_interval_span()
+
+    def _close_interval(self, iteration: int | None = None) -> None:
+        """Leaving ``interval`` (``end_train`` or ``shutdown``): end C(k).
+
+        The next step() goes to the table again: after ``end_train`` it opens a
+        new interval, after ``shutdown`` it is rejected.
+        """
+        last = self._last_iteration(iteration)
+        self._countdown = 1
         self._interval_index += 1
+        if self._interval is not None:
+            self._end_interval_span(last)
+
+    def _next_interval(self, iteration: int | None = None) -> None:
+        """``reroot`` inside ``interval``: end C(k), open C(k+1) linked to it."""
+        self._close_interval(iteration)
+        self._open_interval(iteration)
+
+    def _last_iteration(self, boundary_iteration: int | None) -> int | None:
+        """The last iteration the open interval covered, from counts, not stores.
+
+        Each pass is one iteration. Closed by step() on a boundary, it is the one
+        before that pass; otherwise the opening pass plus every pass counted since.
+        """
+        if self._first_iteration is None:
+            return None
+        if boundary_iteration is not None:
+            return boundary_iteration - 1
+        return self._first_iteration + (self._period - self._countdown)
 
     @_telemetry_guard
-    def _open_interval(self, *_: Any, **__: Any) -> None:
-        """Entering ``interval``: open C(k) in a new trace, linked to C(k-1) or to B."""
-        if self._tracer is None:
-            return
+    def _start_interval_span(self) -> None:
+        """C(k): a root in a new trace, linked to C(k-1) or, for C0, to startup."""
         self._interval = self._tracer.start_span(
             "megatron.train",
             context=otel_context.Context(),
@@ -384,20 +401,14 @@ class SpanPhases:
         self._interval_token = otel_context.attach(otel_trace.set_span_in_context(self._interval))
 
     @_telemetry_guard
-    def _close_interval(self, *_: Any, **__: Any) -> None:
-        """Leaving ``interval`` (reroot, ``end_train`` or ``shutdown``): end C(k).
-
-        Its span context is kept: the next interval links to it.
-        """
+    def _end_interval_span(self, last_iteration: int | None) -> None:
+        """Detach and end C(k), keeping its span context for C(k+1)'s link."""
         span, token = self._interval, self._interval_token
         self._interval = self._interval_token = None
-        if span is None:
-            return
         self._link_to = span.get_span_context()
-        if self._first_iteration is not None:
+        if last_iteration is not None:
             span.set_attribute(INTERVAL_FIRST_ITERATION, self._first_iteration)
-        if self._last_iteration is not None:
-            span.set_attribute(INTERVAL_LAST_ITERATION, self._last_iteration)
+            span.set_attribute(INTERVAL_LAST_ITERATION, last_iteration)
         if token is not None:
             otel_context.detach(token)
         span.end()
