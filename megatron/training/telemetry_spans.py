@@ -35,8 +35,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
@@ -70,8 +69,7 @@ INTERVAL_LAST_ITERATION = "megatron.interval.last_iteration"
 # The countdown then starts so high that it never reaches zero in practice.
 _NEVER = sys.maxsize
 
-# Transitions hold SIGTERM off while they run, so the exit hooks never observe
-# a half-finished transition (say, interval C(k) ended and C(k+1) not yet open).
+# Signals a transition holds off while it runs (see SpanPhases._fire).
 _HELD_SIGNALS = frozenset({signal.SIGTERM})
 
 
@@ -106,16 +104,6 @@ def _is_folded(ts: Mapping[str, float | None]) -> bool:
     presrun = ts.get("launch_script_presrun")
     program = ts.get("program_start")
     return None not in (start, presrun, program) and start <= presrun <= program
-
-
-@contextmanager
-def _signals_held() -> Iterator[None]:
-    """Block SIGTERM for the duration of a transition (main-thread signals only)."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _telemetry_guard(callback):
@@ -283,18 +271,24 @@ class SpanPhases:
             raise SpanPhaseError("step", err.state) from None
 
     def _fire(self, trigger: str, *args: Any, **kwargs: Any) -> None:
-        """Run one transition with SIGTERM held, turning a table miss into SpanPhaseError."""
+        """Run one transition, turning a table miss into SpanPhaseError.
+
+        While the handle exports, the exit hooks may act on this lifecycle from
+        a SIGTERM handler, so the transition runs with SIGTERM blocked: a signal
+        arriving meanwhile is delivered the moment it completes, and the hook
+        never sees a half-done transition (C(k) ended, C(k+1) not yet open).
+        """
         event = self.machine.events[trigger]
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS) if self._exporting else None
         try:
-            if self._exporting:
-                with _signals_held():
-                    event.trigger(self, *args, **kwargs)
-            else:
-                event.trigger(self, *args, **kwargs)
+            event.trigger(self, *args, **kwargs)
         except SpanPhaseError:
             raise
         except MachineError:
             raise SpanPhaseError(trigger, self.state) from None
+        finally:
+            if held is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     # ------------------------------------------------------------------
     # State callbacks: where each span is opened and closed.

@@ -1,0 +1,379 @@
+"""What the span lifecycle and the instrumentation cost, as ratios measured in one run.
+
+Each figure is ours over a baseline measured in the same process (or, for the
+training loop, the same run of this script), interleaved repetition by
+repetition so drift in machine load hits both sides alike; we report medians.
+Nothing here asserts a time: the figures are printed, a readable table first,
+and as the last line one JSON object (the keys of issue #5).
+
+Run with ``tox -e bench`` (or ``python tests/benchmarks/run_benchmarks.py``).
+Kept out of the default test run: pytest collects only ``test_*.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace as otel_trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link
+
+from megatron.training.telemetry_spans import SpanPhases
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+TARGETS = {
+    "step_ratio_off": 2.0,
+    "step_ratio_on": 2.0,
+    "reroot_ratio": 1.5,
+    "lifecycle_ratio": 1.3,
+    "train_overhead_default": 1.01,
+    "train_overhead_per_step": 1.05,
+    "sigterm_exit_s": 1.0,
+}
+
+
+class _InMemoryTelemetry:
+    """A handle on a real SDK provider whose spans land in memory."""
+
+    def __init__(self) -> None:
+        self.exporter = InMemorySpanExporter()
+        self.provider = TracerProvider()
+        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.tracer = self.provider.get_tracer("bench")
+        self.is_exporting = True
+        self.span_groups = frozenset({"job"})
+
+    def force_flush(self, timeout_ms: int = 5000) -> bool:
+        return self.provider.force_flush(timeout_ms)
+
+    def shutdown(self, timeout_ms: int = 5000) -> None:
+        self.provider.shutdown()
+
+
+class _Comparable:
+    """The step() baseline: an object with an empty method of the same shape."""
+
+    def __init__(self) -> None:
+        self._countdown = 1
+        self.save_interval = 100
+
+    def step(self, iteration: int | None = None) -> None:
+        pass
+
+
+def _interleaved(ours: Callable[[], float], baseline: Callable[[], float], repeats: int):
+    """Median of per-repetition ratios, alternating which side runs first."""
+    ratios, ours_times, base_times = [], [], []
+    for rep in range(repeats):
+        if rep % 2:
+            b, o = baseline(), ours()
+        else:
+            o, b = ours(), baseline()
+        ratios.append(o / b)
+        ours_times.append(o)
+        base_times.append(b)
+    return statistics.median(ratios), statistics.median(ours_times), statistics.median(base_times)
+
+
+def _time_calls(fn: Callable[[int], None], n: int) -> float:
+    """Seconds per call of ``fn(i)`` over ``n`` calls."""
+    start = time.perf_counter()
+    for i in range(n):
+        fn(i)
+    return (time.perf_counter() - start) / n
+
+
+# -- step() -----------------------------------------------------------------
+
+
+def bench_step(enabled: bool, repeats: int, n: int):
+    telemetry = _InMemoryTelemetry() if enabled else None
+    phases = SpanPhases(telemetry, save_interval=10**12, enabled=enabled)
+    phases.start_job(model_type="GPT")
+    phases.start_train()
+    phases.step(0)  # the boundary pass: opens the interval; the rest are not boundaries
+    baseline = _Comparable()
+    return _interleaved(
+        lambda: _time_calls(phases.step, n), lambda: _time_calls(baseline.step, n), repeats
+    )
+
+
+# -- reroot -----------------------------------------------------------------
+
+
+def bench_reroot(repeats: int, n: int):
+    ours_telemetry = _InMemoryTelemetry()
+    phases = SpanPhases(ours_telemetry, save_interval=1)
+    phases.start_job(model_type="GPT")
+    phases.start_train()
+    phases.step(0)
+
+    raw_telemetry = _InMemoryTelemetry()
+    tracer = raw_telemetry.tracer
+    first = tracer.start_span("megatron.train", context=otel_context.Context())
+    raw = {"span": first, "token": otel_context.attach(otel_trace.set_span_in_context(first))}
+    index = [0]
+
+    def raw_reroot(_: int) -> None:
+        # The minimal SDK calls for the same two spans and link: detach and end
+        # C(k), start C(k+1) in an empty context linked to it, attach it.
+        previous = raw["span"]
+        otel_context.detach(raw["token"])
+        previous.end()
+        index[0] += 1
+        span = tracer.start_span(
+            "megatron.train",
+            context=otel_context.Context(),
+            links=[Link(previous.get_span_context())],
+            attributes={"is_goodput_span": True, "megatron.interval.index": index[0]},
+        )
+        raw["span"] = span
+        raw["token"] = otel_context.attach(otel_trace.set_span_in_context(span))
+
+    def ours() -> float:
+        ours_telemetry.exporter.clear()
+        return _time_calls(lambda _: phases.reroot(), n)
+
+    def baseline() -> float:
+        raw_telemetry.exporter.clear()
+        return _time_calls(raw_reroot, n)
+
+    result = _interleaved(ours, baseline, repeats)
+    otel_context.detach(raw["token"])
+    return result
+
+
+# -- a whole lifecycle -------------------------------------------------------
+
+
+def bench_lifecycle(repeats: int, passes: int = 10_000, save_interval: int = 100):
+    def ours() -> float:
+        telemetry = _InMemoryTelemetry()
+        phases = SpanPhases(telemetry, save_interval=save_interval)
+        start = time.perf_counter()
+        phases.start_job(model_type="GPT", timestamps={"program_start": time.time() - 1})
+        phases.start_train()
+        for iteration in range(passes):
+            phases.step(iteration)
+        phases.end_train()
+        phases.shutdown()
+        elapsed = time.perf_counter() - start
+        assert len(telemetry.exporter.get_finished_spans()) == 1 + passes // save_interval
+        return elapsed
+
+    def baseline() -> float:
+        telemetry = _InMemoryTelemetry()
+        tracer = telemetry.tracer
+        start = time.perf_counter()
+        startup = tracer.start_span(
+            "megatron.startup",
+            context=otel_context.Context(),
+            start_time=int((time.time() - 1) * 1e9),
+            attributes={"is_goodput_span": True, "megatron.model_type": "GPT"},
+        )
+        token = otel_context.attach(otel_trace.set_span_in_context(startup))
+        otel_context.detach(token)
+        startup.end()
+        link_to, interval, index, first = startup.get_span_context(), None, 0, 0
+        for iteration in range(passes):
+            if iteration % save_interval == 0:
+                if interval is not None:
+                    otel_context.detach(token)
+                    interval.set_attribute("megatron.interval.first_iteration", first)
+                    interval.set_attribute("megatron.interval.last_iteration", iteration - 1)
+                    interval.end()
+                    link_to = interval.get_span_context()
+                interval = tracer.start_span(
+                    "megatron.train",
+                    context=otel_context.Context(),
+                    links=[Link(link_to)],
+                    attributes={"is_goodput_span": True, "megatron.interval.index": index},
+                )
+                token = otel_context.attach(otel_trace.set_span_in_context(interval))
+                index, first = index + 1, iteration
+        otel_context.detach(token)
+        interval.set_attribute("megatron.interval.first_iteration", first)
+        interval.set_attribute("megatron.interval.last_iteration", passes - 1)
+        interval.end()
+        telemetry.shutdown()
+        return time.perf_counter() - start
+
+    return _interleaved(ours, baseline, repeats)
+
+
+# -- the training loop ------------------------------------------------------
+
+_ITER_MS = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
+
+
+def _train_ms_per_iteration(groups: str | None, iterations: int, workdir: Path) -> float:
+    """Mean ms/iteration of a real training run, as the trainer itself logs it.
+
+    The first logged window (warm-up, first-iteration costs) is dropped.
+    """
+    log_interval = max(iterations // 4, 1)
+    cmd = [
+        sys.executable, "-m", "megatron.training", "--mock-data",
+        "--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4",
+        "--seq-length", "128", "--micro-batch-size", "8", "--global-batch-size", "8",
+        "--train-iters", str(iterations), "--log-interval", str(log_interval),
+        "--save-interval", str(log_interval), "--seed", "1234",
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
+    if groups is None:
+        cmd.append("--no-otel-enabled")
+    else:
+        trace_file = workdir / f"{groups}-{time.monotonic_ns()}.jsonl"
+        cmd += [
+            "--otel-enabled",
+            "--otel-span-groups",
+            groups,
+            "--otel-trace-file",
+            str(trace_file),
+        ]
+    done = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"training run failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    windows = [float(ms) for ms in _ITER_MS.findall(done.stdout + done.stderr)]
+    if len(windows) < 2:
+        raise RuntimeError(f"no per-iteration timings in the training log:\n{done.stdout[-2000:]}")
+    return statistics.mean(windows[1:])
+
+
+def bench_training(repeats: int, iterations: int):
+    """Interleaved runs: off, default, per_step, repeated; ratios per repetition."""
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        default_ratios, per_step_ratios, off_ms = [], [], []
+        for _ in range(repeats):
+            off = _train_ms_per_iteration(None, iterations, workdir)
+            default = _train_ms_per_iteration("default", iterations, workdir)
+            per_step = _train_ms_per_iteration("per_step", iterations, workdir)
+            off_ms.append(off)
+            default_ratios.append(default / off)
+            per_step_ratios.append(per_step / off)
+    return (
+        statistics.median(default_ratios),
+        statistics.median(per_step_ratios),
+        statistics.median(off_ms),
+    )
+
+
+# -- SIGTERM to exit ----------------------------------------------------------
+
+_SIGTERM_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from megatron.core.telemetry import TelemetryConfig, setup_telemetry
+    from megatron.training.telemetry_spans import SpanPhases, install_exit_hooks
+
+    config = TelemetryConfig.from_env(env={
+        "MEGATRON_OTEL_ENABLED": "1", "MEGATRON_OTEL_TRACE_FILE": sys.argv[1],
+        "MEGATRON_OTEL_SPAN_GROUPS": "per_step",
+    })
+    telemetry = setup_telemetry(config)
+    phases = SpanPhases(telemetry, save_interval=0)
+    install_exit_hooks(phases)
+    phases.start_job(model_type="GPT")
+    phases.start_train()
+    phases.step(0)
+    tracer = telemetry.tracer
+    for i in range(10_000):
+        tracer.start_span("megatron.train.iteration", attributes={"megatron.iteration": i}).end()
+    print("READY", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def bench_sigterm(repeats: int) -> tuple[float, int]:
+    """Seconds from a hard SIGTERM to process exit with 10,000 spans queued."""
+    times, spans_written = [], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(repeats):
+            trace_file = Path(tmp) / f"traces-{rep}.jsonl"
+            child = subprocess.Popen(
+                [sys.executable, "-c", _SIGTERM_CHILD, str(trace_file)],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+            )
+            assert child.stdout.readline().strip() == "READY"
+            start = time.perf_counter()
+            child.send_signal(signal.SIGTERM)
+            code = child.wait(timeout=60)
+            times.append(time.perf_counter() - start)
+            if code != -signal.SIGTERM:
+                raise RuntimeError(f"child exited with {code}, expected death by SIGTERM")
+            spans_written = sum(
+                len(scope["spans"])
+                for line in trace_file.read_text().splitlines()
+                if line.strip()
+                for resource in json.loads(line)["resourceSpans"]
+                for scope in resource["scopeSpans"]
+            )
+    return statistics.median(times), spans_written
+
+
+# -----------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    args = parser.parse_args(argv)
+    reps = 5 if args.quick else 21
+    train_reps = 1 if args.quick else 5
+    train_iterations = 40 if args.quick else 120
+
+    results: dict[str, float] = {}
+    rows: list[tuple[str, str, str, str]] = []
+
+    def record(key: str, ratio: float, ours: str, base: str) -> None:
+        results[key] = round(ratio, 3)
+        rows.append((key, f"{ratio:.3f}", ours, base))
+
+    for key, enabled in (("step_ratio_off", False), ("step_ratio_on", True)):
+        ratio, ours, base = bench_step(enabled, reps, 200_000)
+        record(key, ratio, f"{ours * 1e9:.1f} ns", f"{base * 1e9:.1f} ns (empty method)")
+
+    ratio, ours, base = bench_reroot(reps, 2_000)
+    record("reroot_ratio", ratio, f"{ours * 1e6:.2f} us", f"{base * 1e6:.2f} us (raw SDK)")
+
+    ratio, ours, base = bench_lifecycle(max(reps // 2, 3))
+    record("lifecycle_ratio", ratio, f"{ours * 1e3:.2f} ms", f"{base * 1e3:.2f} ms (raw SDK)")
+
+    default, per_step, off_ms = bench_training(train_reps, train_iterations)
+    record("train_overhead_default", default, "", f"{off_ms:.2f} ms/iter (telemetry off)")
+    record("train_overhead_per_step", per_step, "", f"{off_ms:.2f} ms/iter (telemetry off)")
+
+    seconds, written = bench_sigterm(3 if args.quick else 5)
+    results["sigterm_exit_s"] = round(seconds, 3)
+    rows.append(("sigterm_exit_s", f"{seconds:.3f}", f"{written} spans in file", "(absolute)"))
+
+    print(f"{'key':<26}{'median':>10}  {'target':>7}  {'ours':<22}baseline")
+    for key, value, ours_text, base_text in rows:
+        print(f"{key:<26}{value:>10}  {TARGETS[key]:>7}  {ours_text:<22}{base_text}")
+    print(f"# {os.cpu_count()} cpus, python {sys.version.split()[0]}, {time.strftime('%Y-%m-%d')}")
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
