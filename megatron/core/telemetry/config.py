@@ -1,0 +1,347 @@
+"""Telemetry configuration: command-line flags over environment over defaults.
+
+Everything a user can get wrong is checked here, before any thread or file
+exists, and reported as one :class:`TelemetryConfigError` that names the flag
+or variable and the values it accepts. (The one check that needs the
+filesystem, "can the trace file be written", runs at setup, on the exporting
+rank only, because only that rank writes.)
+
+An environment variable set to the empty string counts as unset, as the
+OpenTelemetry SDK treats its own ``OTEL_*`` variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from megatron.core.telemetry.span_groups import MegatronSpanGroup
+
+__all__ = ["TelemetryConfig", "TelemetryConfigError", "add_telemetry_args"]
+
+EXPORTERS: tuple[str, ...] = ("console", "jsonl", "none", "otlp")
+RANK_STRATEGIES: tuple[str, ...] = ("all_ranks", "single_rank")
+
+DEFAULT_SPAN_GROUPS_SPEC = "default"
+DEFAULT_SERVICE_NAME = "megatron"
+DEFAULT_EXPORTER = "jsonl"
+DEFAULT_RANK_STRATEGY = "single_rank"
+DEFAULT_EXPORT_RANK = -1
+TRACE_FILE_RELATIVE = Path("telemetry") / "traces.jsonl"
+
+ENV_ENABLED = "MEGATRON_OTEL_ENABLED"
+ENV_SPAN_GROUPS = "MEGATRON_OTEL_SPAN_GROUPS"
+ENV_SERVICE_NAME = "OTEL_SERVICE_NAME"
+ENV_EXPORTER = "MEGATRON_OTEL_EXPORTER"
+ENV_TRACE_FILE = "MEGATRON_OTEL_TRACE_FILE"
+ENV_RANK_STRATEGY = "MEGATRON_OTEL_RANK_STRATEGY"
+ENV_EXPORT_RANK = "MEGATRON_OTEL_EXPORT_RANK"
+ENV_RUN_ID = "MEGATRON_OTEL_RUN_ID"
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+class TelemetryConfigError(ValueError):
+    """A telemetry setting has a value that cannot work.
+
+    The message is meant for the person launching the job: it names the flag
+    or variable, the bad value, and what would have been accepted.
+    """
+
+
+def _generate_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
+
+
+def default_trace_file(save: str | os.PathLike[str] | None) -> Path:
+    """``<save>/telemetry/traces.jsonl``, or ``./telemetry/traces.jsonl``.
+
+    Beside the checkpoints by default, so the trace travels with the run.
+    """
+    base = Path(save).expanduser() if save else Path(".")
+    return base / TRACE_FILE_RELATIVE
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """The resolved telemetry settings of one run.
+
+    Build it with :meth:`from_args` (the trainer) or :meth:`from_env` (tools,
+    tests). Direct construction checks the same choices, naming the field
+    rather than a flag. ``span_groups`` is derived from ``span_groups_spec``
+    when left ``None``, and ``trace_file`` defaults to
+    ``./telemetry/traces.jsonl``; after construction neither is ``None``.
+    """
+
+    enabled: bool = False
+    # ``None`` only as the "derive it from span_groups_spec" default.
+    span_groups: frozenset[str] = None  # type: ignore[assignment]
+    span_groups_spec: str = DEFAULT_SPAN_GROUPS_SPEC
+    service_name: str = DEFAULT_SERVICE_NAME
+    exporter: str = DEFAULT_EXPORTER
+    trace_file: Path | None = None
+    rank_strategy: str = DEFAULT_RANK_STRATEGY
+    export_rank: int = DEFAULT_EXPORT_RANK
+    run_id: str = field(default_factory=_generate_run_id)
+
+    def __post_init__(self) -> None:
+        if self.span_groups is None:
+            groups = _resolve_groups(self.span_groups_spec, "span_groups_spec")
+            object.__setattr__(self, "span_groups", groups)
+        else:
+            object.__setattr__(self, "span_groups", frozenset(self.span_groups))
+        if self.trace_file is None:
+            object.__setattr__(self, "trace_file", default_trace_file(None))
+        else:
+            object.__setattr__(self, "trace_file", Path(self.trace_file))
+        _check_choice(self.exporter, EXPORTERS, "exporter")
+        _check_choice(self.rank_strategy, RANK_STRATEGIES, "rank_strategy")
+        _check_export_rank(self.export_rank, "export_rank")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> TelemetryConfig:
+        """Settings from ``env`` (default ``os.environ``), with ``overrides`` on top.
+
+        ``overrides`` play the role of command-line flags and take the same
+        keyword names as the fields (``enabled``, ``span_groups`` as a spec
+        string or an iterable of names, ``service_name``, ``exporter``,
+        ``trace_file``, ``rank_strategy``, ``export_rank``, ``run_id``), plus
+        ``save`` for the default trace-file location. ``None`` means "not
+        given".
+        """
+        allowed = {
+            "enabled",
+            "span_groups",
+            "service_name",
+            "exporter",
+            "trace_file",
+            "rank_strategy",
+            "export_rank",
+            "run_id",
+            "save",
+        }
+        unknown = sorted(set(overrides) - allowed)
+        if unknown:
+            raise TypeError(f"TelemetryConfig.from_env() got unexpected overrides: {unknown}")
+        given = dict(overrides)
+        groups = given.get("span_groups")
+        if groups is not None and not isinstance(groups, str):
+            given["span_groups"] = ",".join(groups)
+        return _build(os.environ if env is None else env, given, _OVERRIDE_NAMES)
+
+    @classmethod
+    def from_args(
+        cls, args: argparse.Namespace, env: Mapping[str, str] | None = None
+    ) -> TelemetryConfig:
+        """Settings from parsed arguments over ``env`` (default ``os.environ``).
+
+        Reads ``otel_enabled``, ``otel_span_groups``, ``otel_service_name``,
+        ``otel_exporter``, ``otel_trace_file`` and ``save`` from ``args``; a
+        missing attribute or ``None`` means the flag was not given.
+        """
+        given = {
+            "enabled": getattr(args, "otel_enabled", None),
+            "span_groups": getattr(args, "otel_span_groups", None),
+            "service_name": getattr(args, "otel_service_name", None),
+            "exporter": getattr(args, "otel_exporter", None),
+            "trace_file": getattr(args, "otel_trace_file", None),
+            "save": getattr(args, "save", None),
+        }
+        return _build(os.environ if env is None else env, given, _FLAG_NAMES)
+
+
+# How each setting is called in error messages, per source of the value.
+_FLAG_NAMES = {
+    "enabled": "--otel-enabled",
+    "span_groups": "--otel-span-groups",
+    "service_name": "--otel-service-name",
+    "exporter": "--otel-exporter",
+    "trace_file": "--otel-trace-file",
+    "rank_strategy": ENV_RANK_STRATEGY,
+    "export_rank": ENV_EXPORT_RANK,
+    "run_id": ENV_RUN_ID,
+}
+_OVERRIDE_NAMES = {key: key for key in _FLAG_NAMES}
+
+
+def _env_value(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    if value is None or not value.strip():
+        return None
+    return value.strip()
+
+
+def _pick(given: Any, env: Mapping[str, str], env_name: str, given_name: str) -> tuple[Any, str]:
+    """The winning value and the name of where it came from."""
+    if given is not None:
+        return given, given_name
+    return _env_value(env, env_name), env_name
+
+
+def _build(
+    env: Mapping[str, str], given: Mapping[str, Any], names: Mapping[str, str]
+) -> TelemetryConfig:
+    value, source = _pick(given.get("enabled"), env, ENV_ENABLED, names["enabled"])
+    enabled = False if value is None else _parse_bool(value, source)
+
+    value, source = _pick(given.get("span_groups"), env, ENV_SPAN_GROUPS, names["span_groups"])
+    spec = DEFAULT_SPAN_GROUPS_SPEC if value is None else str(value)
+    span_groups = _resolve_groups(spec, source)
+
+    value, source = _pick(given.get("service_name"), env, ENV_SERVICE_NAME, names["service_name"])
+    service_name = DEFAULT_SERVICE_NAME if value is None else str(value).strip()
+    if not service_name:
+        raise TelemetryConfigError(f"{source} must not be empty")
+
+    value, source = _pick(given.get("exporter"), env, ENV_EXPORTER, names["exporter"])
+    exporter = DEFAULT_EXPORTER if value is None else _check_choice(value, EXPORTERS, source)
+
+    value, _ = _pick(given.get("trace_file"), env, ENV_TRACE_FILE, names["trace_file"])
+    trace_file = (
+        default_trace_file(given.get("save")) if value is None else Path(value).expanduser()
+    )
+
+    value, source = _pick(
+        given.get("rank_strategy"), env, ENV_RANK_STRATEGY, names["rank_strategy"]
+    )
+    rank_strategy = (
+        DEFAULT_RANK_STRATEGY if value is None else _check_choice(value, RANK_STRATEGIES, source)
+    )
+
+    value, source = _pick(given.get("export_rank"), env, ENV_EXPORT_RANK, names["export_rank"])
+    export_rank = DEFAULT_EXPORT_RANK if value is None else _check_export_rank(value, source)
+
+    value, _ = _pick(given.get("run_id"), env, ENV_RUN_ID, names["run_id"])
+    run_id = str(value) if value is not None else _default_run_id(env)
+
+    return TelemetryConfig(
+        enabled=enabled,
+        span_groups=span_groups,
+        span_groups_spec=spec,
+        service_name=service_name,
+        exporter=exporter,
+        trace_file=trace_file,
+        rank_strategy=rank_strategy,
+        export_rank=export_rank,
+        run_id=run_id,
+    )
+
+
+def _default_run_id(env: Mapping[str, str]) -> str:
+    """``SLURM_JOB_ID``, else torchrun's rendezvous id, else a fresh id.
+
+    Every rank must compute the same id without talking to the others, so
+    launcher-provided ids come first; a generated id is unique per process
+    and only right for single-process runs.
+    """
+    slurm = _env_value(env, "SLURM_JOB_ID")
+    if slurm is not None:
+        return slurm
+    torchrun = _env_value(env, "TORCHELASTIC_RUN_ID")
+    if torchrun is not None and torchrun != "none":
+        return torchrun
+    return _generate_run_id()
+
+
+def _parse_bool(value: Any, source: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise TelemetryConfigError(
+        f"{source}={value!r} is not valid; expected a boolean (1/0, true/false, yes/no, on/off)"
+    )
+
+
+def _check_choice(value: Any, choices: Iterable[str], source: str) -> str:
+    text = str(value).strip().lower()
+    if text not in choices:
+        raise TelemetryConfigError(
+            f"{source}={value!r} is not valid; expected one of: {', '.join(sorted(choices))}"
+        )
+    return text
+
+
+def _check_export_rank(value: Any, source: str) -> int:
+    try:
+        rank = (
+            value
+            if isinstance(value, int) and not isinstance(value, bool)
+            else int(str(value).strip())
+        )
+    except ValueError:
+        rank = None
+    if rank is None or rank < -1:
+        raise TelemetryConfigError(
+            f"{source}={value!r} is not valid; "
+            "expected an integer rank >= 0, or -1 for the last rank"
+        )
+    return rank
+
+
+def _resolve_groups(spec: str, source: str) -> frozenset[str]:
+    try:
+        return MegatronSpanGroup.resolve(spec)
+    except ValueError as exc:
+        raise TelemetryConfigError(f"{source}: {exc}") from None
+
+
+def add_telemetry_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``--otel-*`` flags in a "telemetry" group and return ``parser``.
+
+    Every flag defaults to ``None`` so :meth:`TelemetryConfig.from_args` can
+    tell "not given" (fall back to the environment) from an explicit value.
+    ``--otel-exporter`` has no argparse ``choices``: it is validated in
+    ``from_args`` so the message has the same shape for flag and variable.
+    Returns the parser, as Megatron's ``extra_args_provider`` hooks do.
+    """
+    group = parser.add_argument_group("telemetry")
+    group.add_argument(
+        "--otel-enabled",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"Record OpenTelemetry spans and metrics (env {ENV_ENABLED}; default off).",
+    )
+    group.add_argument(
+        "--otel-span-groups",
+        default=None,
+        help=(
+            "Comma-separated span-group presets (default, per_step, profiling, all) and/or "
+            f"group names (env {ENV_SPAN_GROUPS}; default 'default')."
+        ),
+    )
+    group.add_argument(
+        "--otel-service-name",
+        default=None,
+        help=(
+            f"service.name of the exported telemetry (env {ENV_SERVICE_NAME}; "
+            f"default '{DEFAULT_SERVICE_NAME}')."
+        ),
+    )
+    group.add_argument(
+        "--otel-exporter",
+        default=None,
+        help=(
+            f"Where telemetry goes: {', '.join(EXPORTERS)} "
+            f"(env {ENV_EXPORTER}; default '{DEFAULT_EXPORTER}')."
+        ),
+    )
+    group.add_argument(
+        "--otel-trace-file",
+        default=None,
+        help=(
+            "Span file of the jsonl exporter; metrics.jsonl is written beside it "
+            f"(env {ENV_TRACE_FILE}; default <save>/telemetry/traces.jsonl)."
+        ),
+    )
+    return parser

@@ -1,0 +1,256 @@
+"""The ``jsonl`` sink: OTLP/JSON lines appended to local files.
+
+Spans go to the trace file, one ``ExportTraceServiceRequest`` per line;
+metrics go to ``metrics.jsonl`` beside it, one ``ExportMetricsServiceRequest``
+per line. That is the OpenTelemetry file-exporter format, so the files can be
+kept with the checkpoint and replayed into any OTLP backend later.
+
+Two properties matter more than speed:
+
+* Appending never damages what is there. A resumed run appends to the same
+  file; if the previous process was killed halfway through a line, the first
+  write starts with a newline so that torn line stays one (unparsable) line
+  and every line after it parses.
+* Each export is one ``write`` of whole lines on an ``O_APPEND`` descriptor,
+  with no user-space buffer, so a crash after ``export`` returns loses
+  nothing, and ranks sharing a file (``all_ranks``) interleave whole lines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+)
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from megatron.core.telemetry._otlp_json import encode_metrics, encode_spans
+
+__all__ = ["JsonlFile", "JsonlMetricExporter", "JsonlSpanExporter", "metrics_file_for"]
+
+_logger = logging.getLogger(__name__)
+
+# Read access only for peeking at the last byte (a torn line); writes always append.
+_OPEN_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+
+
+def metrics_file_for(trace_file: Path) -> Path:
+    """Where metrics go for a given trace file: ``metrics.jsonl`` beside it.
+
+    A trace file that is itself called ``metrics.jsonl`` gets
+    ``metrics.metrics.jsonl`` instead, so spans and metrics never share a file.
+    """
+    candidate = trace_file.with_name("metrics.jsonl")
+    if candidate == trace_file:
+        candidate = trace_file.with_name("metrics.metrics.jsonl")
+    return candidate
+
+
+class JsonlFile:
+    """An append-only file of JSON lines, safe to share between threads.
+
+    Fork behaviour: a forked child inherits the descriptor, but writes from
+    the child are dropped (``write_lines`` returns ``False``) without touching
+    the lock, which a parent thread may have held at fork time. The child
+    (a dataloader worker) is not an exporting process.
+    """
+
+    def __init__(self, path: Path, fd: int, created: Sequence[Path] = ()) -> None:
+        self.path = path
+        self._fd: int | None = fd
+        # What ``open`` created (directories outermost first, then possibly
+        # the file), so ``discard`` can undo a setup that fails later on.
+        self._created = tuple(created)
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> JsonlFile:
+        """Open ``path`` for appending, creating missing parent directories.
+
+        Raises:
+            OSError: the directory or the file cannot be created or written.
+                Directories created by this call are removed again first, so
+                a failed open leaves the filesystem as it found it.
+        """
+        path = Path(path)
+        created = _make_parents(path.parent)
+        try:
+            if path.is_dir():
+                raise IsADirectoryError(21, "Is a directory", str(path))
+            existed = path.exists()
+            fd = os.open(path, _OPEN_FLAGS, 0o644)
+        except OSError:
+            _remove_created(created)
+            raise
+        return cls(path, fd, created if existed else [*created, path])
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
+    def write_lines(self, records: Sequence[Any]) -> bool:
+        """Append each record as one JSON line, all in a single ``write``.
+
+        Returns ``False`` when nothing was written (closed, or a forked child).
+        Raises ``OSError`` on a write failure and ``ValueError`` for a record
+        that is not JSON-serializable.
+        """
+        if not records or os.getpid() != self._pid:
+            return False
+        payload = b"".join(
+            json.dumps(record, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
+                "utf-8"
+            )
+            + b"\n"
+            for record in records
+        )
+        with self._lock:
+            fd = self._fd
+            if fd is None:
+                return False
+            if _ends_mid_line(fd):
+                payload = b"\n" + payload
+            view = memoryview(payload)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+        return True
+
+    def discard(self) -> None:
+        """Close, and remove what ``open`` created if nothing was written to it.
+
+        For a setup that fails after this file was opened: it should leave
+        no trace on disk.
+        """
+        self.close()
+        created = list(self._created)
+        if created and created[-1] == self.path:
+            try:
+                if self.path.stat().st_size == 0:
+                    self.path.unlink()
+            except OSError:
+                return
+            created.pop()
+        _remove_created(created)
+
+    def close(self) -> None:
+        if os.getpid() != self._pid:
+            return
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def _make_parents(directory: Path) -> list[Path]:
+    """``mkdir -p directory``; returns the directories it created, outermost first."""
+    missing = []
+    current = directory
+    while not current.exists():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    created: list[Path] = []
+    try:
+        for path in reversed(missing):
+            path.mkdir()
+            created.append(path)
+    except OSError:
+        _remove_created(created)
+        raise
+    return created
+
+
+def _remove_created(created: Sequence[Path]) -> None:
+    """Remove directories (and files) created by this module, innermost first."""
+    for path in reversed(created):
+        try:
+            if path.is_dir():
+                path.rmdir()
+            else:
+                path.unlink()
+        except OSError:
+            break
+
+
+def _ends_mid_line(fd: int) -> bool:
+    """Whether the file's last byte is not a newline (a torn last line).
+
+    Checked on every write, not once at open: another process appending to
+    the same file may have been killed mid-line since.
+    """
+    size = os.fstat(fd).st_size
+    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+
+
+class JsonlSpanExporter(SpanExporter):
+    """Writes each batch of spans as one OTLP/JSON line."""
+
+    def __init__(self, file: JsonlFile) -> None:
+        self._file = file
+
+    @property
+    def path(self) -> Path:
+        return self._file.path
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if not spans:
+            return SpanExportResult.SUCCESS
+        try:
+            self._file.write_lines([encode_spans(spans)])
+        except (OSError, ValueError, TypeError):
+            _logger.warning("Could not write spans to %s", self._file.path, exc_info=True)
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True  # nothing is buffered: every export is one unbuffered write
+
+    def shutdown(self) -> None:
+        self._file.close()
+
+
+class JsonlMetricExporter(MetricExporter):
+    """Writes each metrics collection as one OTLP/JSON line.
+
+    Cumulative temporality (the SDK default): every line is self-contained,
+    so the last line of a killed run still carries the run's totals.
+    """
+
+    def __init__(self, file: JsonlFile) -> None:
+        super().__init__()
+        self._file = file
+
+    @property
+    def path(self) -> Path:
+        return self._file.path
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        try:
+            request = encode_metrics(metrics_data)
+            if request["resourceMetrics"]:
+                self._file.write_lines([request])
+        except (OSError, ValueError, TypeError):
+            _logger.warning("Could not write metrics to %s", self._file.path, exc_info=True)
+            return MetricExportResult.FAILURE
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._file.close()

@@ -1,0 +1,268 @@
+"""Span processors: ending what is still open, and exporting promptly.
+
+:class:`OpenSpanTracker` exists because a run rarely ends tidily: when
+SIGTERM arrives mid-iteration, the iteration's span (and its parents) are
+still open, and an open span is never exported. At shutdown the tracker ends
+them, marked so a reader can tell "cut short" from "finished".
+
+:class:`RootFlushingBatchSpanProcessor` batches like the SDK's
+``BatchSpanProcessor`` but also wakes its worker as soon as a *root* span
+ends. The job lifecycle closes one root per checkpoint interval, so a
+finished interval reaches the sink within moments instead of sitting in a
+queue until the next timer tick: a SIGKILL then loses at most the interval
+in flight. (The SDK's processor wakes early only when a batch is full, and
+its wake-up hook is private, so this one is written out.)
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable
+
+from opentelemetry import context
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.trace import Status, StatusCode
+
+from megatron.core.telemetry._signals import start_daemon_thread
+
+__all__ = [
+    "CUT_SHORT_ATTRIBUTE",
+    "OpenSpanTracker",
+    "RootFlushingBatchSpanProcessor",
+]
+
+_logger = logging.getLogger(__name__)
+
+#: Boolean attribute set (to ``True``) on spans that telemetry shutdown ended
+#: because their code never did.
+CUT_SHORT_ATTRIBUTE = "megatron.span.cut_short"
+
+_CUT_SHORT_STATUS = "span still open at telemetry shutdown"
+
+
+def _register_child_hook(instance: object, method: Callable[[object], None]) -> None:
+    """Call ``method(instance)`` in forked children while ``instance`` is alive.
+
+    Held weakly: a registered fork hook cannot be unregistered, and must not
+    keep every processor of every past handle alive.
+    """
+    if not hasattr(os, "register_at_fork"):
+        return
+    ref = weakref.ref(instance)
+
+    def after_in_child() -> None:
+        target = ref()
+        if target is not None:
+            method(target)
+
+    os.register_at_fork(after_in_child=after_in_child)
+
+
+class OpenSpanTracker(SpanProcessor):
+    """Remembers started-but-not-ended spans and ends them at shutdown.
+
+    Per span the cost is one dict insert and one dict removal. Register it
+    *first* on the provider: processors are shut down in registration order,
+    so the spans it ends still reach the exporting processors behind it.
+    """
+
+    def __init__(self) -> None:
+        # Keyed by span id: ``on_end`` receives a ReadableSpan snapshot, not
+        # the Span object ``on_start`` saw, so object identity cannot pair them.
+        self._open: dict[int, Span] = {}
+        _register_child_hook(self, OpenSpanTracker._forget_in_child)
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        self._open[span.context.span_id] = span
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self._open.pop(span.context.span_id, None)
+
+    @property
+    def open_span_count(self) -> int:
+        return len(self._open)
+
+    def end_open_spans(self) -> int:
+        """End every open span, innermost first, marked as cut short.
+
+        Innermost first (latest start first) so children end before their
+        parents, as they would have. Returns how many spans were ended.
+        """
+        snapshot = self._open.copy()  # atomic under the GIL
+        spans = sorted(snapshot.values(), key=lambda span: span.start_time or 0, reverse=True)
+        ended = 0
+        for span in spans:
+            try:
+                if span.end_time is not None:  # ended by its owner meanwhile
+                    continue
+                span.set_attribute(CUT_SHORT_ATTRIBUTE, True)
+                span.set_status(Status(StatusCode.ERROR, _CUT_SHORT_STATUS))
+                span.end()
+                ended += 1
+            except Exception:
+                _logger.warning("Could not end open span %r", span.name, exc_info=True)
+        return ended
+
+    def shutdown(self) -> None:
+        self.end_open_spans()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    def _forget_in_child(self) -> None:
+        # The parent's open spans are the parent's to end and export.
+        self._open = {}
+
+
+class RootFlushingBatchSpanProcessor(SpanProcessor):
+    """A batching span processor that exports as soon as a root span ends.
+
+    A worker thread exports when a batch is full, when ``schedule_delay_millis``
+    has passed, when a root span (no parent) ends, on :meth:`force_flush` and
+    at :meth:`shutdown`. ``on_end`` only appends to a deque and checks the
+    parent. When the queue holds ``max_queue_size`` spans, newer spans are
+    dropped (counted, logged once) rather than blocking training.
+
+    The worker thread blocks asynchronous signals (see
+    :mod:`megatron.core.telemetry._signals`), so a SIGTERM is always taken by
+    the main thread.
+
+    Fork behaviour: a forked child (a dataloader worker) drops its spans. The
+    child gets a fresh empty queue, lock and event, never touches the
+    parent's worker thread or lock state, and starts no thread; the parent's
+    queued spans stay the parent's to export, so nothing is exported twice.
+    """
+
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        *,
+        schedule_delay_millis: float = 1000,
+        max_queue_size: int = 2048,
+        max_export_batch_size: int = 512,
+    ) -> None:
+        if schedule_delay_millis <= 0:
+            raise ValueError("schedule_delay_millis must be positive")
+        if max_queue_size <= 0 or max_export_batch_size <= 0:
+            raise ValueError("max_queue_size and max_export_batch_size must be positive")
+        self._exporter = exporter
+        self._delay = schedule_delay_millis / 1000
+        self._max_queue_size = max_queue_size
+        self._max_export_batch_size = min(max_export_batch_size, max_queue_size)
+        self._queue: collections.deque[ReadableSpan] = collections.deque()
+        self._wake = threading.Event()
+        self._flush_lock = threading.Lock()
+        self._flush_requests: list[threading.Event] = []
+        self._dropped = 0
+        self._shutdown = False
+        self._in_forked_child = False
+        self._worker: threading.Thread | None = start_daemon_thread(
+            self._run, "megatron-telemetry-span-export"
+        )
+        _register_child_hook(self, RootFlushingBatchSpanProcessor._drop_in_child)
+
+    @property
+    def dropped_spans(self) -> int:
+        """Spans dropped because the queue was full."""
+        return self._dropped
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self._shutdown or self._in_forked_child:
+            return
+        if not span.context.trace_flags.sampled:
+            return
+        queue = self._queue
+        if len(queue) >= self._max_queue_size:
+            self._dropped += 1
+            if self._dropped == 1:
+                _logger.warning("Span export queue full; dropping spans")
+            return
+        queue.append(span)
+        if span.parent is None or len(queue) >= self._max_export_batch_size:
+            self._wake.set()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Export everything queued so far; ``False`` if not done within the timeout."""
+        worker = self._worker
+        if self._shutdown or worker is None or not worker.is_alive():
+            return not self._queue
+        done = threading.Event()
+        with self._flush_lock:
+            self._flush_requests.append(done)
+        self._wake.set()
+        return done.wait(timeout_millis / 1000)
+
+    def shutdown(self, timeout_millis: int = 30000) -> None:
+        """Export what is queued, stop the worker, shut the exporter down.
+
+        Waits at most ``timeout_millis`` for the worker; an exporter stuck on
+        an unreachable backend is then left to its own (daemon) thread.
+        """
+        if self._shutdown:
+            return
+        self._shutdown = True
+        if self._in_forked_child:
+            return
+        self._wake.set()
+        worker = self._worker
+        if worker is not None:
+            worker.join(timeout_millis / 1000)
+        try:
+            self._exporter.shutdown()
+        except Exception:
+            _logger.warning("Span exporter shutdown failed", exc_info=True)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._delay)
+            self._wake.clear()
+            with self._flush_lock:
+                requests, self._flush_requests = self._flush_requests, []
+            # Read after clearing the event: a shutdown that lands later sets
+            # the event again, so the loop makes one more (final) pass.
+            stopping = self._shutdown
+            self._drain()
+            for request in requests:
+                request.set()
+            if stopping:
+                return
+
+    def _drain(self) -> None:
+        queue = self._queue
+        while queue:
+            batch = []
+            try:
+                for _ in range(self._max_export_batch_size):
+                    batch.append(queue.popleft())
+            except IndexError:
+                pass
+            if batch:
+                self._export(batch)
+
+    def _export(self, batch: list[ReadableSpan]) -> None:
+        # Suppressed so that an instrumented HTTP client inside an exporter
+        # does not trace its own export calls.
+        token = context.attach(context.set_value(context._SUPPRESS_INSTRUMENTATION_KEY, True))
+        try:
+            self._exporter.export(batch)
+        except Exception:
+            _logger.warning("Span export failed", exc_info=True)
+        finally:
+            context.detach(token)
+
+    def _drop_in_child(self) -> None:
+        self._in_forked_child = True
+        self._queue = collections.deque()
+        self._wake = threading.Event()
+        self._flush_lock = threading.Lock()
+        self._flush_requests = []
+        self._worker = None
