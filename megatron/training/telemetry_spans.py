@@ -35,7 +35,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
@@ -68,9 +69,6 @@ INTERVAL_LAST_ITERATION = "megatron.interval.last_iteration"
 # A save_interval <= 0 means "no checkpointing": one interval covers the loop.
 # The countdown then starts so high that it never reaches zero in practice.
 _NEVER = sys.maxsize
-
-# Signals a transition holds off while it runs (see SpanPhases._fire).
-_HELD_SIGNALS = frozenset({signal.SIGTERM})
 
 
 class TelemetryLike(Protocol):
@@ -173,9 +171,6 @@ class SpanPhases:
     ) -> None:
         self.telemetry = telemetry
         self.enabled = self._telemetry_enabled(telemetry) if enabled is None else bool(enabled)
-        # The exit hooks may act on this lifecycle from a signal handler whenever
-        # its handle exports, so transitions then run with SIGTERM held.
-        self._exporting = bool(getattr(telemetry, "is_exporting", False))
         self.save_interval = save_interval or 0
         self.timeout_ms = timeout_ms
         # Only a live tracer is ever kept: with telemetry off it stays None and
@@ -197,6 +192,10 @@ class SpanPhases:
         self._period = self.save_interval if self.save_interval > 0 else _NEVER
         self._countdown = 1
         self._telemetry_failures = 0
+        # Transitions running right now (a signal handler may interrupt one),
+        # and work a handler asked for that must wait until they complete.
+        self._in_transition = 0
+        self._deferred: list[Callable[[], None]] = []
         self.machine = Machine(
             model=self,
             states=[dict(s) for s in self.STATES],
@@ -271,15 +270,9 @@ class SpanPhases:
             raise SpanPhaseError("step", err.state) from None
 
     def _fire(self, trigger: str, *args: Any, **kwargs: Any) -> None:
-        """Run one transition, turning a table miss into SpanPhaseError.
-
-        While the handle exports, the exit hooks may act on this lifecycle from
-        a SIGTERM handler, so the transition runs with SIGTERM blocked: a signal
-        arriving meanwhile is delivered the moment it completes, and the hook
-        never sees a half-done transition (C(k) ended, C(k+1) not yet open).
-        """
+        """Run one transition, turning a table miss into SpanPhaseError."""
         event = self.machine.events[trigger]
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS) if self._exporting else None
+        self._in_transition += 1
         try:
             event.trigger(self, *args, **kwargs)
         except SpanPhaseError:
@@ -287,8 +280,27 @@ class SpanPhases:
         except MachineError:
             raise SpanPhaseError(trigger, self.state) from None
         finally:
-            if held is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            self._in_transition -= 1
+            if self._deferred and not self._in_transition:
+                self._run_deferred()
+
+    def between_transitions(self, work: Callable[[], None]) -> None:
+        """Run ``work`` now, or right after the transition a signal interrupted.
+
+        Python runs a signal handler between two bytecodes of the main thread,
+        which can be the middle of a transition (C(k) ended, C(k+1) not yet
+        open). The exit hooks route their work through here so they only ever
+        see the lifecycle between transitions, whichever thread the kernel
+        delivered the signal to.
+        """
+        if self._in_transition:
+            self._deferred.append(work)
+        else:
+            work()
+
+    def _run_deferred(self) -> None:
+        while self._deferred:
+            self._deferred.pop(0)()
 
     # ------------------------------------------------------------------
     # State callbacks: where each span is opened and closed.
@@ -410,7 +422,7 @@ class SpanPhases:
     @_telemetry_guard
     def _flush_telemetry(self) -> None:
         """``flush``: push finished spans out; nothing opens or closes."""
-        if self._exporting:
+        if self._tracer is not None:
             self.telemetry.force_flush(timeout_ms=self.timeout_ms)
 
     @_telemetry_guard
@@ -490,14 +502,21 @@ class ExitHooks:
         Nothing happens for a lifecycle whose telemetry is off, so such a process
         keeps exactly its old signal and exit behaviour.
         """
-        if not getattr(phases.telemetry, "is_exporting", False):
+        if not (phases.enabled and getattr(phases.telemetry, "is_exporting", False)):
             return
         self.target = phases
         self.graceful = bool(graceful)
         self.install()
 
     def handle_sigterm(self, signum: int, frame: Any) -> None:
-        """The SIGTERM handler: flush or shut down, then pass the signal on."""
+        """The SIGTERM handler: flush or shut down, then pass the signal on.
+
+        Both wait until the lifecycle is between transitions, so a signal that
+        interrupts a reroot still finds (and ends) a whole interval.
+        """
+        self.target.between_transitions(partial(self._on_sigterm, signum, frame))
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
         try:
             self.sigterm()
         except Exception:  # noqa: BLE001 -- the signal must still be passed on
