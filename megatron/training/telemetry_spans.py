@@ -471,7 +471,7 @@ class ExitHooks:
         # Later pretrain() calls only rebind the target (done before firing).
         {"trigger": "install", "source": ["installed", "terminating"], "dest": None},
         # Graceful drain: flush, keep everything open, let the trainer finish.
-        {"trigger": "sigterm", "source": "installed", "dest": None, "conditions": "graceful",
+        {"trigger": "sigterm", "source": "installed", "dest": None, "conditions": "graceful_drain",
          "after": "_flush_target"},
         # Hard stop: end and export everything, then let the signal do its job.
         {"trigger": "sigterm", "source": "installed", "dest": "terminating",
@@ -507,6 +507,16 @@ class ExitHooks:
         self.target = phases
         self.graceful = bool(graceful)
         self.install()
+
+    @property
+    def graceful_drain(self) -> bool:
+        """Graceful mode, in a process that outlives the signal.
+
+        With SIGTERM's default action as the previous disposition the process
+        would die right after a mere flush, losing the open spans, so such a
+        SIGTERM is handled as a hard one even in graceful mode.
+        """
+        return self.graceful and self.previous_handler not in (signal.SIG_DFL, None)
 
     def handle_sigterm(self, signum: int, frame: Any) -> None:
         """The SIGTERM handler: flush or shut down, then pass the signal on.

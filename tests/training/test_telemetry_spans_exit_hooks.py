@@ -1,0 +1,458 @@
+"""The exit hooks (span-phases.md section 3), in process, with the process faked.
+
+``atexit.register``, ``signal.signal``, ``signal.getsignal``, ``os.kill`` and
+``signal.raise_signal`` are replaced by recorders, so installing and chaining can
+be counted without touching the test process. The real-signal behaviour is in
+test_telemetry_spans_signals.py.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = str(Path(__file__).resolve().parent)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import spans_helpers as sh  # noqa: E402
+from spans_helpers import TRAIN, FakeHandle, ForbiddenHandle  # noqa: E402
+
+from megatron.training.telemetry_spans import (  # noqa: E402
+    EXIT_HOOKS,
+    ExitHooks,
+    install_exit_hooks,
+)
+
+
+class FakeProcess:
+    """Records what the hooks do to the process instead of letting them do it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.previous = signal.SIG_DFL
+        self.atexit_calls: list = []
+        self.signal_calls: list = []
+        self.events: list = []
+        monkeypatch.setattr(atexit, "register", self._register)
+        monkeypatch.setattr(signal, "signal", self._signal)
+        monkeypatch.setattr(signal, "getsignal", self._getsignal)
+        monkeypatch.setattr(os, "kill", self._kill)
+        monkeypatch.setattr(signal, "raise_signal", self._raise_signal)
+
+    def _register(self, func, *args, **kwargs):
+        self.atexit_calls.append(func)
+        return func
+
+    def _signal(self, signum, handler):
+        self.signal_calls.append((signum, handler))
+        self.events.append(("signal", signum, handler))
+        return self.previous
+
+    def _getsignal(self, signum):
+        return self.previous
+
+    def _kill(self, pid, signum):
+        self.events.append(("kill", pid, signum))
+
+    def _raise_signal(self, signum):
+        self.events.append(("kill", os.getpid(), signum))
+
+    def resends(self):
+        return [e for e in self.events if e[0] == "kill"]
+
+
+class PreviousHandler:
+    """A Python SIGTERM handler that was there before ours; records what it saw."""
+
+    def __init__(self, phases_ref=None) -> None:
+        self.calls: list = []
+        self.phases_ref = phases_ref
+
+    def __call__(self, signum, frame):
+        phases = self.phases_ref() if self.phases_ref else None
+        self.calls.append((signum, frame, phases.state if phases else None))
+
+
+@pytest.fixture
+def fake_process(monkeypatch):
+    return FakeProcess(monkeypatch)
+
+
+@pytest.fixture
+def lifecycles():
+    with sh.Lifecycles() as lc:
+        yield lc
+
+
+def in_interval(lifecycles, handle, save_interval=2):
+    phases = lifecycles.new(handle, save_interval=save_interval)
+    phases.start_job(model_type="gpt", timestamps=None)
+    phases.start_train()
+    phases.step(0)
+    assert phases.state == "interval"
+    return phases
+
+
+def megatron_warnings(caplog):
+    return [
+        r for r in caplog.records if r.name.startswith("megatron") and r.levelno >= logging.WARNING
+    ]
+
+
+def test_hooks_machine_states():
+    hooks = ExitHooks()
+    assert hooks.state == "uninstalled"
+    assert isinstance(EXIT_HOOKS, ExitHooks)
+
+
+def test_installed_exactly_once_across_repeated_lifecycles(fake_process, lifecycles):
+    hooks = ExitHooks()
+    handles = []
+    for round_ in range(4):
+        handle = FakeHandle()
+        handles.append(handle)
+        phases = lifecycles.new(handle, save_interval=2)
+        hooks.attach(phases, graceful=bool(round_ % 2))
+        assert hooks.state == "installed"
+        phases.start_job(model_type="gpt", timestamps=None)
+        phases.start_train()
+        for iteration in range(3):
+            phases.step(iteration)
+        phases.end_train()
+        phases.shutdown()
+
+    assert fake_process.atexit_calls == [hooks.handle_exit]
+    assert fake_process.signal_calls == [(signal.SIGTERM, hooks.handle_sigterm)]
+    # Each run's own handle was shut down exactly once, by its own lifecycle.
+    assert [len(h.shutdown_calls) for h in handles] == [1, 1, 1, 1]
+    # The atexit fallback after the last run finds nothing to do.
+    hooks.handle_exit()
+    assert [len(h.shutdown_calls) for h in handles] == [1, 1, 1, 1]
+
+
+OFF_VARIANTS = {
+    "no_handle": lambda: (None, None),
+    "not_exporting": lambda: (ForbiddenHandle(is_exporting=False), None),
+    "job_group_off": lambda: (ForbiddenHandle(is_exporting=True, span_groups=()), None),
+    "enabled_false": lambda: (ForbiddenHandle(is_exporting=True), False),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(OFF_VARIANTS))
+def test_not_installed_when_telemetry_is_off(fake_process, lifecycles, variant):
+    handle, enabled = OFF_VARIANTS[variant]()
+    hooks = ExitHooks()
+    for _ in range(2):
+        phases = lifecycles.new(handle, save_interval=2, enabled=enabled)
+        hooks.attach(phases)
+        hooks.attach(phases, graceful=True)
+        phases.start_job()
+        assert hooks.state == "uninstalled"
+    assert fake_process.atexit_calls == []
+    assert fake_process.signal_calls == []
+    # With nothing installed, the hooks have no lifecycle to act on.
+    hooks.handle_exit()
+    assert phases.state == "startup"
+
+
+def test_off_lifecycle_does_not_replace_the_target(fake_process, lifecycles):
+    hooks = ExitHooks()
+    handle = FakeHandle()
+    on = in_interval(lifecycles, handle)
+    hooks.attach(on)
+    off = lifecycles.new(None, save_interval=2)
+    hooks.attach(off)
+    hooks.handle_exit()
+    assert on.state == "shutdown"
+    assert off.state == "job"
+    assert len(handle.shutdown_calls) == 1
+
+
+def test_hooks_act_on_the_newest_lifecycle(fake_process, lifecycles):
+    hooks = ExitHooks()
+    first_handle, second_handle = FakeHandle(), FakeHandle()
+    first = in_interval(lifecycles, first_handle)
+    hooks.attach(first)
+    second = in_interval(lifecycles, second_handle)
+    hooks.attach(second)
+
+    hooks.handle_exit()
+    assert second.state == "shutdown"
+    assert len(second_handle.shutdown_calls) == 1
+    assert first.state == "interval", "the hooks shut down an older lifecycle"
+    assert first_handle.shutdown_calls == []
+    assert len(second_handle.named(TRAIN)) == 1
+    assert fake_process.atexit_calls == [hooks.handle_exit]
+
+
+def test_handle_exit_after_shutdown_does_nothing(fake_process, lifecycles, caplog):
+    caplog.set_level(logging.WARNING)
+    hooks = ExitHooks()
+    handle = FakeHandle()
+    phases = in_interval(lifecycles, handle)
+    hooks.attach(phases)
+    phases.end_train()
+    phases.shutdown()
+    spans_before = handle.spans()
+
+    hooks.handle_exit()
+    hooks.handle_exit()
+    assert phases.state == "shutdown"
+    assert len(handle.shutdown_calls) == 1
+    assert handle.spans() == spans_before
+    assert megatron_warnings(caplog) == []
+
+
+@pytest.mark.parametrize("state", ["job", "startup", "train", "interval"])
+def test_handle_exit_shuts_down_from_any_live_state(fake_process, lifecycles, state):
+    hooks = ExitHooks()
+    handle = FakeHandle()
+    phases = lifecycles.new(handle, save_interval=2)
+    for trigger in sh.PATH_TO_STATE[state]:
+        getattr(phases, trigger)()
+    hooks.attach(phases)
+    hooks.handle_exit()
+    assert phases.state == "shutdown"
+    assert len(handle.shutdown_calls) == 1
+    handle.recorder.assert_all_ended_exactly_once()
+
+
+def test_hard_sigterm_shuts_down_then_calls_previous_handler(fake_process, lifecycles):
+    hooks = ExitHooks()
+    handle = FakeHandle()
+    phases = in_interval(lifecycles, handle)
+    previous = PreviousHandler(lambda: phases)
+    fake_process.previous = previous
+    hooks.attach(phases)
+
+    hooks.handle_sigterm(signal.SIGTERM, None)
+    assert hooks.state == "terminating"
+    assert phases.state == "shutdown"
+    assert len(handle.shutdown_calls) == 1
+    # Chained after the shutdown: the previous handler saw the final state.
+    assert previous.calls == [(signal.SIGTERM, None, "shutdown")]
+    assert fake_process.resends() == []
+    handle.recorder.assert_all_ended_exactly_once()
+    assert len(handle.named(TRAIN)) == 1
+
+    # A second SIGTERM while terminating does not shut down again.
+    hooks.handle_sigterm(signal.SIGTERM, None)
+    assert hooks.state == "terminating"
+    assert len(handle.shutdown_calls) == 1
+    # ... and so does the atexit fallback that follows.
+    hooks.handle_exit()
+    assert len(handle.shutdown_calls) == 1
+
+
+def test_hard_sigterm_with_default_disposition_resends_the_signal(fake_process, lifecycles):
+    hooks = ExitHooks()
+    handle = FakeHandle()
+    phases = in_interval(lifecycles, handle)
+    fake_process.previous = signal.SIG_DFL
+    hooks.attach(phases)
+    fake_process.events.clear()
+
+    hooks.handle_sigterm(signal.SIGTERM, None)
+    assert phases.state == "shutdown"
+    assert len(handle.shutdown_calls) == 1
+    # SIG_DFL is restored first, then SIGTERM is re-sent to this very process.
+    assert fake_process.events == [
+        ("signal", signal.SIGTERM, signal.SIG_DFL),
+        ("kill", os.getpid(), signal.SIGTERM),
+    ]
+
+
+def test_hard_sigterm_with_ignored_disposition_does_nothing_more(fake_process, lifecycles):
+    hooks = ExitHooks()
+    handle = FakeHandle()
+    phases = in_interval(lifecycles, handle)
+    fake_process.previous = signal.SIG_IGN
+    hooks.attach(phases)
+    fake_process.events.clear()
+
+    hooks.handle_sigterm(signal.SIGTERM, None)
+    assert phases.state == "shutdown"
+    assert len(handle.shutdown_calls) == 1
+    assert fake_process.events == []
+
+
+def test_graceful_sigterm_only_flushes_and_chains(fake_process, lifecycles):
+    hooks = ExitHooks()
+    handle = FakeHandle()
+    phases = in_interval(lifecycles, handle)
+    previous = PreviousHandler(lambda: phases)
+    fake_process.previous = previous
+    hooks.attach(phases, graceful=True)
+
+    hooks.handle_sigterm(signal.SIGTERM, None)
+    assert hooks.state == "installed"
+    assert phases.state == "interval"
+    assert len(handle.flush_calls) == 1
+    assert handle.shutdown_calls == []
+    assert handle.named(TRAIN) == [], "graceful drain must keep the interval open"
+    assert previous.calls == [(signal.SIGTERM, None, "interval")]
+
+    # The trainer then drains and takes the normal exit path.
+    phases.step(1)
+    phases.end_train()
+    phases.shutdown()
+    assert len(handle.shutdown_calls) == 1
+    hooks.handle_exit()
+    assert len(handle.shutdown_calls) == 1
+
+
+def test_graceful_mode_is_decided_by_the_latest_attach(fake_process, lifecycles):
+    hooks = ExitHooks()
+    fake_process.previous = signal.SIG_IGN
+
+    first_handle = FakeHandle()
+    first = in_interval(lifecycles, first_handle)
+    hooks.attach(first, graceful=True)
+    second_handle = FakeHandle()
+    second = in_interval(lifecycles, second_handle)
+    hooks.attach(second, graceful=False)
+    hooks.handle_sigterm(signal.SIGTERM, None)
+    assert second.state == "shutdown"
+    assert first.state == "interval"
+
+    hooks = ExitHooks()
+    third_handle = FakeHandle()
+    third = in_interval(lifecycles, third_handle)
+    hooks.attach(third, graceful=False)
+    fourth_handle = FakeHandle()
+    fourth = in_interval(lifecycles, fourth_handle)
+    hooks.attach(fourth, graceful=True)
+    hooks.handle_sigterm(signal.SIGTERM, None)
+    assert (third.state, fourth.state) == ("interval", "interval")
+    assert len(fourth_handle.flush_calls) == 1
+    assert third_handle.flush_calls == []
+
+
+def test_process_wide_hooks_untouched_by_an_off_lifecycle(fake_process, lifecycles):
+    state_before = EXIT_HOOKS.state
+    phases = lifecycles.new(None)
+    assert install_exit_hooks(phases) is EXIT_HOOKS
+    assert install_exit_hooks(phases, graceful=True) is EXIT_HOOKS
+    assert EXIT_HOOKS.state == state_before
+    assert fake_process.atexit_calls == []
+    assert fake_process.signal_calls == []
+
+
+class CallbackTracer:
+    """Wraps a real tracer; runs ``on_train`` while megatron.train is being started,
+    i.e. from inside the reroot transition's callback, like a signal would."""
+
+    def __init__(self, tracer, on_train) -> None:
+        self._tracer = tracer
+        self._on_train = on_train
+        self.fired = 0
+
+    def start_span(self, name, *args, **kwargs):
+        if name == TRAIN and not self.fired:
+            self.fired += 1
+            self._on_train()
+        return self._tracer.start_span(name, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._tracer, name)
+
+
+@pytest.mark.parametrize("graceful", [False, True], ids=["hard", "graceful"])
+def test_sigterm_inside_a_transition_waits_for_it_to_complete(fake_process, lifecycles, graceful):
+    hooks = ExitHooks()
+    handle = FakeHandle()
+    seen_during_callback = []
+
+    def sigterm_now():
+        hooks.handle_sigterm(signal.SIGTERM, None)
+        seen_during_callback.append((phases.state, len(handle.shutdown_calls)))
+
+    handle.tracer = CallbackTracer(handle.tracer, sigterm_now)
+    phases = lifecycles.new(handle, save_interval=2)
+    previous = PreviousHandler(lambda: phases)
+    fake_process.previous = previous
+    hooks.attach(phases, graceful=graceful)
+    phases.start_job(model_type="gpt", timestamps=None)
+    phases.start_train()
+
+    phases.step(0)  # the reroot whose callback "receives" SIGTERM
+    assert handle.tracer.fired == 1
+    # Nothing happened inside the transition; everything right after it.
+    assert seen_during_callback == [("interval", 0)]
+    assert len(previous.calls) == 1
+    if graceful:
+        assert phases.state == "interval"
+        assert previous.calls == [(signal.SIGTERM, None, "interval")]
+        assert len(handle.flush_calls) == 1
+        assert handle.shutdown_calls == []
+        phases.shutdown()
+    else:
+        assert phases.state == "shutdown"
+        assert previous.calls == [(signal.SIGTERM, None, "shutdown")]
+        assert hooks.state == "terminating"
+        assert len(handle.shutdown_calls) == 1
+    # The interval being opened when the signal came exists and was ended once.
+    (interval,) = handle.named(TRAIN)
+    assert interval.attributes["megatron.interval.index"] == 0
+    handle.recorder.assert_all_ended_exactly_once()
+
+
+def test_hard_sigterm_after_normal_shutdown_only_chains(fake_process, lifecycles, caplog):
+    caplog.set_level(logging.WARNING)
+    hooks = ExitHooks()
+    handle = FakeHandle()
+    phases = in_interval(lifecycles, handle)
+    previous = PreviousHandler(lambda: phases)
+    fake_process.previous = previous
+    hooks.attach(phases)
+    phases.end_train()
+    phases.shutdown()
+
+    hooks.handle_sigterm(signal.SIGTERM, None)
+    assert len(handle.shutdown_calls) == 1
+    assert previous.calls == [(signal.SIGTERM, None, "shutdown")]
+    assert megatron_warnings(caplog) == []
+
+
+def test_install_exit_hooks_attaches_to_the_process_wide_instance(
+    fake_process, lifecycles, monkeypatch
+):
+    import megatron.training.telemetry_spans as telemetry_spans
+
+    fresh = ExitHooks()
+    monkeypatch.setattr(telemetry_spans, "EXIT_HOOKS", fresh)
+    trainer_calls = []
+    fake_process.previous = lambda signum, frame: trainer_calls.append(signum)
+    handle = FakeHandle()
+    phases = in_interval(lifecycles, handle)
+    assert telemetry_spans.install_exit_hooks(phases) is fresh
+    assert fresh.state == "installed"
+    assert fake_process.atexit_calls == [fresh.handle_exit]
+    newer_handle = FakeHandle()
+    newer = in_interval(lifecycles, newer_handle)
+    assert telemetry_spans.install_exit_hooks(newer, graceful=True) is fresh
+    assert len(fake_process.atexit_calls) == 1
+    fresh.handle_sigterm(signal.SIGTERM, None)  # graceful now: the newest is flushed
+    assert len(newer_handle.flush_calls) == 1
+    assert handle.flush_calls == []
+    assert trainer_calls == [signal.SIGTERM]
+
+
+def test_graceful_mode_without_a_handler_to_drain_is_a_hard_stop(fake_process, lifecycles):
+    """With SIGTERM's default action next, a flush alone would lose the open spans."""
+    hooks = ExitHooks()
+    fake_process.previous = signal.SIG_DFL
+    handle = FakeHandle()
+    phases = in_interval(lifecycles, handle)
+    hooks.attach(phases, graceful=True)
+    hooks.handle_sigterm(signal.SIGTERM, None)
+    assert phases.state == "shutdown"
+    assert hooks.state == "terminating"
+    assert len(handle.shutdown_calls) == 1
+    assert ("kill", os.getpid(), signal.SIGTERM) in fake_process.events

@@ -1,0 +1,209 @@
+"""Random trigger sequences against a small reference model of the table.
+
+Whatever the order (legal or not), the lifecycle raises SpanPhaseError exactly
+when the model says the trigger is illegal, its state always equals the model's,
+at most one structural root (megatron.startup / megatron.train) is ever open, and
+once shutdown has run every span started has been ended exactly once and the
+handle was shut down exactly once.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+HERE = str(Path(__file__).resolve().parent)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import spans_helpers as sh  # noqa: E402
+from spans_helpers import STARTUP, TRAIN, FakeHandle  # noqa: E402
+
+from megatron.training.telemetry_spans import SpanPhaseError  # noqa: E402
+
+
+class ReferenceModel:
+    """The spec's table, as plain Python (span-phases.md section 2)."""
+
+    LIVE = ("job", "startup", "train", "interval")
+    TABLE: ClassVar[dict[tuple[str, str], str]] = {
+        ("job", "start_job"): "startup",
+        ("startup", "record_phase"): "startup",
+        ("startup", "start_train"): "train",
+        ("train", "reroot"): "interval",
+        ("interval", "reroot"): "interval",
+        ("interval", "end_train"): "train",
+        # step is legal where reroot is; from train it always opens an interval
+        # (the loop's work must nest under one), in interval it stays there.
+        ("train", "step"): "interval",
+        ("interval", "step"): "interval",
+        **{(s, "flush"): s for s in LIVE},
+        **{(s, "shutdown"): "shutdown" for s in LIVE},
+    }
+
+    def __init__(self) -> None:
+        self.state = "job"
+
+    def next_state(self, trigger: str) -> str | None:
+        return self.TABLE.get((self.state, trigger))
+
+
+# What must be open in each state: the structural roots the state owns.
+OPEN_ROOTS_IN = {
+    "job": [],
+    "startup": [STARTUP],
+    "train": [],
+    "interval": [TRAIN],
+    "shutdown": [],
+}
+
+
+class LifecycleMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lifecycles = sh.Lifecycles().__enter__()
+        self.model = ReferenceModel()
+        self.handle = FakeHandle()
+        self.phases = None
+        self.iteration = 0
+
+    @initialize(
+        save_interval=st.sampled_from([-1, 0, 1, 2, 3]),
+        first_iteration=st.sampled_from([0, 1, 1000]),
+    )
+    def create(self, save_interval, first_iteration):
+        self.phases = self.lifecycles.new(self.handle, save_interval=save_interval)
+        self.iteration = first_iteration
+
+    def fire(self, trigger: str, *args, **kwargs) -> None:
+        before = self.model.state
+        expected = self.model.next_state(trigger)
+        if expected is None:
+            with pytest.raises(SpanPhaseError) as caught:
+                getattr(self.phases, trigger)(*args, **kwargs)
+            message = str(caught.value)
+            assert re.search(rf"\b{trigger}\b", message), message
+            assert re.search(rf"\b{before}\b", message), message
+            assert self.phases.state == before
+        else:
+            getattr(self.phases, trigger)(*args, **kwargs)
+            self.model.state = expected
+
+    @rule(
+        timestamps=st.sampled_from(
+            [
+                None,
+                "folded",
+                "unfolded",
+            ]
+        )
+    )
+    def start_job(self, timestamps):
+        ts = None
+        if timestamps == "folded":
+            ts = sh.launch_timestamps()
+        elif timestamps == "unfolded":
+            ts = sh.launch_timestamps(launch_script_presrun=None)
+        self.fire("start_job", model_type="gpt", timestamps=ts)
+
+    @rule(
+        start=st.one_of(st.none(), st.floats(min_value=1.6e9, max_value=1.7e9)),
+        duration=st.one_of(st.none(), st.floats(min_value=0.0, max_value=100.0)),
+    )
+    def record_phase(self, start, duration):
+        end = None if start is None or duration is None else start + duration
+        self.fire("record_phase", "megatron.startup.phase", start, end)
+
+    @rule()
+    def start_train(self):
+        self.fire("start_train")
+
+    @rule()
+    def reroot(self):
+        self.fire("reroot")
+
+    @rule()
+    def end_train(self):
+        self.fire("end_train")
+
+    @rule()
+    def flush(self):
+        self.fire("flush")
+
+    @rule()
+    def shutdown(self):
+        self.fire("shutdown")
+
+    @rule(with_iteration=st.booleans())
+    def step(self, with_iteration):
+        self.fire("step", self.iteration if with_iteration else None)
+        self.iteration += 1
+
+    @rule()
+    def work(self):
+        """Work done inside the current phase, through ordinary context propagation."""
+        with self.handle.tracer.start_as_current_span("work"):
+            pass
+
+    @invariant()
+    def state_matches_model(self):
+        if self.phases is not None:
+            assert self.phases.state == self.model.state
+
+    @invariant()
+    def at_most_one_structural_root_open(self):
+        recorder = self.handle.recorder
+        assert recorder.max_open_roots <= 1
+        assert sorted(recorder.open_roots.values()) == OPEN_ROOTS_IN[self.model.state]
+
+    @invariant()
+    def everything_ended_once_after_shutdown(self):
+        if self.model.state == "shutdown":
+            self.handle.recorder.assert_all_ended_exactly_once()
+            assert len(self.handle.shutdown_calls) == 1
+
+    def teardown(self):
+        try:
+            if self.phases is not None and self.phases.state != "shutdown":
+                self.phases.shutdown()
+                self.handle.recorder.assert_all_ended_exactly_once()
+                assert len(self.handle.shutdown_calls) == 1
+        finally:
+            self.lifecycles.__exit__(None, None, None)
+
+
+LifecycleMachine.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=30,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestLifecycleAgainstReferenceModel = LifecycleMachine.TestCase
+
+
+def test_long_deterministic_walk_through_the_same_rules():
+    """The rules and invariants above, driven by hand along the trainer's usual path."""
+    machine = LifecycleMachine()
+    machine.create(save_interval=2, first_iteration=0)
+    machine.start_job("folded")
+    machine.record_phase(1.65e9, 2.0)
+    machine.work()
+    machine.start_train()
+    for _ in range(50):
+        machine.step(True)
+        machine.work()
+        machine.state_matches_model()
+        machine.at_most_one_structural_root_open()
+    machine.end_train()
+    machine.shutdown()
+    machine.everything_ended_once_after_shutdown()
+    assert machine.handle.recorder.start_order.count(TRAIN) == 25
+    machine.teardown()

@@ -1,0 +1,195 @@
+"""The transition table, pair by pair (span-phases.md section 2).
+
+Legality comes from the spec's table written out in spans_helpers.SPEC_TABLE, not
+from the module's TRANSITIONS; a separate test then checks that the module's
+table is that table.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import transitions
+
+HERE = str(Path(__file__).resolve().parent)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import spans_helpers as sh  # noqa: E402
+from spans_helpers import (  # noqa: E402
+    FULL_TABLE,
+    PATH_TO_STATE,
+    SPEC_TABLE,
+    STATES,
+    TRIGGERS,
+    FakeHandle,
+    ForbiddenHandle,
+)
+
+from megatron.training.telemetry_spans import SpanPhaseError, SpanPhases  # noqa: E402
+
+TRIGGER_ARGS = {
+    "start_job": ((), {"model_type": "gpt", "timestamps": sh.launch_timestamps()}),
+    "record_phase": (("megatron.startup.imports", 1.0e9, 1.0e9 + 1.5), {}),
+    "step": ((7,), {}),
+}
+
+
+def fire(phases, trigger):
+    args, kwargs = TRIGGER_ARGS.get(trigger, ((), {}))
+    getattr(phases, trigger)(*args, **kwargs)
+
+
+def assert_names(err: BaseException, trigger: str, state: str) -> None:
+    message = str(err)
+    assert re.search(rf"\b{re.escape(trigger)}\b", message), f"{message!r} lacks {trigger!r}"
+    assert re.search(rf"\b{re.escape(state)}\b", message), f"{message!r} lacks {state!r}"
+
+
+@pytest.fixture
+def lifecycles():
+    with sh.Lifecycles() as lc:
+        yield lc
+
+
+def make_handle(kind):
+    if kind == "on":
+        return FakeHandle()
+    return ForbiddenHandle(is_exporting=False)
+
+
+@pytest.mark.parametrize("telemetry", ["on", "off"])
+@pytest.mark.parametrize("trigger", TRIGGERS)
+@pytest.mark.parametrize("state", STATES)
+def test_every_state_trigger_pair(lifecycles, state, trigger, telemetry):
+    handle = make_handle(telemetry)
+    phases = lifecycles.new(handle, save_interval=3)
+    for step in PATH_TO_STATE[state]:
+        fire(phases, step)
+    assert phases.state == state
+
+    recorder = getattr(handle, "recorder", None)
+    started_before = list(recorder.start_order) if recorder else []
+    ended_before = list(recorder.end_order) if recorder else []
+    shutdowns_before = len(handle.shutdown_calls)
+    flushes_before = len(handle.flush_calls)
+
+    expected = FULL_TABLE.get((state, trigger))
+    if expected is None:
+        with pytest.raises(SpanPhaseError) as caught:
+            fire(phases, trigger)
+        assert isinstance(caught.value, transitions.MachineError)
+        assert_names(caught.value, trigger, state)
+        assert phases.state == state, "an illegal trigger changed the state"
+        if recorder:
+            assert recorder.start_order == started_before, "illegal trigger started a span"
+            assert recorder.end_order == ended_before, "illegal trigger ended a span"
+        assert len(handle.shutdown_calls) == shutdowns_before
+        assert len(handle.flush_calls) == flushes_before
+        return
+
+    fire(phases, trigger)
+    assert phases.state == expected
+    if trigger == "shutdown":
+        assert len(handle.shutdown_calls) == 1
+        if recorder:
+            recorder.assert_all_ended_exactly_once()
+    elif trigger == "flush":
+        if telemetry == "on":
+            assert len(handle.flush_calls) == flushes_before + 1
+        if recorder:
+            assert recorder.end_order == ended_before, "flush must not end spans"
+    else:
+        assert len(handle.shutdown_calls) == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "trigger", "state"),
+    [
+        (("start_job",), "start_job", "startup"),
+        ((), "reroot", "job"),
+        ((), "step", "job"),
+        (("start_job",), "step", "startup"),
+        (("start_job", "start_train"), "end_train", "train"),
+        (("shutdown",), "shutdown", "shutdown"),
+        (("start_job", "start_train", "reroot", "shutdown"), "step", "shutdown"),
+        (("start_job", "start_train"), "record_phase", "train"),
+        (("start_job", "start_train"), "start_train", "train"),
+    ],
+    ids=lambda v: "-".join(v) if isinstance(v, tuple) else v,
+)
+def test_the_classic_mistakes_raise(lifecycles, path, trigger, state):
+    """The misorderings span-phases.md names, each with a readable message."""
+    phases = lifecycles.new(FakeHandle())
+    for step in path:
+        fire(phases, step)
+    with pytest.raises(SpanPhaseError) as caught:
+        fire(phases, trigger)
+    assert_names(caught.value, trigger, state)
+    assert phases.state == state
+
+
+def test_step_rejected_repeatedly_keeps_rejecting(lifecycles):
+    """A rejected step must not consume the boundary: the next one is rejected too,
+    and after start_train the first step still opens C0."""
+    handle = FakeHandle()
+    phases = lifecycles.new(handle, save_interval=2)
+    for _ in range(3):
+        with pytest.raises(SpanPhaseError):
+            phases.step()
+    phases.start_job()
+    for _ in range(3):
+        with pytest.raises(SpanPhaseError):
+            phases.step()
+    phases.start_train()
+    phases.step(0)
+    assert phases.state == "interval"
+    phases.shutdown()
+    assert len(handle.named(sh.TRAIN)) == 1
+
+
+def _state_name(state) -> str:
+    if isinstance(state, str):
+        return state
+    if isinstance(state, dict):
+        return state["name"]
+    return state.name
+
+
+def _normalize(transitions_data, state_names):
+    rows = set()
+    for t in transitions_data:
+        sources = t["source"]
+        if sources == "*":
+            sources = state_names
+        elif isinstance(sources, str):
+            sources = [sources]
+        for source in sources:
+            dest = t.get("dest")
+            if dest is None or dest == "=":
+                dest = source
+            rows.add((source, t["trigger"], dest))
+    return rows
+
+
+def test_module_table_is_the_spec_table():
+    state_names = [_state_name(s) for s in SpanPhases.STATES]
+    assert sorted(state_names) == sorted(STATES)
+    module_rows = _normalize(SpanPhases.TRANSITIONS, state_names)
+    spec_rows = {(state, trigger, dest) for (state, trigger), dest in SPEC_TABLE.items()}
+    # step is a method that fires reroot on a boundary, not a row of its own.
+    assert {row for row in module_rows if row[1] != "step"} == spec_rows
+
+
+def test_live_machine_offers_exactly_the_spec_triggers(lifecycles):
+    """No auto transitions (to_shutdown() ...) or other edges dodge the table."""
+    phases = lifecycles.new(None)
+    assert isinstance(phases.machine, transitions.Machine)
+    for state in STATES:
+        offered = set(phases.machine.get_triggers(state)) - {"step"}
+        spec = {trigger for (s, trigger) in SPEC_TABLE if s == state}
+        assert offered == spec, f"state {state!r}"
+    assert phases.state == "job"
