@@ -104,6 +104,18 @@ def _is_folded(ts: Mapping[str, float | None]) -> bool:
     return None not in (start, presrun, program) and start <= presrun <= program
 
 
+class _Machine(Machine):
+    """A ``Machine`` that leaves a model's own trigger methods in place.
+
+    ``SpanPhases`` defines typed, documented methods named after its triggers;
+    the stock machine would log a warning for each on every construction.
+    """
+
+    def _checked_assignment(self, model: Any, name: str, func: Callable[..., Any]) -> None:
+        if not hasattr(model, name):
+            setattr(model, name, func)
+
+
 def _telemetry_guard(callback):
     """Telemetry must never break training: log an SDK failure, don't raise it."""
 
@@ -176,8 +188,6 @@ class SpanPhases:
         # Only a live tracer is ever kept: with telemetry off it stays None and
         # every callback returns before touching OpenTelemetry.
         self._tracer = telemetry.tracer if self.enabled and telemetry is not None else None
-        self._timestamps: Mapping[str, float | None] = {}
-        self._model_type: Any = None
         self._startup: Span | None = None
         self._startup_token: object | None = None
         self._interval: Span | None = None
@@ -196,7 +206,7 @@ class SpanPhases:
         # and work a handler asked for that must wait until they complete.
         self._in_transition = 0
         self._deferred: list[Callable[[], None]] = []
-        self.machine = Machine(
+        self.machine = _Machine(
             model=self,
             states=[dict(s) for s in self.STATES],
             transitions=[dict(t) for t in self.TRANSITIONS],
@@ -222,8 +232,7 @@ class SpanPhases:
         self, model_type: Any = None, timestamps: Mapping[str, float | None] | None = None
     ) -> None:
         """Emit ``pre_startup`` if due, open ``megatron.startup`` and its launch children."""
-        self._model_type = model_type
-        self._fire("start_job", dict(timestamps or {}))
+        self._fire("start_job", model_type, dict(timestamps or {}))
 
     def record_phase(self, name: str, start: float | None, end: float | None) -> None:
         """Record an elapsed startup phase as a backdated child of ``megatron.startup``."""
@@ -307,9 +316,8 @@ class SpanPhases:
     # ------------------------------------------------------------------
 
     @_telemetry_guard
-    def _open_startup(self, timestamps: Mapping[str, float | None]) -> None:
+    def _open_startup(self, model_type: Any, timestamps: Mapping[str, float | None]) -> None:
         """Entering ``startup``: traces A and B, and B's folded launch children."""
-        self._timestamps = timestamps
         if self._tracer is None:
             return
         slurm = timestamps.get("slurm_job_start_time")
@@ -323,7 +331,7 @@ class SpanPhases:
             "megatron.startup",
             context=otel_context.Context(),
             start_time=None if opened_at is None else _ns(opened_at),
-            attributes={GOODPUT: True, MODEL_TYPE: str(self._model_type)},
+            attributes={GOODPUT: True, MODEL_TYPE: str(model_type)},
         )
         self._link_to = self._startup.get_span_context()
         self._startup_token = otel_context.attach(otel_trace.set_span_in_context(self._startup))
@@ -487,7 +495,7 @@ class ExitHooks:
         self.target: SpanPhases | None = None
         self.graceful = False
         self.previous_handler: Any = signal.SIG_DFL
-        self.machine = Machine(
+        self.machine = _Machine(
             model=self,
             states=list(self.STATES),
             transitions=[dict(t) for t in self.TRANSITIONS],
