@@ -1,0 +1,224 @@
+"""Checkpoints in Megatron-LM's layout, written so a crash never costs the last good one.
+
+Layout (as upstream, so tools that read a Megatron checkpoint directory find
+their way): ``<save>/iter_0000010/model_optim_rng.pt`` plus the tracker file
+``<save>/latest_checkpointed_iteration.txt`` holding the iteration number.
+
+Why the care with writing: a job is most likely to be killed while it saves
+(that is when preemption notices and time limits land). Every file is written
+to a temporary name in its final directory, fsynced, and moved into place with
+``os.replace`` (atomic on POSIX), and the tracker is replaced last. A crash at
+any point therefore leaves the tracker naming a complete checkpoint; at worst
+a stray temporary file remains.
+
+Loading uses ``torch.load(..., weights_only=True)``, which refuses arbitrary
+pickled objects, so a checkpoint holds only tensors and plain containers of
+primitives. A corrupt or truncated file is reported as :class:`CheckpointError`
+naming the file; nothing on disk is touched on that path.
+
+The RNG state saved and restored is torch's (CPU and CUDA), which is all the
+training draws from. Python's ``random`` is left alone on purpose: it is where
+OpenTelemetry draws trace and span ids, and restoring it would make a resumed
+run repeat the ids its predecessor wrote into the same trace file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+from torch import nn
+
+from megatron.training.distributed import barrier, print_rank_0, unwrap_model
+
+__all__ = [
+    "TRACKER_FILENAME",
+    "CheckpointError",
+    "TrainState",
+    "checkpoint_path",
+    "empty_directory",
+    "load_checkpoint",
+    "save_checkpoint",
+]
+
+TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
+CHECKPOINT_FILENAME = "model_optim_rng.pt"
+
+# The model-shaping arguments saved with a checkpoint, and checked on load.
+_MODEL_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
+_SAVED_ARGS = (*_MODEL_ARGS, "micro_batch_size", "global_batch_size", "train_iters", "lr", "seed")
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be loaded; the message names the file."""
+
+
+@dataclass
+class TrainState:
+    """Everything a checkpoint captures, and the loop's progress counters.
+
+    ``iteration`` counts completed iterations (Megatron's convention: the
+    checkpoint saved after 10 iterations is ``iter_0000010`` and a run resumed
+    from it executes iteration 10 next); ``consumed_samples`` is where the data
+    continues.
+    """
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    iteration: int = 0
+    consumed_samples: int = 0
+
+
+def checkpoint_path(directory: str | os.PathLike[str], iteration: int) -> Path:
+    return Path(directory) / f"iter_{iteration:07d}" / CHECKPOINT_FILENAME
+
+
+# ---------------------------------------------------------------------------
+# Saving
+# ---------------------------------------------------------------------------
+
+
+def save_checkpoint(
+    directory: str | os.PathLike[str], state: TrainState, args: Any, is_rank_0: bool
+) -> None:
+    """Write the checkpoint for ``state.iteration`` (rank 0 writes; every rank waits for it)."""
+    barrier()
+    if is_rank_0:
+        path = checkpoint_path(directory, state.iteration)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        contents = {
+            "iteration": state.iteration,
+            "consumed_samples": state.consumed_samples,
+            "model": unwrap_model(state.model).state_dict(),
+            "optimizer": state.optimizer.state_dict(),
+            "scheduler": state.scheduler.state_dict(),
+            "args": {name: getattr(args, name) for name in _SAVED_ARGS},
+            "rng": _rng_state(),
+        }
+        _write_atomically(path, lambda f: torch.save(contents, f))
+        tracker = Path(directory) / TRACKER_FILENAME
+        _write_atomically(tracker, lambda f: f.write(f"{state.iteration}\n".encode()))
+        print_rank_0(f"saved checkpoint at iteration {state.iteration:7d} to {directory}")
+    barrier()
+
+
+def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename itself durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def empty_directory(directory: str | os.PathLike[str], is_rank_0: bool) -> None:
+    """Remove ``directory`` and its contents, so a run starts from nothing (``--demo``)."""
+    if is_rank_0:
+        shutil.rmtree(directory, ignore_errors=True)
+    barrier()
+
+
+# ---------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------
+
+
+def load_checkpoint(directory: str | os.PathLike[str], state: TrainState, args: Any) -> None:
+    """Restore ``state`` from the latest checkpoint in ``directory``, if there is one.
+
+    A directory without a tracker file means "start from scratch" (Megatron's
+    behaviour: the first run of a job usually passes the same --load as its
+    resumptions), and ``state`` is left as it is. Anything unreadable raises
+    :class:`CheckpointError`.
+    """
+    tracker = Path(directory) / TRACKER_FILENAME
+    if not tracker.is_file():
+        print_rank_0(
+            f"WARNING: could not find the checkpoint tracker {tracker}; "
+            "will not load any checkpoint and will start from random"
+        )
+        return
+    iteration = _read_tracker(tracker)
+    path = checkpoint_path(directory, iteration)
+    try:
+        contents = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{tracker} names iteration {iteration}, but {path} is missing"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 -- unpickling, zip and I/O errors alike
+        # The exception type is enough to tell truncation from garbage; torch's
+        # own messages run to many lines and suggest weights_only=False.
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt or truncated ({type(exc).__name__})"
+        ) from None
+    try:
+        _check_model_args(contents["args"], args, path)
+        unwrap_model(state.model).load_state_dict(contents["model"])
+        state.optimizer.load_state_dict(contents["optimizer"])
+        state.scheduler.load_state_dict(contents["scheduler"])
+        _set_rng_state(contents["rng"])
+        state.iteration = int(contents["iteration"])
+        state.consumed_samples = int(contents["consumed_samples"])
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"checkpoint {path} cannot be restored: {exc!r}") from None
+    print_rank_0(f"loaded checkpoint from {directory} at iteration {state.iteration}")
+
+
+def _read_tracker(tracker: Path) -> int:
+    text = tracker.read_text(encoding="utf-8", errors="replace").strip()
+    try:
+        iteration = int(text)
+    except ValueError:
+        iteration = -1
+    if iteration < 0:
+        raise CheckpointError(
+            f"checkpoint tracker {tracker} is corrupt: expected an iteration number, got {text!r}"
+        )
+    return iteration
+
+
+def _check_model_args(saved: dict[str, Any], args: Any, path: Path) -> None:
+    mismatched = [
+        f"--{name.replace('_', '-')} {getattr(args, name)} (checkpoint: {saved.get(name)})"
+        for name in _MODEL_ARGS
+        if saved.get(name) != getattr(args, name)
+    ]
+    if mismatched:
+        raise CheckpointError(
+            f"checkpoint {path} was saved with a different model: {', '.join(mismatched)}"
+        )
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

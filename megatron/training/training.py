@@ -1,0 +1,449 @@
+"""``pretrain()`` and ``train()``: the story of a training job, and nothing else.
+
+Read top to bottom, ``pretrain`` is the life of a job (parse, join the process
+group, start telemetry, build the model, load a checkpoint, build the data,
+train, save, shut down) and ``train`` is the life of one iteration (fetch,
+forward, backward, step, log, evaluate, save, decide whether to stop). Every
+concern those lines touch lives in its own module and is called here in one
+line.
+
+Telemetry appears here only as call sites, as the upstream issue asks of
+Megatron-LM's ``training.py``: named transitions fired on the span lifecycle
+(``phases.start_job``, ``record_phase``, ``start_train``, ``step``,
+``end_train``, ``shutdown``), ``managed_span`` blocks, one group gate and a few
+attribute stamps. Which spans are open, when a trace is cut, what happens on
+SIGTERM: all of that is :mod:`megatron.training.telemetry_spans`. With telemetry
+off every call site is a no-op and the job behaves exactly as it would without
+them.
+
+Every way a run can end goes through ``phases.shutdown()`` exactly once:
+
+1. normal: the loop finishes, ``end_train``, then ``shutdown``;
+2. early exit (``--exit-interval``, ``--exit-duration-in-mins``, a graceful
+   SIGTERM): checkpoint, ``shutdown``, ``sys.exit(0)``;
+3. an exception anywhere after the job started: ``shutdown``, then the same
+   exception object is re-raised;
+4. a hard SIGTERM, and the atexit fallback: the exit hooks installed by
+   :func:`~megatron.training.telemetry_spans.install_exit_hooks`.
+
+Two choices worth knowing:
+
+* The final checkpoint (when the last iteration is not on a ``--save-interval``
+  boundary, and on every early exit) is written at the end of ``train()``,
+  while the last interval's trace is still open, so its span nests under that
+  interval like every other save instead of becoming an orphan trace.
+* The first iteration a process executes is also wrapped in
+  ``megatron.train.first_iteration`` (span group ``first_iteration``, on in
+  the ``default`` preset where per-iteration spans are off): the time to the
+  first completed step is a goodput number worth having in every trace.
+
+Test hooks (environment variables, read when ``train()`` starts):
+
+* ``MEGATRON_TEST_FAULT_AT_ITERATION=N``: the forward step of iteration ``N``
+  (the span with ``megatron.iteration == N``) raises
+  ``RuntimeError("injected fault at iteration N")``.
+* ``MEGATRON_TEST_ITERATION_SLEEP=S``: sleep ``S`` seconds before each forward
+  step, so a test can land a signal in the middle of an iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from megatron.core.telemetry import (
+    MegatronSpanGroup,
+    SpanGroup,
+    TelemetryConfig,
+    is_span_group_enabled,
+    managed_span,
+    safe_set_span_attributes,
+    setup_telemetry,
+)
+from megatron.training.arguments import parse_args
+from megatron.training.checkpointing import (
+    TrainState,
+    empty_directory,
+    load_checkpoint,
+    save_checkpoint,
+)
+from megatron.training.data import VOCAB_SIZE, build_train_valid_datasets, micro_batches
+from megatron.training.distributed import (
+    DistributedEnv,
+    GracefulExitSignal,
+    all_reduce_mean,
+    grad_sync,
+    initialize_distributed,
+    install_graceful_exit_handler,
+    max_across_ranks,
+    print_rank_0,
+    teardown_distributed,
+    wrap_model,
+)
+from megatron.training.model import GPTConfig, GPTModel
+from megatron.training.optimizer import build_optimizer
+from megatron.training.telemetry_spans import SpanPhases, install_exit_hooks
+from megatron.training.trace_summary import summarize
+from megatron.training.training_log import StepResult, TrainingLog
+
+__all__ = ["TrainingResult", "pretrain", "train"]
+
+_log = logging.getLogger(__name__)
+
+FAULT_ENV = "MEGATRON_TEST_FAULT_AT_ITERATION"
+SLEEP_ENV = "MEGATRON_TEST_ITERATION_SLEEP"
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    """What a finished ``pretrain()`` returns (an early exit calls ``sys.exit`` instead)."""
+
+    iteration: int
+    consumed_samples: int
+    losses: list[tuple[int, float]]  # (iteration, lm loss) at every log interval
+    trace_file: Path | None
+
+
+def pretrain(
+    args: argparse.Namespace | Sequence[str] | None = None,
+    *,
+    program_start: float | None = None,
+    main_entry: float | None = None,
+) -> TrainingResult:
+    """Run one training job (an *incarnation*) from arguments to shutdown.
+
+    ``args`` is a parsed namespace (``main()`` parses first, so the time that
+    takes shows as ``megatron.startup.arg_parse``) or an argv list.
+    ``program_start`` and ``main_entry`` are the entry point's timestamps
+    (epoch seconds) for the startup trace; unknown ones are left out of it.
+    """
+    pretrain_entry = time.time()
+    if not isinstance(args, argparse.Namespace):
+        args = parse_args(args)
+    env = initialize_distributed(args.seed)
+    initialized = time.time()
+    if args.fresh_save_dir:
+        empty_directory(args.save, env.is_rank_0)
+
+    telemetry = setup_telemetry(
+        TelemetryConfig.from_args(args),
+        rank=env.rank,
+        world_size=env.world_size,
+        resource_attributes=_resource_attributes(args),
+    )
+    # The trainer's own SIGTERM handler goes first, so the telemetry hook
+    # installed next chains to it.
+    exit_signal = install_graceful_exit_handler() if args.exit_signal_handler else None
+    phases = SpanPhases(telemetry, save_interval=args.save_interval or 0)
+    install_exit_hooks(phases, graceful=args.exit_signal_handler)
+
+    phases.start_job(
+        model_type="GPT", timestamps=_startup_timestamps(program_start, main_entry, pretrain_entry)
+    )
+    phases.record_phase("megatron.startup.imports", program_start, main_entry)
+    phases.record_phase("megatron.startup.arg_parse", main_entry, pretrain_entry)
+    phases.record_phase("megatron.startup.initialize_megatron", pretrain_entry, initialized)
+    exit_reason = None
+    try:
+        with managed_span(SpanGroup.JOB, "megatron.startup.model_init"):
+            state = setup_model_and_optimizer(args, env)
+            if args.load:
+                with managed_span(
+                    SpanGroup.LOAD_CHECKPOINT,
+                    "megatron.checkpoint.load",
+                    **{"megatron.checkpoint.dir": args.load},
+                ) as span:
+                    load_checkpoint(args.load, state, args)
+                    safe_set_span_attributes(span, {"megatron.iteration": state.iteration})
+
+        with managed_span(SpanGroup.JOB, "megatron.startup.dataloader"):
+            train_data, valid_data = build_train_valid_datasets(args)
+            train_batches = micro_batches(train_data, state.consumed_samples, args, env)
+
+        log = TrainingLog(args, telemetry.meter)
+        exits = ExitConditions(args, pretrain_entry, exit_signal)
+        if state.iteration < args.train_iters:
+            phases.start_train()
+            exit_reason = train(args, env, phases, state, train_batches, valid_data, log, exits)
+            if exit_reason is None:
+                phases.end_train()
+        else:
+            print_rank_0(
+                f"nothing to train: iteration {state.iteration} >= --train-iters {args.train_iters}"
+            )
+    except BaseException:
+        phases.shutdown()
+        teardown_distributed()
+        raise
+    phases.shutdown()
+
+    _print_telemetry_summary(telemetry)
+    teardown_distributed()
+    if exit_reason is not None:
+        sys.exit(0)
+    return TrainingResult(
+        state.iteration, state.consumed_samples, log.reported, telemetry.trace_file
+    )
+
+
+def train(
+    args: argparse.Namespace,
+    env: DistributedEnv,
+    phases: SpanPhases,
+    state: TrainState,
+    train_batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    valid_data: Any,
+    log: TrainingLog,
+    exits: ExitConditions,
+) -> str | None:
+    """Train from ``state.iteration`` to ``--train-iters``.
+
+    Returns why it stopped early, or None when it ran to the end.
+    """
+    hooks = FaultInjection.from_env()
+    first_iteration = state.iteration
+    exit_reason = None
+    state.model.train()
+
+    while state.iteration < args.train_iters and exit_reason is None:
+        phases.step(state.iteration)
+        with (
+            managed_span(
+                SpanGroup.STEP,
+                "megatron.train.iteration",
+                **{"megatron.iteration": state.iteration},
+            ) as span,
+            _first_iteration_span(state.iteration == first_iteration),
+        ):
+            step = train_step(args, state, train_batches, hooks)
+            if is_span_group_enabled(SpanGroup.STEP):  # the stamps cost a host sync
+                safe_set_span_attributes(span, step.span_attributes())
+        state.iteration += 1
+        state.consumed_samples += args.global_batch_size
+
+        log.record(state.iteration, state.consumed_samples, step)
+        if args.eval_interval and state.iteration % args.eval_interval == 0:
+            evaluate_and_print(args, env, state, valid_data)
+        if _is_save_iteration(args, state.iteration):
+            _save(args, env, state)
+        exit_reason = exits.check(state.iteration)
+
+    if args.save and not _is_save_iteration(args, state.iteration):
+        _save(args, env, state)
+    if exit_reason is not None:
+        print_rank_0(f"exiting program at iteration {state.iteration}: {exit_reason}")
+    return exit_reason
+
+
+def train_step(
+    args: argparse.Namespace,
+    state: TrainState,
+    train_batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    hooks: FaultInjection,
+) -> StepResult:
+    """Forward and backward over ``--global-batch-size`` samples, then one optimizer step."""
+    started = time.perf_counter()
+    model, optimizer = state.model, state.optimizer
+    optimizer.zero_grad(set_to_none=True)
+    losses = []
+    for microbatch in range(args.num_microbatches):
+        with managed_span(SpanGroup.FORWARD_BACKWARD, "megatron.train.forward_backward"):
+            with managed_span(MegatronSpanGroup.DATA_LOADING, "megatron.train.get_batch"):
+                tokens, labels = next(train_batches)
+            # DDP all-reduces gradients on the last micro-batch's backward only.
+            with grad_sync(model, enabled=microbatch == args.num_microbatches - 1):
+                hooks.before_forward(state.iteration)
+                loss = model(tokens, labels)
+                (loss / args.num_microbatches).backward()
+            losses.append(loss.detach())
+
+    with managed_span(SpanGroup.OPTIMIZER, "megatron.train.optimizer"):
+        max_norm = args.clip_grad if args.clip_grad > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        learning_rate = optimizer.param_groups[0]["lr"]
+        skipped = not torch.isfinite(grad_norm).item()
+        if not skipped:
+            optimizer.step()
+            state.scheduler.step()
+    return StepResult(
+        loss=torch.stack(losses).mean(),
+        grad_norm=grad_norm.detach(),
+        learning_rate=learning_rate,
+        skipped=skipped,
+        duration_s=time.perf_counter() - started,
+    )
+
+
+def evaluate_and_print(
+    args: argparse.Namespace, env: DistributedEnv, state: TrainState, valid_data: Any
+) -> float:
+    """Mean LM loss over ``--eval-iters`` validation micro-batches per rank.
+
+    The same batches every time, so successive validation losses compare.
+    """
+    model = state.model
+    batches = micro_batches(valid_data, 0, args, env)
+    model.eval()
+    with managed_span(
+        SpanGroup.EVALUATE, "megatron.evaluate", **{"megatron.iteration": state.iteration}
+    ) as span:
+        total = torch.zeros((), device=env.device)
+        with torch.no_grad():
+            for eval_step in range(args.eval_iters):
+                with managed_span(
+                    SpanGroup.EVALUATE,
+                    "megatron.evaluate.step",
+                    **{"megatron.evaluate.step": eval_step},
+                ):
+                    tokens, labels = next(batches)
+                    total += model(tokens, labels)
+        loss = all_reduce_mean(total / args.eval_iters).item()
+        safe_set_span_attributes(span, {"megatron.evaluate.loss": loss})
+    model.train()
+    line = (
+        f" validation loss at iteration {state.iteration} | lm loss value: {loss:.6E} |"
+        f" lm loss PPL: {math.exp(min(loss, 20.0)):.6E} |"
+    )
+    print_rank_0("-" * len(line) + "\n" + line + "\n" + "-" * len(line))
+    return loss
+
+
+def setup_model_and_optimizer(args: argparse.Namespace, env: DistributedEnv) -> TrainState:
+    config = GPTConfig(
+        vocab_size=VOCAB_SIZE,
+        seq_length=args.seq_length,
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        num_attention_heads=args.num_attention_heads,
+    )
+    model = wrap_model(GPTModel(config), env)
+    optimizer, scheduler = build_optimizer(model, args)
+    return TrainState(model, optimizer, scheduler)
+
+
+class ExitConditions:
+    """When ``train()`` should stop early (checked after every iteration).
+
+    As in Megatron-LM: a graceful SIGTERM, then the wall-clock budget (both
+    agreed across ranks, so every rank stops at the same iteration), then
+    ``--exit-interval``. The collectives run only when their flag is set.
+    """
+
+    def __init__(
+        self, args: argparse.Namespace, started_at: float, exit_signal: GracefulExitSignal | None
+    ) -> None:
+        self.args = args
+        self.started_at = started_at
+        self.exit_signal = exit_signal
+
+    def check(self, iteration: int) -> str | None:
+        args = self.args
+        if self.exit_signal is not None and self.exit_signal.received_on_any_rank():
+            return "received SIGTERM (--exit-signal-handler)"
+        if args.exit_duration_in_mins is not None:
+            minutes = max_across_ranks((time.time() - self.started_at) / 60.0)
+            if minutes >= args.exit_duration_in_mins:
+                limit = args.exit_duration_in_mins
+                return f"ran {minutes:.2f} minutes (--exit-duration-in-mins {limit})"
+        if args.exit_interval and iteration % args.exit_interval == 0:
+            return f"--exit-interval {args.exit_interval}"
+        return None
+
+
+@dataclass(frozen=True)
+class FaultInjection:
+    """Fault and delay injection for tests (see the module docstring)."""
+
+    fault_at_iteration: int | None = None
+    sleep_s: float = 0.0
+
+    @classmethod
+    def from_env(cls) -> FaultInjection:
+        fault = os.environ.get(FAULT_ENV)
+        return cls(
+            fault_at_iteration=int(fault) if fault else None,
+            sleep_s=float(os.environ.get(SLEEP_ENV) or 0.0),
+        )
+
+    def before_forward(self, iteration: int) -> None:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        if iteration == self.fault_at_iteration:
+            raise RuntimeError(f"injected fault at iteration {iteration}")
+
+
+def _first_iteration_span(is_first: bool) -> Any:
+    if not is_first:
+        return nullcontext()
+    return managed_span(MegatronSpanGroup.FIRST_ITERATION, "megatron.train.first_iteration")
+
+
+def _is_save_iteration(args: argparse.Namespace, iteration: int) -> bool:
+    return bool(args.save and args.save_interval and iteration % args.save_interval == 0)
+
+
+def _save(args: argparse.Namespace, env: DistributedEnv, state: TrainState) -> None:
+    with managed_span(
+        SpanGroup.CHECKPOINT, "megatron.checkpoint.save", **{"megatron.iteration": state.iteration}
+    ):
+        save_checkpoint(args.save, state, args, env.is_rank_0)
+
+
+def _print_telemetry_summary(telemetry: Any) -> None:
+    """What this run's telemetry wrote, printed by the rank that wrote it."""
+    trace_file = telemetry.trace_file
+    if telemetry.is_exporting and trace_file is not None and trace_file.exists():
+        print(summarize(trace_file), flush=True)
+
+
+def _resource_attributes(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "dl.tensor_parallel.size": 1,
+        "dl.data_parallel.size": args.data_parallel_size,
+        "dl.batch_size": args.global_batch_size,
+        "dl.sequence_length": args.seq_length,
+        "megatron.num_layers": args.num_layers,
+        "megatron.hidden_size": args.hidden_size,
+        "megatron.num_attention_heads": args.num_attention_heads,
+        "megatron.train_iters": args.train_iters,
+        "megatron.micro_batch_size": args.micro_batch_size,
+        "megatron.precision": "fp32",
+    }
+
+
+_LAUNCH_ENV = {
+    "launch_script_start": "MEGATRON_LAUNCH_SCRIPT_START",
+    "launch_script_presrun": "MEGATRON_LAUNCH_SCRIPT_PRESRUN",
+    "slurm_job_start_time": "SLURM_JOB_START_TIME",
+}
+
+
+def _startup_timestamps(
+    program_start: float | None, main_entry: float | None, pretrain_entry: float
+) -> dict[str, float | None]:
+    """The startup trace's timestamps: ours, plus the launcher's from the environment."""
+    timestamps: dict[str, float | None] = {
+        "program_start": program_start,
+        "main_entry": main_entry,
+        "pretrain_entry": pretrain_entry,
+    }
+    for key, variable in _LAUNCH_ENV.items():
+        value = os.environ.get(variable)
+        if not value:
+            continue
+        try:
+            timestamps[key] = float(value)
+        except ValueError:
+            _log.warning("ignoring %s=%r: not a number of seconds since the epoch", variable, value)
+    return timestamps

@@ -1,0 +1,191 @@
+"""Bad input: one clear message naming the flag or file, exit status 2, nothing damaged."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from megatron.training.arguments import parse_args
+from megatron.training.training_log import parse_log_losses
+
+MODEL = ("--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in (
+        "WORLD_SIZE",
+        "MEGATRON_OTEL_ENABLED",
+        "MEGATRON_OTEL_EXPORTER",
+        "OTEL_SERVICE_NAME",
+    ):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _one_error(stderr: str) -> str:
+    errors = [line for line in stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, stderr
+    assert "Traceback" not in stderr
+    return errors[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (
+            ["--mock-data", "--hidden-size", "30", "--num-attention-heads", "4"],
+            ["--hidden-size", "--num-attention-heads"],
+        ),
+        (["--mock-data", "--num-layers", "0"], ["--num-layers"]),
+        (["--mock-data", "--seq-length", "-3"], ["--seq-length"]),
+        (
+            ["--mock-data", "--micro-batch-size", "4", "--global-batch-size", "6"],
+            ["--global-batch-size", "--micro-batch-size"],
+        ),
+        (["--mock-data", "--lr", "0.1", "--min-lr", "0.5"], ["--min-lr", "--lr"]),
+        (["--mock-data", "--lr", "-1"], ["--lr"]),
+        (["--mock-data", "--save-interval", "0"], ["--save-interval"]),
+        ([], ["--mock-data", "--data-path"]),
+        (["--mock-data", "--data-path", "x.txt"], ["--mock-data", "--data-path"]),
+        (["--mock-data", "--otel-exporter", "carrier-pigeon"], ["--otel-exporter", "jsonl"]),
+        (["--mock-data", "--otel-span-groups", "default,bogus"], ["--otel-span-groups", "bogus"]),
+        (["--mock-data", "--otel-enabled", "--otel-service-name", " "], ["--otel-service-name"]),
+    ],
+)  # fmt: skip
+def test_invalid_flags_give_one_message_and_exit_2(argv, names, capsys, clean_env):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2
+    message = _one_error(capsys.readouterr().err)
+    for name in names:
+        assert name in message
+
+
+def test_data_path_problems_name_the_file(tmp_path, capsys, clean_env):
+    missing = tmp_path / "nowhere.txt"
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--data-path", str(missing)])
+    assert exc.value.code == 2
+    assert str(missing) in _one_error(capsys.readouterr().err)
+
+    short = tmp_path / "short.txt"
+    short.write_bytes(b"x" * 32)  # needs --seq-length + 1 = 33
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--data-path", str(short), "--seq-length", "32"])
+    assert exc.value.code == 2
+    message = _one_error(capsys.readouterr().err)
+    assert str(short) in message and "--seq-length" in message
+
+
+def test_save_onto_a_regular_file_is_refused(tmp_path, capsys, clean_env):
+    target = tmp_path / "ckpt"
+    target.write_text("not a directory")
+    with pytest.raises(SystemExit):
+        parse_args(["--mock-data", "--save", str(target)])
+    assert "--save" in _one_error(capsys.readouterr().err)
+
+
+def test_demo_preset_yields_to_explicit_flags(clean_env):
+    args = parse_args(["--demo", "--train-iters", "7", "--no-otel-enabled"])
+    assert args.train_iters == 7 and args.otel_enabled is False
+    assert args.otel_span_groups == "per_step" and args.mock_data
+    assert args.save == "runs/demo" and args.fresh_save_dir
+    assert not parse_args(["--demo", "--save", "runs/demo"]).fresh_save_dir
+    assert not parse_args(["--demo", "--load", "runs/demo"]).fresh_save_dir
+
+
+# -- through the real entry point --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_checkpoint(training_module_cli) -> Path:
+    cli = training_module_cli
+    result = cli.run(*cli.TINY, "--train-iters", "2", "--save", "ckpt", "--save-interval", "1")
+    assert result.returncode == 0, result.stderr
+    return cli.cwd / "ckpt"
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.mark.slow
+def test_cli_flag_error_exits_2_before_anything_starts(training_cli):
+    cli = training_cli
+    result = cli.run(*cli.TINY, "--global-batch-size", "3", "--otel-enabled")
+    assert result.returncode == 2
+    assert "--global-batch-size" in _one_error(result.stderr)
+    assert list(cli.cwd.iterdir()) == []  # no telemetry directory, nothing
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("damage", "named_file"),
+    [
+        ("truncate", "iter_0000002/model_optim_rng.pt"),
+        ("garbage", "iter_0000002/model_optim_rng.pt"),
+        ("tracker", "latest_checkpointed_iteration.txt"),
+        ("tracker-ahead", "iter_0000099/model_optim_rng.pt"),
+    ],
+)
+def test_unreadable_checkpoint_exits_2_and_changes_nothing(
+    training_cli, saved_checkpoint, damage, named_file
+):
+    cli = training_cli
+    ckpt = cli.cwd / "ckpt"
+    shutil.copytree(saved_checkpoint, ckpt)
+    weights = ckpt / "iter_0000002" / "model_optim_rng.pt"
+    tracker = ckpt / "latest_checkpointed_iteration.txt"
+    if damage == "truncate":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "garbage":
+        weights.write_bytes(b"\x00not a checkpoint" * 100)
+    elif damage == "tracker":
+        tracker.write_text("release-candidate\n")
+    else:
+        tracker.write_text("99\n")
+    before = _snapshot(ckpt)
+
+    result = cli.run(*cli.TINY, "--train-iters", "4", "--load", "ckpt", "--save", "ckpt")
+
+    assert result.returncode == 2, result.stderr
+    message = _one_error(result.stderr)
+    assert message.startswith("megatron-pretrain: error:")
+    assert str(Path("ckpt") / named_file) in message
+    assert _snapshot(ckpt) == before
+
+
+@pytest.mark.slow
+def test_load_without_a_tracker_starts_from_scratch(training_cli):
+    cli = training_cli
+    (cli.cwd / "empty").mkdir()
+    result = cli.run(*cli.TINY, "--train-iters", "1", "--load", "empty")
+    assert result.returncode == 0, result.stderr
+    assert "will start from random" in result.stdout
+    assert sorted(parse_log_losses(result.stdout)) == [1]
+
+
+@pytest.mark.slow
+def test_unwritable_trace_file_exits_2_naming_it(training_cli):
+    cli = training_cli
+    (cli.cwd / "blocked").write_text("a file, not a directory")
+    result = cli.run(*cli.TINY, "--otel-enabled", "--otel-trace-file", "blocked/traces.jsonl")
+    assert result.returncode == 2, result.stderr
+    message = _one_error(result.stderr)
+    assert "blocked/traces.jsonl" in message and "--otel-trace-file" in message
+
+
+@pytest.mark.slow
+def test_loading_into_a_different_model_names_the_flag(training_cli, saved_checkpoint):
+    cli = training_cli
+    shutil.copytree(saved_checkpoint, cli.cwd / "ckpt")
+    args = [a if a != "32" else "48" for a in cli.TINY]  # --hidden-size and --seq-length
+    result = cli.run(*args, "--train-iters", "4", "--load", "ckpt")
+    assert result.returncode == 2, result.stderr
+    message = _one_error(result.stderr)
+    assert "--hidden-size 48 (checkpoint: 32)" in message
+    assert "iter_0000002/model_optim_rng.pt" in message
