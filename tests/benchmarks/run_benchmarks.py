@@ -227,7 +227,7 @@ def _train_ms_per_iteration(groups: str | None, iterations: int, workdir: Path) 
 
     The first logged window (warm-up, first-iteration costs) is dropped.
     """
-    log_interval = max(iterations // 4, 1)
+    log_interval = max(iterations // 5, 1)
     cmd = [
         sys.executable, "-m", "megatron.training", "--mock-data",
         "--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4",
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     reps = 5 if args.quick else 21
     train_reps = 1 if args.quick else 5
-    train_iterations = 40 if args.quick else 120
+    train_iterations = 40 if args.quick else 100
 
     results: dict[str, float] = {}
     rows: list[tuple[str, str, str, str]] = []

@@ -127,7 +127,12 @@ class RootFlushingBatchSpanProcessor(SpanProcessor):
     has passed, when a root span (no parent) ends, on :meth:`force_flush` and
     at :meth:`shutdown`. ``on_end`` only appends to a deque and checks the
     parent. When the queue holds ``max_queue_size`` spans, newer spans are
-    dropped (counted, logged once) rather than blocking training.
+    dropped (counted, logged once) rather than blocking training. The default
+    bound is eight times the SDK's: a burst of fine-grained spans (a
+    ``profiling`` preset, or the 10,000 spans in flight when a SIGTERM lands)
+    outruns the JSON encoder for a moment, and dropping it would leave holes
+    in exactly the traces a user is debugging. At about 2 KB a span that is
+    ~32 MB at worst.
 
     The worker thread blocks asynchronous signals (see
     :mod:`megatron.core.telemetry._signals`), so a SIGTERM is always taken by
@@ -144,7 +149,7 @@ class RootFlushingBatchSpanProcessor(SpanProcessor):
         exporter: SpanExporter,
         *,
         schedule_delay_millis: float = 1000,
-        max_queue_size: int = 2048,
+        max_queue_size: int = 16384,
         max_export_batch_size: int = 512,
     ) -> None:
         if schedule_delay_millis <= 0:
