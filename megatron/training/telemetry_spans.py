@@ -421,8 +421,12 @@ class SpanPhases:
         self._interval = self._interval_token = None
         self._link_to = span.get_span_context()
         if last_iteration is not None:
-            span.set_attribute(INTERVAL_FIRST_ITERATION, self._first_iteration)
-            span.set_attribute(INTERVAL_LAST_ITERATION, last_iteration)
+            span.set_attributes(
+                {
+                    INTERVAL_FIRST_ITERATION: self._first_iteration,
+                    INTERVAL_LAST_ITERATION: last_iteration,
+                }
+            )
         if token is not None:
             otel_context.detach(token)
         span.end()

@@ -195,8 +195,12 @@ def bench_lifecycle(repeats: int, passes: int = 10_000, save_interval: int = 100
             if iteration % save_interval == 0:
                 if interval is not None:
                     otel_context.detach(token)
-                    interval.set_attribute("megatron.interval.first_iteration", first)
-                    interval.set_attribute("megatron.interval.last_iteration", iteration - 1)
+                    interval.set_attributes(
+                        {
+                            "megatron.interval.first_iteration": first,
+                            "megatron.interval.last_iteration": iteration - 1,
+                        }
+                    )
                     interval.end()
                     link_to = interval.get_span_context()
                 interval = tracer.start_span(
@@ -208,8 +212,12 @@ def bench_lifecycle(repeats: int, passes: int = 10_000, save_interval: int = 100
                 token = otel_context.attach(otel_trace.set_span_in_context(interval))
                 index, first = index + 1, iteration
         otel_context.detach(token)
-        interval.set_attribute("megatron.interval.first_iteration", first)
-        interval.set_attribute("megatron.interval.last_iteration", passes - 1)
+        interval.set_attributes(
+            {
+                "megatron.interval.first_iteration": first,
+                "megatron.interval.last_iteration": passes - 1,
+            }
+        )
         interval.end()
         telemetry.shutdown()
         return time.perf_counter() - start
@@ -257,20 +265,26 @@ def _train_ms_per_iteration(groups: str | None, iterations: int, workdir: Path) 
 
 
 def bench_training(repeats: int, iterations: int):
-    """Interleaved runs: off, default, per_step, repeated; ratios per repetition."""
+    """Runs of off, default and per_step, interleaved; ratios per repetition.
+
+    The order rotates every repetition, so a slow drift of the machine (or
+    whatever the first run of a triple warms up) does not favour one setting.
+    """
+    settings = [None, "default", "per_step"]
+    ratios: dict[str, list[float]] = {"default": [], "per_step": []}
+    off_ms = []
     with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
-        default_ratios, per_step_ratios, off_ms = [], [], []
-        for _ in range(repeats):
-            off = _train_ms_per_iteration(None, iterations, workdir)
-            default = _train_ms_per_iteration("default", iterations, workdir)
-            per_step = _train_ms_per_iteration("per_step", iterations, workdir)
-            off_ms.append(off)
-            default_ratios.append(default / off)
-            per_step_ratios.append(per_step / off)
+        for rep in range(repeats):
+            order = settings[rep % 3 :] + settings[: rep % 3]
+            ms = {
+                groups: _train_ms_per_iteration(groups, iterations, Path(tmp)) for groups in order
+            }
+            off_ms.append(ms[None])
+            for groups in ratios:
+                ratios[groups].append(ms[groups] / ms[None])
     return (
-        statistics.median(default_ratios),
-        statistics.median(per_step_ratios),
+        statistics.median(ratios["default"]),
+        statistics.median(ratios["per_step"]),
         statistics.median(off_ms),
     )
 
@@ -339,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     args = parser.parse_args(argv)
     reps = 5 if args.quick else 21
-    train_reps = 1 if args.quick else 5
+    train_reps = 1 if args.quick else 6
     train_iterations = 40 if args.quick else 100
 
     results: dict[str, float] = {}
