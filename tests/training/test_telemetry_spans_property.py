@@ -32,21 +32,9 @@ from megatron.training.telemetry_spans import SpanPhaseError  # noqa: E402
 class ReferenceModel:
     """The spec's table, as plain Python (span-phases.md section 2)."""
 
-    LIVE = ("job", "startup", "train", "interval")
-    TABLE: ClassVar[dict[tuple[str, str], str]] = {
-        ("job", "start_job"): "startup",
-        ("startup", "record_phase"): "startup",
-        ("startup", "start_train"): "train",
-        ("train", "reroot"): "interval",
-        ("interval", "reroot"): "interval",
-        ("interval", "end_train"): "train",
-        # step is legal where reroot is; from train it always opens an interval
-        # (the loop's work must nest under one), in interval it stays there.
-        ("train", "step"): "interval",
-        ("interval", "step"): "interval",
-        **{(s, "flush"): s for s in LIVE},
-        **{(s, "shutdown"): "shutdown" for s in LIVE},
-    }
+    # step is legal where reroot is; from train it always opens an interval
+    # (the loop's work must nest under one), in interval it stays there.
+    TABLE: ClassVar[dict[tuple[str, str], str]] = sh.FULL_TABLE
 
     def __init__(self) -> None:
         self.state = "job"
