@@ -34,6 +34,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link
 
 from megatron.training.telemetry_spans import SpanPhases
+from megatron.training.trace_summary import read_spans
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -340,13 +341,7 @@ def bench_sigterm(repeats: int) -> tuple[float, int]:
             times.append(time.perf_counter() - start)
             if code != -signal.SIGTERM:
                 raise RuntimeError(f"child exited with {code}, expected death by SIGTERM")
-            spans_written = sum(
-                len(scope["spans"])
-                for line in trace_file.read_text().splitlines()
-                if line.strip()
-                for resource in json.loads(line)["resourceSpans"]
-                for scope in resource["scopeSpans"]
-            )
+            spans_written = len(read_spans(trace_file))
     return statistics.median(times), spans_written
 
 
