@@ -21,10 +21,13 @@ from megatron.core.telemetry import record_training_metrics
 from megatron.training.data import VOCAB_SIZE
 from megatron.training.distributed import all_reduce_mean, print_rank_0
 
-__all__ = ["StepResult", "TrainingLog", "parse_log_losses"]
+__all__ = ["StepResult", "TrainingLog", "parse_log_iteration_ms", "parse_log_losses"]
 
-# Reads back the lines _report writes (kept beside it so the two cannot drift).
+# Read back the lines _report writes (kept beside it so the two cannot drift).
 _LOG_LINE = re.compile(r" iteration\s+(\d+)/\s*\d+ \|.*? lm loss: (\S+) \|")
+_ITERATION_MS = re.compile(
+    r" iteration\s+(\d+)/\s*\d+ \|.*? elapsed time per iteration \(ms\): ([0-9.]+) \|"
+)
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,11 @@ class TrainingLog:
 def parse_log_losses(text: str) -> dict[int, float]:
     """``{iteration: lm loss}`` from a run's log output (for tests and tools)."""
     return {int(iteration): float(loss) for iteration, loss in _LOG_LINE.findall(text)}
+
+
+def parse_log_iteration_ms(text: str) -> dict[int, float]:
+    """``{iteration: mean ms per iteration over the window ending there}`` from a log."""
+    return {int(iteration): float(ms) for iteration, ms in _ITERATION_MS.findall(text)}
 
 
 def _flops_per_iteration(args: Any) -> float:

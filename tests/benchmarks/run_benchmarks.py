@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -35,6 +34,7 @@ from opentelemetry.trace import Link
 
 from megatron.training.telemetry_spans import SpanPhases
 from megatron.training.trace_summary import read_spans
+from megatron.training.training_log import parse_log_iteration_ms
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -228,8 +228,6 @@ def bench_lifecycle(repeats: int, passes: int = 10_000, save_interval: int = 100
 
 # -- the training loop ------------------------------------------------------
 
-_ITER_MS = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
-
 
 def _train_ms_per_iteration(groups: str | None, iterations: int, workdir: Path) -> float:
     """Steady-state ms/iteration of a real training run, as the trainer logs it.
@@ -264,7 +262,7 @@ def _train_ms_per_iteration(groups: str | None, iterations: int, workdir: Path) 
     done = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"training run failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    windows = [float(ms) for ms in _ITER_MS.findall(done.stdout + done.stderr)]
+    windows = list(parse_log_iteration_ms(done.stdout).values())
     if len(windows) < 2:
         raise RuntimeError(f"no per-iteration timings in the training log:\n{done.stdout[-2000:]}")
     return min(windows[1:])

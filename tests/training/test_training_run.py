@@ -17,7 +17,7 @@ from megatron.core.telemetry.training_metrics import (
     MEGATRON_TRAINING_TOKENS_PER_SEC,
 )
 from megatron.training.trace_summary import ancestor_names, incarnations, read_spans
-from megatron.training.training_log import parse_log_losses
+from megatron.training.training_log import parse_log_iteration_ms, parse_log_losses
 
 pytestmark = pytest.mark.slow
 
@@ -176,6 +176,10 @@ def test_checkpoints_and_metrics_are_written(reference_run):
     losses = parse_log_losses(result.stdout)
     assert sorted(losses) == list(range(1, TRAIN_ITERS + 1))
     assert all(math.isfinite(loss) for loss in losses.values())
+    # The benchmark reads iteration times back from the same lines.
+    iteration_ms = parse_log_iteration_ms(result.stdout)
+    assert sorted(iteration_ms) == sorted(losses)
+    assert all(ms > 0 for ms in iteration_ms.values())
 
 
 def test_exit_interval_exits_zero_with_a_complete_trace(resumed_run):
