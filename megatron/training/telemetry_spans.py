@@ -67,7 +67,7 @@ INTERVAL_FIRST_ITERATION = "megatron.interval.first_iteration"
 INTERVAL_LAST_ITERATION = "megatron.interval.last_iteration"
 
 # A save_interval <= 0 means "no checkpointing": one interval covers the loop.
-# The countdown then starts so high that it never reaches zero in practice.
+# The pass counter then starts so high that it never runs out in practice.
 _NEVER = sys.maxsize
 
 
