@@ -363,6 +363,19 @@ def _otlp_protocol(variables: tuple[str, ...]) -> tuple[str, str]:
     return "grpc", variables[-1]
 
 
+def _unsupported_protocol(variable: str, protocol: str) -> TelemetryConfigError:
+    return TelemetryConfigError(
+        f"{variable}={protocol!r} is not supported; expected one of: grpc, http/protobuf"
+    )
+
+
+def _missing_otlp_extra(exc: ImportError) -> TelemetryConfigError:
+    return TelemetryConfigError(
+        f"the otlp exporter (--otel-exporter / MEGATRON_OTEL_EXPORTER) needs the optional "
+        f"OTLP packages ({exc.name or exc}); install them with: {_OTLP_EXTRA_HINT}"
+    )
+
+
 def _otlp_log_exporter() -> LogRecordExporter:
     protocol, variable = _otlp_protocol(_OTLP_LOGS_PROTOCOL_VARS)
     try:
@@ -371,14 +384,9 @@ def _otlp_log_exporter() -> LogRecordExporter:
         elif protocol == "http/protobuf":
             from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
         else:
-            raise TelemetryConfigError(
-                f"{variable}={protocol!r} is not supported; expected one of: grpc, http/protobuf"
-            )
+            raise _unsupported_protocol(variable, protocol)
     except ImportError as exc:
-        raise TelemetryConfigError(
-            f"the otlp exporter (--otel-exporter / MEGATRON_OTEL_EXPORTER) needs the optional "
-            f"OTLP packages ({exc.name or exc}); install them with: {_OTLP_EXTRA_HINT}"
-        ) from None
+        raise _missing_otlp_extra(exc) from None
     return OTLPLogExporter()
 
 
@@ -405,14 +413,9 @@ def _otlp_exporters() -> tuple[SpanExporter, MetricExporter]:
                 OTLPSpanExporter,
             )
         else:
-            raise TelemetryConfigError(
-                f"{variable}={protocol!r} is not supported; expected one of: grpc, http/protobuf"
-            )
+            raise _unsupported_protocol(variable, protocol)
     except ImportError as exc:
-        raise TelemetryConfigError(
-            f"the otlp exporter (--otel-exporter / MEGATRON_OTEL_EXPORTER) needs the optional "
-            f"OTLP packages ({exc.name or exc}); install them with: {_OTLP_EXTRA_HINT}"
-        ) from None
+        raise _missing_otlp_extra(exc) from None
     return OTLPSpanExporter(), OTLPMetricExporter()
 
 
