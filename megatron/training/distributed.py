@@ -25,6 +25,8 @@ import torch.distributed as torch_dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from megatron.core.telemetry.logs import console_logger
+
 __all__ = [
     "DistributedEnv",
     "GracefulExitSignal",
@@ -154,9 +156,21 @@ def _collective_device() -> torch.device:
     return torch.device("cpu")
 
 
+_CONSOLE = console_logger()
+
+
 def print_rank_0(message: str) -> None:
+    """Print on rank 0, as Megatron does; log the same line on every rank.
+
+    The console shows exactly what it always did. The log record (INFO, on
+    the non-propagating console logger) is what the telemetry log bridge
+    exports, and it is made on every rank because the exporting rank need
+    not be rank 0. With no bridge installed the logger is below INFO and no
+    record is even created.
+    """
     if not _distributed() or torch_dist.get_rank() == 0:
         print(message, flush=True)
+    _CONSOLE.info(message)
 
 
 class GracefulExitSignal:

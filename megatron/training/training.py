@@ -140,7 +140,7 @@ def pretrain(
         TelemetryConfig.from_args(args),
         rank=env.rank,
         world_size=env.world_size,
-        resource_attributes=_resource_attributes(args),
+        resource_attributes=_resource_attributes(args, env),
     )
     # The trainer's own SIGTERM handler goes first, so the telemetry hook
     # installed next chains to it.
@@ -218,21 +218,17 @@ def train(
 
     while state.iteration < args.train_iters and exit_reason is None:
         phases.step(state.iteration)
-        with (
-            managed_span(
-                SpanGroup.STEP,
-                "megatron.train.iteration",
-                **{"megatron.iteration": state.iteration},
-            ) as span,
-            _first_iteration_span(state.iteration == first_iteration),
-        ):
-            step = train_step(args, state, train_batches, hooks)
+        with managed_span(
+            SpanGroup.STEP, "megatron.train.iteration", **{"megatron.iteration": state.iteration}
+        ) as span:
+            with _first_iteration_span(state.iteration == first_iteration):
+                step = train_step(args, state, train_batches, hooks)
             if is_span_group_enabled(SpanGroup.STEP):  # the stamps cost a host sync
                 safe_set_span_attributes(span, step.span_attributes())
-        state.iteration += 1
-        state.consumed_samples += args.global_batch_size
-
-        log.record(state.iteration, state.consumed_samples, step)
+            state.iteration += 1
+            state.consumed_samples += args.global_batch_size
+            # Inside the iteration span, so the iteration's log line carries it.
+            log.record(state.iteration, state.consumed_samples, step)
         if args.eval_interval and state.iteration % args.eval_interval == 0:
             evaluate_and_print(args, env, state, valid_data)
         if _is_save_iteration(args, state.iteration):
@@ -407,9 +403,12 @@ def _print_telemetry_summary(telemetry: Any) -> None:
         print(summarize(trace_file), flush=True)
 
 
-def _resource_attributes(args: argparse.Namespace) -> dict[str, Any]:
+def _resource_attributes(args: argparse.Namespace, env: DistributedEnv) -> dict[str, Any]:
+    """The run's shape, named as Megatron-LM's ``_set_telemetry`` names it."""
     return {
+        "dl.local_rank": env.local_rank,
         "dl.tensor_parallel.size": 1,
+        "dl.pipeline_parallel.size": 1,
         "dl.data_parallel.size": args.data_parallel_size,
         "dl.batch_size": args.global_batch_size,
         "dl.sequence_length": args.seq_length,
@@ -418,6 +417,8 @@ def _resource_attributes(args: argparse.Namespace) -> dict[str, Any]:
         "megatron.num_attention_heads": args.num_attention_heads,
         "megatron.train_iters": args.train_iters,
         "megatron.micro_batch_size": args.micro_batch_size,
+        # torch.save of one model_optim_rng.pt per checkpoint, Megatron's "torch" format.
+        "megatron.ckpt_format": "torch",
         "megatron.precision": "fp32",
     }
 

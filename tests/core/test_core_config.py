@@ -207,7 +207,7 @@ def test_bad_export_rank(value: str) -> None:
 def test_bad_rank_strategy() -> None:
     assert message(env={"MEGATRON_OTEL_RANK_STRATEGY": "rank_zero"}) == (
         "MEGATRON_OTEL_RANK_STRATEGY='rank_zero' is not valid; "
-        "expected one of: all_ranks, single_rank"
+        "expected one of: all_ranks, first_rank_per_node, sampled, single_rank"
     )
 
 

@@ -47,7 +47,7 @@ class TrainingCLI:
         env = {
             key: value
             for key, value in os.environ.items()
-            if not key.startswith(("MEGATRON_", "OTEL_", "SLURM_"))
+            if not key.startswith(("MEGATRON_", "NEMO_LENS_", "OTEL_", "SLURM_"))
             and key not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
         }
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))

@@ -6,16 +6,24 @@ or variable and the values it accepts. (The one check that needs the
 filesystem, "can the trace file be written", runs at setup, on the exporting
 rank only, because only that rank writes.)
 
+Every ``MEGATRON_OTEL_*`` variable falls back to the matching ``NEMO_LENS_*``
+one, as Megatron-LM documents (its variables are aliases of nemo-lens's
+configuration fields): flag, then ``MEGATRON_OTEL_*``, then ``NEMO_LENS_*``,
+then the default. Where lens calls the field differently, lens's own name is
+read too (``NEMO_LENS_EXPORT_STRATEGY`` for the rank strategy,
+``NEMO_LENS_SAMPLER_ENABLED`` for the ``rank_aware`` sampler), so a shared
+environment configured for lens configures this job the same way.
+
 An environment variable set to the empty string counts as unset, as the
-OpenTelemetry SDK treats its own ``OTEL_*`` variables.
+OpenTelemetry SDK treats its own ``OTEL_*`` variables and lens treats its.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
-import secrets
-import time
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,13 +34,17 @@ from megatron.core.telemetry.span_groups import MegatronSpanGroup
 __all__ = ["TelemetryConfig", "TelemetryConfigError", "add_telemetry_args"]
 
 EXPORTERS: tuple[str, ...] = ("console", "jsonl", "none", "otlp")
-RANK_STRATEGIES: tuple[str, ...] = ("all_ranks", "single_rank")
+RANK_STRATEGIES: tuple[str, ...] = ("all_ranks", "first_rank_per_node", "sampled", "single_rank")
+#: ``""`` keeps the SDK's own sampler (``OTEL_TRACES_SAMPLER``).
+SAMPLING_STRATEGIES: tuple[str, ...] = ("", "rank_aware")
 
 DEFAULT_SPAN_GROUPS_SPEC = "default"
 DEFAULT_SERVICE_NAME = "megatron"
 DEFAULT_EXPORTER = "jsonl"
 DEFAULT_RANK_STRATEGY = "single_rank"
 DEFAULT_EXPORT_RANK = -1
+DEFAULT_EXPORT_SAMPLE_RATE = 1.0
+DEFAULT_SAMPLING_STRATEGY = ""
 TRACE_FILE_RELATIVE = Path("telemetry") / "traces.jsonl"
 
 ENV_ENABLED = "MEGATRON_OTEL_ENABLED"
@@ -42,7 +54,21 @@ ENV_EXPORTER = "MEGATRON_OTEL_EXPORTER"
 ENV_TRACE_FILE = "MEGATRON_OTEL_TRACE_FILE"
 ENV_RANK_STRATEGY = "MEGATRON_OTEL_RANK_STRATEGY"
 ENV_EXPORT_RANK = "MEGATRON_OTEL_EXPORT_RANK"
+ENV_EXPORT_SAMPLE_RATE = "MEGATRON_OTEL_EXPORT_SAMPLE_RATE"
+ENV_SAMPLING_STRATEGY = "MEGATRON_OTEL_SAMPLING_STRATEGY"
+ENV_TRACES_ENABLED = "MEGATRON_OTEL_TRACES_ENABLED"
+ENV_METRICS_ENABLED = "MEGATRON_OTEL_METRICS_ENABLED"
+ENV_LOGS_ENABLED = "MEGATRON_OTEL_LOGS_ENABLED"
 ENV_RUN_ID = "MEGATRON_OTEL_RUN_ID"
+
+_PREFIX = "MEGATRON_OTEL_"
+_FALLBACK_PREFIX = "NEMO_LENS_"
+# Lens's own names for settings whose Megatron name differs from the field's,
+# read after the plain prefix swap.
+_LENS_NAMES = {
+    ENV_RANK_STRATEGY: "NEMO_LENS_EXPORT_STRATEGY",
+}
+_LENS_SAMPLER_ENABLED = "NEMO_LENS_SAMPLER_ENABLED"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -57,7 +83,8 @@ class TelemetryConfigError(ValueError):
 
 
 def _generate_run_id() -> str:
-    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
+    """12 hex characters of a random UUID, as lens generates its run ids."""
+    return uuid.uuid4().hex[:12]
 
 
 def default_trace_file(save: str | os.PathLike[str] | None) -> Path:
@@ -89,6 +116,11 @@ class TelemetryConfig:
     trace_file: Path | None = None
     rank_strategy: str = DEFAULT_RANK_STRATEGY
     export_rank: int = DEFAULT_EXPORT_RANK
+    export_sample_rate: float = DEFAULT_EXPORT_SAMPLE_RATE
+    sampling_strategy: str = DEFAULT_SAMPLING_STRATEGY
+    traces_enabled: bool = True
+    metrics_enabled: bool = True
+    logs_enabled: bool = False
     run_id: str = field(default_factory=_generate_run_id)
 
     def __post_init__(self) -> None:
@@ -104,6 +136,8 @@ class TelemetryConfig:
         _check_choice(self.exporter, EXPORTERS, "exporter")
         _check_choice(self.rank_strategy, RANK_STRATEGIES, "rank_strategy")
         _check_export_rank(self.export_rank, "export_rank")
+        _check_sample_rate(self.export_sample_rate, "export_sample_rate")
+        _check_choice(self.sampling_strategy, SAMPLING_STRATEGIES, "sampling_strategy")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> TelemetryConfig:
@@ -112,21 +146,12 @@ class TelemetryConfig:
         ``overrides`` play the role of command-line flags and take the same
         keyword names as the fields (``enabled``, ``span_groups`` as a spec
         string or an iterable of names, ``service_name``, ``exporter``,
-        ``trace_file``, ``rank_strategy``, ``export_rank``, ``run_id``), plus
-        ``save`` for the default trace-file location. ``None`` means "not
-        given".
+        ``trace_file``, ``rank_strategy``, ``export_rank``,
+        ``export_sample_rate``, ``sampling_strategy``, ``traces_enabled``,
+        ``metrics_enabled``, ``logs_enabled``, ``run_id``), plus ``save`` for
+        the default trace-file location. ``None`` means "not given".
         """
-        allowed = {
-            "enabled",
-            "span_groups",
-            "service_name",
-            "exporter",
-            "trace_file",
-            "rank_strategy",
-            "export_rank",
-            "run_id",
-            "save",
-        }
+        allowed = {*_FLAG_NAMES, "save"}
         unknown = sorted(set(overrides) - allowed)
         if unknown:
             raise TypeError(f"TelemetryConfig.from_env() got unexpected overrides: {unknown}")
@@ -164,8 +189,14 @@ _FLAG_NAMES = {
     "service_name": "--otel-service-name",
     "exporter": "--otel-exporter",
     "trace_file": "--otel-trace-file",
+    # Megatron-LM has no flags for these; they are set by environment only.
     "rank_strategy": ENV_RANK_STRATEGY,
     "export_rank": ENV_EXPORT_RANK,
+    "export_sample_rate": ENV_EXPORT_SAMPLE_RATE,
+    "sampling_strategy": ENV_SAMPLING_STRATEGY,
+    "traces_enabled": ENV_TRACES_ENABLED,
+    "metrics_enabled": ENV_METRICS_ENABLED,
+    "logs_enabled": ENV_LOGS_ENABLED,
     "run_id": ENV_RUN_ID,
 }
 _OVERRIDE_NAMES = {key: key for key in _FLAG_NAMES}
@@ -178,18 +209,50 @@ def _env_value(env: Mapping[str, str], name: str) -> str | None:
     return value.strip()
 
 
+def env_names(name: str) -> tuple[str, ...]:
+    """The variables read for setting ``name``, in precedence order.
+
+    ``MEGATRON_OTEL_X`` is followed by ``NEMO_LENS_X`` and, where lens names
+    the field differently, by lens's name; other variables stand alone.
+    """
+    if not name.startswith(_PREFIX):
+        return (name,)
+    names = [name, _FALLBACK_PREFIX + name[len(_PREFIX) :]]
+    if name in _LENS_NAMES:
+        names.append(_LENS_NAMES[name])
+    return tuple(names)
+
+
+def _env_lookup(env: Mapping[str, str], name: str) -> tuple[str | None, str]:
+    """The first non-empty value among ``name`` and its fallbacks, and its variable."""
+    for candidate in env_names(name):
+        value = _env_value(env, candidate)
+        if value is not None:
+            return value, candidate
+    return None, name
+
+
 def _pick(given: Any, env: Mapping[str, str], env_name: str, given_name: str) -> tuple[Any, str]:
     """The winning value and the name of where it came from."""
     if given is not None:
         return given, given_name
-    return _env_value(env, env_name), env_name
+    return _env_lookup(env, env_name)
+
+
+def _pick_bool(
+    given: Any, env: Mapping[str, str], env_name: str, given_name: str, default: bool
+) -> bool:
+    value, source = _pick(given, env, env_name, given_name)
+    return default if value is None else _parse_bool(value, source)
 
 
 def _build(
     env: Mapping[str, str], given: Mapping[str, Any], names: Mapping[str, str]
 ) -> TelemetryConfig:
-    value, source = _pick(given.get("enabled"), env, ENV_ENABLED, names["enabled"])
-    enabled = False if value is None else _parse_bool(value, source)
+    def pick_bool(key: str, env_name: str, default: bool) -> bool:
+        return _pick_bool(given.get(key), env, env_name, names[key], default)
+
+    enabled = pick_bool("enabled", ENV_ENABLED, False)
 
     value, source = _pick(given.get("span_groups"), env, ENV_SPAN_GROUPS, names["span_groups"])
     spec = DEFAULT_SPAN_GROUPS_SPEC if value is None else str(value)
@@ -218,6 +281,19 @@ def _build(
     value, source = _pick(given.get("export_rank"), env, ENV_EXPORT_RANK, names["export_rank"])
     export_rank = DEFAULT_EXPORT_RANK if value is None else _check_export_rank(value, source)
 
+    value, source = _pick(
+        given.get("export_sample_rate"), env, ENV_EXPORT_SAMPLE_RATE, names["export_sample_rate"]
+    )
+    export_sample_rate = (
+        DEFAULT_EXPORT_SAMPLE_RATE if value is None else _check_sample_rate(value, source)
+    )
+
+    sampling_strategy = _sampling_strategy(env, given.get("sampling_strategy"), names)
+
+    traces_enabled = pick_bool("traces_enabled", ENV_TRACES_ENABLED, True)
+    metrics_enabled = pick_bool("metrics_enabled", ENV_METRICS_ENABLED, True)
+    logs_enabled = pick_bool("logs_enabled", ENV_LOGS_ENABLED, False)
+
     value, _ = _pick(given.get("run_id"), env, ENV_RUN_ID, names["run_id"])
     run_id = str(value) if value is not None else _default_run_id(env)
 
@@ -230,16 +306,37 @@ def _build(
         trace_file=trace_file,
         rank_strategy=rank_strategy,
         export_rank=export_rank,
+        export_sample_rate=export_sample_rate,
+        sampling_strategy=sampling_strategy,
+        traces_enabled=traces_enabled,
+        metrics_enabled=metrics_enabled,
+        logs_enabled=logs_enabled,
         run_id=run_id,
     )
+
+
+def _sampling_strategy(env: Mapping[str, str], given: Any, names: Mapping[str, str]) -> str:
+    """The sampler: flag/override, the variables, then lens's boolean switch.
+
+    Lens spells "install the rank-aware sampler" ``NEMO_LENS_SAMPLER_ENABLED``;
+    it is read last, so any ``*_SAMPLING_STRATEGY`` value wins over it.
+    """
+    value, source = _pick(given, env, ENV_SAMPLING_STRATEGY, names["sampling_strategy"])
+    if value is not None:
+        return _check_choice(value, SAMPLING_STRATEGIES, source)
+    switch = _env_value(env, _LENS_SAMPLER_ENABLED)
+    if switch is not None and _parse_bool(switch, _LENS_SAMPLER_ENABLED):
+        return "rank_aware"
+    return DEFAULT_SAMPLING_STRATEGY
 
 
 def _default_run_id(env: Mapping[str, str]) -> str:
     """``SLURM_JOB_ID``, else torchrun's rendezvous id, else a fresh id.
 
-    Every rank must compute the same id without talking to the others, so
-    launcher-provided ids come first; a generated id is unique per process
-    and only right for single-process runs.
+    (``MEGATRON_OTEL_RUN_ID`` and ``NEMO_LENS_RUN_ID`` were looked at before
+    this.) Every rank must compute the same id without talking to the
+    others, so launcher-provided ids come first; a generated id is unique
+    per process and only right for single-process runs.
     """
     slurm = _env_value(env, "SLURM_JOB_ID")
     if slurm is not None:
@@ -267,9 +364,22 @@ def _check_choice(value: Any, choices: Iterable[str], source: str) -> str:
     text = str(value).strip().lower()
     if text not in choices:
         raise TelemetryConfigError(
-            f"{source}={value!r} is not valid; expected one of: {', '.join(sorted(choices))}"
+            f"{source}={value!r} is not valid; expected one of: "
+            + ", ".join(choice or "'' (empty)" for choice in sorted(choices))
         )
     return text
+
+
+def _check_sample_rate(value: Any, source: str) -> float:
+    try:
+        rate = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        rate = math.nan
+    if not 0.0 <= rate <= 1.0:  # also rejects nan
+        raise TelemetryConfigError(
+            f"{source}={value!r} is not valid; expected a fraction of ranks from 0.0 to 1.0"
+        )
+    return rate
 
 
 def _check_export_rank(value: Any, source: str) -> int:

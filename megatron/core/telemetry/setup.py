@@ -9,7 +9,9 @@ pipeline.
 Every check that can fail runs before anything is started: a bad setting
 raises :class:`TelemetryConfigError` and leaves no thread, file or directory
 behind. A rank that does not export gets no-op tracer and meter and starts
-nothing at all.
+nothing at all. Which ranks export is the rank strategy's decision
+(:mod:`.sampling`); on an exporting rank each signal (traces, metrics, logs)
+is built only when enabled, so a disabled one has no provider, thread or file.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -42,6 +44,12 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
 )
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import LogRecordExporter
+
+    from megatron.core.telemetry.logs import LogBridge
+
 from megatron.core.telemetry import state
 from megatron.core.telemetry._attributes import sanitize_attributes
 from megatron.core.telemetry._signals import signals_blocked, start_daemon_thread
@@ -58,6 +66,7 @@ from megatron.core.telemetry.jsonl import (
     metrics_file_for,
 )
 from megatron.core.telemetry.processors import OpenSpanTracker, RootFlushingBatchSpanProcessor
+from megatron.core.telemetry.sampling import RankAwareSampler, local_rank_from_env, rank_exports
 
 __all__ = ["TelemetryHandle", "setup_telemetry"]
 
@@ -71,6 +80,20 @@ SCOPE_NAME = "megatron"
 JSONL_METRIC_EXPORT_INTERVAL_MILLIS = 10_000
 
 _OTLP_PROTOCOL_VARS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+_OTLP_LOGS_PROTOCOL_VARS = ("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+
+#: SLURM job metadata on the resource, named as nemo-lens's resource detection
+#: names it; present only inside a SLURM job (``SLURM_JOB_ID`` set).
+SLURM_RESOURCE_ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "slurm.job.id": ("SLURM_JOB_ID",),
+    "slurm.job.name": ("SLURM_JOB_NAME",),
+    "slurm.nodelist": ("SLURM_JOB_NODELIST", "SLURM_NODELIST"),
+    "slurm.nnodes": ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"),
+    "slurm.ntasks": ("SLURM_NTASKS",),
+    "slurm.partition": ("SLURM_JOB_PARTITION",),
+    "slurm.cluster.name": ("SLURM_CLUSTER_NAME",),
+}
+_SLURM_INT_ATTRIBUTES = frozenset({"slurm.nnodes", "slurm.ntasks"})
 _OTLP_EXTRA_HINT = "pip install 'megatron-telemetry-spans[otlp]'"
 
 
@@ -85,12 +108,16 @@ class TelemetryHandle:
     """One rank's telemetry: a tracer, a meter, and the means to stop them.
 
     Attributes:
-        tracer: where spans are started (a no-op tracer when not exporting).
-        meter: where metrics are recorded (a no-op meter when not exporting).
+        tracer: where spans are started (a no-op tracer when not exporting,
+            or with traces off).
+        meter: where metrics are recorded (a no-op meter when not exporting,
+            or with metrics off).
         is_exporting: whether this rank records and exports anything.
         span_groups: the span groups this handle enabled (empty when not
-            exporting).
+            exporting, or with traces off).
         trace_file: the span file of the ``jsonl`` sink, else ``None``.
+        logs_file: the log-record file of the ``jsonl`` sink with the log
+            bridge on, else ``None``.
         rank: the rank the handle was set up for.
     """
 
@@ -105,16 +132,24 @@ class TelemetryHandle:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         tracker: OpenSpanTracker | None = None,
+        logger_provider: LoggerProvider | None = None,
+        log_bridge: LogBridge | None = None,
+        logs_file: Path | None = None,
     ) -> None:
         self.tracer = tracer
         self.meter = meter
         self.rank = rank
         self.span_groups = frozenset(span_groups)
         self.trace_file = trace_file
-        self.is_exporting = tracer_provider is not None
+        self.logs_file = logs_file
+        self.is_exporting = any(
+            provider is not None for provider in (tracer_provider, meter_provider, logger_provider)
+        )
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
         self._tracker = tracker
+        self._logger_provider = logger_provider
+        self._log_bridge = log_bridge
         self._pid = os.getpid()
         # Re-entrant: a SIGTERM handler may call shutdown() while the main
         # thread is inside it; the nested call then sees the flag and returns.
@@ -130,7 +165,15 @@ class TelemetryHandle:
     def _owns_pipeline(self) -> bool:
         # A forked child inherits the handle but not the right to export:
         # its parent flushes and shuts down the shared sinks.
-        return self._tracer_provider is not None and os.getpid() == self._pid
+        return self.is_exporting and os.getpid() == self._pid
+
+    def _providers(self) -> dict[str, Any]:
+        providers = {
+            "span": self._tracer_provider,
+            "metric": self._meter_provider,
+            "log": self._logger_provider,
+        }
+        return {name: provider for name, provider in providers.items() if provider is not None}
 
     def force_flush(self, timeout_ms: int = 5000) -> bool:
         """Export everything recorded so far; ``False`` if that took too long.
@@ -140,11 +183,10 @@ class TelemetryHandle:
         """
         if not self._owns_pipeline() or self._is_shut_down:
             return True
-        tracer_provider, meter_provider = self._tracer_provider, self._meter_provider
         return _run_bounded(
             {
-                "span-flush": lambda: tracer_provider.force_flush(timeout_ms),
-                "metric-flush": lambda: meter_provider.force_flush(timeout_ms),
+                f"{name}-flush": lambda provider=provider: provider.force_flush(timeout_ms)
+                for name, provider in self._providers().items()
             },
             timeout_ms / 1000,
         )
@@ -165,8 +207,11 @@ class TelemetryHandle:
             self._is_shut_down = True
         state._deactivate(self)
         atexit.unregister(self._shutdown_at_exit)
+        if self._log_bridge is not None:
+            # Records logged from here on go only where they went before.
+            self._log_bridge.remove()
         tracer_provider, meter_provider = self._tracer_provider, self._meter_provider
-        tracker = self._tracker
+        logger_provider, tracker = self._logger_provider, self._tracker
         deadline = time.monotonic() + timeout_ms / 1000
 
         def remaining_ms() -> int:
@@ -183,13 +228,19 @@ class TelemetryHandle:
             # Shutting a periodic reader down collects and exports once more.
             meter_provider.shutdown(timeout_millis=remaining_ms())
 
-        finished = _run_bounded(
-            {"span-shutdown": stop_tracing, "metric-shutdown": stop_metrics},
-            timeout_ms / 1000,
-        )
+        tasks: dict[str, Callable[[], Any]] = {}
+        if tracer_provider is not None:
+            tasks["span-shutdown"] = stop_tracing
+        if meter_provider is not None:
+            tasks["metric-shutdown"] = stop_metrics
+        if logger_provider is not None:
+            # Flushes the queued records, then stops the batch thread.
+            tasks["log-shutdown"] = logger_provider.shutdown
+        finished = _run_bounded(tasks, timeout_ms / 1000)
         # Let go of the pipeline; a thread stuck on a dead backend keeps only
         # what it needs alive.
         self._tracer_provider = self._meter_provider = self._tracker = None
+        self._logger_provider = self._log_bridge = None
         return finished
 
     def _shutdown_at_exit(self) -> None:
@@ -233,16 +284,28 @@ def _run_bounded(tasks: Mapping[str, Callable[[], Any]], timeout_s: float) -> bo
     return finished
 
 
-def _export_rank(config: TelemetryConfig, world_size: int) -> int:
-    return config.export_rank if config.export_rank >= 0 else world_size - 1
-
-
 def _is_exporting(config: TelemetryConfig, rank: int, world_size: int) -> bool:
     if not config.enabled:
         return False
-    if config.rank_strategy == "all_ranks":
-        return True
-    return rank == _export_rank(config, world_size)
+    if not (config.traces_enabled or config.metrics_enabled or config.logs_enabled):
+        return False
+    local_rank = 0
+    if config.rank_strategy == "first_rank_per_node":
+        try:
+            local_rank = local_rank_from_env(os.environ)
+        except ValueError:
+            raise TelemetryConfigError(
+                f"LOCAL_RANK={os.environ.get('LOCAL_RANK')!r} is not valid for "
+                "MEGATRON_OTEL_RANK_STRATEGY=first_rank_per_node; expected an integer"
+            ) from None
+    return rank_exports(
+        config.rank_strategy,
+        rank,
+        world_size,
+        export_rank=config.export_rank,
+        sample_rate=config.export_sample_rate,
+        local_rank=local_rank,
+    )
 
 
 def _build_resource(
@@ -252,10 +315,13 @@ def _build_resource(
     resource_attributes: Mapping[str, Any] | None,
 ) -> Resource:
     attributes = sanitize_attributes(resource_attributes or {})
+    attributes.update(_slurm_attributes(os.environ))
     # Identity attributes come last so a caller cannot overwrite them.
     attributes.update(
         {
             "service.name": config.service_name,
+            "nemo.run.id": config.run_id,
+            # The name this project used first; readers of older files use it.
             "megatron.run_id": config.run_id,
             "service.instance.id": f"{config.run_id}-rank{rank}",
             "host.name": socket.gethostname(),
@@ -269,18 +335,68 @@ def _build_resource(
     return Resource.create(attributes)
 
 
+def _slurm_attributes(env: Mapping[str, str]) -> dict[str, Any]:
+    """``slurm.*`` attributes from the job's environment; none outside SLURM."""
+    if not env.get("SLURM_JOB_ID", "").strip():
+        return {}
+    found: dict[str, Any] = {}
+    for attribute, variables in SLURM_RESOURCE_ATTRIBUTES.items():
+        value = next((env[v].strip() for v in variables if env.get(v, "").strip()), None)
+        if value is None:
+            continue
+        if attribute in _SLURM_INT_ATTRIBUTES:
+            try:
+                found[attribute] = int(value)
+            except ValueError:
+                continue
+        else:
+            found[attribute] = value
+    return found
+
+
+def _otlp_protocol(variables: tuple[str, ...]) -> tuple[str, str]:
+    """The requested OTLP protocol (default ``grpc``) and the variable that asked."""
+    for name in variables:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value.lower(), name
+    return "grpc", variables[-1]
+
+
+def _unsupported_protocol(variable: str, protocol: str) -> TelemetryConfigError:
+    return TelemetryConfigError(
+        f"{variable}={protocol!r} is not supported; expected one of: grpc, http/protobuf"
+    )
+
+
+def _missing_otlp_extra(exc: ImportError) -> TelemetryConfigError:
+    return TelemetryConfigError(
+        f"the otlp exporter (--otel-exporter / MEGATRON_OTEL_EXPORTER) needs the optional "
+        f"OTLP packages ({exc.name or exc}); install them with: {_OTLP_EXTRA_HINT}"
+    )
+
+
+def _otlp_log_exporter() -> LogRecordExporter:
+    protocol, variable = _otlp_protocol(_OTLP_LOGS_PROTOCOL_VARS)
+    try:
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+        elif protocol == "http/protobuf":
+            from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+        else:
+            raise _unsupported_protocol(variable, protocol)
+    except ImportError as exc:
+        raise _missing_otlp_extra(exc) from None
+    return OTLPLogExporter()
+
+
 def _otlp_exporters() -> tuple[SpanExporter, MetricExporter]:
     """The OTLP exporters for the protocol the standard variables ask for.
 
     Endpoint, headers, timeout and TLS settings are left to the exporters,
     which read the standard ``OTEL_EXPORTER_OTLP_*`` variables themselves.
     """
-    protocol, variable = "grpc", _OTLP_PROTOCOL_VARS[1]
-    for name in _OTLP_PROTOCOL_VARS:
-        value = os.environ.get(name, "").strip()
-        if value:
-            protocol, variable = value.lower(), name
-            break
+    protocol, variable = _otlp_protocol(_OTLP_PROTOCOL_VARS)
     try:
         if protocol == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
@@ -297,14 +413,9 @@ def _otlp_exporters() -> tuple[SpanExporter, MetricExporter]:
                 OTLPSpanExporter,
             )
         else:
-            raise TelemetryConfigError(
-                f"{variable}={protocol!r} is not supported; expected one of: grpc, http/protobuf"
-            )
+            raise _unsupported_protocol(variable, protocol)
     except ImportError as exc:
-        raise TelemetryConfigError(
-            f"the otlp exporter (--otel-exporter / MEGATRON_OTEL_EXPORTER) needs the optional "
-            f"OTLP packages ({exc.name or exc}); install them with: {_OTLP_EXTRA_HINT}"
-        ) from None
+        raise _missing_otlp_extra(exc) from None
     return OTLPSpanExporter(), OTLPMetricExporter()
 
 
@@ -328,7 +439,10 @@ class _Sinks:
         self.batch_spans = True
         self.metric_exporter: MetricExporter | None = None
         self.metric_interval_millis: float | None = None
+        self.log_exporter: LogRecordExporter | None = None
+        self.batch_logs = True
         self.trace_file: Path | None = None
+        self.logs_file: Path | None = None
         self.files: list[JsonlFile] = []
 
     def discard(self) -> None:
@@ -340,13 +454,17 @@ def _prepare_sinks(
     config: TelemetryConfig,
     span_exporter: SpanExporter | None,
     metric_reader: MetricReader | None,
+    log_exporter: LogRecordExporter | None = None,
 ) -> _Sinks:
     sinks = _Sinks()
-    if span_exporter is not None:
+    if span_exporter is not None and config.traces_enabled:
         # Injected exporters (tests, benchmarks) see spans synchronously.
         sinks.span_exporter, sinks.batch_spans = span_exporter, False
-    want_spans = span_exporter is None
-    want_metrics = metric_reader is None
+    if log_exporter is not None and config.logs_enabled:
+        sinks.log_exporter, sinks.batch_logs = log_exporter, False
+    want_spans = span_exporter is None and config.traces_enabled
+    want_metrics = metric_reader is None and config.metrics_enabled
+    want_logs = log_exporter is None and config.logs_enabled
     try:
         if config.exporter == "jsonl":
             trace_file = config.trace_file
@@ -360,12 +478,23 @@ def _prepare_sinks(
                 sinks.files.append(file)
                 sinks.metric_exporter = JsonlMetricExporter(file)
                 sinks.metric_interval_millis = JSONL_METRIC_EXPORT_INTERVAL_MILLIS
-        elif config.exporter == "otlp" and (want_spans or want_metrics):
-            otlp_spans, otlp_metrics = _otlp_exporters()
-            if want_spans:
-                sinks.span_exporter = otlp_spans
-            if want_metrics:
-                sinks.metric_exporter = otlp_metrics
+            if want_logs:
+                from megatron.core.telemetry.logs import JsonlLogExporter, logs_file_for
+
+                logs_file = logs_file_for(trace_file)
+                file = _open_sink(logs_file)
+                sinks.files.append(file)
+                sinks.log_exporter = JsonlLogExporter(file)
+                sinks.logs_file = logs_file
+        elif config.exporter == "otlp" and (want_spans or want_metrics or want_logs):
+            if want_spans or want_metrics:
+                otlp_spans, otlp_metrics = _otlp_exporters()
+                if want_spans:
+                    sinks.span_exporter = otlp_spans
+                if want_metrics:
+                    sinks.metric_exporter = otlp_metrics
+            if want_logs:
+                sinks.log_exporter = _otlp_log_exporter()
         elif config.exporter == "console":
             # The stream is looked up now, not at SDK import, so redirections
             # of sys.stdout made before setup are respected.
@@ -375,6 +504,10 @@ def _prepare_sinks(
                 )
             if want_metrics:
                 sinks.metric_exporter = ConsoleMetricExporter(out=sys.stdout)
+            if want_logs:
+                from megatron.core.telemetry.logs import console_log_exporter
+
+                sinks.log_exporter = console_log_exporter()
     except BaseException:
         sinks.discard()
         raise
@@ -383,13 +516,14 @@ def _prepare_sinks(
 
 def _start_processing(
     sinks: _Sinks, metric_reader: MetricReader | None
-) -> tuple[list[SpanProcessor], list[MetricReader]]:
-    """Create the span processor and metric reader; these start threads.
+) -> tuple[list[SpanProcessor], list[MetricReader], list[Any]]:
+    """Create the span and log processors and the metric reader; these start threads.
 
     On failure, whatever was started is stopped and the sinks are discarded.
     """
     processors: list[SpanProcessor] = []
     readers: list[MetricReader] = []
+    log_processors: list[Any] = []
     try:
         if sinks.span_exporter is not None:
             processors.append(
@@ -405,12 +539,23 @@ def _start_processing(
                     sinks.metric_exporter, export_interval_millis=sinks.metric_interval_millis
                 )
             )
+        if sinks.log_exporter is not None:
+            from opentelemetry.sdk._logs.export import (
+                BatchLogRecordProcessor,
+                SimpleLogRecordProcessor,
+            )
+
+            log_processors.append(
+                BatchLogRecordProcessor(sinks.log_exporter)
+                if sinks.batch_logs
+                else SimpleLogRecordProcessor(sinks.log_exporter)
+            )
     except BaseException:
-        for processor in processors:
+        for processor in [*processors, *log_processors]:
             processor.shutdown()
         sinks.discard()
         raise
-    return processors, readers
+    return processors, readers, log_processors
 
 
 def setup_telemetry(
@@ -420,6 +565,7 @@ def setup_telemetry(
     resource_attributes: Mapping[str, Any] | None = None,
     span_exporter: SpanExporter | None = None,
     metric_reader: MetricReader | None = None,
+    log_exporter: LogRecordExporter | None = None,
 ) -> TelemetryHandle:
     """Start telemetry for this rank as ``config`` says, and return its handle.
 
@@ -433,11 +579,18 @@ def setup_telemetry(
         span_exporter: replaces the configured span sink (spans are then
             exported synchronously, for tests and benchmarks).
         metric_reader: replaces the configured metric sink.
+        log_exporter: replaces the configured log-record sink of the log
+            bridge (records are then exported synchronously).
 
-    An exporting handle becomes the process's active one: its tracer and
-    span groups are what :func:`~megatron.core.telemetry.helpers.managed_span`
-    uses. ``OTEL_TRACES_SAMPLER`` and ``OTEL_RESOURCE_ATTRIBUTES`` are
-    honoured through the SDK.
+    Which ranks export is ``config.rank_strategy``'s call (see
+    :mod:`.sampling`). An exporting handle becomes the process's active one:
+    its tracer and span groups are what
+    :func:`~megatron.core.telemetry.helpers.managed_span` uses; with traces
+    off that is the no-op tracer and no group, so call sites record nothing
+    while metrics (and logs) still export. ``OTEL_TRACES_SAMPLER`` and
+    ``OTEL_RESOURCE_ATTRIBUTES`` are honoured through the SDK; the
+    ``rank_aware`` sampling strategy wraps the former. With logs on, the
+    log bridge is attached to the root logger until shutdown.
 
     Raises:
         TelemetryConfigError: the export rank is outside the world, the trace
@@ -463,32 +616,60 @@ def setup_telemetry(
     # ones) runs with asynchronous signals blocked, and the threads inherit
     # that mask, so SIGTERM always reaches the main thread; see _signals.
     with signals_blocked():
-        sinks = _prepare_sinks(config, span_exporter, metric_reader)
-        processors, readers = _start_processing(sinks, metric_reader)
+        sinks = _prepare_sinks(config, span_exporter, metric_reader, log_exporter)
+        processors, readers, log_processors = _start_processing(sinks, metric_reader)
 
-    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    tracker = OpenSpanTracker()
-    # The tracker goes first: at shutdown it ends open spans, and the
-    # exporting processors registered after it must still be alive to get them.
-    tracer_provider.add_span_processor(tracker)
-    for processor in processors:
-        tracer_provider.add_span_processor(processor)
-    meter_provider = MeterProvider(
-        metric_readers=readers, resource=resource, shutdown_on_exit=False
-    )
     version = _package_version()
+    tracer: trace.Tracer = trace.NoOpTracer()
+    tracer_provider = tracker = None
+    if config.traces_enabled:
+        tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        if config.sampling_strategy == "rank_aware":
+            # Set before the tracer exists: tracers take the sampler when made.
+            tracer_provider.sampler = RankAwareSampler(
+                rank, config.export_sample_rate, delegate=tracer_provider.sampler
+            )
+        tracker = OpenSpanTracker()
+        # The tracker goes first: at shutdown it ends open spans, and the
+        # exporting processors registered after it must still be alive to get them.
+        tracer_provider.add_span_processor(tracker)
+        for processor in processors:
+            tracer_provider.add_span_processor(processor)
+        tracer = tracer_provider.get_tracer(SCOPE_NAME, version)
+    meter: metrics.Meter = metrics.NoOpMeter(SCOPE_NAME)
+    meter_provider = None
+    if config.metrics_enabled:
+        meter_provider = MeterProvider(
+            metric_readers=readers, resource=resource, shutdown_on_exit=False
+        )
+        meter = meter_provider.get_meter(SCOPE_NAME, version)
+    logger_provider = log_bridge = None
+    if config.logs_enabled:
+        from opentelemetry.sdk._logs import LoggerProvider
+
+        from megatron.core.telemetry.logs import LogBridge
+
+        logger_provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
+        for log_processor in log_processors:
+            logger_provider.add_log_record_processor(log_processor)
+        log_bridge = LogBridge(logger_provider)
     handle = TelemetryHandle(
-        tracer=tracer_provider.get_tracer(SCOPE_NAME, version),
-        meter=meter_provider.get_meter(SCOPE_NAME, version),
+        tracer=tracer,
+        meter=meter,
         rank=rank,
-        span_groups=config.span_groups,
+        span_groups=config.span_groups if config.traces_enabled else frozenset(),
         trace_file=sinks.trace_file,
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
         tracker=tracker,
+        logger_provider=logger_provider,
+        log_bridge=log_bridge,
+        logs_file=sinks.logs_file,
     )
     # The providers do not register their own (unbounded) exit hooks; this
     # bounded one exports what a caller forgot to shut down.
     atexit.register(handle._shutdown_at_exit)
     state._activate(handle, handle.tracer, handle.span_groups)
+    if log_bridge is not None:
+        log_bridge.install()
     return handle
