@@ -7,6 +7,7 @@ table is that table.
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ from spans_helpers import (  # noqa: E402
     ForbiddenHandle,
 )
 
-from megatron.training.telemetry_spans import SpanPhaseError, SpanPhases  # noqa: E402
+from megatron.training.telemetry_spans import ExitHooks, SpanPhaseError, SpanPhases  # noqa: E402
 
 TRIGGER_ARGS = {
     "start_job": ((), {"model_type": "gpt", "timestamps": sh.launch_timestamps()}),
@@ -193,3 +194,23 @@ def test_live_machine_offers_exactly_the_spec_triggers(lifecycles):
         spec = {trigger for (s, trigger) in SPEC_TABLE if s == state}
         assert offered == spec, f"state {state!r}"
     assert phases.state == "job"
+
+
+def test_typed_trigger_methods_survive_construction_without_warnings(lifecycles, caplog):
+    """The machine keeps SpanPhases' own trigger methods, silently.
+
+    This rests on transitions' private ``Machine._checked_assignment`` (its
+    public ``model_override`` would replace the methods instead), so the
+    dependency is pinned to the range this was tested on; a release that
+    renames the hook fails here with a warning per trigger.
+    """
+    caplog.set_level(logging.DEBUG, logger="transitions")
+    phases = lifecycles.new(None)
+    hooks = ExitHooks()
+    for trigger in ("start_job", "record_phase", "start_train", "reroot", "end_train", "flush"):
+        assert getattr(phases, trigger).__func__ is getattr(SpanPhases, trigger)
+    assert phases.shutdown.__func__ is SpanPhases.shutdown
+    assert callable(hooks.install)  # ExitHooks has no trigger methods of its own
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    # What the machine adds where the model has nothing of its own is still added.
+    assert phases.is_job() and phases.may_start_job()
