@@ -4,7 +4,7 @@ Each figure is ours over a baseline measured in the same process (or, for the
 training loop, the same run of this script), interleaved repetition by
 repetition so drift in machine load hits both sides alike; we report medians.
 Nothing here asserts a time: the figures are printed, a readable table first,
-and as the last line one JSON object (the keys of issue #5).
+and as the last line one JSON object (the keys of the README's Performance table).
 
 Run with ``tox -e bench`` (or ``python tests/benchmarks/run_benchmarks.py``);
 ``--only encode,pipeline`` runs some sections (``--list`` names them all).
