@@ -175,7 +175,7 @@ def rich_batch(providers: _Providers) -> tuple[ReadableSpan, ...]:
     remote_child = tracer.start_span(
         "remote parent",
         context=trace.set_span_in_context(NonRecordingSpan(REMOTE)),
-        links=[Link(REMOTE, {"remote": True}), Link(LOCAL_LINKED)],  # one over the limit
+        links=[Link(LOCAL_LINKED), Link(REMOTE, {"remote": True})],  # the first is dropped
         start_time=1_700_000_000_000_000_000,
     )
     remote_child.end(end_time=1_700_000_000_500_000_000)
@@ -193,7 +193,8 @@ def test_spans_encode_as_the_official_encoder(providers: _Providers) -> None:
     # The batch does exercise what it claims to: guard against a vacuous pass.
     text = dump(ours)
     for field in (
-        '"droppedAttributesCount":5',
+        '"droppedAttributesCount":5',  # the span's
+        '"droppedAttributesCount":1',  # an event's and a link's
         '"droppedEventsCount":1',
         '"droppedLinksCount":1',
         '"traceState":"vendor=value,other=x"',
