@@ -135,12 +135,14 @@ class BatchSettings:
     The defaults differ from the SDK's ``BatchSpanProcessor`` in two places,
     each for a reason:
 
-    * ``max_queue_size`` is 16384, eight times the SDK's 2048. A burst of
-      fine-grained spans (a ``profiling`` preset, or the 10,000 spans in
-      flight when a SIGTERM lands, as ``sigterm_exit_s`` in the benchmarks
-      measures) outruns the encoder for a moment; at 2048 that burst lost
-      spans, leaving holes in exactly the traces a user is debugging. At
-      about 2 KB a span the bound is ~32 MB at worst.
+    * ``max_queue_size`` is 16384, eight times the SDK's 2048, so that a
+      burst of fine-grained spans (a ``profiling`` preset, or the 10,000
+      spans in flight when a SIGTERM lands, as ``sigterm_exit_s`` in the
+      benchmarks measures) fits whole while the exporter falls behind: an
+      OTLP backend on the network, or a loaded machine (that benchmark's
+      burst once outran the JSON encoder and lost spans at 2048). Dropping
+      would leave holes in exactly the traces a user is debugging. At about
+      2 KB a span the bound is ~32 MB at worst.
     * ``schedule_delay_millis`` is 1000 rather than 5000: a finished
       interval is exported at once anyway (its root span wakes the worker),
       and everything else is on disk within a second.
