@@ -29,6 +29,7 @@ from opentelemetry.exporter.otlp.json.common.metrics_encoder import (
 from opentelemetry.exporter.otlp.json.common.trace_encoder import (
     encode_spans as official_encode_spans,
 )
+from opentelemetry.metrics import Observation
 from opentelemetry.sdk.metrics import AlwaysOnExemplarFilter, Counter, MeterProvider
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -269,7 +270,7 @@ def _collect_metrics(resource: Resource, temporality: AggregationTemporality) ->
     exponential = meter.create_histogram("latency.exp")
     meter.create_observable_gauge(
         "observed",
-        callbacks=[lambda options: [_observation(2.5, {"core": 0})]],
+        callbacks=[lambda options: [Observation(2.5, {"core": 0})]],
     )
     # Histograms refuse negative values; an up-down counter's do not.
     signed = meter.create_up_down_counter("signed.exp")
@@ -297,12 +298,6 @@ def _collect_metrics(resource: Resource, temporality: AggregationTemporality) ->
     tracer_provider.shutdown()
     assert data is not None
     return data
-
-
-def _observation(value: float, attributes: dict[str, Any]) -> Any:
-    from opentelemetry.metrics import Observation
-
-    return Observation(value, attributes)
 
 
 def test_metrics_encode_as_the_official_encoder() -> None:
