@@ -109,6 +109,11 @@ class _Machine(Machine):
 
     ``SpanPhases`` defines typed, documented methods named after its triggers;
     the stock machine would log a warning for each on every construction.
+    The library's public ``model_override=True`` does not fit: it *replaces*
+    a model's methods with raw triggers (losing ``SpanPhaseError`` and the
+    signal-safe deferral of ``_fire``) and warns for every ``is_*``/``may_*``
+    helper the model lacks. So this overrides a private hook, and
+    ``pyproject.toml`` pins ``transitions`` to the releases it was tested on.
     """
 
     def _checked_assignment(self, model: Any, name: str, func: Callable[..., Any]) -> None:

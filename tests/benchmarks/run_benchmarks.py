@@ -4,15 +4,19 @@ Each figure is ours over a baseline measured in the same process (or, for the
 training loop, the same run of this script), interleaved repetition by
 repetition so drift in machine load hits both sides alike; we report medians.
 Nothing here asserts a time: the figures are printed, a readable table first,
-and as the last line one JSON object (the keys of issue #5).
+and as the last line one JSON object (the keys of the README's Performance table).
 
-Run with ``tox -e bench`` (or ``python tests/benchmarks/run_benchmarks.py``).
+Run with ``tox -e bench`` (or ``python tests/benchmarks/run_benchmarks.py``);
+``--only encode,pipeline`` runs some sections (``--list`` names them all).
+Each section is one function, registered in ``SECTIONS`` with the keys it
+records; a new benchmark is a function, a ``SECTIONS`` row and its targets.
 Kept out of the default test run: pytest collects only ``test_*.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -23,15 +27,24 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.exporter.otlp.json.common.trace_encoder import (
+    encode_spans as official_encode_spans,
+)
+from opentelemetry.exporter.otlp.json.file import FileSpanExporter
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link
 
+from megatron.core.telemetry import TelemetryConfig, managed_span, setup_telemetry
+from megatron.core.telemetry._otlp_json import encode_spans
+from megatron.core.telemetry.processors import BatchSettings
+from megatron.core.telemetry.span_groups import SpanGroup
 from megatron.training.telemetry_spans import SpanPhases
 from megatron.training.trace_summary import read_spans
 from megatron.training.training_log import parse_log_iteration_ms
@@ -46,6 +59,8 @@ TARGETS = {
     "train_overhead_default": 1.01,
     "train_overhead_per_step": 1.05,
     "sigterm_exit_s": 1.0,
+    "encode_ratio_vs_official": 0.7,
+    "pipeline_cpu_ratio": 0.8,
 }
 
 
@@ -343,47 +358,279 @@ def bench_sigterm(repeats: int) -> tuple[float, int]:
     return statistics.median(times), spans_written
 
 
+# -- OTLP/JSON encoding: ours against the official encoder ---------------------
+
+
+def _interval_batch(iterations: int = 128) -> list[ReadableSpan]:
+    """One export batch of a ``per_step`` run: an interval root and, per
+    iteration, the iteration span and its forward/backward, batch and
+    optimizer children (``4 * iterations + 1`` spans)."""
+    telemetry = _InMemoryTelemetry()
+    tracer = telemetry.tracer
+    startup = tracer.start_span("megatron.startup", context=otel_context.Context())
+    startup.end()
+    interval = tracer.start_span(
+        "megatron.train",
+        context=otel_context.Context(),
+        links=[Link(startup.get_span_context())],
+        attributes={"is_goodput_span": True, "megatron.interval.index": 0},
+    )
+    in_interval = otel_trace.set_span_in_context(interval)
+    for i in range(iterations):
+        iteration = tracer.start_span(
+            "megatron.train.iteration", in_interval, attributes={"megatron.iteration": i}
+        )
+        in_iteration = otel_trace.set_span_in_context(iteration)
+        forward = tracer.start_span("megatron.train.forward_backward", in_iteration)
+        tracer.start_span("megatron.train.get_batch", otel_trace.set_span_in_context(forward)).end()
+        forward.end()
+        tracer.start_span("megatron.train.optimizer", in_iteration).end()
+        iteration.end()
+    interval.set_attributes(
+        {"megatron.interval.first_iteration": 0, "megatron.interval.last_iteration": iterations}
+    )
+    interval.end()
+    spans = [s for s in telemetry.exporter.get_finished_spans() if s.name != "megatron.startup"]
+    telemetry.shutdown()
+    return spans
+
+
+def bench_encode(repeats: int, rounds: int = 20):
+    """CPU seconds per span to turn one batch into the line each file exporter writes.
+
+    Ours: ``encode_spans`` dumped as ``JsonlFile.write_lines`` dumps it. The
+    official: ``encode_spans(...).to_dict()`` dumped as its ``FileSpanExporter``
+    does. Both produce the same request (``test_core_otlp_conformance``).
+    """
+    batch = _interval_batch()
+
+    # This thread's CPU time: on a shared machine, wall time would also count
+    # the moments another process held the core.
+    def ours() -> float:
+        start = time.thread_time()
+        for _ in range(rounds):
+            json.dumps(encode_spans(batch), separators=(",", ":"), ensure_ascii=False)
+        return (time.thread_time() - start) / (rounds * len(batch))
+
+    def official() -> float:
+        start = time.thread_time()
+        for _ in range(rounds):
+            json.dumps(official_encode_spans(batch).to_dict(), separators=(",", ":"))
+        return (time.thread_time() - start) / (rounds * len(batch))
+
+    return _interleaved(ours, official, repeats)
+
+
+# -- the whole span path, CPU per exported span -------------------------------
+
+
+def _cpu_per_span(emit: Callable[[], Path], expected: int) -> float:
+    """Process CPU seconds (every thread) per span for ``emit``, which creates
+    the spans and shuts its pipeline down; it returns the file written, whose
+    span count is checked so neither side can win by dropping spans."""
+    gc.collect()
+    start = time.process_time()
+    path = emit()
+    elapsed = time.process_time() - start
+    written = len(read_spans(path))
+    if written != expected:
+        raise RuntimeError(f"{path.name}: {written} spans written, expected {expected}")
+    return elapsed / expected
+
+
+def bench_pipeline(repeats: int, spans: int = 10_000):
+    """CPU per exported span: ``managed_span`` through our processor into our
+    JSONL file, against raw SDK spans through the SDK's ``BatchSpanProcessor``
+    into the official ``FileSpanExporter``.
+
+    Same spans (names, attributes, nesting, resource and scope), same count.
+    The SDK processor gets our batch settings: at its default queue (2048)
+    it would drop most of a 10,000-span burst, doing less work. Setup and
+    file opening are outside the measured window; the final flush and
+    shutdown are inside it.
+    """
+    settings = BatchSettings.from_env()
+    with tempfile.TemporaryDirectory() as tmp:
+        counter = [0]
+
+        def fresh(name: str) -> Path:
+            counter[0] += 1
+            return Path(tmp) / f"{name}-{counter[0]}.jsonl"
+
+        def ours() -> float:
+            path = fresh("ours")
+            handle = setup_telemetry(
+                TelemetryConfig(
+                    enabled=True, exporter="jsonl", trace_file=path, span_groups_spec="per_step"
+                )
+            )
+
+            def emit() -> Path:
+                with managed_span(SpanGroup.JOB, "megatron.train", is_goodput_span=True):
+                    for i in range(spans):
+                        with managed_span(
+                            SpanGroup.STEP, "megatron.train.iteration", **{"megatron.iteration": i}
+                        ):
+                            pass
+                handle.shutdown()
+                return path
+
+            return _cpu_per_span(emit, spans + 1)
+
+        # The baseline uses our handle's resource and scope, so both files hold
+        # the same bytes per span.
+        probe = setup_telemetry(
+            TelemetryConfig(enabled=True, exporter="none", span_groups_spec="per_step")
+        )
+        with managed_span(SpanGroup.JOB, "probe") as span:
+            resource, scope = span.resource, span.instrumentation_scope
+        probe.shutdown()
+
+        def official() -> float:
+            path = fresh("official")
+            provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+            provider.add_span_processor(
+                BatchSpanProcessor(
+                    FileSpanExporter(path),
+                    max_queue_size=settings.max_queue_size,
+                    schedule_delay_millis=settings.schedule_delay_millis,
+                    max_export_batch_size=settings.max_export_batch_size,
+                )
+            )
+            tracer = provider.get_tracer(scope.name, scope.version)
+
+            def emit() -> Path:
+                with tracer.start_as_current_span(
+                    "megatron.train", attributes={"is_goodput_span": True}
+                ):
+                    for i in range(spans):
+                        with tracer.start_as_current_span(
+                            "megatron.train.iteration", attributes={"megatron.iteration": i}
+                        ):
+                            pass
+                provider.shutdown()
+                return path
+
+            return _cpu_per_span(emit, spans + 1)
+
+        return _interleaved(ours, official, repeats)
+
+
+# -- sections -----------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """Settings of one run, and what its sections recorded."""
+
+    quick: bool
+    results: dict[str, float] = field(default_factory=dict)
+    rows: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+    @property
+    def reps(self) -> int:
+        return 5 if self.quick else 21
+
+    def record(self, key: str, value: float, ours: str, base: str) -> None:
+        self.results[key] = round(value, 3)
+        self.rows.append((key, f"{value:.3f}", ours, base))
+
+
+def section_step(run: Run) -> None:
+    for key, enabled in (("step_ratio_off", False), ("step_ratio_on", True)):
+        ratio, ours, base = bench_step(enabled, run.reps, 200_000)
+        run.record(key, ratio, f"{ours * 1e9:.1f} ns", f"{base * 1e9:.1f} ns (empty method)")
+
+
+def section_reroot(run: Run) -> None:
+    ratio, ours, base = bench_reroot(run.reps, 2_000)
+    run.record("reroot_ratio", ratio, f"{ours * 1e6:.2f} us", f"{base * 1e6:.2f} us (raw SDK)")
+
+
+def section_lifecycle(run: Run) -> None:
+    ratio, ours, base = bench_lifecycle(max(run.reps // 2, 3))
+    run.record("lifecycle_ratio", ratio, f"{ours * 1e3:.2f} ms", f"{base * 1e3:.2f} ms (raw SDK)")
+
+
+def section_training(run: Run) -> None:
+    default, per_step, off_ms = bench_training(1 if run.quick else 12, 50 if run.quick else 150)
+    run.record("train_overhead_default", default, "", f"{off_ms:.2f} ms/iter (telemetry off)")
+    run.record("train_overhead_per_step", per_step, "", f"{off_ms:.2f} ms/iter (telemetry off)")
+
+
+def section_sigterm(run: Run) -> None:
+    seconds, written = bench_sigterm(3 if run.quick else 5)
+    run.record("sigterm_exit_s", seconds, f"{written} spans in file", "(absolute)")
+
+
+def section_encode(run: Run) -> None:
+    ratio, ours, base = bench_encode(run.reps)
+    run.record(
+        "encode_ratio_vs_official",
+        ratio,
+        f"{ours * 1e6:.2f} us/span",
+        f"{base * 1e6:.2f} us/span (otlp-json-common)",
+    )
+
+
+def section_pipeline(run: Run) -> None:
+    ratio, ours, base = bench_pipeline(5 if run.quick else 11)
+    run.record(
+        "pipeline_cpu_ratio",
+        ratio,
+        f"{ours * 1e6:.1f} us CPU/span",
+        f"{base * 1e6:.1f} us CPU/span (SDK batch + FileSpanExporter)",
+    )
+
+
+#: Section name -> the function that runs it, in run order. Keep the cheap
+#: sections first so a broken expensive one does not hide their figures.
+SECTIONS: dict[str, Callable[[Run], None]] = {
+    "step": section_step,
+    "reroot": section_reroot,
+    "lifecycle": section_lifecycle,
+    "encode": section_encode,
+    "pipeline": section_pipeline,
+    "training": section_training,
+    "sigterm": section_sigterm,
+}
+
+
 # -----------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    parser.add_argument(
+        "--only",
+        metavar="SECTIONS",
+        help=f"comma-separated sections to run (default: all): {', '.join(SECTIONS)}",
+    )
+    parser.add_argument("--list", action="store_true", help="print the section names and exit")
     args = parser.parse_args(argv)
-    reps = 5 if args.quick else 21
-    train_reps = 1 if args.quick else 12
-    train_iterations = 50 if args.quick else 150
+    if args.list:
+        print("\n".join(SECTIONS))
+        return 0
+    chosen = list(SECTIONS)
+    if args.only:
+        chosen = [name.strip() for name in args.only.split(",") if name.strip()]
+        unknown = [name for name in chosen if name not in SECTIONS]
+        if unknown or not chosen:
+            parser.error(
+                f"--only: unknown section(s) {', '.join(unknown) or '(none)'}; "
+                f"valid: {', '.join(SECTIONS)}"
+            )
 
-    results: dict[str, float] = {}
-    rows: list[tuple[str, str, str, str]] = []
-
-    def record(key: str, ratio: float, ours: str, base: str) -> None:
-        results[key] = round(ratio, 3)
-        rows.append((key, f"{ratio:.3f}", ours, base))
-
-    for key, enabled in (("step_ratio_off", False), ("step_ratio_on", True)):
-        ratio, ours, base = bench_step(enabled, reps, 200_000)
-        record(key, ratio, f"{ours * 1e9:.1f} ns", f"{base * 1e9:.1f} ns (empty method)")
-
-    ratio, ours, base = bench_reroot(reps, 2_000)
-    record("reroot_ratio", ratio, f"{ours * 1e6:.2f} us", f"{base * 1e6:.2f} us (raw SDK)")
-
-    ratio, ours, base = bench_lifecycle(max(reps // 2, 3))
-    record("lifecycle_ratio", ratio, f"{ours * 1e3:.2f} ms", f"{base * 1e3:.2f} ms (raw SDK)")
-
-    default, per_step, off_ms = bench_training(train_reps, train_iterations)
-    record("train_overhead_default", default, "", f"{off_ms:.2f} ms/iter (telemetry off)")
-    record("train_overhead_per_step", per_step, "", f"{off_ms:.2f} ms/iter (telemetry off)")
-
-    seconds, written = bench_sigterm(3 if args.quick else 5)
-    results["sigterm_exit_s"] = round(seconds, 3)
-    rows.append(("sigterm_exit_s", f"{seconds:.3f}", f"{written} spans in file", "(absolute)"))
+    run = Run(quick=args.quick)
+    for name in chosen:
+        SECTIONS[name](run)
 
     print(f"{'key':<26}{'median':>10}  {'target':>7}  {'ours':<22}baseline")
-    for key, value, ours_text, base_text in rows:
+    for key, value, ours_text, base_text in run.rows:
         print(f"{key:<26}{value:>10}  {TARGETS[key]:>7}  {ours_text:<22}{base_text}")
     print(f"# {os.cpu_count()} cpus, python {sys.version.split()[0]}, {time.strftime('%Y-%m-%d')}")
-    print(json.dumps(results))
+    print(json.dumps(run.results))
     return 0
 
 

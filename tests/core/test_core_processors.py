@@ -17,6 +17,7 @@ from opentelemetry.trace import StatusCode
 from megatron.core.telemetry.jsonl import JsonlFile, JsonlSpanExporter
 from megatron.core.telemetry.processors import (
     CUT_SHORT_ATTRIBUTE,
+    BatchSettings,
     OpenSpanTracker,
     RootFlushingBatchSpanProcessor,
 )
@@ -185,3 +186,169 @@ def test_invalid_arguments() -> None:
         RootFlushingBatchSpanProcessor(ListExporter(), schedule_delay_millis=0)
     with pytest.raises(ValueError):
         RootFlushingBatchSpanProcessor(ListExporter(), max_queue_size=0)
+    with pytest.raises(ValueError):
+        RootFlushingBatchSpanProcessor(ListExporter(), max_queue_size=2, max_export_batch_size=3)
+
+
+# -- the SDK's OTEL_BSP_* variables -------------------------------------------
+
+BSP_VARIABLES = (
+    "OTEL_BSP_SCHEDULE_DELAY",
+    "OTEL_BSP_MAX_QUEUE_SIZE",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+    "OTEL_BSP_EXPORT_TIMEOUT",
+)
+
+
+@pytest.fixture
+def bsp_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in BSP_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_unset_variables_keep_our_defaults(bsp_env: pytest.MonkeyPatch) -> None:
+    processor = RootFlushingBatchSpanProcessor(ListExporter())
+    try:
+        assert processor.settings == BatchSettings(
+            schedule_delay_millis=1000,
+            max_queue_size=16384,
+            max_export_batch_size=512,
+            export_timeout_millis=30000,
+        )
+    finally:
+        processor.shutdown()
+
+
+def test_variables_set_every_setting_and_arguments_win(bsp_env: pytest.MonkeyPatch) -> None:
+    env = {
+        "OTEL_BSP_SCHEDULE_DELAY": "250",
+        "OTEL_BSP_MAX_QUEUE_SIZE": "100",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": " 10 ",  # int() accepts surrounding blanks, as in the SDK
+        "OTEL_BSP_EXPORT_TIMEOUT": "700",
+    }
+    for name, value in env.items():
+        bsp_env.setenv(name, value)
+    processor = RootFlushingBatchSpanProcessor(ListExporter())
+    explicit = RootFlushingBatchSpanProcessor(
+        ListExporter(), max_queue_size=50, schedule_delay_millis=LONG_DELAY_MS
+    )
+    try:
+        assert processor.settings == BatchSettings(250, 100, 10, 700)
+        assert explicit.settings == BatchSettings(LONG_DELAY_MS, 50, 10, 700)
+    finally:
+        processor.shutdown()
+        explicit.shutdown()
+
+
+@pytest.mark.parametrize("raw", ["abc", "1.5", "0", "-3", "1e3"])
+@pytest.mark.parametrize("name", BSP_VARIABLES)
+def test_invalid_values_fall_back_with_a_warning(
+    name: str, raw: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="megatron.core.telemetry.processors"):
+        settings = BatchSettings.from_env({name: raw})
+    assert settings == BatchSettings()
+    (record,) = caplog.records
+    assert name in record.getMessage()
+    assert repr(raw) in record.getMessage()
+    assert "positive integer" in record.getMessage()
+
+
+def test_empty_values_count_as_unset(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="megatron.core.telemetry.processors"):
+        settings = BatchSettings.from_env({name: "" for name in BSP_VARIABLES})
+    assert settings == BatchSettings()
+    assert caplog.records == []
+
+
+def test_batch_larger_than_queue_is_lowered_to_the_queue(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="megatron.core.telemetry.processors"):
+        asked = BatchSettings.from_env(
+            {"OTEL_BSP_MAX_QUEUE_SIZE": "64", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "128"}
+        )
+    assert (asked.max_queue_size, asked.max_export_batch_size) == (64, 64)
+    (record,) = caplog.records
+    assert "OTEL_BSP_MAX_EXPORT_BATCH_SIZE=128" in record.getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="megatron.core.telemetry.processors"):
+        small_queue = BatchSettings.from_env({"OTEL_BSP_MAX_QUEUE_SIZE": "100"})
+    # The default batch (512) simply does not fit: lowered without a warning.
+    assert (small_queue.max_queue_size, small_queue.max_export_batch_size) == (100, 100)
+    assert caplog.records == []
+
+
+def test_batch_size_variable_sets_when_a_full_batch_wakes_the_worker(
+    bsp_env: pytest.MonkeyPatch, provider: TracerProvider
+) -> None:
+    bsp_env.setenv("OTEL_BSP_SCHEDULE_DELAY", str(LONG_DELAY_MS))
+    bsp_env.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2")
+    exporter = ListExporter()
+    provider.add_span_processor(RootFlushingBatchSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    root = tracer.start_span("root")
+    child_of(tracer, root, "c0").end()
+    assert not exporter.exported.wait(0.3)
+    child_of(tracer, root, "c1").end()
+    assert exporter.exported.wait(10)
+    assert exporter.batches[0] == ["c0", "c1"]
+    root.end()
+
+
+def test_schedule_delay_variable_exports_without_a_wake_up(
+    bsp_env: pytest.MonkeyPatch, provider: TracerProvider
+) -> None:
+    bsp_env.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    exporter = ListExporter()
+    provider.add_span_processor(RootFlushingBatchSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    root = tracer.start_span("root")
+    child_of(tracer, root, "child").end()  # neither a root nor a full batch: only the timer
+    assert exporter.exported.wait(10)
+    assert exporter.names == ["child"]
+    root.end()
+
+
+def test_queue_size_variable_bounds_the_queue(
+    bsp_env: pytest.MonkeyPatch, provider: TracerProvider
+) -> None:
+    bsp_env.setenv("OTEL_BSP_SCHEDULE_DELAY", str(LONG_DELAY_MS))
+    bsp_env.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "3")
+    exporter = ListExporter()
+    processor = RootFlushingBatchSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    root = tracer.start_span("root")
+    for index in range(5):
+        child_of(tracer, root, f"c{index}").end()
+    assert processor.dropped_spans == 2
+    processor.shutdown()
+    assert exporter.names == ["c0", "c1", "c2"]
+
+
+def test_export_timeout_variable_bounds_the_wait_at_shutdown(
+    bsp_env: pytest.MonkeyPatch, provider: TracerProvider
+) -> None:
+    bsp_env.setenv("OTEL_BSP_EXPORT_TIMEOUT", "100")
+    started = threading.Event()
+    release = threading.Event()
+
+    class Stuck(ListExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            started.set()
+            release.wait(60)
+            return super().export(spans)
+
+    exporter = Stuck()
+    processor = RootFlushingBatchSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    provider.get_tracer("t").start_span("root").end()
+    assert started.wait(10)
+    try:
+        processor.shutdown()  # returns although the export is still running
+        assert not release.is_set() and exporter.names == []
+        assert exporter.shut_down
+    finally:
+        release.set()

@@ -1,9 +1,11 @@
-"""Fixtures for the end-to-end tests of the training loop (``test_training_*.py``).
+"""Fixtures shared by the training-side tests.
 
-Those tests run the real trainer in subprocesses (``python -m megatron.training``),
-because what they check (exit status, death by signal, what reached the trace file
-before a SIGKILL) only exists at the process level. Everything here is named
-``training_*`` so it cannot collide with the span-lifecycle tests' helpers.
+``lifecycles`` serves the span-lifecycle tests (``test_telemetry_spans_*.py``).
+The ``training_*`` fixtures serve the end-to-end tests of the training loop
+(``test_training_*.py``), which run the real trainer in subprocesses
+(``python -m megatron.training``), because what they check (exit status, death
+by signal, what reached the trace file before a SIGKILL) only exists at the
+process level.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from spans_helpers import Lifecycles
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -140,3 +143,10 @@ def training_cli(tmp_path: Path) -> TrainingCLI:
 def training_module_cli(tmp_path_factory: pytest.TempPathFactory) -> TrainingCLI:
     """One working directory shared by a module's tests (for runs worth reusing)."""
     return TrainingCLI(tmp_path_factory.mktemp("training"))
+
+
+@pytest.fixture
+def lifecycles() -> Iterator[Lifecycles]:
+    """A factory of ``SpanPhases``, from an empty context, all shut down afterwards."""
+    with Lifecycles() as made:
+        yield made

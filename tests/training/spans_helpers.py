@@ -52,9 +52,9 @@ TRIGGERS = (
     "step",
 )
 
-# The spec's table (span-phases.md section 2), written out by hand on purpose: the
+# The transition table as the README documents it, written out by hand on purpose: the
 # tests derive legality from this, never from the module's own TRANSITIONS.
-# (state, trigger) -> destination state.  ``step`` is not in the spec table (it is a
+# (state, trigger) -> destination state.  ``step`` is not in that table (it is a
 # method that fires ``reroot`` on a boundary); its entries describe a lifecycle that
 # has just run ``start_train`` (pass counter 0, so the first step is a boundary).
 SPEC_TABLE: dict[tuple[str, str], str] = {
@@ -84,7 +84,7 @@ PATH_TO_STATE: dict[str, tuple[str, ...]] = {
 
 
 def ns(seconds: float) -> int:
-    """Seconds since the epoch -> the integer nanoseconds the spec prescribes."""
+    """Seconds since the epoch -> the SDK's integer nanoseconds (same rounding)."""
     return int(seconds * 1e9)
 
 

@@ -1,4 +1,4 @@
-"""The exit hooks (span-phases.md section 3), in process, with the process faked.
+"""The exit hooks (README, "Exit paths"), in process, with the process faked.
 
 ``atexit.register``, ``signal.signal``, ``signal.getsignal``, ``os.kill`` and
 ``signal.raise_signal`` are replaced by recorders, so installing and chaining can
@@ -12,19 +12,12 @@ import atexit
 import logging
 import os
 import signal
-import sys
-from pathlib import Path
 
 import pytest
+import spans_helpers as sh
+from spans_helpers import TRAIN, FakeHandle, ForbiddenHandle
 
-HERE = str(Path(__file__).resolve().parent)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import spans_helpers as sh  # noqa: E402
-from spans_helpers import TRAIN, FakeHandle, ForbiddenHandle  # noqa: E402
-
-from megatron.training.telemetry_spans import (  # noqa: E402
+from megatron.training.telemetry_spans import (
     EXIT_HOOKS,
     ExitHooks,
     install_exit_hooks,
@@ -82,12 +75,6 @@ class PreviousHandler:
 @pytest.fixture
 def fake_process(monkeypatch):
     return FakeProcess(monkeypatch)
-
-
-@pytest.fixture
-def lifecycles():
-    with sh.Lifecycles() as lc:
-        yield lc
 
 
 def in_interval(lifecycles, handle, save_interval=2):

@@ -1,4 +1,4 @@
-"""Telemetry must never break training (span-phases.md section 2, "Rules"):
+"""Telemetry must never break training:
 an exception from the SDK or an exporter inside a callback is caught and logged
 once, at warning; the lifecycle advances normally; only illegal transitions raise.
 """
@@ -6,18 +6,11 @@ once, at warning; the lifecycle advances normally; only illegal transitions rais
 from __future__ import annotations
 
 import logging
-import sys
-from pathlib import Path
 
 import pytest
+import spans_helpers as sh
 from opentelemetry import trace as otel_trace
-
-HERE = str(Path(__file__).resolve().parent)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import spans_helpers as sh  # noqa: E402
-from spans_helpers import (  # noqa: E402
+from spans_helpers import (
     TRAIN,
     FakeHandle,
     RaisingProcessor,
@@ -25,13 +18,7 @@ from spans_helpers import (  # noqa: E402
     launch_timestamps,
 )
 
-from megatron.training.telemetry_spans import SpanPhaseError  # noqa: E402
-
-
-@pytest.fixture
-def lifecycles():
-    with sh.Lifecycles() as lc:
-        yield lc
+from megatron.training.telemetry_spans import SpanPhaseError
 
 
 def megatron_warnings(caplog):

@@ -1,6 +1,6 @@
 """Traces C0..Cn (megatron.train): rerooted at save_interval boundaries.
 
-span-phases.md section 1: the pass counter restarts at 0 on start_train; the
+The pass counter restarts at 0 on start_train; the
 first step() opens C0; a new C every save_interval passes; save_interval <= 0
 gives exactly one C; each C is a root of its own trace, linked to the one before
 (C0 to B), current while open, and carries its 0-based index and the first and
@@ -11,19 +11,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from opentelemetry import trace as otel_trace
-
-HERE = str(Path(__file__).resolve().parent)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import spans_helpers as sh  # noqa: E402
-from spans_helpers import (  # noqa: E402
+from spans_helpers import (
     STARTUP,
     TRAIN,
     FakeHandle,
@@ -40,14 +32,8 @@ LAST_ITERATION = "megatron.interval.last_iteration"
 INDEX = "megatron.interval.index"
 
 
-@pytest.fixture
-def lifecycles():
-    with sh.Lifecycles() as lc:
-        yield lc
-
-
 def expected_interval_of_pass(save_interval: int, passes: int) -> list[int]:
-    """Which interval each 0-based loop pass belongs to, per the spec."""
+    """Which interval each 0-based loop pass belongs to, as documented."""
     if save_interval <= 0:
         return [0] * passes
     return [p // save_interval for p in range(passes)]

@@ -1,5 +1,5 @@
 """Telemetry off: the machine still runs and rejects illegal orders, but no
-OpenTelemetry API is touched (span-phases.md section 2, "Rules").
+OpenTelemetry API is touched.
 
 "Off" is: no handle, a handle that is not exporting, the ``job`` span group off,
 or ``enabled=False``. The tracer is a ForbiddenTracer whose every attribute access
@@ -10,26 +10,14 @@ recorders that fail when called.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
+import spans_helpers as sh
+from spans_helpers import FakeHandle, ForbiddenHandle, launch_timestamps
 
-HERE = str(Path(__file__).resolve().parent)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import spans_helpers as sh  # noqa: E402
-from spans_helpers import FakeHandle, ForbiddenHandle, launch_timestamps  # noqa: E402
-
-import megatron.core.telemetry as core_telemetry  # noqa: E402
-import megatron.training.telemetry_spans as telemetry_spans  # noqa: E402
-from megatron.training.telemetry_spans import SpanPhaseError  # noqa: E402
-
-
-@pytest.fixture
-def lifecycles():
-    with sh.Lifecycles() as lc:
-        yield lc
+import megatron.core.telemetry as core_telemetry
+import megatron.training.telemetry_spans as telemetry_spans
+from megatron.training.telemetry_spans import SpanPhaseError
 
 
 def patch_job_group(monkeypatch, enabled: bool) -> None:

@@ -10,27 +10,20 @@ handle was shut down exactly once.
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 from typing import ClassVar
 
 import pytest
+import spans_helpers as sh
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from spans_helpers import STARTUP, TRAIN, FakeHandle
 
-HERE = str(Path(__file__).resolve().parent)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import spans_helpers as sh  # noqa: E402
-from spans_helpers import STARTUP, TRAIN, FakeHandle  # noqa: E402
-
-from megatron.training.telemetry_spans import SpanPhaseError  # noqa: E402
+from megatron.training.telemetry_spans import SpanPhaseError
 
 
 class ReferenceModel:
-    """The spec's table, as plain Python (span-phases.md section 2)."""
+    """The documented transition table, as plain Python."""
 
     # step is legal where reroot is; from train it always opens an interval
     # (the loop's work must nest under one), in interval it stays there.

@@ -1,4 +1,4 @@
-"""SIGTERM exit paths in real subprocesses (span-phases.md section 3, paths 4 and 5,
+"""SIGTERM exit paths in real subprocesses (README, "Exit paths", paths 4 and 5,
 and "a SIGTERM that arrives while a transition's callback is running").
 
 Each test writes a small driver script that builds a real TelemetryHandle with
@@ -11,17 +11,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-HERE = str(Path(__file__).resolve().parent)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import spans_helpers as sh  # noqa: E402
-from spans_helpers import STARTUP, TRAIN, ScriptRun, named  # noqa: E402
+import spans_helpers as sh
+from spans_helpers import STARTUP, TRAIN, ScriptRun, named
 
 ITERATION = "megatron.train.iteration"
 CUT_SHORT = "megatron.span.cut_short"

@@ -1,6 +1,6 @@
 """Trace A (pre_startup) and trace B (megatron.startup): opened once, closed once.
 
-span-phases.md section 1: B is a root in an empty context, opened at the launch
+B is a root in an empty context, opened at the launch
 script start when the launch window is folded, else at program start, else now;
 it closes at start_train (or shutdown); its backdated children carry exact
 nanosecond times; pre_startup exists only when due.
@@ -9,20 +9,13 @@ nanosecond times; pre_startup exists only when due.
 from __future__ import annotations
 
 import enum
-import sys
 import time
-from pathlib import Path
 
 import pytest
+import spans_helpers as sh
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
-
-HERE = str(Path(__file__).resolve().parent)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import spans_helpers as sh  # noqa: E402
-from spans_helpers import (  # noqa: E402
+from spans_helpers import (
     CONTAINER_LOAD,
     LAUNCH_SCRIPT,
     PRE_STARTUP,
@@ -39,12 +32,6 @@ from spans_helpers import (  # noqa: E402
 
 class ModelType(enum.Enum):
     encoder_or_decoder = 1
-
-
-@pytest.fixture
-def lifecycles():
-    with sh.Lifecycles() as lc:
-        yield lc
 
 
 def test_startup_opens_once_and_closes_once_at_start_train(lifecycles):

@@ -1,24 +1,17 @@
 """No ``global`` statement and no module-level mutable span state
-(span-phases.md section 2: the lifecycle object owns its spans, tokens and counter)."""
+(the lifecycle object owns its spans, tokens and counter)."""
 
 from __future__ import annotations
 
 import ast
 import contextvars
-import sys
-from pathlib import Path
 
 import pytest
+import spans_helpers as sh
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanContext
 
-HERE = str(Path(__file__).resolve().parent)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import spans_helpers as sh  # noqa: E402
-
-import megatron.training.telemetry_spans as telemetry_spans  # noqa: E402
+import megatron.training.telemetry_spans as telemetry_spans
 
 MODULE_PATH = sh.REPO_ROOT / "megatron" / "training" / "telemetry_spans.py"
 

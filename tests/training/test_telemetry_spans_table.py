@@ -1,25 +1,19 @@
-"""The transition table, pair by pair (span-phases.md section 2).
+"""The transition table, pair by pair (README, "The span-phase machine").
 
-Legality comes from the spec's table written out in spans_helpers.SPEC_TABLE, not
+Legality comes from the documented table written out in spans_helpers.SPEC_TABLE, not
 from the module's TRANSITIONS; a separate test then checks that the module's
 table is that table.
 """
 
 from __future__ import annotations
 
+import logging
 import re
-import sys
-from pathlib import Path
 
 import pytest
+import spans_helpers as sh
 import transitions
-
-HERE = str(Path(__file__).resolve().parent)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import spans_helpers as sh  # noqa: E402
-from spans_helpers import (  # noqa: E402
+from spans_helpers import (
     FULL_TABLE,
     PATH_TO_STATE,
     SPEC_TABLE,
@@ -29,7 +23,7 @@ from spans_helpers import (  # noqa: E402
     ForbiddenHandle,
 )
 
-from megatron.training.telemetry_spans import SpanPhaseError, SpanPhases  # noqa: E402
+from megatron.training.telemetry_spans import ExitHooks, SpanPhaseError, SpanPhases
 
 TRIGGER_ARGS = {
     "start_job": ((), {"model_type": "gpt", "timestamps": sh.launch_timestamps()}),
@@ -47,12 +41,6 @@ def assert_names(err: BaseException, trigger: str, state: str) -> None:
     message = str(err)
     assert re.search(rf"\b{re.escape(trigger)}\b", message), f"{message!r} lacks {trigger!r}"
     assert re.search(rf"\b{re.escape(state)}\b", message), f"{message!r} lacks {state!r}"
-
-
-@pytest.fixture
-def lifecycles():
-    with sh.Lifecycles() as lc:
-        yield lc
 
 
 def make_handle(kind):
@@ -122,7 +110,7 @@ def test_every_state_trigger_pair(lifecycles, state, trigger, telemetry):
     ids=lambda v: "-".join(v) if isinstance(v, tuple) else v,
 )
 def test_the_classic_mistakes_raise(lifecycles, path, trigger, state):
-    """The misorderings span-phases.md names, each with a readable message."""
+    """The classic misorderings (a double close, an early reroot...), each clearly named."""
     phases = lifecycles.new(FakeHandle())
     for step in path:
         fire(phases, step)
@@ -193,3 +181,23 @@ def test_live_machine_offers_exactly_the_spec_triggers(lifecycles):
         spec = {trigger for (s, trigger) in SPEC_TABLE if s == state}
         assert offered == spec, f"state {state!r}"
     assert phases.state == "job"
+
+
+def test_typed_trigger_methods_survive_construction_without_warnings(lifecycles, caplog):
+    """The machine keeps SpanPhases' own trigger methods, silently.
+
+    This rests on transitions' private ``Machine._checked_assignment`` (its
+    public ``model_override`` would replace the methods instead), so the
+    dependency is pinned to the range this was tested on; a release that
+    renames the hook fails here with a warning per trigger.
+    """
+    caplog.set_level(logging.DEBUG, logger="transitions")
+    phases = lifecycles.new(None)
+    hooks = ExitHooks()
+    for trigger in ("start_job", "record_phase", "start_train", "reroot", "end_train", "flush"):
+        assert getattr(phases, trigger).__func__ is getattr(SpanPhases, trigger)
+    assert phases.shutdown.__func__ is SpanPhases.shutdown
+    assert callable(hooks.install)  # ExitHooks has no trigger methods of its own
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    # What the machine adds where the model has nothing of its own is still added.
+    assert phases.is_job() and phases.may_start_job()

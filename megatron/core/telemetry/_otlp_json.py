@@ -3,17 +3,27 @@
 The OpenTelemetry file exporter writes one ``ExportTraceServiceRequest`` (or
 ``ExportMetricsServiceRequest``) per line in the protobuf JSON mapping that
 OTLP/HTTP+JSON uses: camelCase field names, 64-bit integers as decimal
-strings, trace and span ids as lowercase hex, enums as integers. Collectors
-(``otlpjsonfile`` receiver) and other OTLP tools read it as is.
+strings, trace and span ids as lowercase hex, enums as integers, and fields
+that hold their default value (empty string, zero, empty list, unset
+``optional``) left out.
 
-Written by hand rather than through ``opentelemetry-exporter-otlp`` because
-that package (and protobuf with it) is an optional extra, while the jsonl file
-is the default sink and must always work.
+The output is the same dict, key for key and in the same order, as the
+official encoder (``opentelemetry-exporter-otlp-json-common``, whose
+``to_dict`` the official file exporter dumps), so our lines and theirs are
+interchangeable byte for byte up to JSON string escaping;
+``tests/core/test_core_otlp_conformance.py`` checks that on every field
+either side writes. Where that encoder makes a choice the OTLP spec leaves
+open, we make the same one, and say so at the spot.
+
+Written by hand rather than taken from that package because it is a beta
+(0.x) that pins the SDK to one minor version, and because this one is
+faster (``encode_ratio_vs_official`` in ``tests/benchmarks``): the jsonl
+file is the default sink and must always work, cheaply.
 """
 
 from __future__ import annotations
 
-import math
+import base64
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -27,10 +37,17 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext
 
 __all__ = ["encode_metrics", "encode_spans"]
 
 _Json = dict[str, Any]
+
+# Span and link ``flags``: bit 8 says bit 9 is meaningful, bit 9 says the
+# parent (or linked) context is remote. The low byte may carry W3C trace
+# flags; the official encoder leaves it zero, and so do we.
+_FLAGS_HAS_IS_REMOTE = 0x100
+_FLAGS_IS_REMOTE = 0x200
 
 
 def _trace_id(value: int) -> str:
@@ -42,29 +59,49 @@ def _span_id(value: int) -> str:
 
 
 def _double(value: float) -> float | str:
-    """A JSON-safe double: the protobuf JSON mapping spells non-finite values."""
-    if math.isfinite(value):
+    """A JSON-safe double: the protobuf JSON mapping spells non-finite values.
+
+    An ``int`` passes through unchanged (as a JSON integer), as in the
+    official encoder: the two parse to the same double.
+    """
+    if value - value == 0:  # finite: inf - inf and nan - nan are nan
         return value
-    if math.isnan(value):
+    if value != value:
         return "NaN"
     return "Infinity" if value > 0 else "-Infinity"
 
 
 def _any_value(value: Any) -> _Json:
-    # bool before int: bool is an int subclass.
+    # Exact types first (what the SDK stores), then the official encoder's
+    # isinstance order: bool before int, because bool is an int subclass.
+    kind = type(value)
+    if kind is str:
+        return {"stringValue": value}
+    if kind is int:
+        return {"intValue": str(value)}
+    if kind is float:
+        return {"doubleValue": _double(value)}
+    if kind is bool:
+        return {"boolValue": value}
+    if value is None:
+        return {}
     if isinstance(value, bool):
         return {"boolValue": value}
+    if isinstance(value, str):
+        return {"stringValue": value}
     if isinstance(value, int):
         return {"intValue": str(value)}
     if isinstance(value, float):
         return {"doubleValue": _double(value)}
-    if isinstance(value, str):
-        return {"stringValue": value}
     if isinstance(value, bytes):
-        return {"stringValue": value.decode("utf-8", "replace")}
+        return {"bytesValue": base64.b64encode(value).decode("ascii")}
     if isinstance(value, Sequence):
+        if not value:
+            return {"arrayValue": {}}
         return {"arrayValue": {"values": [_any_value(item) for item in value]}}
     if isinstance(value, Mapping):
+        if not value:
+            return {"kvlistValue": {}}
         return {"kvlistValue": {"values": _key_values(value)}}
     return {"stringValue": str(value)}
 
@@ -72,88 +109,187 @@ def _any_value(value: Any) -> _Json:
 def _key_values(attributes: Mapping[str, Any] | None) -> list[_Json]:
     if not attributes:
         return []
-    return [{"key": str(key), "value": _any_value(value)} for key, value in attributes.items()]
+    encoded = []
+    append = encoded.append
+    for key, value in attributes.items():
+        # The common scalar types inline: this loop is most of the encoding time.
+        kind = type(value)
+        if kind is str:
+            any_value: _Json = {"stringValue": value}
+        elif kind is int:
+            any_value = {"intValue": str(value)}
+        elif kind is bool:
+            any_value = {"boolValue": value}
+        elif kind is float:
+            any_value = {"doubleValue": value if value - value == 0 else _double(value)}
+        else:
+            any_value = _any_value(value)
+        # An empty key is a default value too (the SDK never stores one).
+        append({"key": key, "value": any_value} if key else {"value": any_value})
+    return encoded
 
 
 def _resource(resource: Resource) -> _Json:
-    return {"attributes": _key_values(resource.attributes)}
+    attributes = resource.attributes
+    return {"attributes": _key_values(attributes)} if attributes else {}
 
 
 def _scope(scope: InstrumentationScope | None) -> _Json:
+    encoded: _Json = {}
     if scope is None:
-        return {"name": ""}
-    encoded: _Json = {"name": scope.name, "version": scope.version or ""}
-    attributes = getattr(scope, "attributes", None)
+        return encoded
+    if scope.name:
+        encoded["name"] = scope.name
+    if scope.version:
+        encoded["version"] = scope.version
+    attributes = scope.attributes
     if attributes:
         encoded["attributes"] = _key_values(attributes)
     return encoded
 
 
+def _flags(context: SpanContext | None) -> int:
+    if context is not None and context.is_remote:
+        return _FLAGS_HAS_IS_REMOTE | _FLAGS_IS_REMOTE
+    return _FLAGS_HAS_IS_REMOTE
+
+
 def _span(span: ReadableSpan) -> _Json:
     context = span.context
-    parent = span.parent
     encoded: _Json = {
-        "traceId": _trace_id(context.trace_id),
-        "spanId": _span_id(context.span_id),
-        "parentSpanId": _span_id(parent.span_id) if parent is not None else "",
-        "name": span.name,
-        # The SDK's SpanKind starts at INTERNAL=0; OTLP reserves 0 for
-        # UNSPECIFIED, so every kind is one higher on the wire.
-        "kind": span.kind.value + 1,
-        "startTimeUnixNano": str(span.start_time or 0),
-        "endTimeUnixNano": str(span.end_time or 0),
-        "attributes": _key_values(span.attributes),
-        "events": [
-            {
-                "timeUnixNano": str(event.timestamp),
-                "name": event.name,
-                "attributes": _key_values(event.attributes),
-            }
-            for event in span.events
-        ],
-        "links": [
-            {
-                "traceId": _trace_id(link.context.trace_id),
-                "spanId": _span_id(link.context.span_id),
-                "attributes": _key_values(link.attributes),
-            }
-            for link in span.links
-        ],
-        "status": _status(span),
+        "traceId": format(context.trace_id, "032x"),
+        "spanId": format(context.span_id, "016x"),
     }
-    trace_state = context.trace_state.to_header() if context.trace_state else ""
+    trace_state = context.trace_state
     if trace_state:
-        encoded["traceState"] = trace_state
-    for field, count in (
-        ("droppedAttributesCount", span.dropped_attributes),
-        ("droppedEventsCount", span.dropped_events),
-        ("droppedLinksCount", span.dropped_links),
-    ):
-        if count:
-            encoded[field] = count
+        encoded["traceState"] = trace_state.to_header()
+    parent = span.parent
+    if parent is None:
+        encoded["flags"] = _FLAGS_HAS_IS_REMOTE
+    else:
+        encoded["parentSpanId"] = format(parent.span_id, "016x")
+        encoded["flags"] = _flags(parent)
+    if span.name:
+        encoded["name"] = span.name
+    # The SDK's SpanKind starts at INTERNAL=0; OTLP reserves 0 for
+    # UNSPECIFIED, so every kind is one higher on the wire (and never omitted).
+    encoded["kind"] = span.kind.value + 1
+    if span.start_time:
+        encoded["startTimeUnixNano"] = str(span.start_time)
+    if span.end_time:
+        encoded["endTimeUnixNano"] = str(span.end_time)
+    attributes = span.attributes
+    if attributes:
+        encoded["attributes"] = _key_values(attributes)
+    if span.dropped_attributes:
+        encoded["droppedAttributesCount"] = span.dropped_attributes
+    events = span.events
+    if events:
+        encoded["events"] = [_event(event) for event in events]
+    if span.dropped_events:
+        encoded["droppedEventsCount"] = span.dropped_events
+    links = span.links
+    if links:
+        encoded["links"] = [_link(link) for link in links]
+    if span.dropped_links:
+        encoded["droppedLinksCount"] = span.dropped_links
+    encoded["status"] = _status(span)
+    return encoded
+
+
+def _event(event: Any) -> _Json:
+    encoded: _Json = {}
+    if event.timestamp:
+        encoded["timeUnixNano"] = str(event.timestamp)
+    if event.name:
+        encoded["name"] = event.name
+    if event.attributes:
+        encoded["attributes"] = _key_values(event.attributes)
+    if event.dropped_attributes:
+        encoded["droppedAttributesCount"] = event.dropped_attributes
+    return encoded
+
+
+def _link(link: Any) -> _Json:
+    # The linked context's trace state is not written: the official encoder
+    # leaves it out, and a reader cannot tell the difference.
+    context = link.context
+    encoded: _Json = {
+        "traceId": format(context.trace_id, "032x"),
+        "spanId": format(context.span_id, "016x"),
+    }
+    if link.attributes:
+        encoded["attributes"] = _key_values(link.attributes)
+    if link.dropped_attributes:
+        encoded["droppedAttributesCount"] = link.dropped_attributes
+    encoded["flags"] = _flags(context)
     return encoded
 
 
 def _status(span: ReadableSpan) -> _Json:
+    # ``{}`` for UNSET without a message: both fields are defaults. SDK
+    # StatusCode values (UNSET=0, OK=1, ERROR=2) equal OTLP's.
     status = span.status
-    # SDK StatusCode values (UNSET=0, OK=1, ERROR=2) equal OTLP's.
-    encoded: _Json = {"code": status.status_code.value}
+    encoded: _Json = {}
     if status.description:
         encoded["message"] = status.description
+    code = status.status_code.value
+    if code:
+        encoded["code"] = code
     return encoded
 
 
+def _canonical(value: Any, seen: dict[int, tuple[Any, Any]], distinct: list[Any]) -> Any:
+    """The first object equal to ``value`` met in this request.
+
+    Spans of one resource (or scope) are grouped by equality, as the
+    official encoder does, but its ``Resource.__hash__`` serialises every
+    attribute, per span. Here each distinct object is compared once; the
+    SDK hands every span of a provider the same object, so that is one
+    dict lookup per span.
+    """
+    entry = seen.get(id(value))
+    if entry is not None:
+        return entry[1]
+    for candidate in distinct:
+        if candidate == value:
+            break
+    else:
+        candidate = value
+        distinct.append(value)
+    # ``value`` is kept with its id, so the id cannot be reused by another
+    # object during this call even if the caller's iterable lets spans go.
+    seen[id(value)] = (value, candidate)
+    return candidate
+
+
 def encode_spans(spans: Iterable[ReadableSpan]) -> _Json:
-    """One ``ExportTraceServiceRequest``: spans grouped by resource, then scope."""
-    # Keyed by identity: every span of one provider shares one Resource object.
-    by_resource: dict[int, tuple[Resource, dict[Any, list[_Json]]]] = {}
+    """One ``ExportTraceServiceRequest``: spans grouped by resource, then scope.
+
+    Groups come in the order their first span does, as in the official encoder.
+    """
+    resources: dict[int, tuple[Any, Any]] = {}
+    scopes: dict[int, tuple[Any, Any]] = {}
+    distinct_resources: list[Resource] = []
+    distinct_scopes: list[InstrumentationScope | None] = []
+    # Keyed by the canonical objects' ids; each value keeps its object alive
+    # for the duration of the call, so ids cannot be reused meanwhile.
+    groups: dict[int, tuple[Resource, dict[int, tuple[Any, list[_Json]]]]] = {}
     for span in spans:
-        _, scopes = by_resource.setdefault(id(span.resource), (span.resource, {}))
-        scopes.setdefault(span.instrumentation_scope, []).append(_span(span))
+        resource = _canonical(span.resource, resources, distinct_resources)
+        scope = span.instrumentation_scope
+        scope = _canonical(scope, scopes, distinct_scopes) if scope is not None else None
+        group = groups.get(id(resource))
+        if group is None:
+            group = groups[id(resource)] = (resource, {})
+        scope_group = group[1].get(id(scope))
+        if scope_group is None:
+            scope_group = group[1][id(scope)] = (scope, [])
+        scope_group[1].append(_span(span))
     resource_spans = []
-    for resource, scopes in by_resource.values():
+    for resource, scope_groups in groups.values():
         scope_spans = []
-        for scope, encoded in scopes.items():
+        for scope, encoded in scope_groups.values():
             entry: _Json = {"scope": _scope(scope), "spans": encoded}
             if scope is not None and scope.schema_url:
                 entry["schemaUrl"] = scope.schema_url
@@ -162,118 +298,160 @@ def encode_spans(spans: Iterable[ReadableSpan]) -> _Json:
         if resource.schema_url:
             resource_entry["schemaUrl"] = resource.schema_url
         resource_spans.append(resource_entry)
+    if not resource_spans:
+        return {}
     return {"resourceSpans": resource_spans}
 
 
-def _number_point(point: Any) -> _Json:
-    encoded = _point_common(point)
-    if isinstance(point.value, int) and not isinstance(point.value, bool):
-        encoded["asInt"] = str(point.value)
+def _number_value(encoded: _Json, value: int | float) -> None:
+    # As the official encoder: any int (a bool included) is ``asInt``.
+    if isinstance(value, int):
+        encoded["asInt"] = str(value)
     else:
-        encoded["asDouble"] = _double(float(point.value))
+        encoded["asDouble"] = _double(value)
+
+
+def _point_head(point: Any, with_start: bool = True) -> _Json:
+    encoded: _Json = {}
+    if point.attributes:
+        encoded["attributes"] = _key_values(point.attributes)
+    if with_start and point.start_time_unix_nano:
+        encoded["startTimeUnixNano"] = str(point.start_time_unix_nano)
+    if point.time_unix_nano:
+        encoded["timeUnixNano"] = str(point.time_unix_nano)
     return encoded
 
 
-def _point_common(point: Any) -> _Json:
-    encoded: _Json = {
-        "attributes": _key_values(point.attributes),
-        "startTimeUnixNano": str(point.start_time_unix_nano or 0),
-        "timeUnixNano": str(point.time_unix_nano),
-    }
-    exemplars = getattr(point, "exemplars", None)
+def _exemplars(exemplars: Sequence[Any] | None) -> list[_Json]:
+    encoded = []
+    for exemplar in exemplars or ():
+        entry: _Json = {}
+        if exemplar.filtered_attributes:
+            entry["filteredAttributes"] = _key_values(exemplar.filtered_attributes)
+        if exemplar.time_unix_nano:
+            entry["timeUnixNano"] = str(exemplar.time_unix_nano)
+        # Both ids or neither, as the official encoder writes them.
+        if exemplar.span_id is not None and exemplar.trace_id is not None:
+            entry["spanId"] = _span_id(exemplar.span_id)
+            entry["traceId"] = _trace_id(exemplar.trace_id)
+        value = exemplar.value
+        if isinstance(value, float):
+            entry["asDouble"] = _double(value)
+        else:
+            entry["asInt"] = str(value)
+        encoded.append(entry)
+    return encoded
+
+
+def _number_point(point: Any, with_start: bool) -> _Json:
+    # Gauge points carry no start time in the official encoder (the OTLP
+    # data model makes it optional for gauges); sums do.
+    encoded = _point_head(point, with_start)
+    exemplars = _exemplars(point.exemplars)
     if exemplars:
-        encoded["exemplars"] = [_exemplar(exemplar) for exemplar in exemplars]
-    return encoded
-
-
-def _exemplar(exemplar: Any) -> _Json:
-    encoded: _Json = {
-        "filteredAttributes": _key_values(exemplar.filtered_attributes),
-        "timeUnixNano": str(exemplar.time_unix_nano),
-    }
-    if isinstance(exemplar.value, int) and not isinstance(exemplar.value, bool):
-        encoded["asInt"] = str(exemplar.value)
-    else:
-        encoded["asDouble"] = _double(float(exemplar.value))
-    if exemplar.span_id:
-        encoded["spanId"] = _span_id(exemplar.span_id)
-    if exemplar.trace_id:
-        encoded["traceId"] = _trace_id(exemplar.trace_id)
+        encoded["exemplars"] = exemplars
+    _number_value(encoded, point.value)
     return encoded
 
 
 def _histogram_point(point: Any) -> _Json:
-    encoded = _point_common(point)
-    encoded["count"] = str(point.count)
-    encoded["sum"] = _double(float(point.sum))
-    encoded["bucketCounts"] = [str(count) for count in point.bucket_counts]
-    encoded["explicitBounds"] = [_double(float(bound)) for bound in point.explicit_bounds]
+    encoded = _point_head(point)
     if point.count:
-        encoded["min"] = _double(float(point.min))
-        encoded["max"] = _double(float(point.max))
+        encoded["count"] = str(point.count)
+    if point.sum is not None:
+        encoded["sum"] = _double(point.sum)
+    if point.bucket_counts:
+        encoded["bucketCounts"] = [str(count) for count in point.bucket_counts]
+    if point.explicit_bounds:
+        encoded["explicitBounds"] = [_double(bound) for bound in point.explicit_bounds]
+    exemplars = _exemplars(point.exemplars)
+    if exemplars:
+        encoded["exemplars"] = exemplars
+    if point.min is not None:
+        encoded["min"] = _double(point.min)
+    if point.max is not None:
+        encoded["max"] = _double(point.max)
+    return encoded
+
+
+def _buckets(buckets: Any) -> _Json:
+    encoded: _Json = {}
+    if buckets.offset:
+        encoded["offset"] = buckets.offset
+    encoded["bucketCounts"] = [str(count) for count in buckets.bucket_counts]
     return encoded
 
 
 def _exponential_point(point: Any) -> _Json:
-    encoded = _point_common(point)
-    encoded.update(
-        {
-            "count": str(point.count),
-            "sum": _double(float(point.sum)),
-            "scale": point.scale,
-            "zeroCount": str(point.zero_count),
-            "positive": {
-                "offset": point.positive.offset,
-                "bucketCounts": [str(count) for count in point.positive.bucket_counts],
-            },
-            "negative": {
-                "offset": point.negative.offset,
-                "bucketCounts": [str(count) for count in point.negative.bucket_counts],
-            },
-        }
-    )
+    encoded = _point_head(point)
+    if point.count:
+        encoded["count"] = str(point.count)
+    if point.sum is not None:
+        encoded["sum"] = _double(point.sum)
+    if point.scale:
+        encoded["scale"] = point.scale
+    if point.zero_count:
+        encoded["zeroCount"] = str(point.zero_count)
+    # A side without buckets is left out, offset and all: nothing lies there.
+    if point.positive.bucket_counts:
+        encoded["positive"] = _buckets(point.positive)
+    if point.negative.bucket_counts:
+        encoded["negative"] = _buckets(point.negative)
     if point.flags:
         encoded["flags"] = point.flags
-    if point.count:
-        encoded["min"] = _double(float(point.min))
-        encoded["max"] = _double(float(point.max))
+    exemplars = _exemplars(point.exemplars)
+    if exemplars:
+        encoded["exemplars"] = exemplars
+    if point.min is not None:
+        encoded["min"] = _double(point.min)
+    if point.max is not None:
+        encoded["max"] = _double(point.max)
     return encoded
 
 
 def _metric(metric: Any) -> _Json | None:
     data = metric.data
-    encoded: _Json = {
-        "name": metric.name,
-        "description": metric.description or "",
-        "unit": metric.unit or "",
-    }
-    if isinstance(data, Gauge):
-        encoded["gauge"] = {"dataPoints": [_number_point(p) for p in data.data_points]}
-    elif isinstance(data, Sum):
-        encoded["sum"] = {
-            "dataPoints": [_number_point(p) for p in data.data_points],
-            "aggregationTemporality": data.aggregation_temporality.value,
-            "isMonotonic": data.is_monotonic,
-        }
-    elif isinstance(data, Histogram):
-        encoded["histogram"] = {
-            "dataPoints": [_histogram_point(p) for p in data.data_points],
-            "aggregationTemporality": data.aggregation_temporality.value,
-        }
-    elif isinstance(data, ExponentialHistogram):
-        encoded["exponentialHistogram"] = {
-            "dataPoints": [_exponential_point(p) for p in data.data_points],
-            "aggregationTemporality": data.aggregation_temporality.value,
-        }
-    else:
-        return None
     if not data.data_points:
+        return None
+    encoded: _Json = {}
+    if metric.name:
+        encoded["name"] = metric.name
+    if metric.description:
+        encoded["description"] = metric.description
+    if metric.unit:
+        encoded["unit"] = metric.unit
+    if isinstance(data, Gauge):
+        encoded["gauge"] = {"dataPoints": [_number_point(p, False) for p in data.data_points]}
+    elif isinstance(data, Sum):
+        body: _Json = {"dataPoints": [_number_point(p, True) for p in data.data_points]}
+        if data.aggregation_temporality:
+            body["aggregationTemporality"] = data.aggregation_temporality.value
+        if data.is_monotonic:
+            body["isMonotonic"] = True
+        encoded["sum"] = body
+    elif isinstance(data, Histogram):
+        body = {"dataPoints": [_histogram_point(p) for p in data.data_points]}
+        if data.aggregation_temporality:
+            body["aggregationTemporality"] = data.aggregation_temporality.value
+        encoded["histogram"] = body
+    elif isinstance(data, ExponentialHistogram):
+        body = {"dataPoints": [_exponential_point(p) for p in data.data_points]}
+        if data.aggregation_temporality:
+            body["aggregationTemporality"] = data.aggregation_temporality.value
+        encoded["exponentialHistogram"] = body
+    else:
         return None
     return encoded
 
 
 def encode_metrics(metrics_data: MetricsData) -> _Json:
-    """One ``ExportMetricsServiceRequest``; metrics without points are left out."""
+    """One ``ExportMetricsServiceRequest``; ``{}`` when there is nothing to write.
+
+    Metrics without points, and scopes and resources left empty by that, are
+    left out; the official encoder would write them empty, but the SDK's
+    readers never hand an exporter such a metric, so the two agree on
+    everything a reader produces.
+    """
     resource_metrics = []
     for rm in metrics_data.resource_metrics:
         scope_metrics = []
@@ -291,6 +469,8 @@ def encode_metrics(metrics_data: MetricsData) -> _Json:
         if rm.schema_url:
             entry["schemaUrl"] = rm.schema_url
         resource_metrics.append(entry)
+    if not resource_metrics:
+        return {}
     return {"resourceMetrics": resource_metrics}
 
 

@@ -242,7 +242,7 @@ class JsonlMetricExporter(MetricExporter):
     ) -> MetricExportResult:
         try:
             request = encode_metrics(metrics_data)
-            if request["resourceMetrics"]:
+            if request:
                 self._file.write_lines([request])
         except (OSError, ValueError, TypeError):
             _logger.warning("Could not write metrics to %s", self._file.path, exc_info=True)

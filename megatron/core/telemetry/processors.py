@@ -21,10 +21,17 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from opentelemetry import context
 from opentelemetry.context import Context
+from opentelemetry.sdk.environment_variables import (
+    OTEL_BSP_EXPORT_TIMEOUT,
+    OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
+    OTEL_BSP_MAX_QUEUE_SIZE,
+    OTEL_BSP_SCHEDULE_DELAY,
+)
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Status, StatusCode
@@ -33,6 +40,7 @@ from megatron.core.telemetry._signals import start_daemon_thread
 
 __all__ = [
     "CUT_SHORT_ATTRIBUTE",
+    "BatchSettings",
     "OpenSpanTracker",
     "RootFlushingBatchSpanProcessor",
 ]
@@ -120,6 +128,93 @@ class OpenSpanTracker(SpanProcessor):
         self._open = {}
 
 
+@dataclass(frozen=True)
+class BatchSettings:
+    """How :class:`RootFlushingBatchSpanProcessor` batches, in the SDK's terms.
+
+    The defaults differ from the SDK's ``BatchSpanProcessor`` in two places,
+    each for a reason:
+
+    * ``max_queue_size`` is 16384, eight times the SDK's 2048, so that a
+      burst of fine-grained spans (a ``profiling`` preset, or the 10,000
+      spans in flight when a SIGTERM lands, as ``sigterm_exit_s`` in the
+      benchmarks measures) fits whole while the exporter falls behind: an
+      OTLP backend on the network, or a loaded machine (that benchmark's
+      burst once outran the JSON encoder and lost spans at 2048). Dropping
+      would leave holes in exactly the traces a user is debugging. At about
+      2 KB a span the bound is ~32 MB at worst.
+    * ``schedule_delay_millis`` is 1000 rather than 5000: a finished
+      interval is exported at once anyway (its root span wakes the worker),
+      and everything else is on disk within a second.
+
+    ``max_export_batch_size`` (512) and ``export_timeout_millis`` (30000)
+    are the SDK's.
+    """
+
+    schedule_delay_millis: int = 1000
+    max_queue_size: int = 16384
+    max_export_batch_size: int = 512
+    export_timeout_millis: int = 30000
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> BatchSettings:
+        """The defaults, overridden by the ``OTEL_BSP_*`` variables that are set.
+
+        Read as the SDK reads them: decimal integers, milliseconds for the
+        delay and the timeout. An empty variable counts as unset. A value
+        that is not a positive integer is ignored with a warning naming it,
+        and the default is used, as the OpenTelemetry specification asks of
+        invalid settings, so a typo never stops a training job. (The SDK
+        warns for a non-integer too, but raises at startup for zero,
+        negatives and a batch larger than the queue.) A batch size above the
+        queue size is lowered to the queue size, with a warning when the
+        variable asked for it.
+        """
+        environ = os.environ if environ is None else environ
+        defaults = cls()
+        queue = _positive_int(environ, OTEL_BSP_MAX_QUEUE_SIZE, defaults.max_queue_size)
+        batch = _positive_int(
+            environ, OTEL_BSP_MAX_EXPORT_BATCH_SIZE, defaults.max_export_batch_size
+        )
+        if batch > queue:
+            if environ.get(OTEL_BSP_MAX_EXPORT_BATCH_SIZE):
+                _logger.warning(
+                    "%s=%d is larger than the queue (%s: %d); using %d",
+                    OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
+                    batch,
+                    OTEL_BSP_MAX_QUEUE_SIZE,
+                    queue,
+                    queue,
+                )
+            batch = queue
+        return cls(
+            schedule_delay_millis=_positive_int(
+                environ, OTEL_BSP_SCHEDULE_DELAY, defaults.schedule_delay_millis
+            ),
+            max_queue_size=queue,
+            max_export_batch_size=batch,
+            export_timeout_millis=_positive_int(
+                environ, OTEL_BSP_EXPORT_TIMEOUT, defaults.export_timeout_millis
+            ),
+        )
+
+
+def _positive_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name, "")
+    if not raw.strip():
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        _logger.warning(
+            "%s=%r is not a positive integer; using the default, %s", name, raw, default
+        )
+        return default
+    return value
+
+
 class RootFlushingBatchSpanProcessor(SpanProcessor):
     """A batching span processor that exports as soon as a root span ends.
 
@@ -127,12 +222,14 @@ class RootFlushingBatchSpanProcessor(SpanProcessor):
     has passed, when a root span (no parent) ends, on :meth:`force_flush` and
     at :meth:`shutdown`. ``on_end`` only appends to a deque and checks the
     parent. When the queue holds ``max_queue_size`` spans, newer spans are
-    dropped (counted, logged once) rather than blocking training. The default
-    bound is eight times the SDK's: a burst of fine-grained spans (a
-    ``profiling`` preset, or the 10,000 spans in flight when a SIGTERM lands)
-    outruns the JSON encoder for a moment, and dropping it would leave holes
-    in exactly the traces a user is debugging. At about 2 KB a span that is
-    ~32 MB at worst.
+    dropped (counted, logged once) rather than blocking training.
+
+    Arguments left as ``None`` come from :meth:`BatchSettings.from_env`: the
+    SDK's ``OTEL_BSP_*`` variables, else our defaults (whose reasons
+    :class:`BatchSettings` gives). ``export_timeout_millis`` bounds how long
+    :meth:`shutdown` waits for the last export when no timeout is passed;
+    like the SDK, which reads ``OTEL_BSP_EXPORT_TIMEOUT`` but cannot pass a
+    timeout to ``SpanExporter.export``, we cannot cut a running export short.
 
     The worker thread blocks asynchronous signals (see
     :mod:`megatron.core.telemetry._signals`), so a SIGTERM is always taken by
@@ -148,18 +245,32 @@ class RootFlushingBatchSpanProcessor(SpanProcessor):
         self,
         exporter: SpanExporter,
         *,
-        schedule_delay_millis: float = 1000,
-        max_queue_size: int = 16384,
-        max_export_batch_size: int = 512,
+        schedule_delay_millis: float | None = None,
+        max_queue_size: int | None = None,
+        max_export_batch_size: int | None = None,
+        export_timeout_millis: float | None = None,
     ) -> None:
-        if schedule_delay_millis <= 0:
-            raise ValueError("schedule_delay_millis must be positive")
+        settings = BatchSettings.from_env()
+        if schedule_delay_millis is None:
+            schedule_delay_millis = settings.schedule_delay_millis
+        if max_queue_size is None:
+            max_queue_size = settings.max_queue_size
+        if max_export_batch_size is None:
+            max_export_batch_size = min(settings.max_export_batch_size, max_queue_size)
+        if export_timeout_millis is None:
+            export_timeout_millis = settings.export_timeout_millis
+        # Explicit arguments are the caller's code, not a user's setting: they raise.
+        if schedule_delay_millis <= 0 or export_timeout_millis <= 0:
+            raise ValueError("schedule_delay_millis and export_timeout_millis must be positive")
         if max_queue_size <= 0 or max_export_batch_size <= 0:
             raise ValueError("max_queue_size and max_export_batch_size must be positive")
+        if max_export_batch_size > max_queue_size:
+            raise ValueError("max_export_batch_size must not exceed max_queue_size")
         self._exporter = exporter
         self._delay = schedule_delay_millis / 1000
         self._max_queue_size = max_queue_size
-        self._max_export_batch_size = min(max_export_batch_size, max_queue_size)
+        self._max_export_batch_size = max_export_batch_size
+        self._export_timeout_millis = export_timeout_millis
         self._queue: collections.deque[ReadableSpan] = collections.deque()
         self._wake = threading.Event()
         self._flush_lock = threading.Lock()
@@ -171,6 +282,16 @@ class RootFlushingBatchSpanProcessor(SpanProcessor):
             self._run, "megatron-telemetry-span-export"
         )
         _register_child_hook(self, RootFlushingBatchSpanProcessor._drop_in_child)
+
+    @property
+    def settings(self) -> BatchSettings:
+        """The settings in force (after the environment and the arguments)."""
+        return BatchSettings(
+            schedule_delay_millis=round(self._delay * 1000),
+            max_queue_size=self._max_queue_size,
+            max_export_batch_size=self._max_export_batch_size,
+            export_timeout_millis=round(self._export_timeout_millis),
+        )
 
     @property
     def dropped_spans(self) -> int:
@@ -206,12 +327,15 @@ class RootFlushingBatchSpanProcessor(SpanProcessor):
         self._wake.set()
         return done.wait(timeout_millis / 1000)
 
-    def shutdown(self, timeout_millis: int = 30000) -> None:
+    def shutdown(self, timeout_millis: float | None = None) -> None:
         """Export what is queued, stop the worker, shut the exporter down.
 
-        Waits at most ``timeout_millis`` for the worker; an exporter stuck on
-        an unreachable backend is then left to its own (daemon) thread.
+        Waits at most ``timeout_millis`` (default: the export timeout) for the
+        worker; an exporter stuck on an unreachable backend is then left to
+        its own (daemon) thread.
         """
+        if timeout_millis is None:
+            timeout_millis = self._export_timeout_millis
         if self._shutdown:
             return
         self._shutdown = True
