@@ -106,7 +106,9 @@ def test_a_rotated_trace_file_is_reopened_at_its_path(tmp_path, how):
 
 def test_spans_after_rotation_reach_the_new_file(tmp_path, make_handle):
     path = tmp_path / "traces.jsonl"
-    config = TelemetryConfig(enabled=True, exporter="jsonl", trace_file=path, span_groups_spec="all")
+    config = TelemetryConfig(
+        enabled=True, exporter="jsonl", trace_file=path, span_groups_spec="all"
+    )
     handle = make_handle(config)
     with managed_span("job", "before"):
         pass

@@ -352,7 +352,7 @@ def test_pretrain_returns_the_exit_reason_instead_of_exiting(training_cli):
     cli = training_cli
     script = (
         "from megatron.training.training import pretrain\n"
-        f"r = pretrain({list(cli.TINY) + ['--train-iters', '8', '--exit-interval', '3']!r})\n"
+        f"r = pretrain({[*cli.TINY, '--train-iters', '8', '--exit-interval', '3']!r})\n"
         "print('RESULT', r.iteration, r.exit_reason)\n"
     )
     result = cli.run_script(script)

@@ -52,6 +52,7 @@ from megatron.core.telemetry.config import (
     TelemetryConfigError,
 )
 from megatron.core.telemetry.jsonl import (
+    ExportFailures,
     JsonlFile,
     JsonlMetricExporter,
     JsonlSpanExporter,
@@ -92,6 +93,8 @@ class TelemetryHandle:
             exporting).
         trace_file: the span file of the ``jsonl`` sink, else ``None``.
         rank: the rank the handle was set up for.
+        export_failures: span exports of the ``jsonl`` sink that failed, and
+            the spans they lost (reported at shutdown and in the summary).
     """
 
     def __init__(
@@ -105,8 +108,10 @@ class TelemetryHandle:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         tracker: OpenSpanTracker | None = None,
+        export_failures: ExportFailures | None = None,
     ) -> None:
         self.tracer = tracer
+        self.export_failures = export_failures or ExportFailures()
         self.meter = meter
         self.rank = rank
         self.span_groups = frozenset(span_groups)
@@ -190,6 +195,8 @@ class TelemetryHandle:
         # Let go of the pipeline; a thread stuck on a dead backend keeps only
         # what it needs alive.
         self._tracer_provider = self._meter_provider = self._tracker = None
+        if report := self.export_failures.report():
+            _logger.warning("Telemetry: %s", report)
         return finished
 
     def _shutdown_at_exit(self) -> None:
@@ -483,6 +490,11 @@ def setup_telemetry(
         rank=rank,
         span_groups=config.span_groups,
         trace_file=sinks.trace_file,
+        export_failures=(
+            sinks.span_exporter.failures
+            if isinstance(sinks.span_exporter, JsonlSpanExporter)
+            else None
+        ),
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
         tracker=tracker,
