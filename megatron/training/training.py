@@ -37,13 +37,9 @@ Two choices worth knowing:
   the ``default`` preset where per-iteration spans are off): the time to the
   first completed step is a goodput number worth having in every trace.
 
-Test hooks (environment variables, read when ``train()`` starts):
-
-* ``MEGATRON_TEST_FAULT_AT_ITERATION=N``: the forward step of iteration ``N``
-  (the span with ``megatron.iteration == N``) raises
-  ``RuntimeError("injected fault at iteration N")``.
-* ``MEGATRON_TEST_ITERATION_SLEEP=S``: sleep ``S`` seconds before each forward
-  step, so a test can land a signal in the middle of an iteration.
+Test hooks (``MEGATRON_TEST_FAULT_AT_ITERATION``,
+``MEGATRON_TEST_ITERATION_SLEEP``): see :mod:`megatron.training.fault_injection`;
+checked at startup, read again when ``train()`` starts.
 """
 
 from __future__ import annotations
@@ -91,6 +87,7 @@ from megatron.training.distributed import (
     teardown_distributed,
     wrap_model,
 )
+from megatron.training.fault_injection import FaultInjection
 from megatron.training.model import GPTConfig, GPTModel
 from megatron.training.optimizer import build_optimizer
 from megatron.training.telemetry_spans import SpanPhases, install_exit_hooks
@@ -100,9 +97,6 @@ from megatron.training.training_log import StepResult, TrainingLog
 __all__ = ["TrainingResult", "pretrain", "train"]
 
 _log = logging.getLogger(__name__)
-
-FAULT_ENV = "MEGATRON_TEST_FAULT_AT_ITERATION"
-SLEEP_ENV = "MEGATRON_TEST_ITERATION_SLEEP"
 
 
 @dataclass(frozen=True)
@@ -359,28 +353,6 @@ class ExitConditions:
         if args.exit_interval and iteration % args.exit_interval == 0:
             return f"--exit-interval {args.exit_interval}"
         return None
-
-
-@dataclass(frozen=True)
-class FaultInjection:
-    """Fault and delay injection for tests (see the module docstring)."""
-
-    fault_at_iteration: int | None = None
-    sleep_s: float = 0.0
-
-    @classmethod
-    def from_env(cls) -> FaultInjection:
-        fault = os.environ.get(FAULT_ENV)
-        return cls(
-            fault_at_iteration=int(fault) if fault else None,
-            sleep_s=float(os.environ.get(SLEEP_ENV) or 0.0),
-        )
-
-    def before_forward(self, iteration: int) -> None:
-        if self.sleep_s:
-            time.sleep(self.sleep_s)
-        if iteration == self.fault_at_iteration:
-            raise RuntimeError(f"injected fault at iteration {iteration}")
 
 
 def _first_iteration_span(is_first: bool) -> Any:
