@@ -293,7 +293,8 @@ def test_sigint_ends_with_one_line_status_130_and_a_complete_trace(training_cli)
     assert "interrupted" in trainer.stderr
     spans = read_spans(cli.cwd / "traces.jsonl")
     iterations = [s for s in spans if s["name"] == "megatron.train.iteration"]
-    assert iterations[-1]["status"] == "ERROR"  # the one in flight
+    in_flight = max(iterations, key=lambda s: s["attributes"]["megatron.iteration"])
+    assert in_flight["status_code"] == "ERROR"
     assert {s["name"] for s in spans} >= {"megatron.startup", "megatron.train"}
 
 
