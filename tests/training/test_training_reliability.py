@@ -18,7 +18,7 @@ import pytest
 
 from megatron.training import checkpointing
 from megatron.training.arguments import parse_args
-from megatron.training.trace_summary import read_spans
+from megatron.training.trace_summary import incarnations, read_spans
 from megatron.training.training_log import parse_log_losses
 
 TRACE = Path("ckpt") / "telemetry" / "traces.jsonl"
@@ -316,8 +316,14 @@ def test_sighup_ends_spans_and_dies_by_the_signal(training_cli):
     trainer.signal(signal.SIGHUP)
     assert trainer.wait() == -signal.SIGHUP
     spans = read_spans(cli.cwd / "traces.jsonl")
+    (run,) = incarnations(spans)
+    assert len(run["intervals"]) >= 2  # the finished ones and the one in flight
     cut_short = [s for s in spans if s["attributes"].get("megatron.span.cut_short")]
-    assert {s["name"] for s in cut_short} >= {"megatron.train", "megatron.train.iteration"}
+    in_flight = [s for s in cut_short if s["name"] == "megatron.train.iteration"]
+    assert len(in_flight) == 1
+    assert in_flight[0]["trace_id"] == run["intervals"][-1]["trace_id"]
+    # The structural spans were ended by the lifecycle, not cut short.
+    assert not [s for s in cut_short if s["name"] in ("megatron.startup", "megatron.train")]
 
 
 # -- 11: pretrain() never replaces the original exception ------------------------
