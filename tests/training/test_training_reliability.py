@@ -274,21 +274,20 @@ def _long_run(cli, *extra: str) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def _after_first_interval(trainer, cli) -> None:
-    def first_interval_written() -> bool:
-        path = cli.cwd / "traces.jsonl"
-        return path.exists() and b'"megatron.train"' in path.read_bytes()
-
-    trainer.wait_until(first_interval_written)
+def _signal_after_first_interval(cli, signum: int):
+    """Start a long run with telemetry on, send ``signum`` once an interval is on disk."""
+    trainer = cli.start(*_long_run(cli, *cli.TELEMETRY_ON), env=SLOW)
+    path = cli.cwd / "traces.jsonl"
+    trainer.wait_until(lambda: path.exists() and b'"megatron.train"' in path.read_bytes())
+    trainer.signal(signum)
+    return trainer, trainer.wait()
 
 
 @pytest.mark.slow
 def test_sigint_ends_with_one_line_status_130_and_a_complete_trace(training_cli):
     cli = training_cli
-    trainer = cli.start(*_long_run(cli, *cli.TELEMETRY_ON), env=SLOW)
-    _after_first_interval(trainer, cli)
-    trainer.signal(signal.SIGINT)
-    assert trainer.wait() == -signal.SIGINT  # the shell shows 130
+    trainer, status = _signal_after_first_interval(cli, signal.SIGINT)
+    assert status == -signal.SIGINT  # the shell shows 130
     assert "Traceback" not in trainer.stderr, trainer.stderr
     assert "interrupted" in trainer.stderr
     spans = read_spans(cli.cwd / "traces.jsonl")
@@ -311,10 +310,8 @@ def test_sigint_with_telemetry_off_has_the_same_status(training_cli):
 @pytest.mark.slow
 def test_sighup_ends_spans_and_dies_by_the_signal(training_cli):
     cli = training_cli
-    trainer = cli.start(*_long_run(cli, *cli.TELEMETRY_ON), env=SLOW)
-    _after_first_interval(trainer, cli)
-    trainer.signal(signal.SIGHUP)
-    assert trainer.wait() == -signal.SIGHUP
+    _, status = _signal_after_first_interval(cli, signal.SIGHUP)
+    assert status == -signal.SIGHUP
     spans = read_spans(cli.cwd / "traces.jsonl")
     (run,) = incarnations(spans)
     assert len(run["intervals"]) >= 2  # the finished ones and the one in flight
