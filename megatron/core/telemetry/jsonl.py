@@ -138,8 +138,8 @@ class JsonlFile:
             fd = self._fd
             if fd is None:
                 return False
-            fd = self._reopen_if_replaced(fd)
-            if _ends_mid_line(fd):
+            fd, size = self._reopen_if_replaced(fd)
+            if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
                 payload = b"\n" + payload
             view = memoryview(payload)
             while view:
@@ -147,31 +147,33 @@ class JsonlFile:
                 view = view[written:]
         return True
 
-    def _reopen_if_replaced(self, fd: int) -> int:
-        """The descriptor for what is at ``self.path`` now (called with the lock held).
+    def _reopen_if_replaced(self, fd: int) -> tuple[int, int]:
+        """The descriptor for what is at ``self.path`` now, and that file's size.
+
+        Called with the lock held, once per write (one export batch); the
+        size is for the torn-last-line check, which looks at the last byte on
+        every write because another process appending to the same file may
+        have been killed mid-line since.
 
         When the file behind ``fd`` is no longer the one at the path (moved
         or deleted by log rotation), open the path again, creating it and its
         directories; otherwise every later write would go to a file no one
-        will read. If the path cannot be opened, keep writing where we were.
+        will read. If the path cannot be opened, the ``OSError`` fails this
+        export (counted by :class:`ExportFailures`), and the next one retries.
         """
+        current = os.fstat(fd)
         try:
             here = os.stat(self.path)
-            current = os.fstat(fd)
             if (here.st_dev, here.st_ino) == (current.st_dev, current.st_ino):
-                return fd
+                return fd, current.st_size
         except FileNotFoundError:
             pass
-        try:
-            _make_parents(self.path.parent)
-            reopened = os.open(self.path, _OPEN_FLAGS, 0o644)
-        except OSError as exc:
-            _logger.warning("Could not reopen %s after it was moved: %s", self.path, exc)
-            return fd
+        _make_parents(self.path.parent)
+        reopened = os.open(self.path, _OPEN_FLAGS, 0o644)
         os.close(fd)
         self._fd = reopened
         self._created = ()  # what a rotation left behind is not ours to discard
-        return reopened
+        return reopened, os.fstat(reopened).st_size
 
     def discard(self) -> None:
         """Close, and remove what ``open`` created if nothing was written to it.
@@ -236,16 +238,6 @@ def _remove_created(created: Sequence[Path]) -> None:
                 path.unlink()
         except OSError:
             break
-
-
-def _ends_mid_line(fd: int) -> bool:
-    """Whether the file's last byte is not a newline (a torn last line).
-
-    Checked on every write, not once at open: another process appending to
-    the same file may have been killed mid-line since.
-    """
-    size = os.fstat(fd).st_size
-    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
 
 
 @dataclass
