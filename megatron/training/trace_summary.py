@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.core.telemetry.jsonl import metrics_file_for
-from megatron.core.telemetry.reader import decode_any_value, read_spans
+from megatron.core.telemetry.reader import ReadStats, decode_any_value, read_spans
 
 __all__ = ["ancestor_names", "decode_any_value", "incarnations", "read_spans", "summarize"]
 
@@ -63,7 +63,8 @@ def ancestor_names(span: dict[str, Any], spans: list[dict[str, Any]]) -> list[st
 
 def summarize(path: str | Path) -> str:
     """A few human-readable lines about the trace file: traces, spans by name, intervals."""
-    spans = read_spans(path)
+    stats = ReadStats()
+    spans = read_spans(path, stats)
     by_name = Counter(span["name"] for span in spans)
     traces = {span["trace_id"] for span in spans}
     cut_short = sum(1 for span in spans if span["attributes"].get("megatron.span.cut_short"))
@@ -79,6 +80,11 @@ def summarize(path: str | Path) -> str:
         lines.append(f"  metrics: {metrics}")
     if cut_short or errors:
         lines.append(f"  spans cut short: {cut_short}   spans with ERROR status: {errors}")
+    if stats.torn:
+        where = ", ".join(str(torn.line) for torn in stats.torn)
+        lines.append(
+            f"  torn writes skipped (a process died mid-write): {len(stats.torn)}, line {where}"
+        )
     lines.append("  spans by name:")
     lines.extend(f"    {name:<{width}}  {count:>6}" for name, count in sorted(by_name.items()))
     return "\n".join(lines)

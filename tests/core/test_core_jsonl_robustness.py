@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 from pathlib import Path
 
 import pytest
-from core_telemetry_helpers import read_lines, spans_of
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from megatron.core.telemetry import TelemetryConfig, managed_span
 from megatron.core.telemetry.jsonl import JsonlFile, JsonlSpanExporter
+from megatron.core.telemetry.reader import read_spans
 
 DEV_FULL = Path("/dev/full")
 needs_dev_full = pytest.mark.skipif(not DEV_FULL.exists(), reason="needs Linux's /dev/full")
@@ -25,6 +26,14 @@ def _full_disk(tmp_path: Path) -> Path:
     path.parent.mkdir()
     path.symlink_to(DEV_FULL)
     return path
+
+
+def read_lines(path: Path) -> list:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _names(path: Path) -> list[str]:
+    return [span["name"] for span in read_spans(path)]
 
 
 def _export_warnings(caplog) -> list[logging.LogRecord]:
@@ -117,8 +126,8 @@ def test_spans_after_rotation_reach_the_new_file(tmp_path, make_handle):
     with managed_span("job", "after"):
         pass
     handle.shutdown(timeout_ms=2000)
-    assert [s["name"] for s in spans_of(read_lines(path))] == ["after"]
-    assert [s["name"] for s in spans_of(read_lines(tmp_path / "traces.jsonl.1"))] == ["before"]
+    assert _names(path) == ["after"]
+    assert _names(tmp_path / "traces.jsonl.1") == ["before"]
 
 
 # -- 12: ranks creating the same directory at once -------------------------------

@@ -74,8 +74,11 @@ def test_a_torn_line_in_the_trace_never_changes_the_exit_status(training_cli, ex
     assert "Traceback" not in result.stderr
     # The resumed run appended after the torn line, on a line of its own.
     lines = (cli.cwd / TRACE).read_bytes().split(b"\n")
-    assert b'{"resourceSpans":[{"resou' in lines
-    assert lines[-1] == b"" and len(lines) > 3
+    torn_at = lines.index(b'{"resourceSpans":[{"resou') + 1
+    assert lines[-1] == b"" and len(lines) > torn_at + 1
+    # ...and the summary skipped it, counted it and said so.
+    said = [line for line in result.stdout.splitlines() if "torn" in line]
+    assert len(said) == 1 and f"1, line {torn_at}" in said[0], result.stdout
 
 
 FAILING_SUMMARY = """
