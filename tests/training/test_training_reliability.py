@@ -398,3 +398,25 @@ def test_torchrun_all_ranks_share_one_trace_file(training_cli):
     assert result.returncode == 0, result.stderr
     spans = read_spans(cli.cwd / "deep" / "nested" / "ckpt" / "telemetry" / "traces.jsonl")
     assert {s["resource"]["dl.rank"] for s in spans} == {0, 1}
+
+
+# -- 4: a full trace disk ----------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+def test_a_full_trace_disk_is_one_warning_a_count_in_the_summary_and_exit_0(training_cli):
+    cli = training_cli
+    (cli.cwd / "telemetry").mkdir()
+    (cli.cwd / "telemetry" / "traces.jsonl").symlink_to("/dev/full")  # writes: ENOSPC
+    result = cli.run(
+        *cli.TINY, *cli.TELEMETRY_ON,
+        "--train-iters", "4", "--save-interval", "2",
+        "--otel-trace-file", "telemetry/traces.jsonl",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    causes = [line for line in result.stderr.splitlines() if "No space left on device" in line]
+    assert len(causes) == 2, result.stderr  # the first failure, and the total at shutdown
+    (summary,) = [line for line in result.stdout.splitlines() if "spans lost" in line]
+    assert "span exports failed" in summary and "No space left on device" in summary
