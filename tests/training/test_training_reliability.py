@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,31 @@ def test_read_only_save_directory_is_refused_naming_save(tmp_path, capsys, clean
     message = _one_error(capsys.readouterr().err)
     assert "--save" in message and "Read-only file system" in message
     assert list((tmp_path / "ro").iterdir()) == []  # the directory it made is gone again
+
+
+@pytest.fixture
+def read_only_mount(tmp_path):
+    """A real read-only filesystem (tmpfs mounted ro), where this process may mount one."""
+    mount_point = tmp_path / "ro-mount"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount_point)],
+        capture_output=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount here; the simulated EROFS test covers the check")
+    yield mount_point
+    subprocess.run(["umount", str(mount_point)], check=True)
+
+
+@pytest.mark.slow
+def test_save_on_a_read_only_filesystem_stops_at_startup(training_cli, read_only_mount):
+    cli = training_cli
+    save = str(read_only_mount / "ckpt")
+    result = cli.run(*cli.TINY, "--train-iters", "2", "--save", save, "--otel-enabled")
+    assert result.returncode == 2, result.stderr
+    message = _one_error(result.stderr)
+    assert f"--save {save}" in message and "Read-only file system" in message
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root bypasses permission bits")
