@@ -9,6 +9,13 @@ Errors a user can fix (bad telemetry settings found at setup, an unreadable
 checkpoint) end as one ``megatron-pretrain: error: ...`` line and exit status
 2, like the argument errors argparse reports; everything else keeps its
 traceback.
+
+Two ways of ending belong to the command, not to ``pretrain()``, so a library
+caller gets neither: an early exit (``--exit-interval``...) is a returned
+``exit_reason`` that becomes exit status 0 here, and a Ctrl-C (SIGINT) is one
+line instead of a traceback through the training loop, after which the
+process still dies by SIGINT (status -2 / 130) as Python's default does, so a
+calling shell script stops too.
 """
 
 import time
@@ -16,6 +23,7 @@ import time
 PROGRAM_START = time.time()
 
 import sys  # noqa: E402
+from types import TracebackType  # noqa: E402
 
 from megatron.core.telemetry import TelemetryConfigError  # noqa: E402
 from megatron.training.arguments import PROG, parse_args  # noqa: E402
@@ -27,10 +35,37 @@ def main(argv: list[str] | None = None) -> None:
     main_entry = time.time()
     args = parse_args(argv)
     try:
-        pretrain(args, program_start=PROGRAM_START, main_entry=main_entry)
+        result = pretrain(args, program_start=PROGRAM_START, main_entry=main_entry)
     except (CheckpointError, TelemetryConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print(
+            f"{PROG}: interrupted (SIGINT); checkpoints and telemetry written so far are kept",
+            file=sys.stderr,
+            flush=True,
+        )
+        _quiet_keyboard_interrupt()
+        raise
+    if result.exit_reason is not None:
+        sys.exit(0)
+
+
+def _quiet_keyboard_interrupt() -> None:
+    """Let the re-raised KeyboardInterrupt end the process without its traceback.
+
+    Re-raising (rather than exiting 130) keeps Python's own ending: atexit
+    hooks run, then the interpreter kills itself with SIGINT.
+    """
+    previous = sys.excepthook
+
+    def hook(
+        kind: type[BaseException], value: BaseException, traceback: TracebackType | None
+    ) -> None:
+        if not issubclass(kind, KeyboardInterrupt):
+            previous(kind, value, traceback)
+
+    sys.excepthook = hook
 
 
 if __name__ == "__main__":

@@ -15,8 +15,16 @@ Notes on choices that differ from, or are not covered by, upstream:
 * ``--save-interval`` without ``--save`` is allowed (as in Megatron-LM): no
   checkpoint is written, but the interval still decides where the telemetry
   trace is cut into per-interval traces.
-* ``--save`` without ``--save-interval`` writes only the final checkpoint (at
-  the end of training or on an early exit).
+* ``--save`` without ``--save-interval`` (or with ``--save-interval 0``, which
+  Megatron-LM also reads as "no periodic saves") writes only the final
+  checkpoint (at the end of training or on an early exit), and the loop is one
+  trace.
+* ``--save`` is created and a probe file written and removed in it at parse
+  time, so a read-only or misplaced checkpoint directory stops the job in the
+  first second instead of at its first save, hours in. It is the last check,
+  so a job refused for any other reason leaves nothing behind.
+* An error is one line and a pointer to ``--help``: argparse's usage block
+  (over twenty lines here) buried the one line that matters.
 * ``--exit-duration-in-mins`` takes a float (upstream: int), so a test can ask
   for seconds.
 """
@@ -26,10 +34,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from megatron.core.telemetry import TelemetryConfig, TelemetryConfigError, add_telemetry_args
+from megatron.training.checkpointing import save_directory_problem
 from megatron.training.data import data_file_problem
 from megatron.training.distributed import world_size_from_env
+from megatron.training.fault_injection import FaultInjection
 
 __all__ = ["DEMO_PRESET", "DEMO_SAVE_DIR", "build_parser", "parse_args"]
 
@@ -97,8 +108,15 @@ _non_negative_float.__name__ = "non-negative float"
 _positive_float.__name__ = "positive float"
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line, without the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\nSee '{self.prog} --help' for every flag.\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Pretrain a small GPT, Megatron-LM style, with OpenTelemetry spans.",
     )
@@ -168,10 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoint.add_argument("--load", default=None, help="Checkpoint directory to resume from.")
     checkpoint.add_argument(
         "--save-interval",
-        type=_positive_int,
+        type=_non_negative_int,
         default=None,
         help="Save every this many iterations; also where the telemetry trace is cut. "
-        "Default: only a final checkpoint.",
+        "0 or unset: only a final checkpoint, and one trace for the whole loop.",
     )
 
     exit_group = parser.add_argument_group("exiting early")
@@ -250,3 +268,10 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         TelemetryConfig.from_args(args)
     except TelemetryConfigError as exc:
         parser.error(str(exc))
+    try:
+        FaultInjection.from_env()
+    except ValueError as exc:
+        parser.error(str(exc))
+    # Last: it creates --save, which no other bad input should leave behind.
+    if args.save is not None and (problem := save_directory_problem(args.save)):
+        parser.error(problem)

@@ -9,7 +9,12 @@ Why the care with writing: a job is most likely to be killed while it saves
 to a temporary name in its final directory, fsynced, and moved into place with
 ``os.replace`` (atomic on POSIX), and the tracker is replaced last. A crash at
 any point therefore leaves the tracker naming a complete checkpoint; at worst
-a stray temporary file remains.
+a stray temporary file remains, and the next run removes those
+(:func:`remove_stale_temporaries`, only names of exactly our pattern).
+
+:func:`save_directory_problem` is the startup check of ``--save``: create it,
+write and remove a probe, so an unwritable directory is reported before
+training rather than at the first save.
 
 Loading uses ``torch.load(..., weights_only=True)``, which refuses arbitrary
 pickled objects, so a checkpoint holds only tensors and plain containers of
@@ -25,6 +30,7 @@ run repeat the ids its predecessor wrote into the same trace file.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -44,11 +50,19 @@ __all__ = [
     "checkpoint_path",
     "empty_directory",
     "load_checkpoint",
+    "remove_stale_temporaries",
     "save_checkpoint",
+    "save_directory_problem",
 ]
 
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
 CHECKPOINT_FILENAME = "model_optim_rng.pt"
+
+# What _write_atomically's mkstemp names its temporaries: a dot, the final
+# name, a dot, mkstemp's eight random characters, ".tmp".
+_FINAL_NAMES = "|".join(map(re.escape, (CHECKPOINT_FILENAME, TRACKER_FILENAME)))
+_TEMPORARY = re.compile(rf"\.(?:{_FINAL_NAMES})\.[a-z0-9_]{{8}}\.tmp")
+_ITERATION_DIR = re.compile(r"iter_\d{7,}")
 
 # The model-shaping arguments saved with a checkpoint, and checked on load.
 _MODEL_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
@@ -137,6 +151,60 @@ def _rng_state() -> dict[str, Any]:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporaries a save killed mid-write left in ``directory``.
+
+    Only names of exactly the pattern :func:`_write_atomically` uses, in the
+    checkpoint directory and its ``iter_*`` directories, are touched; each
+    can be as large as a checkpoint. Call it where no save is running (rank
+    0, at startup). Returns what was removed.
+    """
+    root = Path(directory)
+    removed: list[Path] = []
+    if not root.is_dir():
+        return removed
+    folders = [root, *(p for p in root.iterdir() if _ITERATION_DIR.fullmatch(p.name))]
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for path in folder.iterdir():
+            if _TEMPORARY.fullmatch(path.name) and path.is_file():
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    if removed:
+        print_rank_0(f"removed {len(removed)} temporary file(s) left by an interrupted save")
+    return removed
+
+
+def save_directory_problem(directory: str | os.PathLike[str]) -> str | None:
+    """Why checkpoints cannot be written to ``directory``, or None when they can.
+
+    Creates the directory (as the first save would) and writes and removes a
+    probe file in it; on failure, directories this call created are removed
+    again. Several ranks may check at once: each probe has a name of its own.
+    """
+    path = Path(directory)
+    missing = []
+    for candidate in (path, *path.parents):
+        if os.path.lexists(candidate):
+            break
+        missing.append(candidate)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write_probe.", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        for created in missing:  # innermost first
+            try:
+                created.rmdir()
+            except OSError:
+                break
+        cause = exc.strerror or exc
+        return f"--save {directory}: cannot create or write checkpoints there ({cause})"
+    return None
 
 
 def empty_directory(directory: str | os.PathLike[str], is_rank_0: bool) -> None:

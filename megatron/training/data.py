@@ -111,6 +111,8 @@ class ByteFileDataset:
 def data_file_problem(path: str | Path, seq_length: int) -> str | None:
     """Why ``path`` cannot feed ``--data-path`` at this sequence length, or None if it can."""
     path = Path(path)
+    if path.is_dir():
+        return f"--data-path {path}: is a directory; expected a file (trained on as raw bytes)"
     if not path.is_file():
         return f"--data-path {path}: no such file"
     size = path.stat().st_size

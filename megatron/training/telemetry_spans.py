@@ -49,6 +49,7 @@ from megatron.core.telemetry.state import is_span_group_enabled
 
 __all__ = [
     "EXIT_HOOKS",
+    "HOOKED_SIGNALS",
     "ExitHooks",
     "SpanPhaseError",
     "SpanPhases",
@@ -496,12 +497,33 @@ class SpanPhases:
         span.end(end_time=_ns(end))
 
 
+#: The terminating signals the exit hooks act on (those this platform has).
+HOOKED_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGINT") if hasattr(signal, name)
+)
+
+
 class ExitHooks:
-    """The process-wide atexit and SIGTERM hooks, as a machine of their own.
+    """The process-wide atexit and signal hooks, as a machine of their own.
 
     They exist only to get telemetry out of a dying process, so they are
     installed only for a lifecycle whose telemetry is exporting, at most once
     per process, and always act on the most recently attached lifecycle.
+
+    The ``sigterm`` trigger stands for every terminating signal hooked
+    (:data:`HOOKED_SIGNALS`) and carries its number:
+
+    * SIGTERM, and SIGHUP (a dropped ssh session): hard stop, spans ended and
+      written, then the signal is passed on, so the process still dies by it.
+      Graceful (flush only) when ``--exit-signal-handler`` left a Python
+      handler to drain to; the trainer's handler is for SIGTERM alone.
+    * SIGINT: Python's own handler raises ``KeyboardInterrupt``, which unwinds
+      through the loop (the iteration in flight ends with ERROR) and through
+      ``pretrain()``, which shuts down; so the hook only flushes and passes it
+      on, right after the transition it may have interrupted.
+
+    A SIGHUP or SIGINT the process ignores (``nohup``, a background job) stays
+    ignored and unhooked.
     """
 
     STATES: tuple[str, ...] = ("uninstalled", "installed", "terminating")
@@ -526,7 +548,8 @@ class ExitHooks:
     def __init__(self) -> None:
         self.target: SpanPhases | None = None
         self.graceful = False
-        self.previous_handler: Any = signal.SIG_DFL
+        # The disposition each hooked signal had before the hook, by number.
+        self.previous_handlers: dict[int, Any] = {}
         self.machine = _Machine(
             model=self,
             states=list(self.STATES),
@@ -549,17 +572,25 @@ class ExitHooks:
         self.install()
 
     @property
-    def graceful_drain(self) -> bool:
-        """Graceful mode, in a process that outlives the signal.
+    def previous_handler(self) -> Any:
+        """SIGTERM's disposition before the hook."""
+        return self.previous_handlers.get(signal.SIGTERM, signal.SIG_DFL)
 
-        With SIGTERM's default action as the previous disposition the process
-        would die right after a mere flush, losing the open spans, so such a
-        SIGTERM is handled as a hard one even in graceful mode.
+    def graceful_drain(self, signum: int = signal.SIGTERM, *_: Any) -> bool:
+        """Whether the process outlives ``signum``, so a flush is all it needs.
+
+        With the signal's default action as the previous disposition the
+        process would die right after a mere flush, losing the open spans, so
+        such a signal is handled as a hard one even in graceful mode. SIGINT's
+        Python handler raises an exception the run unwinds from: graceful.
         """
-        return self.graceful and self.previous_handler not in (signal.SIG_DFL, None)
+        previous = self.previous_handlers.get(signum, signal.SIG_DFL)
+        if previous in (signal.SIG_DFL, None):
+            return False
+        return self.graceful or signum == signal.SIGINT
 
     def handle_sigterm(self, signum: int, frame: Any) -> None:
-        """The SIGTERM handler: flush or shut down, then pass the signal on.
+        """The handler of every hooked signal: flush or shut down, then pass it on.
 
         Both wait until the lifecycle is between transitions, so a signal that
         interrupts a reroot still finds (and ends) a whole interval.
@@ -568,9 +599,9 @@ class ExitHooks:
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         try:
-            self.sigterm()
+            self.sigterm(signum)
         except Exception:  # noqa: BLE001 -- the signal must still be passed on
-            _log.warning("telemetry SIGTERM hook failed", exc_info=True)
+            _log.warning("telemetry signal hook failed", exc_info=True)
         self._chain(signum, frame)
 
     def handle_exit(self) -> None:
@@ -585,16 +616,20 @@ class ExitHooks:
     def _register(self) -> None:
         atexit.register(self.handle_exit)
         try:
-            self.previous_handler = signal.getsignal(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, self.handle_sigterm)
+            for signum in HOOKED_SIGNALS:
+                previous = signal.getsignal(signum)
+                if signum != signal.SIGTERM and previous in (signal.SIG_IGN, None):
+                    continue  # ignored (nohup) or not Python's to replace: leave it
+                self.previous_handlers[signum] = previous
+                signal.signal(signum, self.handle_sigterm)
         except ValueError:  # not the main thread: atexit remains the fallback
-            _log.info("SIGTERM hook not installed: not in the main thread")
+            _log.info("signal hooks not installed: not in the main thread")
 
-    def _flush_target(self) -> None:
+    def _flush_target(self, *_: Any) -> None:
         if self.target is not None and self.target.may_flush():
             self.target.flush()
 
-    def _shutdown_target(self) -> None:
+    def _shutdown_target(self, *_: Any) -> None:
         # "If the table still allows it": a lifecycle that already shut down is
         # left alone rather than made to raise from inside a signal handler.
         if self.target is not None and self.target.may_shutdown():
@@ -602,14 +637,15 @@ class ExitHooks:
 
     def _chain(self, signum: int, frame: Any) -> None:
         """Pass the signal on as if the hook had never been there."""
-        previous = self.previous_handler
+        previous = self.previous_handlers.get(signum, signal.SIG_DFL)
         if callable(previous):
             previous(signum, frame)
         elif previous == signal.SIG_DFL or previous is None:
-            # The default action for SIGTERM is to die by it (status -15 / 143).
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            # The default action of SIGTERM, SIGHUP and SIGINT is to die by the
+            # signal (status -15 / 143, -1 / 129, -2 / 130).
+            signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
-        # SIG_IGN: the process chose to ignore SIGTERM; so do we.
+        # SIG_IGN: the process chose to ignore it; so do we.
 
 
 EXIT_HOOKS = ExitHooks()

@@ -20,11 +20,18 @@ Every way a run can end goes through ``phases.shutdown()`` exactly once:
 
 1. normal: the loop finishes, ``end_train``, then ``shutdown``;
 2. early exit (``--exit-interval``, ``--exit-duration-in-mins``, a graceful
-   SIGTERM): checkpoint, ``shutdown``, ``sys.exit(0)``;
+   SIGTERM): checkpoint, ``shutdown``, and ``TrainingResult.exit_reason`` says
+   why (the entry point exits 0; a library caller is never exited);
 3. an exception anywhere after the job started: ``shutdown``, then the same
    exception object is re-raised;
-4. a hard SIGTERM, and the atexit fallback: the exit hooks installed by
-   :func:`~megatron.training.telemetry_spans.install_exit_hooks`.
+4. a hard SIGTERM or SIGHUP, SIGINT, and the atexit fallback: the exit hooks
+   installed by :func:`~megatron.training.telemetry_spans.install_exit_hooks`.
+
+``shutdown`` is fired only where the table still allows it (a hard-signal hook
+may have fired it already), and the process group is torn down in a
+``finally``: whatever ends the run, the exception that propagates is the one
+that ended it. Telemetry's end-of-run summary is printed last and can only
+ever log a warning.
 
 Two choices worth knowing:
 
@@ -37,13 +44,9 @@ Two choices worth knowing:
   the ``default`` preset where per-iteration spans are off): the time to the
   first completed step is a goodput number worth having in every trace.
 
-Test hooks (environment variables, read when ``train()`` starts):
-
-* ``MEGATRON_TEST_FAULT_AT_ITERATION=N``: the forward step of iteration ``N``
-  (the span with ``megatron.iteration == N``) raises
-  ``RuntimeError("injected fault at iteration N")``.
-* ``MEGATRON_TEST_ITERATION_SLEEP=S``: sleep ``S`` seconds before each forward
-  step, so a test can land a signal in the middle of an iteration.
+Test hooks (``MEGATRON_TEST_FAULT_AT_ITERATION``,
+``MEGATRON_TEST_ITERATION_SLEEP``): see :mod:`megatron.training.fault_injection`;
+checked at startup, read again when ``train()`` starts.
 """
 
 from __future__ import annotations
@@ -52,7 +55,6 @@ import argparse
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
@@ -76,6 +78,7 @@ from megatron.training.checkpointing import (
     TrainState,
     empty_directory,
     load_checkpoint,
+    remove_stale_temporaries,
     save_checkpoint,
 )
 from megatron.training.data import VOCAB_SIZE, build_train_valid_datasets, micro_batches
@@ -91,6 +94,7 @@ from megatron.training.distributed import (
     teardown_distributed,
     wrap_model,
 )
+from megatron.training.fault_injection import FaultInjection
 from megatron.training.model import GPTConfig, GPTModel
 from megatron.training.optimizer import build_optimizer
 from megatron.training.telemetry_spans import SpanPhases, install_exit_hooks
@@ -101,18 +105,17 @@ __all__ = ["TrainingResult", "pretrain", "train"]
 
 _log = logging.getLogger(__name__)
 
-FAULT_ENV = "MEGATRON_TEST_FAULT_AT_ITERATION"
-SLEEP_ENV = "MEGATRON_TEST_ITERATION_SLEEP"
-
 
 @dataclass(frozen=True)
 class TrainingResult:
-    """What a finished ``pretrain()`` returns (an early exit calls ``sys.exit`` instead)."""
+    """What a finished ``pretrain()`` returns, early exits included."""
 
     iteration: int
     consumed_samples: int
     losses: list[tuple[int, float]]  # (iteration, lm loss) at every log interval
     trace_file: Path | None
+    # Why the loop stopped before --train-iters (--exit-interval...), else None.
+    exit_reason: str | None = None
 
 
 def pretrain(
@@ -132,9 +135,25 @@ def pretrain(
     if not isinstance(args, argparse.Namespace):
         args = parse_args(args)
     env = initialize_distributed(args.seed)
+    try:
+        return _run_job(args, env, program_start, main_entry, pretrain_entry)
+    finally:
+        teardown_distributed()
+
+
+def _run_job(
+    args: argparse.Namespace,
+    env: DistributedEnv,
+    program_start: float | None,
+    main_entry: float | None,
+    pretrain_entry: float,
+) -> TrainingResult:
+    """``pretrain()`` once the process group exists (it tears the group down)."""
     initialized = time.time()
     if args.fresh_save_dir:
         empty_directory(args.save, env.is_rank_0)
+    elif args.save and env.is_rank_0:
+        remove_stale_temporaries(args.save)
 
     telemetry = setup_telemetry(
         TelemetryConfig.from_args(args),
@@ -183,18 +202,29 @@ def pretrain(
                 f"nothing to train: iteration {state.iteration} >= --train-iters {args.train_iters}"
             )
     except BaseException:
-        phases.shutdown()
-        teardown_distributed()
+        _shutdown_if_allowed(phases)
         raise
-    phases.shutdown()
+    _shutdown_if_allowed(phases)
 
     _print_telemetry_summary(telemetry)
-    teardown_distributed()
-    if exit_reason is not None:
-        sys.exit(0)
     return TrainingResult(
-        state.iteration, state.consumed_samples, log.reported, telemetry.trace_file
+        state.iteration, state.consumed_samples, log.reported, telemetry.trace_file, exit_reason
     )
+
+
+def _shutdown_if_allowed(phases: SpanPhases) -> None:
+    """Fire ``shutdown`` if the table still allows it, never masking the exception in flight.
+
+    A hard-signal hook may already have shut the lifecycle down before a
+    user's handler raised ``SystemExit``; that ``SystemExit`` is what must
+    propagate, not a ``SpanPhaseError`` from a second shutdown.
+    """
+    if not phases.may_shutdown():
+        return
+    try:
+        phases.shutdown()
+    except Exception:  # noqa: BLE001 -- never replace the exception that ended the run
+        _log.warning("telemetry shutdown failed; the run's own outcome stands", exc_info=True)
 
 
 def train(
@@ -357,28 +387,6 @@ class ExitConditions:
         return None
 
 
-@dataclass(frozen=True)
-class FaultInjection:
-    """Fault and delay injection for tests (see the module docstring)."""
-
-    fault_at_iteration: int | None = None
-    sleep_s: float = 0.0
-
-    @classmethod
-    def from_env(cls) -> FaultInjection:
-        fault = os.environ.get(FAULT_ENV)
-        return cls(
-            fault_at_iteration=int(fault) if fault else None,
-            sleep_s=float(os.environ.get(SLEEP_ENV) or 0.0),
-        )
-
-    def before_forward(self, iteration: int) -> None:
-        if self.sleep_s:
-            time.sleep(self.sleep_s)
-        if iteration == self.fault_at_iteration:
-            raise RuntimeError(f"injected fault at iteration {iteration}")
-
-
 def _first_iteration_span(is_first: bool) -> Any:
     if not is_first:
         return nullcontext()
@@ -397,10 +405,21 @@ def _save(args: argparse.Namespace, env: DistributedEnv, state: TrainState) -> N
 
 
 def _print_telemetry_summary(telemetry: Any) -> None:
-    """What this run's telemetry wrote, printed by the rank that wrote it."""
-    trace_file = telemetry.trace_file
-    if telemetry.is_exporting and trace_file is not None and trace_file.exists():
-        print(summarize(trace_file), flush=True)
+    """What this run's telemetry wrote, printed by the rank that wrote it.
+
+    After training nothing telemetry does may change the job's exit status:
+    a summary that cannot be made is one warning line.
+    """
+    if not telemetry.is_exporting:
+        return
+    try:
+        trace_file = telemetry.trace_file
+        if trace_file is not None and trace_file.is_file():
+            print(summarize(trace_file), flush=True)
+        if report := telemetry.export_failures.report():
+            print(f"telemetry: {report}", flush=True)
+    except Exception as exc:  # noqa: BLE001 -- the run succeeded; the summary is a bonus
+        _log.warning("telemetry summary not printed: %s", exc)
 
 
 def _resource_attributes(args: argparse.Namespace, env: DistributedEnv) -> dict[str, Any]:

@@ -44,9 +44,9 @@ from opentelemetry.trace import Link
 from megatron.core.telemetry import TelemetryConfig, managed_span, setup_telemetry
 from megatron.core.telemetry._otlp_json import encode_spans
 from megatron.core.telemetry.processors import BatchSettings
+from megatron.core.telemetry.reader import read_spans
 from megatron.core.telemetry.span_groups import SpanGroup
 from megatron.training.telemetry_spans import SpanPhases
-from megatron.training.trace_summary import read_spans
 from megatron.training.training_log import parse_log_iteration_ms
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

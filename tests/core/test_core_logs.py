@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from core_telemetry_helpers import attributes, read_lines
 from opentelemetry.exporter.otlp.json.common._log_encoder import encode_logs as official_encode
 from opentelemetry.sdk._logs import LoggerProvider, LoggingHandler, ReadableLogRecord
 from opentelemetry.sdk._logs.export import (
@@ -25,6 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from megatron.core.telemetry import TelemetryConfig, TelemetryHandle, managed_span, setup_telemetry
 from megatron.core.telemetry._otlp_json import encode_logs
 from megatron.core.telemetry.logs import CONSOLE_LOGGER_NAME, logs_file_for
+from megatron.core.telemetry.reader import iter_logs
 from megatron.training.distributed import print_rank_0
 
 Make = Callable[..., TelemetryHandle]
@@ -147,16 +147,10 @@ def bridged_handlers() -> list[logging.Handler]:
 
 
 def log_records(path: Path) -> list[dict[str, Any]]:
-    found = []
-    for request in read_lines(path):
-        for resource_logs in request["resourceLogs"]:
-            resource = attributes(resource_logs["resource"]["attributes"])
-            for scope_logs in resource_logs["scopeLogs"]:
-                for record in scope_logs["logRecords"]:
-                    found.append(
-                        {**record, "_resource": resource, "_scope": scope_logs["scope"]["name"]}
-                    )
-    return found
+    return [
+        {**record["data"], "_resource": record["resource"], "_scope": record["scope"]}
+        for record in iter_logs(path)
+    ]
 
 
 def test_records_carry_the_current_span_and_go_to_logs_jsonl(

@@ -7,7 +7,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from core_telemetry_helpers import metrics_of, read_lines, spans_of
 from opentelemetry import trace
 
 from megatron.core.telemetry import (
@@ -18,6 +17,7 @@ from megatron.core.telemetry import (
     record_training_metrics,
     setup_telemetry,
 )
+from megatron.core.telemetry.reader import iter_metrics, read_spans
 from megatron.training.telemetry_spans import SpanPhaseError, SpanPhases
 
 Make = Callable[..., TelemetryHandle]
@@ -53,7 +53,8 @@ def test_traces_off_metrics_on_writes_only_metrics(make_handle: Make, tmp_path: 
     record_some(handle)
     handle.shutdown()
     assert files(tmp_path) == ["metrics.jsonl"]
-    assert "megatron.training.loss" in metrics_of(read_lines(tmp_path / "telemetry/metrics.jsonl"))
+    names = {metric["name"] for metric in iter_metrics(tmp_path / "telemetry/metrics.jsonl")}
+    assert "megatron.training.loss" in names
 
 
 def test_metrics_off_traces_on_writes_only_traces(make_handle: Make, tmp_path: Path) -> None:
@@ -62,7 +63,7 @@ def test_metrics_off_traces_on_writes_only_traces(make_handle: Make, tmp_path: P
     record_some(handle)  # the no-op meter takes the record and drops it
     handle.shutdown()
     assert files(tmp_path) == ["traces.jsonl"]
-    spans = spans_of(read_lines(tmp_path / "telemetry/traces.jsonl"))
+    spans = read_spans(tmp_path / "telemetry/traces.jsonl")
     assert [span["name"] for span in spans] == ["a-span"]
 
 

@@ -115,7 +115,7 @@ def test_installed_exactly_once_across_repeated_lifecycles(fake_process, lifecyc
         phases.shutdown()
 
     assert fake_process.atexit_calls == [hooks.handle_exit]
-    assert fake_process.signal_calls == [(signal.SIGTERM, hooks.handle_sigterm)]
+    assert [h for _, h in fake_process.signal_calls] == [hooks.handle_sigterm] * 3
     # Each run's own handle was shut down exactly once, by its own lifecycle.
     assert [len(h.shutdown_calls) for h in handles] == [1, 1, 1, 1]
     # The atexit fallback after the last run finds nothing to do.
@@ -443,3 +443,56 @@ def test_graceful_mode_without_a_handler_to_drain_is_a_hard_stop(fake_process, l
     assert hooks.state == "terminating"
     assert len(handle.shutdown_calls) == 1
     assert ("kill", os.getpid(), signal.SIGTERM) in fake_process.events
+
+
+# -- SIGHUP and SIGINT (issue 12, item 10) --------------------------------------
+
+
+def test_sighup_and_sigint_are_hooked_beside_sigterm(fake_process, lifecycles):
+    hooks = ExitHooks()
+    fake_process.previous = signal.SIG_DFL
+    hooks.attach(in_interval(lifecycles, FakeHandle()))
+    hooked = {signum for signum, handler in fake_process.signal_calls}
+    assert hooked == {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
+    assert {handler for _, handler in fake_process.signal_calls} == {hooks.handle_sigterm}
+
+
+def test_an_ignored_sighup_or_sigint_stays_ignored_and_unhooked(fake_process, lifecycles):
+    # nohup ignores SIGHUP: a dropped ssh session must not stop telemetry.
+    hooks = ExitHooks()
+    fake_process.previous = signal.SIG_IGN
+    hooks.attach(in_interval(lifecycles, FakeHandle()))
+    assert [signum for signum, _ in fake_process.signal_calls] == [signal.SIGTERM]
+
+
+def test_hard_sighup_shuts_down_and_dies_by_sighup(fake_process, lifecycles):
+    hooks = ExitHooks()
+    handle = FakeHandle()
+    phases = in_interval(lifecycles, handle)
+    fake_process.previous = signal.SIG_DFL
+    hooks.attach(phases, graceful=True)  # --exit-signal-handler is about SIGTERM only
+    fake_process.events.clear()
+
+    hooks.handle_sigterm(signal.SIGHUP, None)
+    assert phases.state == "shutdown" and hooks.state == "terminating"
+    assert len(handle.shutdown_calls) == 1
+    assert fake_process.events == [
+        ("signal", signal.SIGHUP, signal.SIG_DFL),
+        ("kill", os.getpid(), signal.SIGHUP),
+    ]
+
+
+def test_sigint_with_python_handler_flushes_and_lets_the_interrupt_unwind(fake_process, lifecycles):
+    # Python's default SIGINT handler raises KeyboardInterrupt: the run's own
+    # exception path then ends the in-flight spans with ERROR and shuts down.
+    hooks = ExitHooks()
+    handle = FakeHandle()
+    phases = in_interval(lifecycles, handle)
+    previous = PreviousHandler(lambda: phases)
+    fake_process.previous = previous
+    hooks.attach(phases)
+
+    hooks.handle_sigterm(signal.SIGINT, None)
+    assert hooks.state == "installed" and phases.state == "interval"
+    assert handle.shutdown_calls == [] and len(handle.flush_calls) == 1
+    assert previous.calls == [(signal.SIGINT, None, "interval")]

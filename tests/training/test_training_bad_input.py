@@ -46,7 +46,7 @@ def _one_error(stderr: str) -> str:
         ),
         (["--mock-data", "--lr", "0.1", "--min-lr", "0.5"], ["--min-lr", "--lr"]),
         (["--mock-data", "--lr", "-1"], ["--lr"]),
-        (["--mock-data", "--save-interval", "0"], ["--save-interval"]),
+        (["--mock-data", "--save-interval", "-1"], ["--save-interval"]),
         ([], ["--mock-data", "--data-path"]),
         (["--mock-data", "--data-path", "x.txt"], ["--mock-data", "--data-path"]),
         (["--mock-data", "--otel-exporter", "carrier-pigeon"], ["--otel-exporter", "jsonl"]),

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from megatron.core.telemetry.reader import decode_any_value, iter_logs, read_spans
 from megatron.training.arguments import parse_args
-from megatron.training.trace_summary import decode_any_value, read_spans
 from megatron.training.training_log import parse_log_losses
 
 ITERATION_LINE = " iteration "
@@ -41,12 +40,7 @@ def test_bad_value_stops_the_job_with_one_line_naming_the_variable(
 
 
 def log_records(path: Path) -> list[dict[str, Any]]:
-    records = []
-    for line in path.read_text().splitlines():
-        for resource_logs in json.loads(line)["resourceLogs"]:
-            for scope_logs in resource_logs["scopeLogs"]:
-                records.extend(scope_logs["logRecords"])
-    return records
+    return [record["data"] for record in iter_logs(path)]
 
 
 @pytest.mark.slow

@@ -14,6 +14,18 @@ Two properties matter more than speed:
 * Each export is one ``write`` of whole lines on an ``O_APPEND`` descriptor,
   with no user-space buffer, so a crash after ``export`` returns loses
   nothing, and ranks sharing a file (``all_ranks``) interleave whole lines.
+
+And three that long jobs on shared filesystems need:
+
+* A file moved or deleted under a running job (log rotation) is noticed at
+  the next write and the path is opened again, as the standard library's
+  ``WatchedFileHandler`` does: one ``stat`` per export batch, not per span.
+* Ranks (or nodes) creating the same directory at once all succeed: a
+  directory another process made between our check and our ``mkdir`` is
+  theirs, used and never removed by us.
+* A failing write (a full disk) is logged once with its cause; later ones
+  are only counted (:class:`ExportFailures`), so a long run does not log a
+  traceback per export, and the totals are reported at shutdown.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +49,13 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from megatron.core.telemetry._otlp_json import encode_metrics, encode_spans
 
-__all__ = ["JsonlFile", "JsonlMetricExporter", "JsonlSpanExporter", "metrics_file_for"]
+__all__ = [
+    "ExportFailures",
+    "JsonlFile",
+    "JsonlMetricExporter",
+    "JsonlSpanExporter",
+    "metrics_file_for",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -119,13 +138,42 @@ class JsonlFile:
             fd = self._fd
             if fd is None:
                 return False
-            if _ends_mid_line(fd):
+            fd, size = self._reopen_if_replaced(fd)
+            if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
                 payload = b"\n" + payload
             view = memoryview(payload)
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
         return True
+
+    def _reopen_if_replaced(self, fd: int) -> tuple[int, int]:
+        """The descriptor for what is at ``self.path`` now, and that file's size.
+
+        Called with the lock held, once per write (one export batch); the
+        size is for the torn-last-line check, which looks at the last byte on
+        every write because another process appending to the same file may
+        have been killed mid-line since.
+
+        When the file behind ``fd`` is no longer the one at the path (moved
+        or deleted by log rotation), open the path again, creating it and its
+        directories; otherwise every later write would go to a file no one
+        will read. If the path cannot be opened, the ``OSError`` fails this
+        export (counted by :class:`ExportFailures`), and the next one retries.
+        """
+        current = os.fstat(fd)
+        try:
+            here = os.stat(self.path)
+            if (here.st_dev, here.st_ino) == (current.st_dev, current.st_ino):
+                return fd, current.st_size
+        except FileNotFoundError:
+            pass
+        _make_parents(self.path.parent)
+        reopened = os.open(self.path, _OPEN_FLAGS, 0o644)
+        os.close(fd)
+        self._fd = reopened
+        self._created = ()  # what a rotation left behind is not ours to discard
+        return reopened, os.fstat(reopened).st_size
 
     def discard(self) -> None:
         """Close, and remove what ``open`` created if nothing was written to it.
@@ -165,7 +213,14 @@ def _make_parents(directory: Path) -> list[Path]:
     created: list[Path] = []
     try:
         for path in reversed(missing):
-            path.mkdir()
+            try:
+                path.mkdir()
+            except FileExistsError:
+                # Another rank made it between our check and our mkdir: use
+                # it, and never remove it. A file in the way is still an error.
+                if not path.is_dir():
+                    raise
+                continue
             created.append(path)
     except OSError:
         _remove_created(created)
@@ -185,14 +240,51 @@ def _remove_created(created: Sequence[Path]) -> None:
             break
 
 
-def _ends_mid_line(fd: int) -> bool:
-    """Whether the file's last byte is not a newline (a torn last line).
+@dataclass
+class ExportFailures:
+    """Exports that did not reach the file, and what they carried.
 
-    Checked on every write, not once at open: another process appending to
-    the same file may have been killed mid-line since.
+    The first failure is logged with its cause (``No space left on device``)
+    and no traceback; later ones are only counted, and :meth:`report` gives
+    the totals for the shutdown log and the end-of-run summary.
     """
-    size = os.fstat(fd).st_size
-    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+
+    kind: str = "span"  # or "metric"
+    exports: int = 0
+    items: int = 0
+    first_cause: str | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def record(self, path: Path, items: int, exc: BaseException) -> None:
+        with self._lock:
+            self.exports += 1
+            self.items += items
+            first = self.first_cause is None
+            if first:
+                self.first_cause = _cause(exc)
+        if first:
+            _logger.warning(
+                "Could not write %ss to %s: %s; later failures are counted and "
+                "reported at shutdown",
+                self.kind,
+                path,
+                self.first_cause,
+            )
+
+    def report(self) -> str | None:
+        """One line with the totals, or None when nothing failed."""
+        if not self.exports:
+            return None
+        line = f"{self.exports} {self.kind} export{'s' if self.exports != 1 else ''} failed"
+        if self.kind == "span":
+            line += f", {self.items} spans lost"
+        return f"{line} (first cause: {self.first_cause})"
+
+
+def _cause(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{type(exc).__name__}: {exc}"
 
 
 class JsonlSpanExporter(SpanExporter):
@@ -200,6 +292,7 @@ class JsonlSpanExporter(SpanExporter):
 
     def __init__(self, file: JsonlFile) -> None:
         self._file = file
+        self.failures = ExportFailures("span")
 
     @property
     def path(self) -> Path:
@@ -210,8 +303,8 @@ class JsonlSpanExporter(SpanExporter):
             return SpanExportResult.SUCCESS
         try:
             self._file.write_lines([encode_spans(spans)])
-        except (OSError, ValueError, TypeError):
-            _logger.warning("Could not write spans to %s", self._file.path, exc_info=True)
+        except (OSError, ValueError, TypeError) as exc:
+            self.failures.record(self._file.path, len(spans), exc)
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 
@@ -232,6 +325,7 @@ class JsonlMetricExporter(MetricExporter):
     def __init__(self, file: JsonlFile) -> None:
         super().__init__()
         self._file = file
+        self.failures = ExportFailures("metric")
 
     @property
     def path(self) -> Path:
@@ -244,8 +338,8 @@ class JsonlMetricExporter(MetricExporter):
             request = encode_metrics(metrics_data)
             if request:
                 self._file.write_lines([request])
-        except (OSError, ValueError, TypeError):
-            _logger.warning("Could not write metrics to %s", self._file.path, exc_info=True)
+        except (OSError, ValueError, TypeError) as exc:
+            self.failures.record(self._file.path, 0, exc)
             return MetricExportResult.FAILURE
         return MetricExportResult.SUCCESS
 

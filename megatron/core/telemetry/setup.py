@@ -60,6 +60,7 @@ from megatron.core.telemetry.config import (
     TelemetryConfigError,
 )
 from megatron.core.telemetry.jsonl import (
+    ExportFailures,
     JsonlFile,
     JsonlMetricExporter,
     JsonlSpanExporter,
@@ -119,6 +120,8 @@ class TelemetryHandle:
         logs_file: the log-record file of the ``jsonl`` sink with the log
             bridge on, else ``None``.
         rank: the rank the handle was set up for.
+        export_failures: span exports of the ``jsonl`` sink that failed, and
+            the spans they lost (reported at shutdown and in the summary).
     """
 
     def __init__(
@@ -135,8 +138,10 @@ class TelemetryHandle:
         logger_provider: LoggerProvider | None = None,
         log_bridge: LogBridge | None = None,
         logs_file: Path | None = None,
+        export_failures: ExportFailures | None = None,
     ) -> None:
         self.tracer = tracer
+        self.export_failures = export_failures or ExportFailures()
         self.meter = meter
         self.rank = rank
         self.span_groups = frozenset(span_groups)
@@ -241,6 +246,8 @@ class TelemetryHandle:
         # what it needs alive.
         self._tracer_provider = self._meter_provider = self._tracker = None
         self._logger_provider = self._log_bridge = None
+        if report := self.export_failures.report():
+            _logger.warning("Telemetry: %s", report)
         return finished
 
     def _shutdown_at_exit(self) -> None:
@@ -659,6 +666,11 @@ def setup_telemetry(
         rank=rank,
         span_groups=config.span_groups if config.traces_enabled else frozenset(),
         trace_file=sinks.trace_file,
+        export_failures=(
+            sinks.span_exporter.failures
+            if isinstance(sinks.span_exporter, JsonlSpanExporter)
+            else None
+        ),
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
         tracker=tracker,

@@ -1,0 +1,69 @@
+"""Fault and delay injection for tests, from two environment variables.
+
+* ``MEGATRON_TEST_FAULT_AT_ITERATION=N``: the forward step of iteration ``N``
+  (the span with ``megatron.iteration == N``) raises
+  ``RuntimeError("injected fault at iteration N")``.
+* ``MEGATRON_TEST_ITERATION_SLEEP=S``: sleep ``S`` seconds before each forward
+  step, so a test can land a signal in the middle of an iteration.
+
+They are test hooks, but a typo in one is still bad input: the arguments
+check reads them at startup (exit 2, one line naming the variable), not the
+first iteration after the model is built.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+
+__all__ = ["FAULT_ENV", "SLEEP_ENV", "FaultInjection"]
+
+FAULT_ENV = "MEGATRON_TEST_FAULT_AT_ITERATION"
+SLEEP_ENV = "MEGATRON_TEST_ITERATION_SLEEP"
+
+
+@dataclass(frozen=True)
+class FaultInjection:
+    """What the two variables ask for; the default injects nothing."""
+
+    fault_at_iteration: int | None = None
+    sleep_s: float = 0.0
+
+    @classmethod
+    def from_env(cls) -> FaultInjection:
+        """Read both variables; ``ValueError`` with one line naming a bad one."""
+        return cls(fault_at_iteration=_iteration(FAULT_ENV), sleep_s=_seconds(SLEEP_ENV))
+
+    def before_forward(self, iteration: int) -> None:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        if iteration == self.fault_at_iteration:
+            raise RuntimeError(f"injected fault at iteration {iteration}")
+
+
+def _iteration(variable: str) -> int | None:
+    text = os.environ.get(variable)
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{variable}={text!r}: expected an iteration number (an integer >= 0)")
+    return value
+
+
+def _seconds(variable: str) -> float:
+    text = os.environ.get(variable)
+    if not text:
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{variable}={text!r}: expected seconds (a number >= 0)")
+    return value

@@ -1,0 +1,182 @@
+"""The jsonl sink under a full disk, log rotation and ranks racing to create its directory."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from megatron.core.telemetry import TelemetryConfig, managed_span
+from megatron.core.telemetry.jsonl import JsonlFile, JsonlSpanExporter
+from megatron.core.telemetry.reader import read_spans
+
+DEV_FULL = Path("/dev/full")
+needs_dev_full = pytest.mark.skipif(not DEV_FULL.exists(), reason="needs Linux's /dev/full")
+
+
+def _full_disk(tmp_path: Path) -> Path:
+    """A trace path whose writes fail with ENOSPC: a symlink to /dev/full."""
+    path = tmp_path / "telemetry" / "traces.jsonl"
+    path.parent.mkdir()
+    path.symlink_to(DEV_FULL)
+    return path
+
+
+def read_lines(path: Path) -> list:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _names(path: Path) -> list[str]:
+    return [span["name"] for span in read_spans(path)]
+
+
+def _export_warnings(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "megatron.core.telemetry.jsonl"]
+
+
+# -- 4: failed exports are logged once, counted, and reported -------------------
+
+
+@needs_dev_full
+def test_failed_exports_log_the_first_cause_once_and_count_the_rest(tmp_path, caplog):
+    exporter = JsonlSpanExporter(JsonlFile.open(_full_disk(tmp_path)))
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    with caplog.at_level(logging.WARNING):
+        for name in ("a", "b", "c", "d"):
+            tracer.start_span(name).end()
+    records = _export_warnings(caplog)
+    assert len(records) == 1, [r.getMessage() for r in records]
+    assert "No space left on device" in records[0].getMessage()
+    assert records[0].exc_info is None  # a cause, not a traceback per export
+    assert (exporter.failures.exports, exporter.failures.items) == (4, 4)
+    provider.shutdown()
+
+
+@needs_dev_full
+def test_handle_reports_failed_exports_and_lost_spans_at_shutdown(tmp_path, make_handle, caplog):
+    config = TelemetryConfig(
+        enabled=True, exporter="jsonl", trace_file=_full_disk(tmp_path), span_groups_spec="all"
+    )
+    handle = make_handle(config)
+    for name in ("one", "two", "three"):
+        with managed_span("job", name), managed_span("step", f"{name}.child"):
+            pass
+    with caplog.at_level(logging.WARNING):
+        handle.shutdown(timeout_ms=2000)
+    failures = handle.export_failures
+    assert failures.exports >= 1 and failures.items == 6
+    assert failures.first_cause == "No space left on device"
+    reports = [r.getMessage() for r in caplog.records if "spans lost" in r.getMessage()]
+    assert len(reports) == 1 and "6 spans lost" in reports[0], reports
+
+
+def test_a_handle_without_failures_reports_none(tmp_path, make_handle):
+    config = TelemetryConfig(
+        enabled=True, exporter="jsonl", trace_file=tmp_path / "t.jsonl", span_groups_spec="all"
+    )
+    handle = make_handle(config)
+    with managed_span("job", "fine"):
+        pass
+    handle.shutdown(timeout_ms=2000)
+    assert handle.export_failures.exports == 0
+    assert handle.export_failures.report() is None
+
+
+# -- 5: a trace file deleted or moved during a run is reopened -------------------
+
+
+@pytest.mark.parametrize("how", ["moved", "deleted", "directory-deleted"])
+def test_a_rotated_trace_file_is_reopened_at_its_path(tmp_path, how):
+    path = tmp_path / "telemetry" / "traces.jsonl"
+    file = JsonlFile.open(path)
+    file.write_lines([{"n": 1}])
+    if how == "moved":
+        path.rename(tmp_path / "traces.jsonl.1")
+    elif how == "deleted":
+        path.unlink()
+    else:
+        path.unlink()
+        path.parent.rmdir()
+    file.write_lines([{"n": 2}])
+    file.write_lines([{"n": 3}])
+    file.close()
+    assert read_lines(path) == [{"n": 2}, {"n": 3}]
+    if how == "moved":
+        assert read_lines(tmp_path / "traces.jsonl.1") == [{"n": 1}]
+
+
+def test_spans_after_rotation_reach_the_new_file(tmp_path, make_handle):
+    path = tmp_path / "traces.jsonl"
+    config = TelemetryConfig(
+        enabled=True, exporter="jsonl", trace_file=path, span_groups_spec="all"
+    )
+    handle = make_handle(config)
+    with managed_span("job", "before"):
+        pass
+    handle.force_flush()
+    path.rename(tmp_path / "traces.jsonl.1")
+    with managed_span("job", "after"):
+        pass
+    handle.shutdown(timeout_ms=2000)
+    assert _names(path) == ["after"]
+    assert _names(tmp_path / "traces.jsonl.1") == ["before"]
+
+
+# -- 12: ranks creating the same directory at once -------------------------------
+
+
+def test_a_directory_made_by_another_process_meanwhile_is_tolerated(tmp_path, monkeypatch):
+    target = tmp_path / "ckpt" / "telemetry"
+    real_mkdir = Path.mkdir
+
+    def mkdir_after_another_rank(self, *args, **kwargs):
+        if self == target and not self.exists():
+            real_mkdir(self)  # another rank wins the race between check and mkdir
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir_after_another_rank)
+    file = JsonlFile.open(target / "traces.jsonl")
+    file.write_lines([{"ok": True}])
+    file.discard()  # undo only what this process created
+    assert target.is_dir()
+    assert (target / "traces.jsonl").exists()  # written to, so kept
+
+
+def test_many_threads_opening_one_new_path_all_succeed(tmp_path):
+    path = tmp_path / "a" / "b" / "c" / "traces.jsonl"
+    start = threading.Barrier(16)
+    errors: list[BaseException] = []
+    files: list[JsonlFile] = []
+
+    def opener() -> None:
+        start.wait()
+        try:
+            files.append(JsonlFile.open(path))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=opener) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    for index, file in enumerate(files):
+        file.write_lines([{"writer": index}])
+        file.close()
+    assert sorted(line["writer"] for line in read_lines(path)) == list(range(16))
+
+
+def test_a_file_in_the_way_is_still_an_error(tmp_path):
+    (tmp_path / "telemetry").write_text("a file")
+    with pytest.raises(OSError):
+        JsonlFile.open(tmp_path / "telemetry" / "traces.jsonl")
+    assert os.path.isfile(tmp_path / "telemetry")

@@ -1,0 +1,448 @@
+"""Issue 12: faults and bad inputs that must not lose work or fail a run for telemetry's sake.
+
+Each test reproduces one finding of the fault-injection matrix: a torn trace
+line that turned later runs into exit 1, an unwritable ``--save`` found only
+at the first save, stale checkpoint temporaries, ``--save-interval 0``, the
+argparse usage block, ``--data-path DIR``, the test-hook variables, SIGINT and
+SIGHUP, and ``pretrain()`` replacing a user's ``SystemExit``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from megatron.training import checkpointing
+from megatron.training.arguments import parse_args
+from megatron.training.trace_summary import incarnations, read_spans
+from megatron.training.training_log import parse_log_losses
+
+TRACE = Path("ckpt") / "telemetry" / "traces.jsonl"
+SLOW = {"MEGATRON_TEST_ITERATION_SLEEP": "0.3"}
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in ("WORLD_SIZE", "MEGATRON_OTEL_ENABLED", "MEGATRON_TEST_FAULT_AT_ITERATION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("MEGATRON_TEST_ITERATION_SLEEP", raising=False)
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "error:" in line]
+
+
+def _one_error(stderr: str) -> str:
+    errors = _error_lines(stderr)
+    assert len(errors) == 1, stderr
+    assert "Traceback" not in stderr and "usage:" not in stderr, stderr
+    return errors[0]
+
+
+# -- 1(a): nothing telemetry does after training changes the exit status -----
+
+
+def _torn_trace(cli) -> None:
+    """A first incarnation, then a torn line left by a write cut short, then more lines."""
+    first = cli.run(
+        *cli.TINY, "--train-iters", "4", "--save-interval", "2", "--save", "ckpt", "--otel-enabled"
+    )
+    assert first.returncode == 0, first.stderr
+    with open(cli.cwd / TRACE, "a") as trace:
+        trace.write('{"resourceSpans":[{"resou')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param(("--train-iters", "8"), id="resumed-to-the-end"),
+        pytest.param(("--train-iters", "8", "--exit-interval", "6"), id="exit-interval"),
+        pytest.param(("--train-iters", "4"), id="nothing-to-train"),
+    ],
+)
+def test_a_torn_line_in_the_trace_never_changes_the_exit_status(training_cli, extra):
+    cli = training_cli
+    _torn_trace(cli)
+    common = ("--save-interval", "2", "--save", "ckpt", "--load", "ckpt", "--otel-enabled")
+    result = cli.run(*cli.TINY, *common, *extra)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    # The resumed run appended after the torn line, on a line of its own.
+    lines = (cli.cwd / TRACE).read_bytes().split(b"\n")
+    torn_at = lines.index(b'{"resourceSpans":[{"resou') + 1
+    assert lines[-1] == b"" and len(lines) > torn_at + 1
+    # ...and the summary skipped it, counted it and said so.
+    said = [line for line in result.stdout.splitlines() if "torn" in line]
+    assert len(said) == 1 and f"1, line {torn_at}" in said[0], result.stdout
+
+
+FAILING_SUMMARY = """
+import megatron.training.training as training
+from megatron.training.__main__ import main
+
+def broken_summary(path):
+    raise ValueError(f"{{path}}: line 5 is not valid JSON")
+
+training.summarize = broken_summary
+main([{args}])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "extra",
+    [("--train-iters", "2"), ("--train-iters", "4", "--exit-interval", "2")],
+    ids=["to-the-end", "exit-interval"],
+)
+def test_a_failing_summary_is_one_warning_line_and_exit_0(training_cli, extra):
+    cli = training_cli
+    args = ", ".join(repr(a) for a in (*cli.TINY, "--save", "ckpt", "--otel-enabled", *extra))
+    result = cli.run_script(FAILING_SUMMARY.format(args=args))
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "summary" in line]
+    assert len(warnings) == 1 and "line 5 is not valid JSON" in warnings[0], result.stderr
+
+
+# -- 2: an unwritable --save is found at startup -------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("telemetry", [(), ("--otel-enabled",)], ids=["off", "on"])
+def test_save_under_a_regular_file_stops_at_startup_naming_save(training_cli, telemetry):
+    cli = training_cli
+    (cli.cwd / "somefile").write_text("a file, not a directory\n")
+    result = cli.run(*cli.TINY, "--train-iters", "2", "--save", "somefile/ckpt", *telemetry)
+    assert result.returncode == 2, result.stderr
+    message = _one_error(result.stderr)
+    assert "--save" in message and "somefile/ckpt" in message
+    assert "telemetry" not in message
+    assert sorted(p.name for p in cli.cwd.iterdir()) == ["somefile"]
+
+
+def test_read_only_save_directory_is_refused_naming_save(tmp_path, capsys, clean_env, monkeypatch):
+    # EROFS as a read-only mount reports it; simulated so the test holds as
+    # root (which bypasses permission bits) and without mount privileges.
+    real_open = os.open
+
+    def read_only_open(path, flags, *args, **kwargs):
+        if str(path).startswith(str(tmp_path / "ro")) and flags & os.O_CREAT:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    (tmp_path / "ro").mkdir()
+    monkeypatch.setattr(os, "open", read_only_open)
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--mock-data", "--save", str(tmp_path / "ro" / "ckpt")])
+    assert exc.value.code == 2
+    message = _one_error(capsys.readouterr().err)
+    assert "--save" in message and "Read-only file system" in message
+    assert list((tmp_path / "ro").iterdir()) == []  # the directory it made is gone again
+
+
+@pytest.fixture
+def read_only_mount(tmp_path):
+    """A real read-only filesystem (tmpfs mounted ro), where this process may mount one."""
+    mount_point = tmp_path / "ro-mount"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount_point)],
+        capture_output=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount here; the simulated EROFS test covers the check")
+    yield mount_point
+    subprocess.run(["umount", str(mount_point)], check=True)
+
+
+@pytest.mark.slow
+def test_save_on_a_read_only_filesystem_stops_at_startup(training_cli, read_only_mount):
+    cli = training_cli
+    save = str(read_only_mount / "ckpt")
+    result = cli.run(*cli.TINY, "--train-iters", "2", "--save", save, "--otel-enabled")
+    assert result.returncode == 2, result.stderr
+    message = _one_error(result.stderr)
+    assert f"--save {save}" in message and "Read-only file system" in message
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root bypasses permission bits")
+def test_save_in_a_directory_without_write_permission_is_refused(tmp_path, capsys, clean_env):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    try:
+        with pytest.raises(SystemExit) as exc:
+            parse_args(["--mock-data", "--save", str(locked / "ckpt")])
+    finally:
+        locked.chmod(0o755)
+    assert exc.value.code == 2
+    assert "--save" in _one_error(capsys.readouterr().err)
+
+
+def test_writable_save_is_created_and_left_without_a_probe(tmp_path, clean_env):
+    parse_args(["--mock-data", "--save", str(tmp_path / "new" / "ckpt")])
+    assert list((tmp_path / "new" / "ckpt").iterdir()) == []
+
+
+# -- 3: stale temporaries of a killed save -------------------------------------
+
+
+def test_stale_save_temporaries_are_removed_and_nothing_else(tmp_path):
+    save = tmp_path / "ckpt"
+    iteration = save / "iter_0000004"
+    iteration.mkdir(parents=True)
+    stale = [
+        iteration / ".model_optim_rng.pt.k2j4_x9q.tmp",
+        save / ".latest_checkpointed_iteration.txt.a1b2c3d4.tmp",
+    ]
+    kept = [
+        iteration / "model_optim_rng.pt",
+        iteration / ".model_optim_rng.pt.notes",
+        iteration / "model_optim_rng.pt.abcdefgh.tmp",  # not ours: no leading dot
+        save / "notes.tmp",
+        save / "other" / ".model_optim_rng.pt.k2j4_x9q.tmp",  # not a checkpoint directory
+    ]
+    for path in stale + kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    removed = checkpointing.remove_stale_temporaries(save)
+    assert sorted(removed) == sorted(stale)
+    assert not any(p.exists() for p in stale)
+    assert all(p.exists() for p in kept)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_removes_the_temporary_a_killed_save_left(training_cli):
+    cli = training_cli
+    first = cli.run(*cli.TINY, "--train-iters", "2", "--save", "ckpt")
+    assert first.returncode == 0, first.stderr
+    stale = cli.cwd / "ckpt" / "iter_0000002" / ".model_optim_rng.pt.q8w7e6r5.tmp"
+    stale.write_bytes(b"\0" * 1024)
+    again = cli.run(*cli.TINY, "--train-iters", "2", "--save", "ckpt", "--load", "ckpt")
+    assert again.returncode == 0, again.stderr
+    assert not stale.exists()
+    assert (cli.cwd / "ckpt" / "iter_0000002" / "model_optim_rng.pt").exists()
+
+
+# -- 6: --save-interval 0 -------------------------------------------------------
+
+
+def test_save_interval_0_is_accepted(clean_env):
+    assert parse_args(["--mock-data", "--save-interval", "0"]).save_interval == 0
+
+
+@pytest.mark.slow
+def test_save_interval_0_is_one_interval_and_a_final_checkpoint(training_cli):
+    cli = training_cli
+    result = cli.run(
+        *cli.TINY, "--train-iters", "4", "--save", "ckpt", "--save-interval", "0", "--otel-enabled"
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (cli.cwd / "ckpt").glob("iter_*")) == ["iter_0000004"]
+    intervals = [s for s in read_spans(cli.cwd / TRACE) if s["name"] == "megatron.train"]
+    assert len(intervals) == 1
+
+
+# -- 7, 8, 9: one line for bad input --------------------------------------------
+
+
+def test_argument_errors_print_one_line_and_a_pointer_to_help(capsys, clean_env):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--mock-data", "--num-layers", "0"])
+    assert exc.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("megatron-pretrain: error: ") and "--num-layers" in lines[0]
+    assert "--help" in lines[1] and "error:" not in lines[1]
+
+
+def test_data_path_directory_is_said_to_be_a_directory(tmp_path, capsys, clean_env):
+    with pytest.raises(SystemExit):
+        parse_args(["--data-path", str(tmp_path)])
+    message = _one_error(capsys.readouterr().err)
+    assert str(tmp_path) in message and "is a directory" in message
+    assert "no such file" not in message
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("MEGATRON_TEST_FAULT_AT_ITERATION", "abc"),
+        ("MEGATRON_TEST_FAULT_AT_ITERATION", "1.5"),
+        ("MEGATRON_TEST_ITERATION_SLEEP", "abc"),
+        ("MEGATRON_TEST_ITERATION_SLEEP", "-1"),
+        ("MEGATRON_TEST_ITERATION_SLEEP", "nan"),
+    ],
+)
+def test_test_hook_variables_are_validated_at_startup(
+    variable, value, capsys, clean_env, monkeypatch
+):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--mock-data"])
+    assert exc.value.code == 2
+    message = _one_error(capsys.readouterr().err)
+    assert variable in message and repr(value) in message
+
+
+# -- 10: SIGINT and SIGHUP --------------------------------------------------------
+
+
+def _long_run(cli, *extra: str) -> tuple[str, ...]:
+    return (
+        *cli.TINY,
+        "--train-iters", "1000",
+        "--save-interval", "2",
+        "--otel-trace-file", "traces.jsonl",
+        *extra,
+    )  # fmt: skip
+
+
+def _signal_after_first_interval(cli, signum: int):
+    """Start a long run with telemetry on, send ``signum`` once an interval is on disk."""
+    trainer = cli.start(*_long_run(cli, *cli.TELEMETRY_ON), env=SLOW)
+    path = cli.cwd / "traces.jsonl"
+    trainer.wait_until(lambda: path.exists() and b'"megatron.train"' in path.read_bytes())
+    trainer.signal(signum)
+    return trainer, trainer.wait()
+
+
+@pytest.mark.slow
+def test_sigint_ends_with_one_line_status_130_and_a_complete_trace(training_cli):
+    cli = training_cli
+    trainer, status = _signal_after_first_interval(cli, signal.SIGINT)
+    assert status == -signal.SIGINT  # the shell shows 130
+    assert "Traceback" not in trainer.stderr, trainer.stderr
+    assert "interrupted" in trainer.stderr
+    spans = read_spans(cli.cwd / "traces.jsonl")
+    iterations = [s for s in spans if s["name"] == "megatron.train.iteration"]
+    in_flight = max(iterations, key=lambda s: s["attributes"]["megatron.iteration"])
+    assert in_flight["status_code"] == "ERROR"
+    assert {s["name"] for s in spans} >= {"megatron.startup", "megatron.train"}
+
+
+@pytest.mark.slow
+def test_sigint_with_telemetry_off_has_the_same_status(training_cli):
+    cli = training_cli
+    trainer = cli.start(*_long_run(cli), env=SLOW)
+    trainer.wait_until(lambda: len(parse_log_losses(trainer.stdout)) >= 2)
+    trainer.signal(signal.SIGINT)
+    assert trainer.wait() == -signal.SIGINT
+    assert "Traceback" not in trainer.stderr
+
+
+@pytest.mark.slow
+def test_sighup_ends_spans_and_dies_by_the_signal(training_cli):
+    cli = training_cli
+    _, status = _signal_after_first_interval(cli, signal.SIGHUP)
+    assert status == -signal.SIGHUP
+    spans = read_spans(cli.cwd / "traces.jsonl")
+    (run,) = incarnations(spans)
+    assert len(run["intervals"]) >= 2  # the finished ones and the one in flight
+    cut_short = [s for s in spans if s["attributes"].get("megatron.span.cut_short")]
+    in_flight = [s for s in cut_short if s["name"] == "megatron.train.iteration"]
+    assert len(in_flight) == 1
+    assert in_flight[0]["trace_id"] == run["intervals"][-1]["trace_id"]
+    # The structural spans were ended by the lifecycle, not cut short.
+    assert not [s for s in cut_short if s["name"] in ("megatron.startup", "megatron.train")]
+
+
+# -- 11: pretrain() never replaces the original exception ------------------------
+
+USER_SIGTERM_HANDLER = """
+import os, signal, sys, threading
+from megatron.training.__main__ import main
+
+def handler(signum, frame):
+    sys.exit(3)
+
+signal.signal(signal.SIGTERM, handler)
+threading.Timer(4.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+main([{args}])
+"""
+
+
+@pytest.mark.slow
+def test_a_user_sigterm_handler_exit_status_survives_pretrain(training_cli):
+    cli = training_cli
+    args = ", ".join(repr(a) for a in _long_run(cli, "--otel-enabled"))
+    result = cli.run(
+        module=("-c", USER_SIGTERM_HANDLER.format(args=args)),
+        env={"MEGATRON_TEST_ITERATION_SLEEP": "0.2"},
+    )
+    assert result.returncode == 3, result.stderr
+    assert "SpanPhaseError" not in result.stderr
+    assert "megatron.train" in (cli.cwd / "traces.jsonl").read_text()
+
+
+@pytest.mark.slow
+def test_pretrain_returns_the_exit_reason_instead_of_exiting(training_cli):
+    cli = training_cli
+    script = (
+        "from megatron.training.training import pretrain\n"
+        f"r = pretrain({[*cli.TINY, '--train-iters', '8', '--exit-interval', '3']!r})\n"
+        "print('RESULT', r.iteration, r.exit_reason)\n"
+    )
+    result = cli.run_script(script)
+    assert result.returncode == 0, result.stderr
+    assert "RESULT 3 --exit-interval 3" in result.stdout
+
+
+# -- 12: all_ranks under torchrun -----------------------------------------------
+
+
+@pytest.mark.slow
+def test_torchrun_all_ranks_share_one_trace_file(training_cli):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cli = training_cli
+    torchrun = (
+        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+        "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "megatron.training",
+    )  # fmt: skip
+    result = cli.run(
+        *cli.TINY,
+        "--train-iters", "2",
+        "--global-batch-size", "8",
+        "--save", "deep/nested/ckpt",
+        module=torchrun,
+        env={
+            "OMP_NUM_THREADS": "1",
+            "MEGATRON_OTEL_ENABLED": "1",
+            "MEGATRON_OTEL_RANK_STRATEGY": "all_ranks",
+        },
+        timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    spans = read_spans(cli.cwd / "deep" / "nested" / "ckpt" / "telemetry" / "traces.jsonl")
+    assert {s["resource"]["dl.rank"] for s in spans} == {0, 1}
+
+
+# -- 4: a full trace disk ----------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+def test_a_full_trace_disk_is_one_warning_a_count_in_the_summary_and_exit_0(training_cli):
+    cli = training_cli
+    (cli.cwd / "telemetry").mkdir()
+    (cli.cwd / "telemetry" / "traces.jsonl").symlink_to("/dev/full")  # writes: ENOSPC
+    result = cli.run(
+        *cli.TINY, *cli.TELEMETRY_ON,
+        "--train-iters", "4", "--save-interval", "2",
+        "--otel-trace-file", "telemetry/traces.jsonl",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    causes = [line for line in result.stderr.splitlines() if "No space left on device" in line]
+    assert len(causes) == 2, result.stderr  # the first failure, and the total at shutdown
+    (summary,) = [line for line in result.stdout.splitlines() if "spans lost" in line]
+    assert "span exports failed" in summary and "No space left on device" in summary
