@@ -43,6 +43,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from megatron.trace.command import add_command
 from megatron.trace.model import Incarnation, SpanRecord, Trace, load_trace
 
 __all__ = [
@@ -402,13 +403,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "report",
-        help="the goodput report: wall clock, goodput, badput by category, iterations",
-        description=__doc__.split("\n\n")[0],
+        "the goodput report: wall clock, goodput, badput by category, iterations",
+        __doc__.split("\n\n")[0],
+        run,
     )
-    parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="trace files")
     parser.add_argument(
         "--json", action="store_true", help="also print the report as one JSON object, last"
     )
-    parser.set_defaults(func=run)
