@@ -172,6 +172,12 @@ def _sweep(segments: list[tuple[int, int, str]], wall: tuple[int, int]) -> dict[
     return totals
 
 
+def _wall_start(inc: Incarnation) -> int:
+    """Where an incarnation's wall clock starts: its queue or startup, else its first span."""
+    starts = [r.start_ns for r in (*inc.pre_startup, inc.startup) if r is not None]
+    return min(starts) if starts else inc.start_ns
+
+
 def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
     """The accounting of one rank's incarnations (in time order).
 
@@ -179,8 +185,7 @@ def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
     "wasted_iterations": int, "wasted_exact": bool, "per_incarnation":
     [{"horizon", "wasted_iterations", "wasted_window_ns"}]}``.
     """
-    starts = [r.start_ns for inc in incs for r in (*inc.pre_startup, inc.startup) if r]
-    start = min(starts) if starts else min(inc.start_ns for inc in incs)
+    start = min(_wall_start(inc) for inc in incs)
     end = max(max(inc.end_ns for inc in incs), start)
     segments: list[tuple[int, int, str]] = []
     per_incarnation = []
