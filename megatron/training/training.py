@@ -413,9 +413,9 @@ def _print_telemetry_summary(telemetry: Any) -> None:
     if not telemetry.is_exporting:
         return
     try:
-        trace_file = telemetry.trace_file
-        if trace_file is not None and trace_file.is_file():
-            print(summarize(trace_file), flush=True)
+        trace_file, tally = telemetry.trace_file, telemetry.tally
+        if trace_file is not None and tally is not None:
+            print(summarize(trace_file, tally), flush=True)
         if report := telemetry.export_failures.report():
             print(f"telemetry: {report}", flush=True)
     except Exception as exc:  # noqa: BLE001 -- the run succeeded; the summary is a bonus

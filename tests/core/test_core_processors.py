@@ -311,21 +311,38 @@ def test_schedule_delay_variable_exports_without_a_wake_up(
     root.end()
 
 
+class _HeldExporter(ListExporter):
+    """A list exporter whose first export blocks until released, so the queue fills."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.entered.set()
+        self.release.wait(10)
+        return super().export(spans)
+
+
 def test_queue_size_variable_bounds_the_queue(
     bsp_env: pytest.MonkeyPatch, provider: TracerProvider
 ) -> None:
     bsp_env.setenv("OTEL_BSP_SCHEDULE_DELAY", str(LONG_DELAY_MS))
     bsp_env.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "3")
-    exporter = ListExporter()
+    exporter = _HeldExporter()
     processor = RootFlushingBatchSpanProcessor(exporter)
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("t")
+    tracer.start_span("first-root").end()  # wakes the worker, which then waits in export
+    assert exporter.entered.wait(10)
     root = tracer.start_span("root")
-    for index in range(5):
+    for index in range(5):  # nothing drains the queue meanwhile: 3 fit, 2 are dropped
         child_of(tracer, root, f"c{index}").end()
     assert processor.dropped_spans == 2
+    exporter.release.set()
     processor.shutdown()
-    assert exporter.names == ["c0", "c1", "c2"]
+    assert exporter.names == ["first-root", "c0", "c1", "c2"]
 
 
 def test_export_timeout_variable_bounds_the_wait_at_shutdown(

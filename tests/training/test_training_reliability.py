@@ -79,14 +79,14 @@ def test_a_torn_line_in_the_trace_never_changes_the_exit_status(training_cli, ex
     assert lines[-1] == b"" and len(lines) > torn_at + 1
     # ...and the summary skipped it, counted it and said so.
     said = [line for line in result.stdout.splitlines() if "torn" in line]
-    assert len(said) == 1 and f"1, line {torn_at}" in said[0], result.stdout
+    assert len(said) == 1 and "torn lines: 1" in said[0], result.stdout
 
 
 FAILING_SUMMARY = """
 import megatron.training.training as training
 from megatron.training.__main__ import main
 
-def broken_summary(path):
+def broken_summary(path, tally):
     raise ValueError(f"{{path}}: line 5 is not valid JSON")
 
 training.summarize = broken_summary

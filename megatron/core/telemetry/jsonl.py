@@ -92,6 +92,8 @@ class JsonlFile:
         self._created = tuple(created)
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        #: Torn last lines (a killed writer's) this file sealed with a newline.
+        self.torn_lines_sealed = 0
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> JsonlFile:
@@ -141,6 +143,7 @@ class JsonlFile:
             fd, size = self._reopen_if_replaced(fd)
             if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
                 payload = b"\n" + payload
+                self.torn_lines_sealed += 1
             view = memoryview(payload)
             while view:
                 written = os.write(fd, view)

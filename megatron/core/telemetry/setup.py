@@ -68,6 +68,7 @@ from megatron.core.telemetry.jsonl import (
 )
 from megatron.core.telemetry.processors import OpenSpanTracker, RootFlushingBatchSpanProcessor
 from megatron.core.telemetry.sampling import RankAwareSampler, local_rank_from_env, rank_exports
+from megatron.core.telemetry.tally import SpanTally
 
 __all__ = ["TelemetryHandle", "setup_telemetry"]
 
@@ -122,6 +123,8 @@ class TelemetryHandle:
         rank: the rank the handle was set up for.
         export_failures: span exports of the ``jsonl`` sink that failed, and
             the spans they lost (reported at shutdown and in the summary).
+        tally: what this handle's spans were, counted as they ended (for
+            the end-of-run summary), or ``None`` when not exporting.
     """
 
     def __init__(
@@ -139,6 +142,7 @@ class TelemetryHandle:
         log_bridge: LogBridge | None = None,
         logs_file: Path | None = None,
         export_failures: ExportFailures | None = None,
+        tally: SpanTally | None = None,
     ) -> None:
         self.tracer = tracer
         self.export_failures = export_failures or ExportFailures()
@@ -155,6 +159,7 @@ class TelemetryHandle:
         self._tracker = tracker
         self._logger_provider = logger_provider
         self._log_bridge = log_bridge
+        self.tally = tally
         self._pid = os.getpid()
         # Re-entrant: a SIGTERM handler may call shutdown() while the main
         # thread is inside it; the nested call then sees the flag and returns.
@@ -628,7 +633,7 @@ def setup_telemetry(
 
     version = _package_version()
     tracer: trace.Tracer = trace.NoOpTracer()
-    tracer_provider = tracker = None
+    tracer_provider = tracker = tally = None
     if config.traces_enabled:
         tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         if config.sampling_strategy == "rank_aware":
@@ -640,7 +645,9 @@ def setup_telemetry(
         # The tracker goes first: at shutdown it ends open spans, and the
         # exporting processors registered after it must still be alive to get them.
         tracer_provider.add_span_processor(tracker)
-        for processor in processors:
+        trace_sink = next((f for f in sinks.files if f.path == sinks.trace_file), None)
+        tally = SpanTally(trace_sink)
+        for processor in (*processors, tally):
             tracer_provider.add_span_processor(processor)
         tracer = tracer_provider.get_tracer(SCOPE_NAME, version)
     meter: metrics.Meter = metrics.NoOpMeter(SCOPE_NAME)
@@ -677,6 +684,7 @@ def setup_telemetry(
         logger_provider=logger_provider,
         log_bridge=log_bridge,
         logs_file=sinks.logs_file,
+        tally=tally,
     )
     # The providers do not register their own (unbounded) exit hooks; this
     # bounded one exports what a caller forgot to shut down.
