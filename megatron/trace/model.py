@@ -23,8 +23,11 @@ disk.
 A process killed by SIGKILL leaves no trace of its in-flight interval; the
 spans that interval's finished children wrote then end later than any root
 span the process wrote (in every other case a child ends inside its root).
-That is how :attr:`Incarnation.ended` tells ``"killed"`` apart. A kill that
-left no finished child behind looks like a clean end.
+That is how :attr:`Incarnation.ended` tells ``"killed"`` apart; so does a last
+interval whose ``megatron.interval.rerooted`` is true (a reroot closed it, so
+the interval that followed was lost), which catches a kill that left no
+finished child behind. A kill before the first interval opened, with no
+finished child written, still looks like a clean end.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ __all__ = [
 
 CUT_SHORT = "megatron.span.cut_short"
 ITERATION = "megatron.iteration"
+REROOTED = "megatron.interval.rerooted"
 ITERATION_SPAN = "megatron.train.iteration"
 STARTUP = "megatron.startup"
 PRE_STARTUP = "pre_startup"
@@ -337,9 +341,18 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> list[Incarnation]:
             inc.start_ns = max(inc.start_ns, boundaries[index - 1])
         inc.ended = "cut_short" if inc.cut_short else "shutdown"
     last = incs[-1]
-    if proc.max_end_child > proc.max_end_root and not last.cut_short:
+    if not last.cut_short and (proc.max_end_child > proc.max_end_root or _lost_next(last)):
         last.ended = "killed"
     return incs
+
+
+def _lost_next(inc: Incarnation) -> bool:
+    """Whether the incarnation's last interval was closed by a reroot that opened
+    an interval the file does not hold (it was in flight at a SIGKILL)."""
+    if not inc.intervals:
+        return False
+    last = max(inc.intervals, key=lambda record: record.start_ns)
+    return last.attributes.get(REROOTED) is True
 
 
 def _distribute_iterations(

@@ -66,6 +66,10 @@ MODEL_TYPE = "megatron.model_type"
 INTERVAL_INDEX = "megatron.interval.index"
 INTERVAL_FIRST_ITERATION = "megatron.interval.first_iteration"
 INTERVAL_LAST_ITERATION = "megatron.interval.last_iteration"
+# True when a reroot closed the interval (so C(k+1) follows it), False when
+# end_train or shutdown did. A reader whose last interval says True knows the
+# next one was lost: the process was killed while it was open.
+INTERVAL_REROOTED = "megatron.interval.rerooted"
 
 # A save_interval <= 0 means "no checkpointing": one interval covers the loop.
 # The pass counter then starts so high that it never runs out in practice.
@@ -409,16 +413,19 @@ class SpanPhases:
         The next step() goes to the table again: after ``end_train`` it opens a
         new interval, after ``shutdown`` it is rejected.
         """
+        self._finish_interval(iteration, rerooted=False)
+
+    def _next_interval(self, iteration: int | None = None) -> None:
+        """``reroot`` inside ``interval``: end C(k), open C(k+1) linked to it."""
+        self._finish_interval(iteration, rerooted=True)
+        self._open_interval(iteration)
+
+    def _finish_interval(self, iteration: int | None, *, rerooted: bool) -> None:
         last = self._last_iteration(iteration)
         self._passes.remaining = 1
         self._interval_index += 1
         if self._interval is not None:
-            self._end_interval_span(last)
-
-    def _next_interval(self, iteration: int | None = None) -> None:
-        """``reroot`` inside ``interval``: end C(k), open C(k+1) linked to it."""
-        self._close_interval(iteration)
-        self._open_interval(iteration)
+            self._end_interval_span(last, rerooted)
 
     def _last_iteration(self, boundary_iteration: int | None) -> int | None:
         """The last iteration the open interval covered, from counts, not stores.
@@ -444,18 +451,16 @@ class SpanPhases:
         self._interval_token = otel_context.attach(otel_trace.set_span_in_context(self._interval))
 
     @_telemetry_guard
-    def _end_interval_span(self, last_iteration: int | None) -> None:
+    def _end_interval_span(self, last_iteration: int | None, rerooted: bool) -> None:
         """Detach and end C(k), keeping its span context for C(k+1)'s link."""
         span, token = self._interval, self._interval_token
         self._interval = self._interval_token = None
         self._link_to = span.get_span_context()
+        attributes: dict[str, Any] = {INTERVAL_REROOTED: rerooted}
         if last_iteration is not None:
-            span.set_attributes(
-                {
-                    INTERVAL_FIRST_ITERATION: self._first_iteration,
-                    INTERVAL_LAST_ITERATION: last_iteration,
-                }
-            )
+            attributes[INTERVAL_FIRST_ITERATION] = self._first_iteration
+            attributes[INTERVAL_LAST_ITERATION] = last_iteration
+        span.set_attributes(attributes)
         if token is not None:
             otel_context.detach(token)
         span.end()

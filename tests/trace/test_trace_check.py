@@ -134,6 +134,18 @@ def test_killed_then_resumed_is_reported_not_a_violation(
     assert lines[-1] == "ok: 32 spans, 2 incarnations on 1 ranks, 0 violations"
 
 
+def test_killed_right_after_a_reroot_is_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing of the in-flight interval reached the file: the last interval's
+    ``megatron.interval.rerooted`` says another one followed, so it was lost."""
+    spans = [s for s in g.lifecycle(0, kill_after=0) if s["name"] != "megatron.train.get_batch"]
+    path = g.write(tmp_path / "t.jsonl", spans)
+    status, lines = run_check(capsys, path)
+    assert status == 0
+    assert lines[0].startswith("killed: rank 0 incarnation 0: its in-flight interval is missing")
+
+
 def test_killed_during_startup_is_reported(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

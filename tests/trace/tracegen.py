@@ -151,6 +151,9 @@ def lifecycle(
             )
             now += 0.25
         attr(interval, "megatron.interval.last_iteration", iteration - 1)
+        # a reroot closed it when another interval follows (written or not)
+        followed = index < intervals - 1 or kill_after is not None or cut_short_after is not None
+        attr(interval, "megatron.interval.rerooted", followed)
         interval["endTimeUnixNano"] = str(round(now * SECOND))
         spans.append(interval)
         previous = interval
@@ -170,6 +173,7 @@ def lifecycle(
             spans.append(in_flight)
             now += 0.5
             attr(interval, "megatron.span.cut_short", True)
+            attr(interval, "megatron.interval.rerooted", False)
             interval["endTimeUnixNano"] = str(round(now * SECOND))
             spans.append(interval)
         else:

@@ -30,6 +30,7 @@ from spans_helpers import (
 FIRST_ITERATION = "megatron.interval.first_iteration"
 LAST_ITERATION = "megatron.interval.last_iteration"
 INDEX = "megatron.interval.index"
+REROOTED = "megatron.interval.rerooted"
 
 
 def expected_interval_of_pass(save_interval: int, passes: int) -> list[int]:
@@ -103,6 +104,22 @@ def test_reroot_at_save_interval_boundaries(lifecycles, save_interval, passes, f
         passes_in_k = [p for p, owner_k in enumerate(owner) if owner_k == k]
         assert c.attributes[FIRST_ITERATION] == first_iteration + passes_in_k[0]
         assert c.attributes[LAST_ITERATION] == first_iteration + passes_in_k[-1]
+
+    # Every interval but the last was closed by a reroot; the last by end_train.
+    assert [c.attributes[REROOTED] for c in intervals] == [True] * (n_intervals - 1) + [False]
+
+
+def test_an_interval_ended_by_shutdown_was_not_rerooted(lifecycles):
+    """A reader tells a killed run by a last interval that says a reroot followed."""
+    handle = FakeHandle()
+    phases = lifecycles.new(handle, save_interval=2)
+    phases.start_job(model_type="gpt", timestamps=launch_timestamps())
+    phases.start_train()
+    for iteration in range(3):
+        phases.step(iteration)
+    phases.shutdown()  # C1 is open: SIGTERM's path
+    intervals = handle.intervals()
+    assert [c.attributes[REROOTED] for c in intervals] == [True, False]
 
 
 def test_boundaries_do_not_depend_on_the_resume_offset(lifecycles):
