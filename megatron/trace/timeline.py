@@ -1,0 +1,498 @@
+"""``megatron-trace timeline``: one self-contained HTML page that shows where a job's time went.
+
+A Gantt chart, one lane per incarnation (and per rank when the files hold
+several): the scheduler queue, the launch and startup phases, every
+checkpoint interval, checkpoint loads and saves, evaluations, the gaps
+between incarnations and how each incarnation ended (shut down, cut short by
+SIGTERM, killed with its interval in flight lost). Hovering a bar shows the
+span's name, duration, iteration range and attributes.
+
+Drawn with plotly (the ``trace`` extra) and with plotly.js embedded in the
+page, so it opens offline and can be mailed around. Per-step spans are not
+drawn (a day-long job has millions); only their iteration numbers are kept,
+to say what a killed interval had done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from megatron.trace.lanes import Lane, LaneIndex
+from megatron.trace.spans import SpanSource, TraceInputError, span_source
+
+__all__ = ["PLOTLY_MISSING", "Timeline", "add_parser", "collect", "render_html", "run"]
+
+PLOTLY_MISSING = (
+    "megatron-trace timeline: error: plotly is not installed; "
+    "pip install 'megatron-telemetry-spans[trace]'"
+)
+
+# Categories, in legend and drawing order: (key, legend label, colour).
+# Later ones are drawn on top, so nested spans stay visible over their parents.
+CATEGORIES = (
+    ("queue", "scheduler queue", "#9e9e9e"),
+    ("restart_gap", "restart gap", "#cfcfcf"),
+    ("startup", "startup, between phases", "#c6dbef"),
+    ("launch", "launch, container", "#8c6d31"),
+    ("startup_phase", "startup phase", "#3182bd"),
+    ("interval", "training interval", "#31a354"),
+    ("lost", "lost work (killed)", "#d62728"),
+    ("checkpoint_load", "checkpoint load", "#17becf"),
+    ("checkpoint_save", "checkpoint save", "#ff7f0e"),
+    ("evaluation", "evaluation", "#9467bd"),
+)
+_NESTED = {"checkpoint_load", "checkpoint_save", "evaluation"}
+# Markers above the lane (checkpoints) and below it (evaluations): the two often
+# happen in the same millisecond, so they must not share a spot. Rows grow downwards.
+_MARKER_OFFSET = {"checkpoint_load": -0.38, "checkpoint_save": -0.38, "evaluation": 0.38}
+_PATTERNED = {"restart_gap": "/", "lost": "x"}
+_LAUNCH = {"megatron.startup.launch_script", "megatron.startup.container_load"}
+_SIMPLE = {
+    "pre_startup": "queue",
+    "megatron.startup": "startup",
+    "megatron.train": "interval",
+    "megatron.checkpoint.load": "checkpoint_load",
+    "megatron.checkpoint.save": "checkpoint_save",
+    "megatron.evaluate": "evaluation",
+}
+# Children of an interval whose parent's absence means the interval was lost.
+_INTERVAL_CHILDREN = {"megatron.train.iteration", "megatron.checkpoint.save", "megatron.evaluate"}
+_MAX_ATTRIBUTES = 16
+
+
+@dataclass
+class Bar:
+    """One drawn span (or derived stretch: a restart gap, a lost interval)."""
+
+    lane: Lane
+    category: str
+    name: str
+    start_ns: int
+    end_ns: int
+    text: str = ""
+    details: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Orphans:
+    """Children of one interval that is not in the file: what a killed interval did."""
+
+    start_ns: int
+    end_ns: int
+    first_iteration: int | None = None
+    last_iteration: int | None = None
+    spans: int = 0
+
+    def add(self, span: dict[str, Any]) -> None:
+        self.start_ns = min(self.start_ns, span["start_ns"])
+        self.end_ns = max(self.end_ns, span["end_ns"])
+        self.spans += 1
+        iteration = span["attributes"].get("megatron.iteration")
+        if span["name"] == "megatron.train.iteration" and isinstance(iteration, int):
+            if self.first_iteration is None or iteration < self.first_iteration:
+                self.first_iteration = iteration
+            if self.last_iteration is None or iteration > self.last_iteration:
+                self.last_iteration = iteration
+
+
+@dataclass
+class LaneSummary:
+    """What the page says about one lane beside its bars."""
+
+    lane: Lane
+    start_ns: int
+    end_ns: int
+    ended: str = "shutdown"
+    cut_short: list[tuple[str, int]] = field(default_factory=list)  # (span name, end)
+
+
+@dataclass
+class Timeline:
+    """Everything the page draws, collected in one pass over the spans."""
+
+    bars: list[Bar]
+    lanes: list[LaneSummary]
+    several_ranks: bool
+    spans: int
+    files: list[str]
+
+    @property
+    def wall_ns(self) -> int:
+        if not self.lanes:
+            return 0
+        return max(s.end_ns for s in self.lanes) - min(s.start_ns for s in self.lanes)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``timeline`` on the ``megatron-trace`` command line."""
+    parser = subparsers.add_parser(
+        "timeline",
+        help="draw the job as a self-contained HTML timeline (needs the 'trace' extra)",
+        description="Write a self-contained HTML page (plotly, opens offline) with one lane "
+        "per incarnation and rank: queue, startup phases, intervals, checkpoints, "
+        "evaluations, restart gaps and how each incarnation ended.",
+    )
+    parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="traces.jsonl files")
+    parser.add_argument(
+        "-o", "--output", type=Path, default=Path("timeline.html"), help="the page to write"
+    )
+    parser.set_defaults(run=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``timeline`` for parsed arguments; returns the exit status."""
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        print(PLOTLY_MISSING, file=sys.stderr)
+        return 2
+    try:
+        timeline = collect(span_source(args.files), [str(path) for path in args.files])
+    except TraceInputError as exc:
+        print(f"megatron-trace timeline: error: {exc}", file=sys.stderr)
+        return 2
+    write_page(timeline, args.output)
+    print(f"timeline written to {args.output}")
+    return 0
+
+
+def write_page(timeline: Timeline, output: Path) -> None:
+    """Write the page beside ``output`` and rename it over, so a failure leaves no torn page."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp")
+    try:
+        tmp.write_text(render_html(timeline), encoding="utf-8")
+        os.replace(tmp, output)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def collect(source: SpanSource, files: list[str] | None = None) -> Timeline:
+    """Read the spans (two passes) into the bars and lane summaries the page draws."""
+    index = LaneIndex(source())
+    bars: list[Bar] = []
+    summaries: dict[Lane, LaneSummary] = {}
+    kept_ids: set[str] = set()
+    orphans: dict[tuple[Lane, str], _Orphans] = {}
+    count = 0
+    for span in source():
+        count += 1
+        lane = index.lane(span)
+        summary = summaries.get(lane)
+        if summary is None:
+            summary = summaries[lane] = LaneSummary(lane, span["start_ns"], span["end_ns"])
+        summary.start_ns = min(summary.start_ns, span["start_ns"])
+        summary.end_ns = max(summary.end_ns, span["end_ns"])
+        attributes = span["attributes"]
+        if attributes.get("megatron.span.cut_short"):
+            summary.cut_short.append((span["name"], span["end_ns"]))
+        category = _category(span["name"])
+        if category is not None:
+            bars.append(_bar(lane, category, span))
+            if category in ("interval", "startup"):
+                kept_ids.add(span["span_id"])
+        if span["name"] in _INTERVAL_CHILDREN and span["parent_id"]:
+            key = (lane, span["parent_id"])
+            if key not in orphans:
+                orphans[key] = _Orphans(span["start_ns"], span["end_ns"])
+            orphans[key].add(span)
+    for (lane, parent), lost in orphans.items():
+        if parent in kept_ids:
+            continue
+        summaries[lane].ended = "killed"
+        bars.append(_lost_bar(lane, lost))
+    for summary in summaries.values():
+        if summary.cut_short and summary.ended != "killed":
+            summary.ended = "cut short"
+    lanes = sorted(summaries.values(), key=lambda s: (s.lane.incarnation, s.lane.rank))
+    bars.extend(_restart_gaps(lanes))
+    return Timeline(bars, lanes, index.several_ranks, count, list(files or []))
+
+
+def _category(name: str) -> str | None:
+    if name in _SIMPLE:
+        return _SIMPLE[name]
+    if name in _LAUNCH:
+        return "launch"
+    if name.startswith("megatron.startup."):
+        return "startup_phase"
+    return None
+
+
+def _bar(lane: Lane, category: str, span: dict[str, Any]) -> Bar:
+    attributes = span["attributes"]
+    text = ""
+    details = []
+    if category == "interval":
+        index = attributes.get("megatron.interval.index")
+        first = attributes.get("megatron.interval.first_iteration")
+        last = attributes.get("megatron.interval.last_iteration")
+        text = f"C{index} · {first}–{last}" if index is not None else ""
+        if first is not None:
+            details.append(f"iterations {first}–{last}")
+    elif category == "startup_phase" or category == "launch":
+        text = span["name"].removeprefix("megatron.startup.")
+    elif "megatron.iteration" in attributes:
+        details.append(f"at iteration {attributes['megatron.iteration']}")
+    if span.get("status_code") == "ERROR":
+        details.append(f"status ERROR {span.get('status_message', '')}".rstrip())
+    for key, value in list(attributes.items())[:_MAX_ATTRIBUTES]:
+        details.append(f"{key} = {value}")
+    details.append(f"trace {span['trace_id'][:8]}… span {span['span_id']}")
+    return Bar(lane, category, span["name"], span["start_ns"], span["end_ns"], text, details)
+
+
+def _lost_bar(lane: Lane, lost: _Orphans) -> Bar:
+    if lost.first_iteration is not None:
+        done = f"iterations {lost.first_iteration}–{lost.last_iteration} finished, never saved"
+        text = f"lost · {lost.first_iteration}–{lost.last_iteration}"
+    else:
+        done, text = "no iteration finished", "lost"
+    return Bar(
+        lane,
+        "lost",
+        "interval in flight when killed",
+        lost.start_ns,
+        lost.end_ns,
+        text,
+        [
+            done,
+            f"{lost.spans} child spans on disk; the megatron.train span itself was never written",
+            "from the first to the last of its children in the file",
+        ],
+    )
+
+
+def _restart_gaps(lanes: list[LaneSummary]) -> Iterable[Bar]:
+    """Between each rank's incarnation k and k+1: from the last span end to the next start."""
+    previous: dict[int, LaneSummary] = {}
+    for summary in lanes:
+        before = previous.get(summary.lane.rank)
+        previous[summary.lane.rank] = summary
+        if before is not None and summary.start_ns > before.end_ns:
+            yield Bar(
+                summary.lane,
+                "restart_gap",
+                "restart gap",
+                before.end_ns,
+                summary.start_ns,
+                "gap",
+                [
+                    f"from the last span of incarnation {before.lane.incarnation} "
+                    f"({before.ended}) to the first of incarnation {summary.lane.incarnation}"
+                ],
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+
+
+def _when(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def _duration(ns: int) -> str:
+    seconds = ns / 1e9
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1000:.1f} ms"
+
+
+def _hover(bar: Bar, label: str) -> str:
+    lines = [
+        f"<b>{html.escape(bar.name)}</b>",
+        f"{html.escape(label)}",
+        f"duration {_duration(bar.end_ns - bar.start_ns)}",
+        f"{_when(bar.start_ns)[11:23]} → {_when(bar.end_ns)[11:23]} UTC",
+        *(html.escape(detail) for detail in bar.details),
+    ]
+    return "<br>".join(lines)
+
+
+_ENDED_COLOURS = {"shutdown": "#31a354", "cut short": "#e6550d", "killed": "#d62728"}
+
+
+def _lane_label(summary: LaneSummary, several_ranks: bool) -> str:
+    colour = _ENDED_COLOURS.get(summary.ended, "#444")
+    ended = {"cut short": "cut short (SIGTERM)", "killed": "killed"}.get(summary.ended, "shut down")
+    return (
+        f"<b>{summary.lane.label(several_ranks)}</b><br><span style='color:{colour}'>{ended}</span>"
+    )
+
+
+def figure(timeline: Timeline) -> Any:
+    """The plotly figure: horizontal bars on a wall-clock axis, one numeric row per lane."""
+    import plotly.graph_objects as go
+
+    rows = {summary.lane: position for position, summary in enumerate(timeline.lanes)}
+    labels = {
+        summary.lane: summary.lane.label(timeline.several_ranks) for summary in timeline.lanes
+    }
+    fig = go.Figure()
+    for key, legend, colour in CATEGORIES:
+        bars = [bar for bar in timeline.bars if bar.category == key]
+        if not bars:
+            continue
+        nested = key in _NESTED
+        fig.add_trace(
+            go.Bar(
+                name=legend,
+                legendgroup=key,
+                orientation="h",
+                y=[rows[bar.lane] for bar in bars],
+                base=[_when(bar.start_ns) for bar in bars],
+                x=[max(bar.end_ns - bar.start_ns, 0) / 1e6 for bar in bars],
+                width=0.3 if nested else (0.45 if key == "startup" else 0.6),
+                marker={
+                    "color": colour,
+                    "line": {"color": "white", "width": 1},
+                    "pattern": {"shape": _PATTERNED.get(key, ""), "fgcolor": "white"},
+                },
+                text=[bar.text for bar in bars],
+                textposition="inside",
+                insidetextanchor="middle",
+                textangle=0,
+                hovertext=[_hover(bar, labels[bar.lane]) for bar in bars],
+                hoverinfo="text",
+            )
+        )
+        if nested:
+            # Saves, loads and evaluations take milliseconds in a run of minutes: a marker
+            # at each keeps them visible (and hoverable) at any zoom.
+            fig.add_trace(
+                go.Scatter(
+                    name=legend,
+                    legendgroup=key,
+                    showlegend=False,
+                    mode="markers",
+                    y=[rows[bar.lane] + _MARKER_OFFSET[key] for bar in bars],
+                    x=[_when((bar.start_ns + bar.end_ns) // 2) for bar in bars],
+                    marker={
+                        "color": colour,
+                        "size": 11,
+                        "symbol": "triangle-down" if _MARKER_OFFSET[key] < 0 else "triangle-up",
+                        "line": {"color": "#333", "width": 1},
+                    },
+                    hovertext=[_hover(bar, labels[bar.lane]) for bar in bars],
+                    hoverinfo="text",
+                )
+            )
+    _add_endings(fig, timeline, rows)
+    height = 230 + 90 * max(len(timeline.lanes), 1)
+    fig.update_layout(
+        barmode="overlay",
+        height=height,
+        margin={"l": 10, "r": 20, "t": 30, "b": 110},
+        legend={"orientation": "h", "yref": "container", "yanchor": "bottom", "y": 0, "x": 0},
+        uniformtext={"minsize": 9, "mode": "hide"},
+        plot_bgcolor="white",
+        hoverlabel={"align": "left"},
+        font={"family": "Helvetica, Arial, sans-serif", "size": 13},
+    )
+    fig.update_yaxes(
+        tickmode="array",
+        tickvals=list(rows.values()),
+        ticktext=[_lane_label(s, timeline.several_ranks) for s in timeline.lanes],
+        autorange="reversed",
+        showgrid=False,
+        zeroline=False,
+    )
+    fig.update_xaxes(
+        type="date",
+        showgrid=True,
+        gridcolor="#eee",
+    )
+    return fig
+
+
+def _add_endings(fig: Any, timeline: Timeline, rows: dict[Lane, int]) -> None:
+    """A mark where each incarnation stopped that was not a clean shutdown."""
+    import plotly.graph_objects as go
+
+    for ended, symbol, colour in (("cut short", "x", "#e6550d"), ("killed", "x", "#d62728")):
+        lanes = [s for s in timeline.lanes if s.ended == ended]
+        if not lanes:
+            continue
+        hover = []
+        for summary in lanes:
+            lines = [f"<b>{ended}</b>", html.escape(summary.lane.label(timeline.several_ranks))]
+            if ended == "killed":
+                lines.append("its interval in flight was never written (SIGKILL)")
+            lines += [f"{html.escape(name)} cut short" for name, _ in summary.cut_short[:8]]
+            hover.append("<br>".join(lines))
+        fig.add_trace(
+            go.Scatter(
+                name=f"ended: {ended}",
+                mode="markers",
+                y=[rows[s.lane] for s in lanes],
+                x=[_when(s.end_ns) for s in lanes],
+                marker={"symbol": symbol, "size": 16, "color": colour, "line": {"width": 2}},
+                hovertext=hover,
+                hoverinfo="text",
+            )
+        )
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{title}</title>
+<style>
+body {{ font-family: Helvetica, Arial, sans-serif; margin: 16px 24px; color: #222; }}
+h1 {{ font-size: 20px; margin: 0 0 4px 0; }}
+.files {{ color: #666; font-size: 13px; margin-bottom: 10px; }}
+.summary {{ display: flex; flex-wrap: wrap; gap: 8px 28px; font-size: 14px; margin: 8px 0; }}
+.summary b {{ font-size: 16px; }}
+.note {{ color: #666; font-size: 12px; }}
+</style>
+</head>
+<body>
+<h1>{title}</h1>
+<div class="files">{files}</div>
+<div class="summary">{summary}</div>
+{plot}
+<p class="note">Time runs left to right in wall-clock UTC. Hover a bar for its span,
+duration, iterations and attributes; drag to zoom, double-click to reset. Triangles mark
+checkpoint loads, saves and evaluations, which are too short to see at full scale. Lanes are
+incarnations (one per launch of the job){ranks}.</p>
+</body>
+</html>
+"""
+
+
+def render_html(timeline: Timeline) -> str:
+    """The whole page, plotly.js embedded (about 4.5 MB), so it opens without a network."""
+    plot = figure(timeline).to_html(
+        full_html=False, include_plotlyjs=True, div_id="timeline", config={"displaylogo": False}
+    )
+    ended = ", ".join(f"{s.lane.label(timeline.several_ranks)}: {s.ended}" for s in timeline.lanes)
+    summary = [
+        f"<span>wall clock <b>{_duration(timeline.wall_ns)}</b></span>",
+        f"<span>incarnations <b>{max((s.lane.incarnation for s in timeline.lanes), default=0)}"
+        f"</b></span>",
+        f"<span>spans <b>{timeline.spans}</b></span>",
+        f"<span>{html.escape(ended)}</span>",
+    ]
+    return _PAGE.format(
+        title="megatron-trace timeline",
+        files=html.escape(" ".join(timeline.files)),
+        summary="\n".join(summary),
+        plot=plot,
+        ranks=" and ranks" if timeline.several_ranks else "",
+    )
