@@ -28,7 +28,16 @@ from typing import Any
 from megatron.trace.lanes import Lane, LaneIndex
 from megatron.trace.spans import SpanSource, TraceInputError, span_source
 
-__all__ = ["PLOTLY_MISSING", "Timeline", "add_parser", "collect", "render_html", "run"]
+__all__ = [
+    "PLOTLY_MISSING",
+    "Timeline",
+    "add_parser",
+    "collect",
+    "render_html",
+    "run",
+    "write_beside_trace",
+    "write_page",
+]
 
 PLOTLY_MISSING = (
     "megatron-trace timeline: error: plotly is not installed; "
@@ -163,6 +172,36 @@ def run(args: argparse.Namespace) -> int:
     write_page(timeline, args.output)
     print(f"timeline written to {args.output}")
     return 0
+
+
+def write_beside_trace(args: argparse.Namespace) -> Path | None:
+    """The end of ``tox -e demo``: draw the run's trace as ``timeline.html`` beside it.
+
+    Best effort by design: whatever goes wrong (telemetry off, plotly not
+    installed, an unreadable file) is one line on stdout, never an exception,
+    so it cannot change how the training run ends. Returns the page's path.
+    """
+    try:
+        from megatron.core.telemetry.config import TelemetryConfig
+
+        if os.environ.get("RANK", "0") != "0":
+            return None  # one page per job, from the first rank's launcher
+        config = TelemetryConfig.from_args(args)
+        trace = config.trace_file
+        if not config.enabled or config.exporter != "jsonl" or trace is None or not trace.is_file():
+            return None
+        try:
+            import plotly  # noqa: F401
+        except ImportError:
+            print("timeline: not drawn; pip install 'megatron-telemetry-spans[trace]'", flush=True)
+            return None
+        output = trace.with_name("timeline.html")
+        write_page(collect(span_source([trace]), [str(trace)]), output)
+    except Exception as exc:  # noqa: BLE001 -- a picture must never end a training run
+        print(f"timeline: not drawn: {exc}", flush=True)
+        return None
+    print(f"timeline: {output}", flush=True)
+    return output
 
 
 def write_page(timeline: Timeline, output: Path) -> None:

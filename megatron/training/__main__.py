@@ -31,6 +31,10 @@ def main(argv: list[str] | None = None) -> None:
     except (CheckpointError, TelemetryConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
+    if args.demo:  # the demo ends by drawing its trace; never raises
+        from megatron.trace.timeline import write_beside_trace
+
+        write_beside_trace(args)
 
 
 if __name__ == "__main__":
