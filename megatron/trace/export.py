@@ -91,6 +91,10 @@ class _Links:
     (``f``) with the linking span. Finishes are held back until the end, and
     dropped when their linked-to span never appeared (its trace was lost), so
     every written ``f`` has its ``s``.
+
+    The start sits 1 µs before the linked span ends and the finish where the
+    linking span starts: a viewer binds each to the slice open at that
+    moment, and the arrow runs forward in time, C(k)'s end to C(k+1)'s start.
     """
 
     def __init__(self) -> None:
@@ -134,10 +138,11 @@ def _events(
             "tid": tid,
             "args": _args(span),
         }
+        tail = max(span["end_ns"] - 1000, span["start_ns"]) / 1000
         for flow_id in links.out.get(span["span_id"], ()):
             present.add(span["span_id"])
             yield {"ph": "s", "name": "link", "cat": "link", "id": flow_id,
-                   "ts": ts, "pid": pid, "tid": tid}  # fmt: skip
+                   "ts": tail, "pid": pid, "tid": tid}  # fmt: skip
         for flow_id, target in links.into.get(span["span_id"], ()):
             finishes.append(
                 (

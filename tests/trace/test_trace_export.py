@@ -104,16 +104,17 @@ def test_links_are_flow_pairs_from_the_linked_span_to_the_linking_one(tmp_path: 
         finish = finishes[flow_id]
         assert finish["bp"] == "e"
         assert (start["name"], start["cat"]) == (finish["name"], finish["cat"])
-    # Each arrow starts where the linked span starts and ends where the linking one starts.
+    # Each arrow runs from 1 µs before the linked span ends to where the linking one starts.
     pid = {span.span_id: 1 for span in first} | {span.span_id: 2 for span in second}
 
-    def at(span: Span) -> tuple[float, int]:
-        return (T0 + span.start * S) / 1000, pid[span.span_id]
+    def at(seconds: float, span: Span) -> tuple[float, int]:
+        return (T0 + seconds * S) / 1000, pid[span.span_id]
 
     arrows = {
         ((s["ts"], s["pid"]), (finishes[i]["ts"], finishes[i]["pid"])) for i, s in starts.items()
     }
-    assert arrows == {(at(target), at(span)) for span, target in links}
+    expected = {(at(t.end - 1e-6, t), at(span.start, span)) for span, t in links}
+    assert arrows == expected
 
 
 def test_a_thread_per_rank(tmp_path: Path) -> None:

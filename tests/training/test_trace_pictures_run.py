@@ -13,6 +13,7 @@ import json
 import os
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,8 +66,8 @@ def test_the_chrome_export_of_a_resumed_run(resumed_trace: Path, tmp_path: Path)
             continue
         children[parent["name"]].append(event["name"])
         assert (parent["pid"], parent["tid"]) == (event["pid"], event["tid"])
-        assert parent["ts"] <= event["ts"] + 1e-3
-        assert event["ts"] + event["dur"] <= parent["ts"] + parent["dur"] + 1e-3
+        assert parent["ts"] <= event["ts"]  # the same division of nanoseconds: monotonic
+        assert event["ts"] + event["dur"] <= parent["ts"] + parent["dur"] + 0.5  # sums round
     assert "megatron.train.iteration" in children["megatron.train"]
     assert "megatron.checkpoint.load" in children["megatron.startup.model_init"]
 
@@ -77,13 +78,20 @@ def test_the_chrome_export_of_a_resumed_run(resumed_trace: Path, tmp_path: Path)
     finishes = {e["id"]: e for e in document["traceEvents"] if e["ph"] == "f"}
     assert set(starts) == set(finishes) and len(starts) == 3
 
-    def at(span_id: str) -> tuple[float, int]:
-        return by_id[span_id]["ts"], by_id[span_id]["pid"]
+    def close(a: dict[str, Any], ts: float, pid: int) -> bool:
+        # Epoch microseconds as doubles are exact to a quarter of a microsecond.
+        return a["pid"] == pid and abs(a["ts"] - ts) < 0.5
 
-    drawn = {
-        ((s["ts"], s["pid"]), (finishes[i]["ts"], finishes[i]["pid"])) for i, s in starts.items()
-    }
-    assert drawn == {(at(target), at(linker)) for linker, target in links}
+    arrows = []
+    for linker, target in links:
+        tail, head = by_id[target], by_id[linker]
+        arrows += [
+            i
+            for i, s in starts.items()
+            if close(s, tail["ts"] + tail["dur"] - 1, tail["pid"])
+            and close(finishes[i], head["ts"], head["pid"])
+        ]
+    assert sorted(arrows) == sorted(starts)  # each link drawn by exactly one flow
 
 
 def test_the_timeline_of_a_resumed_run(resumed_trace: Path, tmp_path: Path) -> None:
