@@ -32,8 +32,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link
 
+from megatron.core.telemetry.reader import read_spans
 from megatron.training.telemetry_spans import SpanPhases
-from megatron.training.trace_summary import read_spans
 from megatron.training.training_log import parse_log_iteration_ms
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from core_telemetry_helpers import attributes, metrics_of, read_lines, spans_by_name, spans_of
+from core_telemetry_helpers import spans_by_name
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
@@ -20,6 +20,7 @@ from megatron.core.telemetry import (
 )
 from megatron.core.telemetry import training_metrics as tm
 from megatron.core.telemetry.jsonl import JsonlFile, metrics_file_for
+from megatron.core.telemetry.reader import ReadStats, iter_metrics, iter_spans
 
 Make = Callable[..., TelemetryHandle]
 
@@ -78,37 +79,50 @@ def test_lines_are_otlp_json(make_handle: Make, tmp_path: Path) -> None:
             assert set(resource_spans) >= {"resource", "scopeSpans"}
             for scope_spans in resource_spans["scopeSpans"]:
                 assert scope_spans["scope"]["name"] == "megatron"
-    spans = {span["name"]: span for span in spans_of(requests)}
-    assert set(spans) == {"root", "child", "grandchild", "linked", "failed"}
-    for span in spans.values():
+    raw = {
+        span["name"]: span
+        for request in requests
+        for resource_spans in request["resourceSpans"]
+        for scope_spans in resource_spans["scopeSpans"]
+        for span in scope_spans["spans"]
+    }
+    assert set(raw) == {"root", "child", "grandchild", "linked", "failed"}
+    for span in raw.values():
         assert TRACE_ID.match(span["traceId"])
         assert SPAN_ID.match(span["spanId"])
         assert span["parentSpanId"] == "" or SPAN_ID.match(span["parentSpanId"])
         assert DECIMAL.match(span["startTimeUnixNano"])
         assert DECIMAL.match(span["endTimeUnixNano"])
-        assert int(span["startTimeUnixNano"]) <= int(span["endTimeUnixNano"])
-        assert span["_resource"]["megatron.run_id"] == "run-format"
+    count = next(kv for kv in raw["root"]["attributes"] if kv["key"] == "count")
+    assert count["value"] == {"intValue": str(2**40)}, "int64 values must be JSON strings"
+    assert raw["child"]["attributes"] == [{"key": "nan", "value": {"doubleValue": "NaN"}}]
+    assert DECIMAL.match(raw["root"]["events"][0]["timeUnixNano"])
+    assert raw["root"]["kind"] == 1  # INTERNAL on the wire
+    assert raw["linked"]["kind"] == 3  # CLIENT
 
+    # the same file through the shared reader
+    spans = {span["name"]: span for span in iter_spans(path)}
+    for span in spans.values():
+        assert span["start_ns"] <= span["end_ns"]
+        assert span["resource"]["megatron.run_id"] == "run-format"
+        assert span["file"] == path
     root, child, grandchild = spans["root"], spans["child"], spans["grandchild"]
-    assert root["parentSpanId"] == ""
-    assert child["parentSpanId"] == root["spanId"]
-    assert grandchild["parentSpanId"] == child["spanId"]
-    assert root["traceId"] == child["traceId"] == grandchild["traceId"]
-    assert root["kind"] == 1  # INTERNAL
-    assert spans["linked"]["kind"] == 3  # CLIENT
-    assert attributes(root["attributes"]) == values
-    assert child["attributes"] == [{"key": "nan", "value": {"doubleValue": "NaN"}}]
+    assert root["parent_id"] is None
+    assert child["parent_id"] == root["span_id"]
+    assert grandchild["parent_id"] == child["span_id"]
+    assert root["trace_id"] == child["trace_id"] == grandchild["trace_id"]
+    assert root["attributes"] == values
+    assert math.isnan(child["attributes"]["nan"])
     (event,) = root["events"]
     assert event["name"] == "checkpoint-saved"
-    assert DECIMAL.match(event["timeUnixNano"])
-    assert attributes(event["attributes"]) == {"iteration": 10}
-    (link,) = spans["linked"]["links"]
-    assert (link["traceId"], link["spanId"]) == (root["traceId"], root["spanId"])
-    assert attributes(link["attributes"]) == {"why": "previous interval"}
-    assert spans["linked"]["traceId"] != root["traceId"]
-    assert root["status"] == {"code": 0}
+    assert event["attributes"] == {"iteration": 10}
+    linked = spans["linked"]
+    assert linked["links"] == [(root["trace_id"], root["span_id"])]
+    assert linked["link_attributes"] == [{"why": "previous interval"}]
+    assert linked["trace_id"] != root["trace_id"]
+    assert root["status_code"] == "UNSET"
     failed = spans["failed"]
-    assert failed["status"] == {"code": 2, "message": "ValueError: bad batch"}
+    assert (failed["status_code"], failed["status_message"]) == ("ERROR", "ValueError: bad batch")
     assert [e["name"] for e in failed["events"]] == ["exception"]
 
 
@@ -121,8 +135,7 @@ def test_second_run_appends_and_keeps_first_run_bytes(make_handle: Make, tmp_pat
     content = path.read_bytes()
     assert content.startswith(first_bytes)
     assert len(content) > len(first_bytes)
-    spans = spans_of(read_lines(path))
-    runs = {span["name"]: span["_resource"]["megatron.run_id"] for span in spans}
+    runs = {span["name"]: span["resource"]["megatron.run_id"] for span in iter_spans(path)}
     assert runs == {
         "a": "first",
         "a.child": "first",
@@ -145,9 +158,11 @@ def test_appending_after_a_torn_last_line(make_handle: Make, tmp_path: Path) -> 
     assert content.startswith(before + b"\n")
     lines = content.decode().splitlines()
     assert lines.count(torn.decode()) == 1
-    parsed = [json.loads(line) for line in lines if line != torn.decode()]
-    names = {span["name"] for span in spans_of(parsed)}
+    stats = ReadStats()
+    names = {span["name"] for span in iter_spans(path, stats)}
     assert names == {"a", "a.child", "b", "b.child"}
+    # the torn line is in the middle of the file now: skipped and reported by number
+    assert [t.line for t in stats.torn] == [lines.index(torn.decode()) + 1]
 
 
 def test_span_open_at_shutdown_is_exported_and_marked(make_handle: Make, tmp_path: Path) -> None:
@@ -165,16 +180,15 @@ def test_span_open_at_shutdown_is_exported_and_marked(make_handle: Make, tmp_pat
     assert set(spans) == {"interval", "finished-iteration", "iteration-in-flight"}
     for name in ("interval", "iteration-in-flight"):
         span = spans[name]
-        assert attributes(span["attributes"])[CUT_SHORT_ATTRIBUTE] is True
-        assert span["status"] == {"code": 2, "message": "span still open at telemetry shutdown"}
-        assert int(span["endTimeUnixNano"]) >= int(span["startTimeUnixNano"])
+        assert span["attributes"][CUT_SHORT_ATTRIBUTE] is True
+        assert span["status_code"] == "ERROR"
+        assert span["status_message"] == "span still open at telemetry shutdown"
+        assert span["end_ns"] >= span["start_ns"]
     finished = spans["finished-iteration"]
-    assert CUT_SHORT_ATTRIBUTE not in attributes(finished["attributes"])
-    assert finished["status"] == {"code": 0}
+    assert CUT_SHORT_ATTRIBUTE not in finished["attributes"]
+    assert finished["status_code"] == "UNSET"
     # innermost first: the in-flight iteration ended no later than its interval
-    assert int(spans["iteration-in-flight"]["endTimeUnixNano"]) <= int(
-        spans["interval"]["endTimeUnixNano"]
-    )
+    assert spans["iteration-in-flight"]["end_ns"] <= spans["interval"]["end_ns"]
     assert not interval.is_recording()
     assert not iteration.is_recording()
 
@@ -196,7 +210,7 @@ def test_metrics_jsonl_gets_training_metrics(make_handle: Make, tmp_path: Path) 
     handle.shutdown()
     metrics_path = tmp_path / "telemetry" / "metrics.jsonl"
     assert metrics_file_for(path) == metrics_path
-    found = metrics_of(read_lines(metrics_path))
+    found = {metric["name"]: metric["data"] for metric in iter_metrics(metrics_path)}
     assert set(found) == {
         tm.MEGATRON_TRAINING_STEP_DURATION_MS,
         tm.MEGATRON_TRAINING_LOSS,

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from core_telemetry_helpers import attributes, spans_by_name
+from core_telemetry_helpers import spans_by_name
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -24,6 +24,7 @@ from megatron.core.telemetry import (
     setup_telemetry,
     state,
 )
+from megatron.core.telemetry.reader import decode_attributes
 
 Make = Callable[..., TelemetryHandle]
 
@@ -170,8 +171,8 @@ def test_two_setups_export_to_their_own_files(make_handle: Make, tmp_path: Path)
     second_spans = spans_by_name(second.trace_file)
     assert set(first_spans) == {"from-first"}
     assert set(second_spans) == {"from-second", "second-again"}
-    assert first_spans["from-first"]["_resource"]["megatron.run_id"] == "first"
-    assert {s["_resource"]["megatron.run_id"] for s in second_spans.values()} == {"second"}
+    assert first_spans["from-first"]["resource"]["megatron.run_id"] == "first"
+    assert {s["resource"]["megatron.run_id"] for s in second_spans.values()} == {"second"}
 
 
 def test_two_setups_with_in_memory_exporters(make_handle: Make) -> None:
@@ -361,9 +362,9 @@ def test_import_starts_nothing() -> None:
     assert result.stdout.strip() == "ok"
 
 
-def test_attributes_helper_decodes(tmp_path: Path) -> None:
-    # sanity check of the test helper itself against a hand-written line
-    assert attributes(
+def test_reader_decodes_attributes() -> None:
+    # the shared reader's decoding against a hand-written KeyValue list
+    assert decode_attributes(
         [
             {"key": "a", "value": {"intValue": "5"}},
             {"key": "b", "value": {"arrayValue": {"values": [{"boolValue": True}]}}},

@@ -1,0 +1,243 @@
+"""Read back the OTLP/JSON lines the ``jsonl`` sink wrote: the one streaming reader.
+
+The end-of-run summary, ``megatron-trace`` and the tests all read trace files
+through this module, so they can never disagree about what is on disk.
+
+A trace file holds one OTLP/JSON ``ExportTraceServiceRequest`` per line. That
+nesting (resource -> scope -> spans, attributes as typed ``KeyValue`` lists,
+integers as decimal strings) is right for interchange and awkward for
+analysis, so :func:`iter_spans` flattens it into one plain dict per span. It
+reads line by line: memory depends on the longest line (one export batch),
+never on the file's size, so a week-long job's gigabytes read like a minute's.
+
+Two kinds of bad line, told apart because they mean different things:
+
+* A **torn write**: the line ends before its JSON does (a process died in the
+  middle of a ``write``). The sink starts the next incarnation's first write
+  with a newline, so a torn line can sit anywhere in the file, followed by
+  whole lines. It is skipped and counted in :class:`ReadStats`, with its file
+  and line number.
+* **Damage**: anything else that does not decode into spans (garbage in the
+  middle of a line, a JSON value that is no export request). Nothing a crash
+  leaves behind looks like that, so it raises :class:`TraceFileDamaged`
+  naming the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ReadStats",
+    "TornLine",
+    "TraceFileDamaged",
+    "decode_any_value",
+    "decode_attributes",
+    "iter_metrics",
+    "iter_requests",
+    "iter_spans",
+    "read_spans",
+]
+
+# OTLP status codes, as integers (protobuf JSON mapping) or enum names.
+_STATUS_NAMES = {0: "UNSET", 1: "OK", 2: "ERROR"}
+# JSON literals a line can be cut inside of.
+_LITERALS = ("true", "false", "null", "NaN", "Infinity", "-Infinity")
+_PARTIAL_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{0,4})?$")
+_PARTIAL_NUMBER = re.compile(r"-?[0-9]*(\.[0-9]*)?([eE][-+]?[0-9]*)?")
+
+
+class TraceFileDamaged(ValueError):
+    """A line that is neither a whole export request nor a torn write."""
+
+    def __init__(self, path: Path | str, line: int, reason: str) -> None:
+        super().__init__(f"{path}: line {line} is damaged ({reason})")
+        self.path = Path(path)
+        self.line = line
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class TornLine:
+    """A line cut short by a process that died mid-write (skipped)."""
+
+    path: Path
+    line: int
+
+
+@dataclass
+class ReadStats:
+    """What a read skipped: the torn lines, in file order."""
+
+    torn: list[TornLine] = field(default_factory=list)
+    lines: int = 0
+
+
+def decode_any_value(value: dict[str, Any] | None) -> Any:
+    """Decode one OTLP ``AnyValue`` object into a plain Python value."""
+    if not value:
+        return None
+    if "stringValue" in value:
+        return value["stringValue"]
+    if "boolValue" in value:
+        return bool(value["boolValue"])
+    if "intValue" in value:
+        return int(value["intValue"])
+    if "doubleValue" in value:
+        return float(value["doubleValue"])
+    if "arrayValue" in value:
+        return [decode_any_value(v) for v in value["arrayValue"].get("values", [])]
+    if "kvlistValue" in value:
+        return decode_attributes(value["kvlistValue"].get("values", []))
+    if "bytesValue" in value:
+        return value["bytesValue"]
+    return None
+
+
+def decode_attributes(key_values: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Decode an OTLP ``KeyValue`` list into a plain dict."""
+    return {kv["key"]: decode_any_value(kv.get("value")) for kv in key_values or []}
+
+
+def _is_torn(text: str, error: json.JSONDecodeError) -> bool:
+    """Whether ``text`` is a prefix of some JSON value: the decoder ran out of input."""
+    if error.pos >= len(text) or error.msg.startswith("Unterminated string"):
+        return True
+    rest = text[error.pos :]
+    if any(literal.startswith(rest) for literal in _LITERALS):
+        return True  # cut inside true/false/null
+    if _PARTIAL_NUMBER.fullmatch(rest):
+        return True  # cut inside a number ("5.", "1e", "-")
+    # cut inside an escape sequence near the end of a string
+    return error.msg.startswith("Invalid") and _PARTIAL_ESCAPE.search(text) is not None
+
+
+def iter_requests(
+    paths: Path | str | Iterable[Path | str], stats: ReadStats | None = None
+) -> Iterator[tuple[Path, int, dict[str, Any]]]:
+    """Yield ``(path, line number, request)`` for every whole line of the files.
+
+    Blank lines are skipped; torn writes are skipped and recorded in ``stats``;
+    any other undecodable line raises :class:`TraceFileDamaged`.
+    """
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    for raw_path in paths:
+        path = Path(raw_path)
+        with path.open("rb") as file:
+            for number, raw in enumerate(file, start=1):
+                if stats is not None:
+                    stats.lines += 1
+                text = raw.decode("utf-8", errors="replace").rstrip()
+                if not text:
+                    continue
+                try:
+                    request = json.loads(text)
+                except json.JSONDecodeError as error:
+                    if _is_torn(text, error):
+                        if stats is not None:
+                            stats.torn.append(TornLine(path, number))
+                        continue
+                    raise TraceFileDamaged(path, number, str(error)) from error
+                if not isinstance(request, dict):
+                    raise TraceFileDamaged(path, number, "not a JSON object")
+                yield path, number, request
+
+
+def _status_code(status: dict[str, Any]) -> str:
+    code = status.get("code", 0)
+    if isinstance(code, int):
+        return _STATUS_NAMES.get(code, str(code))
+    return str(code).removeprefix("STATUS_CODE_")
+
+
+def _flat_span(span: dict[str, Any], resource: dict[str, Any], path: Path, line: int) -> dict:
+    status = span.get("status") or {}
+    links = span.get("links") or []
+    return {
+        "name": span["name"],
+        "trace_id": span["traceId"],
+        "span_id": span["spanId"],
+        "parent_id": span.get("parentSpanId") or None,
+        "start_ns": int(span["startTimeUnixNano"]),
+        "end_ns": int(span["endTimeUnixNano"]),
+        "attributes": decode_attributes(span.get("attributes")),
+        "links": [(link["traceId"], link["spanId"]) for link in links],
+        "link_attributes": [decode_attributes(link.get("attributes")) for link in links],
+        "events": [
+            {
+                "name": event.get("name", ""),
+                "time_ns": int(event.get("timeUnixNano", 0)),
+                "attributes": decode_attributes(event.get("attributes")),
+            }
+            for event in span.get("events") or []
+        ],
+        "status_code": _status_code(status),
+        "status_message": status.get("message", ""),
+        "kind": span.get("kind"),
+        "resource": resource,
+        "file": path,
+        "line": line,
+    }
+
+
+def iter_spans(
+    paths: Path | str | Iterable[Path | str], stats: ReadStats | None = None
+) -> Iterator[dict[str, Any]]:
+    """Every span of the trace files, in file order, as a flat dict.
+
+    Keys: ``name``, ``trace_id`` (32 hex), ``span_id`` (16 hex), ``parent_id``
+    (16 hex, ``None`` for a root), ``start_ns`` / ``end_ns`` (ints),
+    ``attributes`` (plain dict), ``links`` (list of ``(trace_id, span_id)``),
+    ``link_attributes`` (one plain dict per link), ``events`` (list of
+    ``{"name", "time_ns", "attributes"}``), ``status_code`` (``"UNSET"``,
+    ``"OK"`` or ``"ERROR"``), ``status_message``, ``kind`` (OTLP integer),
+    ``resource`` (plain dict of the resource attributes, shared by the spans
+    of one request), ``file`` (``Path``) and ``line`` (1-based).
+
+    Torn writes are skipped and recorded in ``stats``; damage raises
+    :class:`TraceFileDamaged`.
+    """
+    for path, line, request in iter_requests(paths, stats):
+        try:
+            for resource_spans in request["resourceSpans"]:
+                resource = decode_attributes(
+                    (resource_spans.get("resource") or {}).get("attributes")
+                )
+                for scope_spans in resource_spans.get("scopeSpans", []):
+                    for span in scope_spans.get("spans", []):
+                        yield _flat_span(span, resource, path, line)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise TraceFileDamaged(path, line, f"not an OTLP trace request: {error!r}") from error
+
+
+def read_spans(path: Path | str, stats: ReadStats | None = None) -> list[dict[str, Any]]:
+    """All spans of one file as a list (:func:`iter_spans`); for tests and small files."""
+    return list(iter_spans(path, stats))
+
+
+def iter_metrics(
+    paths: Path | str | Iterable[Path | str], stats: ReadStats | None = None
+) -> Iterator[dict[str, Any]]:
+    """Every metric of the metrics files (``metrics.jsonl``), in file order.
+
+    Yields ``{"name", "resource", "data"}`` where ``data`` is the OTLP/JSON
+    metric object as written (``sum`` / ``gauge`` / ``histogram`` with its
+    ``dataPoints``), because point layouts differ by kind.
+    """
+    for path, line, request in iter_requests(paths, stats):
+        try:
+            for resource_metrics in request["resourceMetrics"]:
+                resource = decode_attributes(
+                    (resource_metrics.get("resource") or {}).get("attributes")
+                )
+                for scope_metrics in resource_metrics.get("scopeMetrics", []):
+                    for metric in scope_metrics.get("metrics", []):
+                        yield {"name": metric["name"], "resource": resource, "data": metric}
+        except (KeyError, TypeError, AttributeError) as error:
+            raise TraceFileDamaged(path, line, f"not an OTLP metrics request: {error!r}") from error

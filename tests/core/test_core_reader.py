@@ -1,0 +1,108 @@
+"""The shared streaming reader: flat spans, torn writes skipped, damage reported."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from megatron.core.telemetry.reader import (
+    ReadStats,
+    TraceFileDamaged,
+    iter_spans,
+    read_spans,
+)
+
+
+def _span(name: str, span_id: str, **extra: object) -> dict:
+    return {
+        "traceId": "ab" * 16,
+        "spanId": span_id,
+        "parentSpanId": "",
+        "name": name,
+        "kind": 1,
+        "startTimeUnixNano": "1000",
+        "endTimeUnixNano": "2000",
+        "attributes": [
+            {"key": "megatron.iteration", "value": {"intValue": "7"}},
+            {"key": "ratio", "value": {"doubleValue": 0.5}},
+            {"key": "tags", "value": {"arrayValue": {"values": [{"stringValue": "é"}]}}},
+        ],
+        "status": {"code": 0},
+        **extra,
+    }
+
+
+def _line(*spans: dict, rank: int = 0) -> str:
+    resource = {"attributes": [{"key": "dl.rank", "value": {"intValue": str(rank)}}]}
+    request = {
+        "resourceSpans": [
+            {"resource": resource, "scopeSpans": [{"scope": {"name": "m"}, "spans": list(spans)}]}
+        ]
+    }
+    return json.dumps(request, ensure_ascii=False)
+
+
+def test_flat_span_keys_and_values(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(_line(_span("a", "01" * 8)) + "\n\n" + _line(_span("b", "02" * 8)) + "\n")
+    first, second = read_spans(path)
+    assert first["name"] == "a" and second["name"] == "b"
+    assert first["attributes"] == {"megatron.iteration": 7, "ratio": 0.5, "tags": ["é"]}
+    assert (first["start_ns"], first["end_ns"], first["parent_id"]) == (1000, 2000, None)
+    assert first["resource"] == {"dl.rank": 0}
+    assert (first["file"], first["line"], second["line"]) == (path, 1, 3)
+
+
+def test_several_files_in_order(tmp_path: Path) -> None:
+    one, two = tmp_path / "r0.jsonl", tmp_path / "r1.jsonl"
+    one.write_text(_line(_span("a", "01" * 8)) + "\n")
+    two.write_text(_line(_span("b", "02" * 8), rank=1) + "\n")
+    spans = list(iter_spans([one, two]))
+    assert [(s["name"], s["resource"]["dl.rank"], s["file"]) for s in spans] == [
+        ("a", 0, one),
+        ("b", 1, two),
+    ]
+
+
+def test_torn_write_in_the_middle_is_skipped_and_reported(tmp_path: Path) -> None:
+    whole = _line(_span("a", "01" * 8))
+    path = tmp_path / "t.jsonl"
+    path.write_text(whole + "\n" + whole[: len(whole) // 2] + "\n" + _line(_span("b", "02" * 8)))
+    stats = ReadStats()
+    assert [s["name"] for s in iter_spans(path, stats)] == ["a", "b"]
+    assert [(t.path, t.line) for t in stats.torn] == [(path, 2)]
+
+
+@given(st.data())
+def test_every_prefix_of_a_line_is_a_torn_write(tmp_path_factory, data) -> None:
+    whole = _line(_span('a\\"é', "01" * 8, links=[{"traceId": "c" * 32, "spanId": "d" * 16}]))
+    cut = data.draw(st.integers(min_value=1, max_value=len(whole) - 1))
+    path = tmp_path_factory.mktemp("torn") / "t.jsonl"
+    path.write_bytes(whole.encode()[:cut] + b"\n" + whole.encode() + b"\n")
+    stats = ReadStats()
+    assert len(read_spans(path, stats)) == 1
+    assert [t.line for t in stats.torn] == [1]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        '{"resourceSpans": [}',  # garbage inside the line
+        "not json at all",
+        '{"resourceSpans": []}}',  # trailing data
+        "[1, 2]",  # JSON, but no request
+        '{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "x"}]}]}]}',  # span without ids
+    ],
+)
+def test_damage_raises_naming_file_and_line(tmp_path: Path, bad: str) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(_line(_span("a", "01" * 8)) + "\n" + bad + "\n" + _line(_span("b", "02" * 8)))
+    with pytest.raises(TraceFileDamaged) as caught:
+        read_spans(path)
+    assert caught.value.line == 2
+    assert str(caught.value).startswith(f"{path}: line 2 ")
+    assert isinstance(caught.value, ValueError)
