@@ -159,7 +159,7 @@ def test_a_missing_file_is_one_error_line_and_exit_2(tmp_path: Path, capsys) -> 
 def test_a_damaged_line_leaves_the_previous_output_untouched(tmp_path: Path, capsys) -> None:
     path, _, _ = two_incarnations(tmp_path)
     lines = path.read_text().splitlines()
-    lines.insert(2, '{"resourceSpans": [')  # damage in the middle, not a torn final write
+    lines.insert(2, '{"resourceSpans": 7}')  # damage: whole JSON, but no export request
     path.write_text("\n".join(lines) + "\n")
     out = tmp_path / "trace.json"
     out.write_text("keep me")
@@ -167,3 +167,12 @@ def test_a_damaged_line_leaves_the_previous_output_untouched(tmp_path: Path, cap
     assert "line 3" in capsys.readouterr().err
     assert out.read_text() == "keep me"
     assert list(tmp_path.glob(".*.tmp")) == []
+
+
+def test_a_torn_write_is_skipped_and_the_rest_exported(tmp_path: Path) -> None:
+    path, first, second = two_incarnations(tmp_path)
+    lines = path.read_text().splitlines()
+    lines.insert(3, lines[3][:50])  # a killed process's half line, then the next writes
+    path.write_text("\n".join(lines) + "\n")
+    document = chrome(tmp_path, path)
+    assert len(complete_events(document)) == len(first) + len(second)
