@@ -1,1 +1,7 @@
-"""``megatron-trace``: read a job's trace files back, with nothing but the files."""
+"""``megatron-trace``: read a run's OTLP/JSON trace files back.
+
+Subcommands (one module each, registered in :mod:`megatron.trace.cli`):
+``check`` verifies the span lifecycle's invariants, ``report`` computes the
+goodput report. :mod:`megatron.trace.model` groups spans into ranks and
+incarnations for all of them.
+"""

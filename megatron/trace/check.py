@@ -1,0 +1,244 @@
+"""``megatron-trace check``: is this trace whole, and does it obey the span lifecycle?
+
+Rules (each violation is one line naming the rule, span, trace and incarnation):
+
+* ``startup``: every incarnation has exactly one ``megatron.startup`` (one
+  killed before its startup span ended is reported as killed instead).
+* ``interval-index``: its ``megatron.train`` intervals carry
+  ``megatron.interval.index`` 0, 1, ... n in start order, without gaps.
+* ``iteration-range``: ``first_iteration`` of C(k+1) is ``last_iteration``
+  of C(k) + 1.
+* ``interval-link``: C0 links to the startup span, C(k) to C(k-1).
+* ``duplicate-span-id``: no span id appears twice.
+* ``missing-parent``: every parent is in the files.
+* ``end-before-start``: ``end >= start``.
+* ``cut-short``: a span marked ``megatron.span.cut_short`` is at the end of its
+  incarnation (nothing of the incarnation starts after it ended).
+* ``resume``: an incarnation that follows another and starts past iteration 0
+  starts at an iteration a checkpoint save of an earlier incarnation recorded.
+
+Facts, not violations (exit status stays 0): an incarnation killed by SIGKILL
+(its in-flight interval is missing and its finished children have no parent
+in the file; one line per incarnation) and torn writes (one line each). Other
+damage exits 2 naming the line (raised by the reader, handled by the CLI).
+
+Memory: the span ids seen (one int each) and the children still waiting for
+their parent; ``check`` has to remember every id to find duplicates.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from megatron.core.telemetry.reader import iter_spans
+from megatron.trace.model import (
+    Incarnation,
+    SpanRecord,
+    Trace,
+    TraceBuilder,
+    process_of,
+)
+
+__all__ = ["CheckResult", "add_parser", "check_files"]
+
+
+@dataclass
+class CheckResult:
+    """``violations`` make the exit status 1; ``notes`` (killed, torn) do not."""
+
+    violations: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    trace: Trace | None = None
+
+
+@dataclass(slots=True)
+class _Child:
+    name: str
+    span_id: str
+    trace_id: str
+    parent_id: str
+    file: Path
+    line: int
+    start_ns: int
+    process: tuple[Any, ...]
+
+
+def _where(name: str, span_id: str, trace_id: str, label: str, file: Path, line: int) -> str:
+    return f"span {name} {span_id} trace {trace_id} in {label} ({file}:{line})"
+
+
+def _record_where(record: SpanRecord, inc: Incarnation) -> str:
+    return _where(record.name, record.span_id, record.trace_id, inc.label, record.file, record.line)
+
+
+def check_files(paths: Iterable[Path | str]) -> CheckResult:
+    """Check the files; raises ``TraceFileDamaged`` on damage (exit 2)."""
+    builder = TraceBuilder()
+    result = CheckResult()
+    seen: set[int] = set()
+    waiting: dict[int, list[_Child]] = {}  # parent id -> children read before it
+    per_span: list[tuple[str, dict[str, Any]]] = []
+    for span in iter_spans(list(paths), builder.stats):
+        builder.add(span)
+        span_id = int(span["span_id"], 16)
+        if span_id in seen:
+            per_span.append(("duplicate-span-id", span))
+        seen.add(span_id)
+        waiting.pop(span_id, None)
+        if span["end_ns"] < span["start_ns"]:
+            per_span.append(("end-before-start", span))
+        parent = span["parent_id"]
+        if parent is not None and int(parent, 16) not in seen:
+            child = _Child(
+                span["name"],
+                span["span_id"],
+                span["trace_id"],
+                parent,
+                span["file"],
+                span["line"],
+                span["start_ns"],
+                process_of(span),
+            )
+            waiting.setdefault(int(parent, 16), []).append(child)
+    trace = builder.finish()
+    result.trace = trace
+    labels = _process_labels(trace)
+    for rule, span in per_span:
+        label = labels.get(process_of(span), ("?", None))[0]
+        where = _where(
+            span["name"], span["span_id"], span["trace_id"], label, span["file"], span["line"]
+        )
+        result.violations.append(f"{rule}: {where}")
+    orphans = _missing_parents(waiting, builder, labels, result)
+    for inc in trace.incarnations:
+        _check_incarnation(inc, trace, result, orphans.get(id(inc), 0))
+    result.notes.extend(
+        f"torn write: {torn.path}:{torn.line} (a write cut short by a killed process), skipped"
+        for torn in trace.stats.torn
+    )
+    return result
+
+
+def _process_labels(trace: Trace) -> dict[tuple[Any, ...], tuple[str, Incarnation]]:
+    """Process key -> (label of its last incarnation, that incarnation)."""
+    labels: dict[tuple[Any, ...], tuple[str, Incarnation]] = {}
+    for inc in trace.incarnations:
+        labels[inc.process] = (inc.label, inc)  # later incarnations overwrite earlier
+    return labels
+
+
+def _missing_parents(
+    waiting: dict[int, list[_Child]],
+    builder: TraceBuilder,
+    labels: dict[tuple[Any, ...], tuple[str, Incarnation]],
+    result: CheckResult,
+) -> dict[int, int]:
+    """Report children whose parent never appeared; count those a kill explains."""
+    explained: dict[int, int] = {}
+    for children in waiting.values():
+        for child in children:
+            label, inc = labels.get(child.process, ("?", None))
+            root_end = builder.root_end(child.process)
+            if inc is not None and inc.ended == "killed" and child.start_ns >= root_end:
+                explained[id(inc)] = explained.get(id(inc), 0) + 1
+                continue
+            where = _where(child.name, child.span_id, child.trace_id, label, child.file, child.line)
+            result.violations.append(f"missing-parent: {where}: parent {child.parent_id}")
+    return explained
+
+
+def _check_incarnation(inc: Incarnation, trace: Trace, result: CheckResult, orphans: int) -> None:
+    violations = result.violations
+    if inc.ended == "killed":
+        lost = "its startup" if inc.startup is None else "its in-flight interval"
+        result.notes.append(
+            f"killed: {inc.label}: {lost} is missing (SIGKILL); "
+            f"{orphans} finished spans have no parent in the file"
+        )
+    if inc.startup is None and not (inc.ended == "killed" and not inc.intervals):
+        first = min(
+            (*inc.intervals, *inc.saves, *inc.loads, *inc.evaluations, *inc.launch),
+            key=lambda r: r.start_ns,
+            default=None,
+        )
+        where = _record_where(first, inc) if first else inc.label
+        violations.append(f"startup: no megatron.startup for {where}")
+    previous: SpanRecord | None = None
+    for position, interval in enumerate(inc.intervals):
+        where = _record_where(interval, inc)
+        index = interval.attributes.get("megatron.interval.index")
+        if index != position:
+            violations.append(f"interval-index: index {index}, expected {position}: {where}")
+        expected = previous if previous is not None else inc.startup
+        if expected is not None and (expected.trace_id, expected.span_id) not in interval.links:
+            violations.append(
+                f"interval-link: not linked to {expected.name} {expected.span_id}: {where}"
+            )
+        if previous is not None:
+            last = previous.attributes.get("megatron.interval.last_iteration")
+            first = interval.attributes.get("megatron.interval.first_iteration")
+            if last is not None and first is not None and first != last + 1:
+                violations.append(
+                    f"iteration-range: first_iteration {first} after last_iteration {last}: {where}"
+                )
+        previous = interval
+    _check_cut_short(inc, violations)
+    _check_resume(inc, trace, violations)
+
+
+def _check_cut_short(inc: Incarnation, violations: list[str]) -> None:
+    starts = [r.start_ns for r in (*inc.intervals, *inc.saves, *inc.evaluations)]
+    if inc.iterations:
+        starts.append(max(inc.iterations.starts))
+    latest_start = max(starts, default=0)
+    for record in inc.cut_short:
+        if latest_start > record.end_ns:
+            violations.append(
+                "cut-short: marked cut short but the incarnation went on after it: "
+                + _record_where(record, inc)
+            )
+
+
+def _check_resume(inc: Incarnation, trace: Trace, violations: list[str]) -> None:
+    earlier = [other for other in trace.incarnations if other.start_ns < inc.start_ns]
+    start = inc.resumed_from if inc.resumed_from is not None else inc.first_iteration
+    if not earlier or not start:
+        return
+    saved = {save.attributes.get("megatron.iteration") for other in earlier for save in other.saves}
+    if start not in saved:
+        record = (inc.loads or inc.intervals or [inc.startup])[0]
+        where = _record_where(record, inc) if record is not None else inc.label
+        violations.append(
+            f"resume: starts at iteration {start}, which no earlier checkpoint save "
+            f"recorded (saved: {sorted(i for i in saved if i is not None)}): {where}"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    result = check_files(args.files)
+    for line in result.notes:
+        print(line)
+    for line in result.violations:
+        print(line)
+    trace = result.trace
+    assert trace is not None
+    print(
+        f"{'FAILED' if result.violations else 'ok'}: {trace.span_count} spans, "
+        f"{len(trace.incarnations)} incarnations on {len(trace.ranks)} ranks, "
+        f"{len(result.violations)} violations"
+    )
+    return 1 if result.violations else 0
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "check",
+        help="verify the span lifecycle's invariants (exit 1 on a violation)",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="trace files")
+    parser.set_defaults(func=run)

@@ -1,0 +1,47 @@
+"""The ``megatron-trace`` command line: one subcommand per module.
+
+Adding a subcommand is two lines: import its module and list it in
+``COMMANDS``. Each module exposes ``add_parser(subparsers)``, which adds its
+parser and sets ``func`` (taking the parsed arguments, returning the exit
+status) as a default.
+
+Exit status: whatever the subcommand returns; 2 for a file that cannot be read
+or is damaged (one line naming the file and line), as for any bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from megatron.core.telemetry.reader import TraceFileDamaged
+from megatron.trace import check
+
+COMMANDS = (check,)
+
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="megatron-trace",
+        description="Check, report on and draw the OTLP/JSON trace files a training job wrote.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except TraceFileDamaged as error:
+        print(f"megatron-trace: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"megatron-trace: cannot read {error.filename}: {error.strerror}", file=sys.stderr)
+        return 2

@@ -1,0 +1,379 @@
+"""The trace model: spans grouped into ranks and incarnations, built in one streaming pass.
+
+An *incarnation* is one ``pretrain()`` of one rank: its ``pre_startup``,
+``megatron.startup`` (with launch children), the ``megatron.train`` intervals,
+checkpoint loads and saves, evaluations and iterations. A resumed job appends
+its next incarnation to the same file; several ranks write several files or
+share one (``all_ranks``).
+
+Grouping rule: spans belong to the *process* that wrote them (the resource's
+``service.instance.id`` and ``process.pid``); a process that called
+``pretrain()`` more than once is split at each ``megatron.startup`` by start
+time (a ``pre_startup`` goes with the startup it precedes). The rank is the
+resource's ``dl.rank`` (else its ``service.instance.id``, else the file name).
+Grouping by process rather than by following links keeps a broken link a
+finding of ``check`` instead of silently making a new incarnation.
+
+Memory: only the structural spans (a few per checkpoint interval) are kept as
+records; iterations are kept as three compact integer arrays per process
+(number, start, end: 24 bytes each), everything else as running aggregates.
+A million-span file therefore costs a few tens of MB, whatever its size on
+disk.
+
+A process killed by SIGKILL leaves no trace of its in-flight interval; the
+spans that interval's finished children wrote then end later than any root
+span the process wrote (in every other case a child ends inside its root).
+That is how :attr:`Incarnation.ended` tells ``"killed"`` apart. A kill that
+left no finished child behind looks like a clean end.
+"""
+
+from __future__ import annotations
+
+import itertools
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from megatron.core.telemetry.reader import ReadStats, iter_spans
+
+__all__ = [
+    "STRUCTURAL_NAMES",
+    "Incarnation",
+    "Iterations",
+    "SpanRecord",
+    "Trace",
+    "TraceBuilder",
+    "load_trace",
+]
+
+CUT_SHORT = "megatron.span.cut_short"
+ITERATION = "megatron.iteration"
+ITERATION_SPAN = "megatron.train.iteration"
+STARTUP = "megatron.startup"
+PRE_STARTUP = "pre_startup"
+INTERVAL = "megatron.train"
+SAVE = "megatron.checkpoint.save"
+LOAD = "megatron.checkpoint.load"
+EVALUATE = "megatron.evaluate"
+LAUNCH_NAMES = frozenset({"megatron.startup.launch_script", "megatron.startup.container_load"})
+STRUCTURAL_NAMES = frozenset({PRE_STARTUP, STARTUP, INTERVAL, SAVE, LOAD, EVALUATE, *LAUNCH_NAMES})
+
+
+@dataclass(slots=True)
+class SpanRecord:
+    """The fields of one structural span that analysis needs."""
+
+    name: str
+    trace_id: str
+    span_id: str
+    parent_id: str | None
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    links: list[tuple[str, str]]
+    file: Path
+    line: int
+
+    @classmethod
+    def of(cls, span: dict[str, Any]) -> SpanRecord:
+        return cls(
+            span["name"],
+            span["trace_id"],
+            span["span_id"],
+            span["parent_id"],
+            span["start_ns"],
+            span["end_ns"],
+            span["attributes"],
+            span["links"],
+            span["file"],
+            span["line"],
+        )
+
+    @property
+    def cut_short(self) -> bool:
+        return bool(self.attributes.get(CUT_SHORT))
+
+
+class Iterations:
+    """Finished iterations as parallel compact arrays, in start order (24 bytes each)."""
+
+    __slots__ = ("ends", "numbers", "starts")
+
+    def __init__(self) -> None:
+        self.numbers = array("q")
+        self.starts = array("q")
+        self.ends = array("q")
+
+    def __len__(self) -> int:
+        return len(self.numbers)
+
+    def append(self, number: int, start_ns: int, end_ns: int) -> None:
+        self.numbers.append(number)
+        self.starts.append(start_ns)
+        self.ends.append(end_ns)
+
+    def start_of(self, number: int) -> int | None:
+        """Start of the first finished iteration numbered ``number`` or higher."""
+        found = [s for n, s in zip(self.numbers, self.starts, strict=True) if n >= number]
+        return min(found) if found else None
+
+    def count_from(self, number: int) -> int:
+        """How many finished iterations are numbered ``number`` or higher."""
+        return sum(1 for n in self.numbers if n >= number)
+
+
+@dataclass
+class Incarnation:
+    """One ``pretrain()`` of one rank.
+
+    ``ended`` is ``"shutdown"`` (telemetry shut down normally), ``"cut_short"``
+    (spans were still open at shutdown: SIGTERM, an exception) or
+    ``"killed"`` (SIGKILL: in-flight interval missing). ``intervals``,
+    ``saves``, ``loads``, ``evaluations``, ``launch`` and ``pre_startup`` are
+    lists of :class:`SpanRecord` in start order. ``iterations`` holds the
+    finished ``megatron.train.iteration``
+    spans as :class:`Iterations` (empty without the ``per_step`` groups).
+    """
+
+    rank: str
+    index: int  # 0-based position among the rank's incarnations, in time order
+    process: tuple[Any, ...]
+    startup: SpanRecord | None = None
+    pre_startup: list[SpanRecord] = field(default_factory=list)
+    launch: list[SpanRecord] = field(default_factory=list)
+    intervals: list[SpanRecord] = field(default_factory=list)
+    saves: list[SpanRecord] = field(default_factory=list)
+    loads: list[SpanRecord] = field(default_factory=list)
+    evaluations: list[SpanRecord] = field(default_factory=list)
+    cut_short: list[SpanRecord] = field(default_factory=list)
+    iterations: Iterations = field(default_factory=lambda: Iterations())
+    start_ns: int = 0
+    end_ns: int = 0
+    ended: str = "shutdown"
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank} incarnation {self.index}"
+
+    @property
+    def first_iteration(self) -> int | None:
+        """The first iteration this incarnation ran (from intervals, else iterations)."""
+        candidates = [
+            r.attributes["megatron.interval.first_iteration"]
+            for r in self.intervals
+            if "megatron.interval.first_iteration" in r.attributes
+        ] + list(self.iterations.numbers[:1])
+        return min(candidates) if candidates else None
+
+    @property
+    def last_iteration(self) -> int | None:
+        """The last iteration this incarnation finished, as far as the file shows."""
+        candidates = [
+            r.attributes["megatron.interval.last_iteration"]
+            for r in self.intervals
+            if "megatron.interval.last_iteration" in r.attributes
+        ] + list(self.iterations.numbers[-1:])
+        return max(candidates) if candidates else None
+
+    @property
+    def resumed_from(self) -> int | None:
+        """The iteration a checkpoint load put this incarnation at (None: no load)."""
+        for load in self.loads:
+            if ITERATION in load.attributes:
+                return load.attributes[ITERATION]
+        return None
+
+
+@dataclass
+class Trace:
+    """What :class:`TraceBuilder` learnt: ``ranks`` maps rank -> incarnations in time order."""
+
+    ranks: dict[str, list[Incarnation]]
+    stats: ReadStats
+    span_count: int
+
+    @property
+    def incarnations(self) -> list[Incarnation]:
+        """Every incarnation of every rank, rank by rank."""
+        return [inc for incs in self.ranks.values() for inc in incs]
+
+
+class _Process:
+    """Running aggregates of one writing process."""
+
+    __slots__ = (
+        "file",
+        "iterations",
+        "max_end",
+        "max_end_child",
+        "max_end_root",
+        "min_start",
+        "rank",
+        "records",
+    )
+
+    def __init__(self, rank: str, file: Path) -> None:
+        self.rank = rank
+        self.file = file
+        self.records: list[SpanRecord] = []
+        self.iterations = Iterations()
+        self.min_start: int | None = None
+        self.max_end = 0
+        self.max_end_root = 0
+        self.max_end_child = 0
+
+
+def rank_of(span: dict[str, Any]) -> str:
+    """The rank a span's writer ran as (``dl.rank``, else instance id, else file)."""
+    resource = span["resource"]
+    if "dl.rank" in resource:
+        return str(resource["dl.rank"])
+    if "service.instance.id" in resource:
+        return str(resource["service.instance.id"])
+    return str(span["file"])
+
+
+def process_of(span: dict[str, Any]) -> tuple[Any, ...]:
+    resource = span["resource"]
+    return (
+        rank_of(span),
+        resource.get("service.instance.id"),
+        resource.get("process.pid"),
+        resource.get("megatron.run_id"),
+    )
+
+
+class TraceBuilder:
+    """Feed spans one at a time (:meth:`add`), then :meth:`finish` into a :class:`Trace`."""
+
+    def __init__(self, stats: ReadStats | None = None) -> None:
+        self.stats = stats if stats is not None else ReadStats()
+        self._processes: dict[tuple[Any, ...], _Process] = {}
+        self.span_count = 0
+
+    def add(self, span: dict[str, Any]) -> None:
+        self.span_count += 1
+        key = process_of(span)
+        proc = self._processes.get(key)
+        if proc is None:
+            proc = self._processes[key] = _Process(key[0], span["file"])
+        start, end = span["start_ns"], span["end_ns"]
+        if proc.min_start is None or start < proc.min_start:
+            proc.min_start = start
+        proc.max_end = max(proc.max_end, end)
+        cut_short = bool(span["attributes"].get(CUT_SHORT))
+        if span["parent_id"] is None:
+            proc.max_end_root = max(proc.max_end_root, end)
+        elif not cut_short:
+            proc.max_end_child = max(proc.max_end_child, end)
+        name = span["name"]
+        if name in STRUCTURAL_NAMES or cut_short:
+            proc.records.append(SpanRecord.of(span))
+        if name == ITERATION_SPAN and ITERATION in span["attributes"]:
+            proc.iterations.append(int(span["attributes"][ITERATION]), start, end)
+
+    def root_end(self, process: tuple[Any, ...]) -> int:
+        """The latest end of a root span the process wrote (0: none)."""
+        proc = self._processes.get(process)
+        return proc.max_end_root if proc is not None else 0
+
+    def finish(self) -> Trace:
+        ranks: dict[str, list[Incarnation]] = {}
+        for key, proc in self._processes.items():
+            ranks.setdefault(proc.rank, []).extend(_split_process(key, proc))
+        for incarnations in ranks.values():
+            incarnations.sort(key=lambda inc: inc.start_ns)
+            for index, inc in enumerate(incarnations):
+                inc.index = index
+        ordered = dict(sorted(ranks.items(), key=lambda item: _rank_sort_key(item[0])))
+        return Trace(ordered, self.stats, self.span_count)
+
+
+def _rank_sort_key(rank: str) -> tuple[int, int | str]:
+    return (0, int(rank)) if rank.isdigit() else (1, rank)
+
+
+def _split_process(key: tuple[Any, ...], proc: _Process) -> list[Incarnation]:
+    """One incarnation per ``megatron.startup`` of the process (at least one)."""
+    records = sorted(proc.records, key=lambda r: r.start_ns)
+    startups = [r for r in records if r.name == STARTUP]
+    boundaries = [s.start_ns for s in startups[1:]]
+    incs = [Incarnation(proc.rank, 0, key) for _ in range(len(boundaries) + 1)]
+
+    def slot(time_ns: int) -> int:
+        return sum(1 for b in boundaries if time_ns >= b)
+
+    for record in records:
+        # a pre_startup ends where its startup begins, so place it by its end
+        inc = incs[slot(record.end_ns if record.name == PRE_STARTUP else record.start_ns)]
+        if record.cut_short:
+            inc.cut_short.append(record)
+        target = {
+            STARTUP: None,
+            PRE_STARTUP: inc.pre_startup,
+            INTERVAL: inc.intervals,
+            SAVE: inc.saves,
+            LOAD: inc.loads,
+            EVALUATE: inc.evaluations,
+        }.get(record.name, inc.launch if record.name in LAUNCH_NAMES else False)
+        if target is None:
+            inc.startup = record
+        elif target is not False:
+            target.append(record)
+    _distribute_iterations(proc.iterations, incs, boundaries)
+    for index, inc in enumerate(incs):
+        times = [(r.start_ns, r.end_ns) for r in _records_of(inc)]
+        if inc.iterations:
+            times.append((min(inc.iterations.starts), max(inc.iterations.ends)))
+        if index == len(incs) - 1:
+            times.append((proc.min_start or 0, proc.max_end))
+        inc.start_ns = min((s for s, _ in times), default=0)
+        inc.end_ns = max((e for _, e in times), default=0)
+        if index > 0:
+            inc.start_ns = max(inc.start_ns, boundaries[index - 1])
+        inc.ended = "cut_short" if inc.cut_short else "shutdown"
+    last = incs[-1]
+    if proc.max_end_child > proc.max_end_root and not last.cut_short:
+        last.ended = "killed"
+    return incs
+
+
+def _distribute_iterations(
+    iterations: Iterations, incs: list[Incarnation], boundaries: list[int]
+) -> None:
+    """Hand a process's iterations to its incarnations, in start order."""
+    starts = iterations.starts
+    if len(incs) == 1 and all(a <= b for a, b in itertools.pairwise(starts)):
+        incs[0].iterations = iterations  # the usual case: already in order, no copy
+        return
+    for i in sorted(range(len(starts)), key=starts.__getitem__):
+        start = starts[i]
+        slot = sum(1 for b in boundaries if start >= b)
+        incs[slot].iterations.append(iterations.numbers[i], start, iterations.ends[i])
+
+
+def _records_of(inc: Incarnation) -> list[SpanRecord]:
+    startup = [inc.startup] if inc.startup else []
+    return [
+        *inc.pre_startup,
+        *startup,
+        *inc.launch,
+        *inc.intervals,
+        *inc.saves,
+        *inc.loads,
+        *inc.evaluations,
+    ]
+
+
+def load_trace(paths: Iterable[Path | str]) -> Trace:
+    """Read the files once, streaming, into a :class:`Trace`.
+
+    Raises :class:`~megatron.core.telemetry.reader.TraceFileDamaged` on damage;
+    torn writes are in ``trace.stats.torn``.
+    """
+    builder = TraceBuilder()
+    for span in iter_spans(list(paths), builder.stats):
+        builder.add(span)
+    return builder.finish()
