@@ -16,9 +16,9 @@ import sys
 from collections.abc import Sequence
 
 from megatron.core.telemetry.reader import TraceFileDamaged
-from megatron.trace import check
+from megatron.trace import check, export, timeline
 
-COMMANDS = (check,)
+COMMANDS = (check, timeline, export)
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 

@@ -4,7 +4,9 @@ The Chrome trace-event format is what Perfetto UI and ``chrome://tracing``
 open and what PyTorch profiler users already read, so a job's trace can be
 looked at with nothing but a browser. The mapping:
 
-* a process (``pid``) per incarnation, named by ``process_name`` metadata;
+* a process (``pid`` = incarnation + 1) per incarnation, named by
+  ``process_name`` metadata ("incarnation 0", numbered as ``check`` and
+  ``report`` number them);
 * a thread (``tid``) per rank, named by ``thread_name`` metadata;
 * every span a complete event (``"ph": "X"``, ``ts``/``dur`` in microseconds),
   so children nest under their parents by time on the rank's thread;
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from megatron.trace.lanes import LaneIndex
+from megatron.trace.model import TraceBuilder
 from megatron.trace.spans import SpanSource, TraceInputError, span_source
 
 __all__ = ["add_parser", "export_chrome", "run"]
@@ -49,7 +52,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="traces.jsonl files")
     parser.add_argument("--format", choices=FORMATS, default="chrome", help="output format")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the JSON file to write")
-    parser.set_defaults(run=run)
+    parser.set_defaults(func=run)
     return parser
 
 
@@ -71,7 +74,10 @@ def export_chrome(source: SpanSource, output: Path) -> int:
     failure (a damaged input line) never leaves a half-written ``output``.
     """
     links = _Links()
-    lanes = LaneIndex(links.collect(source()))
+    builder = TraceBuilder()
+    for span in links.collect(source()):
+        builder.add(span)
+    lanes = LaneIndex(builder.finish())
     tmp = output.with_name(f".{output.name}.tmp")
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -115,7 +121,7 @@ def _events(
     spans: Iterable[dict[str, Any]], lanes: LaneIndex, links: _Links
 ) -> Iterator[dict[str, Any]]:
     for lane in lanes.lanes():
-        pid, tid = lane.incarnation, lane.rank
+        pid, tid = lane.incarnation + 1, lanes.thread_id(lane.rank)
         name = f"incarnation {lane.incarnation}"
         yield {"ph": "M", "name": "process_name", "pid": pid, "tid": tid, "args": {"name": name}}
         yield {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": tid,
@@ -126,7 +132,7 @@ def _events(
     finishes: list[tuple[str, dict[str, Any]]] = []
     for span in spans:
         lane = lanes.lane(span)
-        pid, tid = lane.incarnation, lane.rank
+        pid, tid = lane.incarnation + 1, lanes.thread_id(lane.rank)
         ts = span["start_ns"] / 1000
         yield {
             "ph": "X",

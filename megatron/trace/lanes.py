@@ -1,51 +1,34 @@
-"""Which lane a span belongs to: its incarnation and its rank.
+"""Which lane a span belongs to: its incarnation and its rank, as the trace model says.
 
 Both pictures of a trace (the timeline page and the Chrome trace export) draw
-one lane per incarnation and rank, so they share this one answer. A span's
-lane comes from the resource of the process that wrote it: every process of a
-job (one per rank per ``pretrain()`` launch) has its own
-``service.instance.id`` / ``process.pid``, and its rank is ``dl.rank``.
-The k-th process of a rank, in order of its first span, belongs to the k-th
-incarnation: a restart relaunches every rank once.
+one lane per incarnation and rank. The grouping is the trace model's
+(:mod:`megatron.trace.model`: by writing process, split at each
+``megatron.startup``), so a picture, ``check`` and ``report`` always agree on
+what incarnation 1 is; incarnations are numbered from 0, as there.
 
-Only the small per-process index is kept (a few numbers per process), so the
-span stream itself can be read twice instead of held in memory.
+The model keeps only structural spans; this index adds the lookup the
+pictures need for every other span: the process that wrote it and, within a
+process that ran ``pretrain()`` more than once, the startup it came after.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import bisect
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Lane", "LaneIndex", "process_key"]
+from megatron.trace.model import PRE_STARTUP, Incarnation, Trace, process_of
 
-ProcessKey = tuple[str, int, str, int]
-
-
-def process_key(resource: Mapping[str, Any]) -> ProcessKey:
-    """The identity of the process that wrote a span, from its resource attributes."""
-    return (
-        str(resource.get("service.instance.id", resource.get("megatron.run_id", ""))),
-        _int(resource.get("dl.rank"), 0),
-        str(resource.get("host.name", "")),
-        _int(resource.get("process.pid"), 0),
-    )
-
-
-def _int(value: Any, default: int) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
+__all__ = ["Lane", "LaneIndex"]
 
 
 @dataclass(frozen=True)
 class Lane:
-    """One process's place in the pictures: incarnation (1-based) and rank."""
+    """One incarnation of one rank."""
 
-    incarnation: int
-    rank: int
+    incarnation: int  # 0-based, in time order within the rank
+    rank: str
 
     def label(self, several_ranks: bool) -> str:
         text = f"incarnation {self.incarnation}"
@@ -53,34 +36,42 @@ class Lane:
 
 
 class LaneIndex:
-    """Maps every process seen in a span stream to its lane."""
+    """The lanes of a :class:`Trace`, and the lane of any span of the files it was built from."""
 
-    def __init__(self, spans: Iterable[Mapping[str, Any]]) -> None:
-        first_start: dict[ProcessKey, int] = {}
-        for span in spans:
-            key = process_key(span.get("resource") or {})
-            start = span["start_ns"]
-            if key not in first_start or start < first_start[key]:
-                first_start[key] = start
-        by_rank: dict[int, list[ProcessKey]] = {}
-        for key in sorted(first_start, key=lambda k: (first_start[k], k)):
-            by_rank.setdefault(key[1], []).append(key)
-        self._lanes = {
-            key: Lane(incarnation=position + 1, rank=rank)
-            for rank, keys in by_rank.items()
-            for position, key in enumerate(keys)
-        }
-        self.ranks = sorted(by_rank)
-        self.incarnations = max((len(keys) for keys in by_rank.values()), default=0)
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self._by_process: dict[tuple[Any, ...], tuple[list[int], list[Incarnation]]] = {}
+        grouped: dict[tuple[Any, ...], list[Incarnation]] = {}
+        for inc in trace.incarnations:
+            grouped.setdefault(inc.process, []).append(inc)
+        for process, incs in grouped.items():
+            incs.sort(key=lambda inc: inc.start_ns)
+            boundaries = [inc.startup.start_ns if inc.startup else inc.start_ns for inc in incs]
+            self._by_process[process] = (boundaries[1:], incs)
+        self.ranks = list(trace.ranks)
 
     @property
     def several_ranks(self) -> bool:
         return len(self.ranks) > 1
 
+    @staticmethod
+    def lane_of_incarnation(inc: Incarnation) -> Lane:
+        return Lane(inc.index, inc.rank)
+
+    def incarnation(self, span: Mapping[str, Any]) -> Incarnation:
+        """The incarnation that wrote ``span`` (the model's rule: a pre_startup by its end)."""
+        boundaries, incs = self._by_process[process_of(span)]
+        at = span["end_ns"] if span["name"] == PRE_STARTUP else span["start_ns"]
+        return incs[bisect.bisect_right(boundaries, at)]
+
     def lane(self, span: Mapping[str, Any]) -> Lane:
-        """The lane of ``span`` (which must come from the stream the index was built on)."""
-        return self._lanes[process_key(span.get("resource") or {})]
+        return self.lane_of_incarnation(self.incarnation(span))
 
     def lanes(self) -> list[Lane]:
         """Every lane, by incarnation then rank."""
-        return sorted(set(self._lanes.values()), key=lambda lane: (lane.incarnation, lane.rank))
+        lanes = [self.lane_of_incarnation(inc) for inc in self.trace.incarnations]
+        return sorted(lanes, key=lambda lane: (lane.incarnation, self.ranks.index(lane.rank)))
+
+    def thread_id(self, rank: str) -> int:
+        """A rank as the integer thread id Chrome traces need (its number, else its position)."""
+        return int(rank) if rank.isdigit() else len(self.ranks) + self.ranks.index(rank)

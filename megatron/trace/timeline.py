@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace.lanes import Lane, LaneIndex
+from megatron.trace.model import Incarnation, SpanRecord, TraceBuilder
 from megatron.trace.spans import SpanSource, TraceInputError, span_source
 
 __all__ = [
@@ -72,8 +73,6 @@ _SIMPLE = {
     "megatron.checkpoint.save": "checkpoint_save",
     "megatron.evaluate": "evaluation",
 }
-# Children of an interval whose parent's absence means the interval was lost.
-_INTERVAL_CHILDREN = {"megatron.train.iteration", "megatron.checkpoint.save", "megatron.evaluate"}
 _MAX_ATTRIBUTES = 16
 
 
@@ -91,36 +90,14 @@ class Bar:
 
 
 @dataclass
-class _Orphans:
-    """Children of one interval that is not in the file: what a killed interval did."""
-
-    start_ns: int
-    end_ns: int
-    first_iteration: int | None = None
-    last_iteration: int | None = None
-    spans: int = 0
-
-    def add(self, span: dict[str, Any]) -> None:
-        self.start_ns = min(self.start_ns, span["start_ns"])
-        self.end_ns = max(self.end_ns, span["end_ns"])
-        self.spans += 1
-        iteration = span["attributes"].get("megatron.iteration")
-        if span["name"] == "megatron.train.iteration" and isinstance(iteration, int):
-            if self.first_iteration is None or iteration < self.first_iteration:
-                self.first_iteration = iteration
-            if self.last_iteration is None or iteration > self.last_iteration:
-                self.last_iteration = iteration
-
-
-@dataclass
 class LaneSummary:
     """What the page says about one lane beside its bars."""
 
     lane: Lane
     start_ns: int
     end_ns: int
-    ended: str = "shutdown"
-    cut_short: list[tuple[str, int]] = field(default_factory=list)  # (span name, end)
+    ended: str = "shutdown"  # the model's: shutdown, cut_short, killed
+    cut_short: list[str] = field(default_factory=list)  # names of the spans cut short
 
 
 @dataclass
@@ -153,7 +130,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "-o", "--output", type=Path, default=Path("timeline.html"), help="the page to write"
     )
-    parser.set_defaults(run=run)
+    parser.set_defaults(func=run)
     return parser
 
 
@@ -217,45 +194,49 @@ def write_page(timeline: Timeline, output: Path) -> None:
 
 
 def collect(source: SpanSource, files: list[str] | None = None) -> Timeline:
-    """Read the spans (two passes) into the bars and lane summaries the page draws."""
-    index = LaneIndex(source())
-    bars: list[Bar] = []
-    summaries: dict[Lane, LaneSummary] = {}
-    kept_ids: set[str] = set()
-    orphans: dict[tuple[Lane, str], _Orphans] = {}
-    count = 0
+    """Read the spans in one pass into the trace model, then into bars and lane summaries.
+
+    The model (shared with ``check`` and ``report``) decides incarnations and
+    how each ended; the startup phases, which it does not keep, are kept here
+    (a handful per incarnation).
+    """
+    builder = TraceBuilder()
+    phases = []
     for span in source():
-        count += 1
-        lane = index.lane(span)
-        summary = summaries.get(lane)
-        if summary is None:
-            summary = summaries[lane] = LaneSummary(lane, span["start_ns"], span["end_ns"])
-        summary.start_ns = min(summary.start_ns, span["start_ns"])
-        summary.end_ns = max(summary.end_ns, span["end_ns"])
-        attributes = span["attributes"]
-        if attributes.get("megatron.span.cut_short"):
-            summary.cut_short.append((span["name"], span["end_ns"]))
-        category = _category(span["name"])
-        if category is not None:
-            bars.append(_bar(lane, category, span))
-            if category in ("interval", "startup"):
-                kept_ids.add(span["span_id"])
-        if span["name"] in _INTERVAL_CHILDREN and span["parent_id"]:
-            key = (lane, span["parent_id"])
-            if key not in orphans:
-                orphans[key] = _Orphans(span["start_ns"], span["end_ns"])
-            orphans[key].add(span)
-    for (lane, parent), lost in orphans.items():
-        if parent in kept_ids:
-            continue
-        summaries[lane].ended = "killed"
-        bars.append(_lost_bar(lane, lost))
-    for summary in summaries.values():
-        if summary.cut_short and summary.ended != "killed":
-            summary.ended = "cut short"
-    lanes = sorted(summaries.values(), key=lambda s: (s.lane.incarnation, s.lane.rank))
+        builder.add(span)
+        if _category(span["name"]) == "startup_phase":
+            phases.append(span)
+    index = LaneIndex(builder.finish())
+    trace = index.trace
+    bars: list[Bar] = []
+    summaries = []
+    for inc in trace.incarnations:
+        lane = index.lane_of_incarnation(inc)
+        records = [*inc.pre_startup, *([inc.startup] if inc.startup else []), *inc.launch,
+                   *inc.intervals, *inc.loads, *inc.saves, *inc.evaluations]  # fmt: skip
+        for record in records:
+            bars.append(_bar(lane, _category(record.name) or "other", _as_span(record)))
+        if inc.ended == "killed":
+            bars.append(_lost_bar(lane, inc))
+        summaries.append(
+            LaneSummary(lane, inc.start_ns, inc.end_ns, inc.ended, [r.name for r in inc.cut_short])
+        )
+    for span in phases:
+        bars.append(_bar(index.lane(span), "startup_phase", span))
+    lanes = sorted(summaries, key=lambda s: (s.lane.incarnation, index.ranks.index(s.lane.rank)))
     bars.extend(_restart_gaps(lanes))
-    return Timeline(bars, lanes, index.several_ranks, count, list(files or []))
+    return Timeline(bars, lanes, index.several_ranks, trace.span_count, list(files or []))
+
+
+def _as_span(record: SpanRecord) -> dict[str, Any]:
+    return {
+        "name": record.name,
+        "trace_id": record.trace_id,
+        "span_id": record.span_id,
+        "start_ns": record.start_ns,
+        "end_ns": record.end_ns,
+        "attributes": record.attributes,
+    }
 
 
 def _category(name: str) -> str | None:
@@ -291,25 +272,30 @@ def _bar(lane: Lane, category: str, span: dict[str, Any]) -> Bar:
     return Bar(lane, category, span["name"], span["start_ns"], span["end_ns"], text, details)
 
 
-def _lost_bar(lane: Lane, lost: _Orphans) -> Bar:
-    if lost.first_iteration is not None:
-        done = f"iterations {lost.first_iteration}–{lost.last_iteration} finished, never saved"
-        text = f"lost · {lost.first_iteration}–{lost.last_iteration}"
-    else:
-        done, text = "no iteration finished", "lost"
-    return Bar(
-        lane,
-        "lost",
-        "interval in flight when killed",
-        lost.start_ns,
-        lost.end_ns,
-        text,
-        [
-            done,
-            f"{lost.spans} child spans on disk; the megatron.train span itself was never written",
-            "from the first to the last of its children in the file",
-        ],
+def _lost_bar(lane: Lane, inc: Incarnation) -> Bar:
+    """A killed incarnation's interval in flight: from the last interval's end to its last span.
+
+    Its ``megatron.train`` span was never written; what it did is known from
+    the children it finished (iterations numbered past the last written interval).
+    """
+    done = [r.attributes.get("megatron.interval.last_iteration") for r in inc.intervals]
+    after = max((n for n in done if isinstance(n, int)), default=None)
+    start = max(
+        (r.end_ns for r in inc.intervals),
+        default=inc.startup.end_ns if inc.startup else inc.start_ns,
     )
+    numbers = [n for n in inc.iterations.numbers if after is None or n > after]
+    if numbers:
+        first, last = min(numbers), max(numbers)
+        details = [f"iterations {first}–{last} finished, never saved"]
+        text = f"lost · {first}–{last}"
+    else:
+        details, text = ["no finished iteration in the file"], "lost"
+    details += [
+        "the megatron.train span of this interval was never written (SIGKILL)",
+        "drawn to the last span the process wrote",
+    ]
+    return Bar(lane, "lost", "interval in flight when killed", start, inc.end_ns, text, details)
 
 
 def _restart_gaps(lanes: list[LaneSummary]) -> Iterable[Bar]:
@@ -328,7 +314,8 @@ def _restart_gaps(lanes: list[LaneSummary]) -> Iterable[Bar]:
                 "gap",
                 [
                     f"from the last span of incarnation {before.lane.incarnation} "
-                    f"({before.ended}) to the first of incarnation {summary.lane.incarnation}"
+                    f"({_ENDED_TEXT.get(before.ended, before.ended)}) "
+                    f"to the first of incarnation {summary.lane.incarnation}"
                 ],
             )
 
@@ -363,12 +350,13 @@ def _hover(bar: Bar, label: str) -> str:
     return "<br>".join(lines)
 
 
-_ENDED_COLOURS = {"shutdown": "#31a354", "cut short": "#e6550d", "killed": "#d62728"}
+_ENDED_COLOURS = {"shutdown": "#31a354", "cut_short": "#e6550d", "killed": "#d62728"}
+_ENDED_TEXT = {"shutdown": "shut down", "cut_short": "cut short", "killed": "killed"}
 
 
 def _lane_label(summary: LaneSummary, several_ranks: bool) -> str:
     colour = _ENDED_COLOURS.get(summary.ended, "#444")
-    ended = {"cut short": "cut short (SIGTERM)", "killed": "killed"}.get(summary.ended, "shut down")
+    ended = _ENDED_TEXT.get(summary.ended, summary.ended)
     return (
         f"<b>{summary.lane.label(several_ranks)}</b><br><span style='color:{colour}'>{ended}</span>"
     )
@@ -463,20 +451,25 @@ def _add_endings(fig: Any, timeline: Timeline, rows: dict[Lane, int]) -> None:
     """A mark where each incarnation stopped that was not a clean shutdown."""
     import plotly.graph_objects as go
 
-    for ended, symbol, colour in (("cut short", "x", "#e6550d"), ("killed", "x", "#d62728")):
+    for ended, symbol, colour in (("cut_short", "x", "#e6550d"), ("killed", "x", "#d62728")):
         lanes = [s for s in timeline.lanes if s.ended == ended]
         if not lanes:
             continue
         hover = []
         for summary in lanes:
-            lines = [f"<b>{ended}</b>", html.escape(summary.lane.label(timeline.several_ranks))]
+            lines = [
+                f"<b>{_ENDED_TEXT[ended]}</b>",
+                html.escape(summary.lane.label(timeline.several_ranks)),
+            ]
             if ended == "killed":
                 lines.append("its interval in flight was never written (SIGKILL)")
-            lines += [f"{html.escape(name)} cut short" for name, _ in summary.cut_short[:8]]
+            else:
+                lines.append("spans still open at shutdown (SIGTERM or an exception):")
+            lines += [f"{html.escape(name)}" for name in summary.cut_short[:8]]
             hover.append("<br>".join(lines))
         fig.add_trace(
             go.Scatter(
-                name=f"ended: {ended}",
+                name=f"ended: {_ENDED_TEXT[ended]}",
                 mode="markers",
                 y=[rows[s.lane] for s in lanes],
                 x=[_when(s.end_ns) for s in lanes],
@@ -520,11 +513,13 @@ def render_html(timeline: Timeline) -> str:
     plot = figure(timeline).to_html(
         full_html=False, include_plotlyjs=True, div_id="timeline", config={"displaylogo": False}
     )
-    ended = ", ".join(f"{s.lane.label(timeline.several_ranks)}: {s.ended}" for s in timeline.lanes)
+    ended = ", ".join(
+        f"{s.lane.label(timeline.several_ranks)}: {_ENDED_TEXT.get(s.ended, s.ended)}"
+        for s in timeline.lanes
+    )
     summary = [
         f"<span>wall clock <b>{_duration(timeline.wall_ns)}</b></span>",
-        f"<span>incarnations <b>{max((s.lane.incarnation for s in timeline.lanes), default=0)}"
-        f"</b></span>",
+        f"<span>incarnations <b>{len({s.lane.incarnation for s in timeline.lanes})}</b></span>",
         f"<span>spans <b>{timeline.spans}</b></span>",
         f"<span>{html.escape(ended)}</span>",
     ]

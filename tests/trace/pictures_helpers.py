@@ -8,7 +8,6 @@ the commands read exactly the format a real run leaves.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 from dataclasses import dataclass, field
@@ -181,8 +180,7 @@ def write_trace(path: Path, processes: list[tuple[dict[str, Any], list[Span]]]) 
 
 
 def run_command(module: Any, argv: list[str]) -> int:
-    """Run one ``megatron-trace`` subcommand module the way the console script does."""
-    parser = argparse.ArgumentParser(prog="megatron-trace")
-    module.add_parser(parser.add_subparsers(required=True))
-    args = parser.parse_args([module.__name__.rsplit(".", 1)[-1], *argv])
-    return args.run(args)
+    """Run one subcommand through the ``megatron-trace`` entry point, as a user does."""
+    from megatron.trace.cli import main
+
+    return main([module.__name__.rsplit(".", 1)[-1], *argv])

@@ -73,7 +73,7 @@ def two_incarnations(tmp_path: Path) -> tuple[Path, list[Span], list[Span]]:
 def test_a_process_per_incarnation_and_a_complete_event_per_span(tmp_path: Path) -> None:
     path, first, second = two_incarnations(tmp_path)
     document = chrome(tmp_path, path)
-    assert metadata(document, "process_name") == {(1, 0): "incarnation 1", (2, 0): "incarnation 2"}
+    assert metadata(document, "process_name") == {(1, 0): "incarnation 0", (2, 0): "incarnation 1"}
     assert metadata(document, "thread_name") == {(1, 0): "rank 0", (2, 0): "rank 0"}
     events = complete_events(document)
     assert len(events) == len(first) + len(second)

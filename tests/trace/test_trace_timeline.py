@@ -43,8 +43,8 @@ def bars(tl: timeline.Timeline, category: str) -> list[timeline.Bar]:
 def test_one_lane_per_incarnation_with_its_ending(tmp_path: Path) -> None:
     tl = timeline.collect(span_source([killed_then_resumed(tmp_path)]))
     assert [(s.lane, s.ended) for s in tl.lanes] == [
-        (Lane(1, 0), "killed"),
-        (Lane(2, 0), "cut short"),
+        (Lane(0, "0"), "killed"),
+        (Lane(1, "0"), "cut_short"),
     ]
     assert not tl.several_ranks
 
@@ -52,17 +52,17 @@ def test_one_lane_per_incarnation_with_its_ending(tmp_path: Path) -> None:
 def test_bars_by_category_with_their_extents(tmp_path: Path) -> None:
     tl = timeline.collect(span_source([killed_then_resumed(tmp_path)]))
     [queue] = bars(tl, "queue")
-    assert (queue.lane, queue.start_ns, queue.end_ns) == (Lane(1, 0), T0 - 5 * S, T0)
+    assert (queue.lane, queue.start_ns, queue.end_ns) == (Lane(0, "0"), T0 - 5 * S, T0)
     intervals = bars(tl, "interval")
     assert [(b.lane.incarnation, b.text) for b in intervals] == [
-        (1, "C0 · 0–3"),
-        (2, "C0 · 4–7"),
-        (2, "C1 · 8–11"),
+        (0, "C0 · 0–3"),
+        (1, "C0 · 4–7"),
+        (1, "C1 · 8–11"),
     ]
     assert "iterations 4–7" in intervals[1].details
     assert [b.name for b in bars(tl, "startup_phase")] == ["megatron.startup.imports",
             "megatron.startup.model_init"] * 2  # fmt: skip
-    assert [b.lane.incarnation for b in bars(tl, "checkpoint_load")] == [2]
+    assert [b.lane.incarnation for b in bars(tl, "checkpoint_load")] == [1]
     assert len(bars(tl, "checkpoint_save")) == len(bars(tl, "evaluation")) == 3
     assert "at iteration 4" in bars(tl, "checkpoint_save")[0].details
 
@@ -71,7 +71,7 @@ def test_a_killed_interval_is_drawn_as_lost_work(tmp_path: Path) -> None:
     tl = timeline.collect(span_source([killed_then_resumed(tmp_path)]))
     [lost] = bars(tl, "lost")
     c0_end = T0 + 8 * S  # startup 3 s, four 1 s iterations, 1 s of eval and save
-    assert (lost.lane, lost.start_ns, lost.end_ns) == (Lane(1, 0), c0_end, c0_end + 2 * S)
+    assert (lost.lane, lost.start_ns, lost.end_ns) == (Lane(0, "0"), c0_end, c0_end + 2 * S)
     assert lost.text == "lost · 4–5"
     assert "iterations 4–5 finished, never saved" in lost.details
 
@@ -79,7 +79,7 @@ def test_a_killed_interval_is_drawn_as_lost_work(tmp_path: Path) -> None:
 def test_the_restart_gap_runs_from_the_last_span_to_the_next_start(tmp_path: Path) -> None:
     tl = timeline.collect(span_source([killed_then_resumed(tmp_path)]))
     [gap] = bars(tl, "restart_gap")
-    assert (gap.lane, gap.start_ns, gap.end_ns) == (Lane(2, 0), T0 + 10 * S, T0 + 30 * S)
+    assert (gap.lane, gap.start_ns, gap.end_ns) == (Lane(1, "0"), T0 + 10 * S, T0 + 30 * S)
 
 
 def test_several_ranks_get_a_lane_each(tmp_path: Path) -> None:
@@ -89,12 +89,12 @@ def test_several_ranks_get_a_lane_each(tmp_path: Path) -> None:
     )
     tl = timeline.collect(span_source([path]))
     assert tl.several_ranks
-    assert [s.lane for s in tl.lanes] == [Lane(1, 0), Lane(1, 1)]
-    assert [lane.label(True) for lane in (Lane(1, 0), Lane(1, 1))] == [
-        "incarnation 1 · rank 0",
-        "incarnation 1 · rank 1",
+    assert [s.lane for s in tl.lanes] == [Lane(0, "0"), Lane(0, "1")]
+    assert [lane.label(True) for lane in (Lane(0, "0"), Lane(0, "1"))] == [
+        "incarnation 0 · rank 0",
+        "incarnation 0 · rank 1",
     ]
-    assert {b.lane for b in bars(tl, "interval")} == {Lane(1, 0), Lane(1, 1)}
+    assert {b.lane for b in bars(tl, "interval")} == {Lane(0, "0"), Lane(0, "1")}
 
 
 def test_the_page_is_self_contained_and_names_every_lane(tmp_path: Path) -> None:
@@ -105,7 +105,7 @@ def test_the_page_is_self_contained_and_names_every_lane(tmp_path: Path) -> None
 
     assert f"plotly.js v{get_plotlyjs_version()}" in page  # the bundle itself, embedded
     assert not re.search(r"<script[^>]+src=", page), "the page must not load scripts from anywhere"
-    for text in ("incarnation 1", "incarnation 2", "killed", "cut short (SIGTERM)", "C1 · 8–11",
+    for text in ("incarnation 0", "incarnation 1", "killed", "cut short", "C1 · 8–11",
                  "lost · 4–5", "restart gap", "scheduler queue", "checkpoint save"):  # fmt: skip
         assert text in page or json.dumps(text)[1:-1] in page, text
 
@@ -137,7 +137,7 @@ def test_the_figure_has_a_row_per_lane(tmp_path: Path, several_ranks: bool) -> N
     fig = timeline.figure(tl)
     assert list(fig.layout.yaxis.tickvals) == list(range(2 * len(ranks)))
     labels = [re.sub("<[^>]+>", " ", t).split("  ")[0].strip() for t in fig.layout.yaxis.ticktext]
-    expected = [Lane(i, r).label(several_ranks) for i in (1, 2) for r in ranks]
+    expected = [Lane(i, str(r)).label(several_ranks) for i in (0, 1) for r in ranks]
     assert labels == expected
     [interval_trace] = [t for t in fig.data if t.name == "training interval"]
     assert sorted(interval_trace.y) == sorted(range(2 * len(ranks)))

@@ -53,8 +53,8 @@ def test_the_chrome_export_of_a_resumed_run(resumed_trace: Path, tmp_path: Path)
         pids.setdefault(span["resource"]["process.pid"], set()).add(event["pid"])
     assert sorted(pids.values(), key=min) == [{1}, {2}]
     names = {(e["pid"], e["name"]): e["args"] for e in document["traceEvents"] if e["ph"] == "M"}
-    assert names[(1, "process_name")] == {"name": "incarnation 1"}
-    assert names[(2, "process_name")] == {"name": "incarnation 2"}
+    assert names[(1, "process_name")] == {"name": "incarnation 0"}
+    assert names[(2, "process_name")] == {"name": "incarnation 1"}
     assert names[(1, "thread_name")] == names[(2, "thread_name")] == {"name": "rank 0"}
 
     # Nested by time: every span lies within its parent, on the parent's thread.
@@ -97,25 +97,25 @@ def test_the_chrome_export_of_a_resumed_run(resumed_trace: Path, tmp_path: Path)
 def test_the_timeline_of_a_resumed_run(resumed_trace: Path, tmp_path: Path) -> None:
     tl = timeline.collect(span_source([resumed_trace]), [str(resumed_trace)])
     assert [(s.lane, s.ended) for s in tl.lanes] == [
-        (Lane(1, 0), "shutdown"),
-        (Lane(2, 0), "shutdown"),
+        (Lane(0, "0"), "shutdown"),
+        (Lane(1, "0"), "shutdown"),
     ]
     intervals = [(b.lane.incarnation, b.text) for b in tl.bars if b.category == "interval"]
-    assert sorted(intervals) == [(1, "C0 · 0–3"), (1, "C1 · 4–7"), (2, "C0 · 8–11")]
+    assert sorted(intervals) == [(0, "C0 · 0–3"), (0, "C1 · 4–7"), (1, "C0 · 8–11")]
     saves = [b for b in tl.bars if b.category == "checkpoint_save"]
     assert sorted(b.details[0] for b in saves) == [
         "at iteration 12",
         "at iteration 4",
         "at iteration 8",
     ]
-    assert [b.lane for b in tl.bars if b.category == "checkpoint_load"] == [Lane(2, 0)]
-    assert [b.lane for b in tl.bars if b.category == "restart_gap"] == [Lane(2, 0)]
+    assert [b.lane for b in tl.bars if b.category == "checkpoint_load"] == [Lane(1, "0")]
+    assert [b.lane for b in tl.bars if b.category == "restart_gap"] == [Lane(1, "0")]
     phases = {b.name for b in tl.bars if b.category == "startup_phase"}
     assert {"megatron.startup.imports", "megatron.startup.model_init"} <= phases
     out = tmp_path / "timeline.html"
     timeline.write_page(tl, out)
     page = out.read_text()
-    assert "incarnation 2" in page and "megatron.checkpoint.load" in page
+    assert "incarnation 1" in page and "megatron.checkpoint.load" in page
 
 
 def _fake_plotly(tmp_path: Path) -> Path:
@@ -139,7 +139,7 @@ def test_the_demo_ends_by_writing_the_timeline_beside_the_trace(training_cli) ->
         result.stdout.strip().splitlines()[-1]
         == f"timeline: {Path('demo/telemetry/timeline.html')}"
     )
-    assert page.is_file() and "incarnation 1" in page.read_text()
+    assert page.is_file() and "incarnation 0" in page.read_text()
 
 
 def test_a_timeline_that_fails_never_changes_the_exit_status(training_cli, tmp_path) -> None:
