@@ -133,7 +133,7 @@ class Incarnation:
     ``"killed"`` (SIGKILL: in-flight interval missing). ``intervals``,
     ``saves``, ``loads``, ``evaluations``, ``launch`` and ``pre_startup`` are
     lists of :class:`SpanRecord` in start order. ``iterations`` holds the
-    finished ``megatron.train.iteration``
+    finished (not cut short) ``megatron.train.iteration``
     spans as :class:`Iterations` (empty without the ``per_step`` groups).
     """
 
@@ -271,7 +271,7 @@ class TraceBuilder:
         name = span["name"]
         if name in STRUCTURAL_NAMES or cut_short:
             proc.records.append(SpanRecord.of(span))
-        if name == ITERATION_SPAN and ITERATION in span["attributes"]:
+        if name == ITERATION_SPAN and ITERATION in span["attributes"] and not cut_short:
             proc.iterations.append(int(span["attributes"][ITERATION]), start, end)
 
     def root_end(self, process: tuple[Any, ...]) -> int:

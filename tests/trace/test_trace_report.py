@@ -1,0 +1,182 @@
+"""``megatron-trace report``: the accounting on hand-built files with known answers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import tracegen as g
+
+from megatron.trace.cli import main
+from megatron.trace.report import BADPUT_CATEGORIES, report_files
+
+
+def assert_accounted(report: dict) -> None:
+    """goodput + badput == wall: exactly in ns, and in seconds up to float rounding."""
+    exact = report["accounting_ns"]
+    assert exact["goodput"] + sum(exact[c] for c in BADPUT_CATEGORIES) == exact["wall"]
+    assert all(exact[c] >= 0 for c in (*BADPUT_CATEGORIES, "goodput"))
+    total = report["goodput_s"] + sum(report["badput_s"].values())
+    assert math.isclose(total, report["wall_s"], abs_tol=1e-6)
+    assert set(report["badput_s"]) == set(BADPUT_CATEGORIES)
+
+
+def report_of(tmp_path: Path, *incarnations: list[dict]) -> dict:
+    report = report_files([g.write(tmp_path / "t.jsonl", *incarnations)])
+    assert_accounted(report)
+    return report
+
+
+def nonzero(report: dict) -> dict[str, float]:
+    return {k: v for k, v in report["badput_s"].items() if v}
+
+
+def test_clean_run(tmp_path: Path) -> None:
+    report = report_of(tmp_path, g.lifecycle(0))
+    assert report["wall_s"] == 8.75
+    assert report["goodput_s"] == 6.0
+    assert report["goodput_fraction"] == round(6 / 8.75, 6)
+    assert nonzero(report) == {"startup": 2.0, "checkpoint_save": 0.75}
+    assert report["wasted_iterations"] == 0
+    (inc,) = report["incarnations"]
+    assert inc | {"start_s": 0} == {
+        "rank": "0",
+        "index": 0,
+        "ended": "shutdown",
+        "first_iteration": 0,
+        "last_iteration": 5,
+        "resumed_from": None,
+        "startup_s": 2.0,
+        "intervals": 3,
+        "start_s": 0,
+        "duration_s": 8.75,
+        "wasted_iterations": 0,
+        "wasted_s": 0.0,
+    }
+    assert report["iterations"]["count"] == 6
+    assert report["iterations"]["median_ms"] == 1000.0
+    assert report["not_computed"] == []
+
+
+def test_killed_then_resumed(tmp_path: Path) -> None:
+    report = report_of(tmp_path, g.lifecycle(0, kill_after=1), g.lifecycle(20, first=6, load=6))
+    assert report["wall_s"] == 28.75
+    assert report["goodput_s"] == 12.0
+    assert nonzero(report) == {
+        "startup": 3.5,
+        "checkpoint_load": 0.5,
+        "checkpoint_save": 1.5,
+        "wasted_progress": 1.5,  # iteration 6 and the in-flight half second
+        "restart_gap": 9.75,
+    }
+    assert report["wasted_iterations"] == 1
+    assert [i["ended"] for i in report["incarnations"]] == ["killed", "shutdown"]
+    assert report["incarnations"][1]["resumed_from"] == 6
+
+
+def test_final_incarnation_killed_and_never_resumed(tmp_path: Path) -> None:
+    report = report_of(tmp_path, g.lifecycle(0, kill_after=1))
+    assert report["wasted_iterations"] == 1  # past the last save (iteration 6)
+    assert report["badput_s"]["wasted_progress"] == 1.5
+    assert report["wall_s"] == 10.25
+
+
+def test_without_save_a_restart_wastes_everything_before_it(tmp_path: Path) -> None:
+    report = report_of(
+        tmp_path, g.lifecycle(0, save=False, kill_after=1), g.lifecycle(20, save=False)
+    )
+    assert report["wasted_iterations"] == 7
+    assert nonzero(report) == {"startup": 4.0, "wasted_progress": 7.5, "restart_gap": 10.5}
+    assert report["goodput_s"] == 6.0
+
+
+def test_without_save_a_clean_end_is_all_goodput(tmp_path: Path) -> None:
+    report = report_of(tmp_path, g.lifecycle(0, save=False))
+    assert (report["goodput_s"], report["wasted_iterations"]) == (6.0, 0)
+
+
+def test_cut_short_final_incarnation(tmp_path: Path) -> None:
+    report = report_of(tmp_path, g.lifecycle(0, cut_short_after=1))
+    assert report["incarnations"][0]["ended"] == "cut_short"
+    assert report["wasted_iterations"] == 1  # iteration 6; the cut-short 7th never finished
+    assert report["badput_s"]["wasted_progress"] == 1.5
+    assert report["iterations"]["count"] == 7
+
+
+def test_default_groups_say_what_they_cannot_compute(tmp_path: Path) -> None:
+    report = report_of(
+        tmp_path,
+        g.lifecycle(0, iterations=False, kill_after=1),
+        g.lifecycle(20, first=6, load=6, iterations=False),
+    )
+    assert report["iterations"] is None
+    assert report["goodput_s"] == 12.0
+    assert report["badput_s"]["wasted_progress"] == 1.5
+    assert len(report["not_computed"]) == 2
+    assert report["not_computed"][0].startswith("iterations:")
+    assert report["not_computed"][1].startswith("wasted_iterations:")
+
+
+def test_precedence_where_spans_overlap(tmp_path: Path) -> None:
+    spans = g.lifecycle(0, intervals=1, per=4, save=False)
+    interval = next(s for s in spans if s["name"] == "megatron.train")
+    pre = g.span("pre_startup", -5, -1)
+    startup = next(s for s in spans if s["name"] == "megatron.startup")
+    launch = g.span("megatron.startup.launch_script", 0, 0.5, parent=startup)
+    save = g.span("megatron.checkpoint.save", 3, 4, parent=interval)
+    evaluate = g.span("megatron.evaluate", 3.5, 5, parent=interval)
+    report = report_of(tmp_path, [pre, launch, save, evaluate, *spans])
+    assert report["wall_s"] == 11.0  # -5 .. 6
+    assert nonzero(report) == {
+        "queue": 4.0,
+        "launch": 0.5,
+        "startup": 1.5,
+        "checkpoint_save": 1.0,
+        "evaluation": 1.0,  # 4 .. 5: the save wins 3.5 .. 4
+        "other": 1.0,  # -1 .. 0: nothing recorded
+    }
+    assert report["goodput_s"] == 2.0
+
+
+def test_anomalous_iterations_by_the_stated_rule(tmp_path: Path) -> None:
+    spans = g.lifecycle(0)
+    slow = [s for s in spans if s["name"] == "megatron.train.iteration"][3]
+    slow["endTimeUnixNano"] = str(int(slow["startTimeUnixNano"]) + 3_500_000_000)
+    stats = report_of(tmp_path, spans)["iterations"]
+    assert stats["anomalous"]["rule"] == "duration > 3 x median iteration duration"
+    assert stats["anomalous"]["slowest"] == [
+        {"incarnation": 0, "iteration": 3, "duration_ms": 3500.0}
+    ]
+    assert (stats["max_ms"], stats["p90_ms"]) == (3500.0, 3500.0)
+
+
+def test_several_ranks(tmp_path: Path) -> None:
+    zero = g.write(tmp_path / "r0.jsonl", g.lifecycle(0), rank=0)
+    one = g.write(tmp_path / "r1.jsonl", g.lifecycle(0, kill_after=1), rank=1)
+    report = report_files([one, zero])
+    assert_accounted(report)
+    assert report["rank"] == "0"
+    assert report["wall_s"] == 8.75
+    assert [(r["rank"], r["wasted_iterations"]) for r in report["ranks"]] == [("0", 0), ("1", 1)]
+
+
+def test_cli_json_is_the_last_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = g.write(tmp_path / "t.jsonl", g.lifecycle(0))
+    assert main(["report", str(path), "--json"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    report = json.loads(lines[-1])
+    assert_accounted(report)
+    assert lines[0].startswith("wall clock")
+    assert main(["report", str(path)]) == 0
+    assert not capsys.readouterr().out.splitlines()[-1].startswith("{")
+
+
+def test_cli_empty_file_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_text("")
+    assert main(["report", str(path)]) == 2
+    assert capsys.readouterr().err == f"megatron-trace: no spans in {path}\n"
+    assert main(["report", str(tmp_path / "missing.jsonl")]) == 2
+    assert "cannot read" in capsys.readouterr().err

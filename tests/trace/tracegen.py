@@ -1,0 +1,189 @@
+"""Hand-built OTLP/JSON trace files for the ``megatron-trace`` tests.
+
+``lifecycle()`` writes what one incarnation of the real job writes (startup,
+intervals linked in a chain, iterations, checkpoint saves, SIGKILL and
+SIGTERM endings) with round numbers: one iteration is one second, so the
+expected accounting can be worked out by hand. Tests then break one thing at
+a time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+SECOND = 1_000_000_000
+_ids = itertools.count(1)
+
+
+def new_id(width: int = 16) -> str:
+    return f"{next(_ids):0{width}x}"
+
+
+def _value(value: Any) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        return {"doubleValue": value}
+    return {"stringValue": str(value)}
+
+
+def span(
+    name: str,
+    start_s: float,
+    end_s: float,
+    *,
+    parent: dict | None = None,
+    links: tuple[dict, ...] = (),
+    **attributes: Any,
+) -> dict[str, Any]:
+    """One OTLP/JSON span; a child shares its parent's trace."""
+    return {
+        "traceId": parent["traceId"] if parent else new_id(32),
+        "spanId": new_id(),
+        "parentSpanId": parent["spanId"] if parent else "",
+        "name": name,
+        "kind": 1,
+        "startTimeUnixNano": str(round(start_s * SECOND)),
+        "endTimeUnixNano": str(round(end_s * SECOND)),
+        "attributes": [{"key": k, "value": _value(v)} for k, v in attributes.items()],
+        "links": [{"traceId": s["traceId"], "spanId": s["spanId"]} for s in links],
+        "status": {"code": 0},
+    }
+
+
+def attr(span_: dict, key: str, value: Any) -> None:
+    """Set (or replace) one attribute of a built span."""
+    span_["attributes"] = [kv for kv in span_["attributes"] if kv["key"] != key]
+    span_["attributes"].append({"key": key, "value": _value(value)})
+
+
+def line(spans: list[dict], rank: int = 0, pid: int = 100) -> str:
+    resource = {
+        "attributes": [
+            {"key": "dl.rank", "value": _value(rank)},
+            {"key": "process.pid", "value": _value(pid)},
+            {"key": "service.instance.id", "value": _value(f"run{pid}-rank{rank}")},
+        ]
+    }
+    request = {
+        "resourceSpans": [
+            {"resource": resource, "scopeSpans": [{"scope": {"name": "megatron"}, "spans": spans}]}
+        ]
+    }
+    return json.dumps(request)
+
+
+def lifecycle(
+    t0: float,
+    *,
+    first: int = 0,
+    intervals: int = 3,
+    per: int = 2,
+    iterations: bool = True,
+    save: bool = True,
+    load: int | None = None,
+    kill_after: int | None = None,
+    cut_short_after: int | None = None,
+) -> list[dict]:
+    """One incarnation's spans in write order (children before parents).
+
+    Startup takes 2 s from ``t0`` (with a checkpoint load of 0.5 s when
+    ``load`` is given); then ``intervals`` intervals of ``per`` one-second
+    iterations, each ending with a 0.25 s checkpoint save when ``save``.
+    ``kill_after=k``: a SIGKILL k iterations into one more interval (that
+    interval and the iteration in flight are never written).
+    ``cut_short_after=k``: a SIGTERM k iterations into one more interval
+    (the interval and the iteration in flight are written, marked cut short).
+    """
+    spans: list[dict] = []
+    startup = span("megatron.startup", t0, t0 + 2, is_goodput_span=True)
+    spans.append(span("megatron.startup.imports", t0, t0 + 0.5, parent=startup))
+    if load is not None:
+        model_init = span("megatron.startup.model_init", t0 + 1, t0 + 1.75, parent=startup)
+        spans.append(
+            span(
+                "megatron.checkpoint.load",
+                t0 + 1,
+                t0 + 1.5,
+                parent=model_init,
+                **{"megatron.iteration": load},
+            )
+        )
+        spans.append(model_init)
+    spans.append(startup)
+    previous, now, iteration = startup, t0 + 2, first
+
+    def run_iterations(interval: dict, count: int) -> None:
+        nonlocal now, iteration
+        for _ in range(count):
+            if iterations:
+                spans.append(
+                    span(
+                        "megatron.train.iteration",
+                        now,
+                        now + 1,
+                        parent=interval,
+                        **{"megatron.iteration": iteration},
+                    )
+                )
+            now += 1
+            iteration += 1
+
+    for index in range(intervals):
+        interval = span("megatron.train", now, now, links=(previous,), is_goodput_span=True)
+        attr(interval, "megatron.interval.index", index)
+        attr(interval, "megatron.interval.first_iteration", iteration)
+        run_iterations(interval, per)
+        if save:
+            spans.append(
+                span(
+                    "megatron.checkpoint.save",
+                    now,
+                    now + 0.25,
+                    parent=interval,
+                    **{"megatron.iteration": iteration},
+                )
+            )
+            now += 0.25
+        attr(interval, "megatron.interval.last_iteration", iteration - 1)
+        interval["endTimeUnixNano"] = str(round(now * SECOND))
+        spans.append(interval)
+        previous = interval
+    if kill_after is not None or cut_short_after is not None:
+        interval = span("megatron.train", now, now, links=(previous,), is_goodput_span=True)
+        attr(interval, "megatron.interval.index", intervals)
+        attr(interval, "megatron.interval.first_iteration", iteration)
+        run_iterations(interval, kill_after if kill_after is not None else cut_short_after)
+        if cut_short_after is not None:
+            in_flight = span(
+                "megatron.train.iteration",
+                now,
+                now + 0.5,
+                parent=interval,
+                **{"megatron.iteration": iteration, "megatron.span.cut_short": True},
+            )
+            spans.append(in_flight)
+            now += 0.5
+            attr(interval, "megatron.span.cut_short", True)
+            interval["endTimeUnixNano"] = str(round(now * SECOND))
+            spans.append(interval)
+        else:
+            # the in-flight iteration had finished a child before the kill
+            doomed = span("megatron.train.iteration", now, now + 1, parent=interval)
+            spans.append(span("megatron.train.get_batch", now, now + 0.5, parent=doomed))
+            now += 0.5
+    return spans
+
+
+def write(path: Path, *incarnations: list[dict], rank: int = 0, per_line: int = 3) -> Path:
+    """Write incarnations (each a separate process) to ``path``, a few spans per line."""
+    with path.open("a") as file:
+        for pid, spans in enumerate(incarnations, start=100 + 10 * rank):
+            for i in range(0, len(spans), per_line):
+                file.write(line(spans[i : i + per_line], rank=rank, pid=pid) + "\n")
+    return path
