@@ -70,8 +70,11 @@ def test_the_timeline_renders_a_lane_per_incarnation_and_rank(browser, tmp_path,
     )
     assert drawn == len(intervals)
     legend = page.locator("#timeline .legend .legendtext").all_text_contents()
-    for name in ("scheduler queue", "training interval", "lost work (killed)", "restart gap"):
+    for name in ("scheduler queue", "training interval", "wasted progress", "restart gap"):
         assert name in legend
+    # The goodput bar above the lanes: one segment per category that took time.
+    segments = page.locator("#goodput .barlayer .trace").count()
+    assert segments == 1 + sum(1 for s in tl.report["badput_s"].values() if s > 0)
     assert errors == []
 
 

@@ -4,7 +4,7 @@ A Gantt chart, one lane per incarnation (and per rank when the files hold
 several): the scheduler queue, the launch and startup phases, every
 checkpoint interval, checkpoint loads and saves, evaluations, the gaps
 between incarnations and how each incarnation ended (shut down, cut short by
-SIGTERM, killed with its interval in flight lost). Hovering a bar shows the
+SIGTERM, killed) with the progress each one lost. Hovering a bar shows the
 span's name, duration, iteration range and attributes.
 
 Drawn with plotly (the ``trace`` extra) and with plotly.js embedded in the
@@ -27,7 +27,9 @@ from typing import Any
 
 from megatron.trace.lanes import Lane, LaneIndex
 from megatron.trace.model import Incarnation, SpanRecord, TraceBuilder
+from megatron.trace.report import build_report, rank_accounting
 from megatron.trace.spans import SpanSource, TraceInputError, span_source
+from megatron.trace.timeline_summary import summary_figure, summary_html
 
 __all__ = [
     "PLOTLY_MISSING",
@@ -54,7 +56,7 @@ CATEGORIES = (
     ("launch", "launch, container", "#8c6d31"),
     ("startup_phase", "startup phase", "#3182bd"),
     ("interval", "training interval", "#31a354"),
-    ("lost", "lost work (killed)", "#d62728"),
+    ("wasted", "wasted progress", "#d62728"),
     ("checkpoint_load", "checkpoint load", "#17becf"),
     ("checkpoint_save", "checkpoint save", "#ff7f0e"),
     ("evaluation", "evaluation", "#9467bd"),
@@ -63,7 +65,7 @@ _NESTED = {"checkpoint_load", "checkpoint_save", "evaluation"}
 # Markers above the lane (checkpoints) and below it (evaluations): the two often
 # happen in the same millisecond, so they must not share a spot. Rows grow downwards.
 _MARKER_OFFSET = {"checkpoint_load": -0.38, "checkpoint_save": -0.38, "evaluation": 0.38}
-_PATTERNED = {"restart_gap": "/", "lost": "x"}
+_PATTERNED = {"restart_gap": "/"}
 _LAUNCH = {"megatron.startup.launch_script", "megatron.startup.container_load"}
 _SIMPLE = {
     "pre_startup": "queue",
@@ -78,7 +80,7 @@ _MAX_ATTRIBUTES = 16
 
 @dataclass
 class Bar:
-    """One drawn span (or derived stretch: a restart gap, a lost interval)."""
+    """One drawn span (or derived stretch: a restart gap, wasted progress)."""
 
     lane: Lane
     category: str
@@ -109,6 +111,7 @@ class Timeline:
     several_ranks: bool
     spans: int
     files: list[str]
+    report: dict[str, Any] | None = None  # build_report's dict: the summary at the top
 
     @property
     def wall_ns(self) -> int:
@@ -210,14 +213,19 @@ def collect(source: SpanSource, files: list[str] | None = None) -> Timeline:
     trace = index.trace
     bars: list[Bar] = []
     summaries = []
+    waste = {}  # the report's own accounting, per incarnation, with "resumed" added
+    for incs in trace.ranks.values():
+        per_incarnation = rank_accounting(incs)["per_incarnation"]
+        for position, (inc, entry) in enumerate(zip(incs, per_incarnation, strict=True)):
+            waste[id(inc)] = {**entry, "resumed": position + 1 < len(incs)}
     for inc in trace.incarnations:
         lane = index.lane_of_incarnation(inc)
         records = [*inc.pre_startup, *([inc.startup] if inc.startup else []), *inc.launch,
                    *inc.intervals, *inc.loads, *inc.saves, *inc.evaluations]  # fmt: skip
         for record in records:
             bars.append(_bar(lane, _category(record.name) or "other", _as_span(record)))
-        if inc.ended == "killed":
-            bars.append(_lost_bar(lane, inc))
+        if waste[id(inc)]["wasted_window_ns"] > 0:
+            bars.append(_wasted_bar(lane, inc, waste[id(inc)]))
         summaries.append(
             LaneSummary(lane, inc.start_ns, inc.end_ns, inc.ended, [r.name for r in inc.cut_short])
         )
@@ -225,7 +233,8 @@ def collect(source: SpanSource, files: list[str] | None = None) -> Timeline:
         bars.append(_bar(index.lane(span), "startup_phase", span))
     lanes = sorted(summaries, key=lambda s: (s.lane.incarnation, index.ranks.index(s.lane.rank)))
     bars.extend(_restart_gaps(lanes))
-    return Timeline(bars, lanes, index.several_ranks, trace.span_count, list(files or []))
+    report = build_report(trace) if trace.ranks else None
+    return Timeline(bars, lanes, index.several_ranks, trace.span_count, list(files or []), report)
 
 
 def _as_span(record: SpanRecord) -> dict[str, Any]:
@@ -272,30 +281,33 @@ def _bar(lane: Lane, category: str, span: dict[str, Any]) -> Bar:
     return Bar(lane, category, span["name"], span["start_ns"], span["end_ns"], text, details)
 
 
-def _lost_bar(lane: Lane, inc: Incarnation) -> Bar:
-    """A killed incarnation's interval in flight: from the last interval's end to its last span.
+def _wasted_bar(lane: Lane, inc: Incarnation, waste: dict[str, Any]) -> Bar:
+    """The incarnation's wasted progress, exactly as ``report`` counts it.
 
-    Its ``megatron.train`` span was never written; what it did is known from
-    the children it finished (iterations numbered past the last written interval).
+    From the first iteration past the last progress that survived (the
+    iteration the next incarnation resumed from, or the last save of a final
+    incarnation that did not shut down) to the incarnation's last span.
     """
-    done = [r.attributes.get("megatron.interval.last_iteration") for r in inc.intervals]
-    after = max((n for n in done if isinstance(n, int)), default=None)
-    start = max(
-        (r.end_ns for r in inc.intervals),
-        default=inc.startup.end_ns if inc.startup else inc.start_ns,
-    )
-    numbers = [n for n in inc.iterations.numbers if after is None or n > after]
-    if numbers:
-        first, last = min(numbers), max(numbers)
-        details = [f"iterations {first}–{last} finished, never saved"]
-        text = f"lost · {first}–{last}"
+    horizon, count = waste["horizon"], waste["wasted_iterations"]
+    last = inc.last_iteration
+    numbers = f"{horizon}–{last}" if last is not None and last >= horizon else f"{horizon}–"
+    details = [f"{count} iterations ({numbers}) whose results were lost"]
+    if inc.ended == "killed":
+        details.append("killed: its interval in flight was never written (SIGKILL)")
+    if waste["resumed"]:
+        details.append(f"incarnation {inc.index + 1} resumed from iteration {horizon}")
     else:
-        details, text = ["no finished iteration in the file"], "lost"
-    details += [
-        "the megatron.train span of this interval was never written (SIGKILL)",
-        "drawn to the last span the process wrote",
-    ]
-    return Bar(lane, "lost", "interval in flight when killed", start, inc.end_ns, text, details)
+        details.append(f"no later incarnation; the last checkpoint was at iteration {horizon}")
+    text = f"wasted · {numbers}"
+    return Bar(
+        lane,
+        "wasted",
+        "wasted progress",
+        inc.end_ns - waste["wasted_window_ns"],
+        inc.end_ns,
+        text,
+        details,
+    )
 
 
 def _restart_gaps(lanes: list[LaneSummary]) -> Iterable[Bar]:
@@ -385,12 +397,9 @@ def figure(timeline: Timeline) -> Any:
                 base=[_when(bar.start_ns) for bar in bars],
                 x=[max(bar.end_ns - bar.start_ns, 0) / 1e6 for bar in bars],
                 width=0.3 if nested else (0.45 if key == "startup" else 0.6),
-                marker={
-                    "color": colour,
-                    "line": {"color": "white", "width": 1},
-                    "pattern": {"shape": _PATTERNED.get(key, ""), "fgcolor": "white"},
-                },
-                text=[bar.text for bar in bars],
+                marker=_marker(key, colour),
+                # Wasted progress lies over the interval that did the work: hatch, no label.
+                text=[bar.text for bar in bars] if key != "wasted" else None,
                 textposition="inside",
                 insidetextanchor="middle",
                 textangle=0,
@@ -447,6 +456,20 @@ def figure(timeline: Timeline) -> Any:
     return fig
 
 
+def _marker(key: str, colour: str) -> dict[str, Any]:
+    if key == "wasted":  # translucent red hatch, so the interval underneath still shows
+        return {
+            "color": "rgba(214, 39, 40, 0.25)",
+            "line": {"color": colour, "width": 1.5},
+            "pattern": {"shape": "x", "fgcolor": colour, "size": 8, "solidity": 0.15},
+        }
+    return {
+        "color": colour,
+        "line": {"color": "white", "width": 1},
+        "pattern": {"shape": _PATTERNED.get(key, ""), "fgcolor": "white"},
+    }
+
+
 def _add_endings(fig: Any, timeline: Timeline, rows: dict[Lane, int]) -> None:
     """A mark where each incarnation stopped that was not a clean shutdown."""
     import plotly.graph_objects as go
@@ -493,11 +516,13 @@ h1 {{ font-size: 20px; margin: 0 0 4px 0; }}
 .summary b {{ font-size: 16px; }}
 .note {{ color: #666; font-size: 12px; }}
 </style>
+<script type="text/javascript">{plotlyjs}</script>
 </head>
 <body>
 <h1>{title}</h1>
 <div class="files">{files}</div>
 <div class="summary">{summary}</div>
+{goodput}
 {plot}
 <p class="note">Time runs left to right in wall-clock UTC. Hover a bar for its span,
 duration, iterations and attributes; drag to zoom, double-click to reset. Triangles mark
@@ -511,22 +536,32 @@ incarnations (one per launch of the job){ranks}.</p>
 def render_html(timeline: Timeline) -> str:
     """The whole page, plotly.js embedded (about 4.5 MB), so it opens without a network."""
     plot = figure(timeline).to_html(
-        full_html=False, include_plotlyjs=True, div_id="timeline", config={"displaylogo": False}
+        full_html=False, include_plotlyjs=False, div_id="timeline", config={"displaylogo": False}
     )
     ended = ", ".join(
         f"{s.lane.label(timeline.several_ranks)}: {_ENDED_TEXT.get(s.ended, s.ended)}"
         for s in timeline.lanes
     )
     summary = [
-        f"<span>wall clock <b>{_duration(timeline.wall_ns)}</b></span>",
         f"<span>incarnations <b>{len({s.lane.incarnation for s in timeline.lanes})}</b></span>",
         f"<span>spans <b>{timeline.spans}</b></span>",
         f"<span>{html.escape(ended)}</span>",
     ]
+    goodput = ""
+    if timeline.report is not None:
+        bar = summary_figure(timeline.report).to_html(
+            full_html=False, include_plotlyjs=False, div_id="goodput",
+            config={"displayModeBar": False},
+        )  # fmt: skip
+        goodput = summary_html(timeline.report) + bar
+    from plotly.offline import get_plotlyjs
+
     return _PAGE.format(
+        plotlyjs=get_plotlyjs(),
         title="megatron-trace timeline",
         files=html.escape(" ".join(timeline.files)),
         summary="\n".join(summary),
+        goodput=goodput,
         plot=plot,
         ranks=" and ranks" if timeline.several_ranks else "",
     )

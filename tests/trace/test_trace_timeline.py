@@ -18,7 +18,9 @@ from pictures_helpers import T0, S, Span, incarnation, resource, run_command, wr
 
 from megatron.trace import timeline
 from megatron.trace.lanes import Lane
+from megatron.trace.report import report_files
 from megatron.trace.spans import span_source
+from megatron.trace.timeline_summary import summary_figure
 
 
 def killed_then_resumed(tmp_path: Path) -> Path:
@@ -67,13 +69,21 @@ def test_bars_by_category_with_their_extents(tmp_path: Path) -> None:
     assert "at iteration 4" in bars(tl, "checkpoint_save")[0].details
 
 
-def test_a_killed_interval_is_drawn_as_lost_work(tmp_path: Path) -> None:
-    tl = timeline.collect(span_source([killed_then_resumed(tmp_path)]))
-    [lost] = bars(tl, "lost")
+def test_wasted_progress_is_drawn_as_the_report_counts_it(tmp_path: Path) -> None:
+    path = killed_then_resumed(tmp_path)
+    tl = timeline.collect(span_source([path]))
+    [wasted] = bars(tl, "wasted")
     c0_end = T0 + 8 * S  # startup 3 s, four 1 s iterations, 1 s of eval and save
-    assert (lost.lane, lost.start_ns, lost.end_ns) == (Lane(0, "0"), c0_end, c0_end + 2 * S)
-    assert lost.text == "lost · 4–5"
-    assert "iterations 4–5 finished, never saved" in lost.details
+    assert (wasted.lane, wasted.start_ns, wasted.end_ns) == (Lane(0, "0"), c0_end, c0_end + 2 * S)
+    assert wasted.text == "wasted · 4–5"
+    assert wasted.details[:3] == [
+        "2 iterations (4–5) whose results were lost",
+        "killed: its interval in flight was never written (SIGKILL)",
+        "incarnation 1 resumed from iteration 4",
+    ]
+    report = report_files([path])
+    assert report["wasted_iterations"] == 2
+    assert report["badput_s"]["wasted_progress"] == (wasted.end_ns - wasted.start_ns) / S
 
 
 def test_the_restart_gap_runs_from_the_last_span_to_the_next_start(tmp_path: Path) -> None:
@@ -105,8 +115,12 @@ def test_the_page_is_self_contained_and_names_every_lane(tmp_path: Path) -> None
 
     assert f"plotly.js v{get_plotlyjs_version()}" in page  # the bundle itself, embedded
     assert not re.search(r"<script[^>]+src=", page), "the page must not load scripts from anywhere"
-    for text in ("incarnation 0", "incarnation 1", "killed", "cut short", "C1 · 8–11",
-                 "lost · 4–5", "restart gap", "scheduler queue", "checkpoint save"):  # fmt: skip
+    expected = [
+        *("incarnation 0", "incarnation 1", "killed", "cut short", "C1 · 8–11"),
+        *("2 iterations (4–5) whose results were lost", "restart gap", "scheduler queue"),
+        "checkpoint save",
+    ]
+    for text in expected:
         assert text in page or json.dumps(text)[1:-1] in page, text
 
 
@@ -141,3 +155,19 @@ def test_the_figure_has_a_row_per_lane(tmp_path: Path, several_ranks: bool) -> N
     assert labels == expected
     [interval_trace] = [t for t in fig.data if t.name == "training interval"]
     assert sorted(interval_trace.y) == sorted(range(2 * len(ranks)))
+
+
+def test_the_goodput_summary_is_the_report(tmp_path: Path) -> None:
+    path = killed_then_resumed(tmp_path)
+    tl = timeline.collect(span_source([path]), [str(path)])
+    report = report_files([path])
+    assert tl.report == report
+    page = timeline.render_html(tl)
+    fraction = 100 * report["goodput_s"] / report["wall_s"]
+    assert f"goodput <b>{fraction:.1f} %</b>" in page
+    assert f"wasted iterations <b>{report['wasted_iterations']}</b>" in page
+    fig = summary_figure(report)
+    shares = {trace.name: trace.x[0] for trace in fig.data}
+    assert shares["goodput"] == report["goodput_s"]
+    assert sum(shares.values()) == pytest.approx(report["wall_s"])
+    assert shares["wasted progress"] == report["badput_s"]["wasted_progress"] > 0
