@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.core.telemetry.reader import ReadStats, iter_spans
+from megatron.core.telemetry.tally import STRUCTURAL_SPAN_NAMES
 
 __all__ = [
     "STRUCTURAL_NAMES",
@@ -58,7 +59,8 @@ SAVE = "megatron.checkpoint.save"
 LOAD = "megatron.checkpoint.load"
 EVALUATE = "megatron.evaluate"
 LAUNCH_NAMES = frozenset({"megatron.startup.launch_script", "megatron.startup.container_load"})
-STRUCTURAL_NAMES = frozenset({PRE_STARTUP, STARTUP, INTERVAL, SAVE, LOAD, EVALUATE, *LAUNCH_NAMES})
+STRUCTURAL_NAMES = STRUCTURAL_SPAN_NAMES  # what the accounting is built from
+assert {PRE_STARTUP, STARTUP, INTERVAL, SAVE, LOAD, EVALUATE, *LAUNCH_NAMES} == STRUCTURAL_NAMES
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""Summarize the trace file a run wrote, and group its spans by incarnation.
+"""Summarize what a run wrote (end of run), and group read-back spans by incarnation.
 
 Reading the file is the base layer's job (:mod:`megatron.core.telemetry.reader`,
 re-exported here as ``read_spans`` for the tests): one streaming reader shared
@@ -10,14 +10,23 @@ other damage raises ``TraceFileDamaged`` naming the line.
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from megatron.core.telemetry.jsonl import metrics_file_for
 from megatron.core.telemetry.reader import decode_any_value, read_spans
+from megatron.core.telemetry.tally import SpanTally
+from megatron.trace.model import TraceBuilder
+from megatron.trace.report import BADPUT_CATEGORIES, rank_accounting
 
-__all__ = ["ancestor_names", "decode_any_value", "incarnations", "read_spans", "summarize"]
+__all__ = [
+    "ancestor_names",
+    "decode_any_value",
+    "goodput_line",
+    "incarnations",
+    "read_spans",
+    "summarize",
+]
 
 
 def incarnations(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -61,24 +70,64 @@ def ancestor_names(span: dict[str, Any], spans: list[dict[str, Any]]) -> list[st
     return names
 
 
-def summarize(path: str | Path) -> str:
-    """A few human-readable lines about the trace file: traces, spans by name, intervals."""
-    spans = read_spans(path)
-    by_name = Counter(span["name"] for span in spans)
-    traces = {span["trace_id"] for span in spans}
-    cut_short = sum(1 for span in spans if span["attributes"].get("megatron.span.cut_short"))
-    errors = sum(1 for span in spans if span["status_code"] == "ERROR")
+def goodput_line(kept: list[dict[str, Any]]) -> str | None:
+    """One line of this run's goodput accounting, from its structural spans.
+
+    ``kept`` are flat span dicts (:attr:`SpanTally.kept`); the accounting is
+    ``megatron-trace report``'s, applied to this run alone (so a later
+    restart's re-done iterations cannot be known yet: see the README).
+    """
+    builder = TraceBuilder()
+    for span in kept:
+        builder.add(span)
+    trace = builder.finish()
+    if not trace.ranks:
+        return None
+    accounting = rank_accounting(next(iter(trace.ranks.values())))
+    wall, totals = accounting["wall_ns"], accounting["totals_ns"]
+    if wall <= 0:
+        return None
+    largest = sorted(
+        ((ns, name) for name, ns in totals.items() if name in BADPUT_CATEGORIES and ns > 0),
+        reverse=True,
+    )[:3]
+    badput = ", ".join(f"{name} {100 * ns / wall:.1f} %" for ns, name in largest) or "none"
+    return (
+        f"  goodput: {100 * totals['goodput'] / wall:.1f} % of {wall / 1e9:.1f} s wall clock;"
+        f"   largest badput: {badput}"
+    )
+
+
+def summarize(path: str | Path, tally: SpanTally) -> str:
+    """A few human-readable lines about what this run wrote to the trace file.
+
+    Built from ``tally`` (counted as the spans ended), never by reading the
+    file back: the cost is the same whether the file holds one run or a
+    week of appended incarnations.
+    """
+    by_name = tally.by_name
     width = max((len(name) for name in by_name), default=0)
     lines = [
         f"telemetry written to {path}",
-        f"  runs (pretrain calls): {len(incarnations(spans))}   traces: {len(traces)}   "
-        f"spans: {len(spans)}   intervals (megatron.train): {by_name.get('megatron.train', 0)}",
+        f"  runs (pretrain calls): {by_name.get('megatron.startup', 0)}   "
+        f"traces: {len(tally.trace_ids)}   spans: {tally.span_count}   "
+        f"intervals (megatron.train): {by_name.get('megatron.train', 0)}",
     ]
     metrics = metrics_file_for(Path(path))
     if metrics.exists():
         lines.append(f"  metrics: {metrics}")
-    if cut_short or errors:
-        lines.append(f"  spans cut short: {cut_short}   spans with ERROR status: {errors}")
+    goodput = goodput_line(tally.kept)
+    if goodput:
+        lines.append(goodput)
+    if tally.cut_short or tally.errors:
+        lines.append(
+            f"  spans cut short: {tally.cut_short}   spans with ERROR status: {tally.errors}"
+        )
+    if tally.torn_lines_sealed:
+        lines.append(
+            f"  torn lines: {tally.torn_lines_sealed} (a killed run's last write, sealed and "
+            "skipped by readers)"
+        )
     lines.append("  spans by name:")
     lines.extend(f"    {name:<{width}}  {count:>6}" for name, count in sorted(by_name.items()))
     return "\n".join(lines)

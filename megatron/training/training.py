@@ -404,7 +404,7 @@ def _print_telemetry_summary(telemetry: Any) -> None:
     """What this run's telemetry wrote, printed by the rank that wrote it."""
     trace_file = telemetry.trace_file
     if telemetry.is_exporting and trace_file is not None and trace_file.exists():
-        print(summarize(trace_file), flush=True)
+        print(summarize(trace_file, telemetry.tally), flush=True)
 
 
 def _resource_attributes(args: argparse.Namespace) -> dict[str, Any]:

@@ -73,6 +73,8 @@ class JsonlFile:
         self._created = tuple(created)
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        #: Torn last lines (a killed writer's) this file sealed with a newline.
+        self.torn_lines_sealed = 0
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> JsonlFile:
@@ -121,6 +123,7 @@ class JsonlFile:
                 return False
             if _ends_mid_line(fd):
                 payload = b"\n" + payload
+                self.torn_lines_sealed += 1
             view = memoryview(payload)
             while view:
                 written = os.write(fd, view)

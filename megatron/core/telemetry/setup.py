@@ -58,6 +58,7 @@ from megatron.core.telemetry.jsonl import (
     metrics_file_for,
 )
 from megatron.core.telemetry.processors import OpenSpanTracker, RootFlushingBatchSpanProcessor
+from megatron.core.telemetry.tally import SpanTally
 
 __all__ = ["TelemetryHandle", "setup_telemetry"]
 
@@ -92,6 +93,8 @@ class TelemetryHandle:
             exporting).
         trace_file: the span file of the ``jsonl`` sink, else ``None``.
         rank: the rank the handle was set up for.
+        tally: what this handle's spans were, counted as they ended (for
+            the end-of-run summary), or ``None`` when not exporting.
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class TelemetryHandle:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         tracker: OpenSpanTracker | None = None,
+        tally: SpanTally | None = None,
     ) -> None:
         self.tracer = tracer
         self.meter = meter
@@ -115,6 +119,7 @@ class TelemetryHandle:
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
         self._tracker = tracker
+        self.tally = tally
         self._pid = os.getpid()
         # Re-entrant: a SIGTERM handler may call shutdown() while the main
         # thread is inside it; the nested call then sees the flag and returns.
@@ -471,7 +476,9 @@ def setup_telemetry(
     # The tracker goes first: at shutdown it ends open spans, and the
     # exporting processors registered after it must still be alive to get them.
     tracer_provider.add_span_processor(tracker)
-    for processor in processors:
+    trace_sink = next((f for f in sinks.files if f.path == sinks.trace_file), None)
+    tally = SpanTally(trace_sink)
+    for processor in (*processors, tally):
         tracer_provider.add_span_processor(processor)
     meter_provider = MeterProvider(
         metric_readers=readers, resource=resource, shutdown_on_exit=False
@@ -486,6 +493,7 @@ def setup_telemetry(
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
         tracker=tracker,
+        tally=tally,
     )
     # The providers do not register their own (unbounded) exit hooks; this
     # bounded one exports what a caller forgot to shut down.

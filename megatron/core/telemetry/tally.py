@@ -1,0 +1,112 @@
+"""A span processor that counts what this run wrote, for the end-of-run summary.
+
+The summary used to re-read the whole trace file at exit, every earlier
+incarnation included: its cost grew with the file (1.4 s and 200 MB on a
+42 MB file, minutes and gigabytes at ten million spans). :class:`SpanTally`
+counts as the run goes instead, so the summary costs the same after a
+minute or a week: spans and traces by count, spans by name, cut-short and
+ERROR spans, the torn line of a killed predecessor the sink sealed, and a
+flat record (the reader's dict shape) of the few
+structural spans the goodput line needs, a handful per checkpoint interval.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.trace import StatusCode
+
+from megatron.core.telemetry.jsonl import JsonlFile
+from megatron.core.telemetry.processors import CUT_SHORT_ATTRIBUTE
+
+__all__ = ["STRUCTURAL_SPAN_NAMES", "SpanTally"]
+
+#: The lifecycle's structural spans: what the goodput accounting is built from.
+STRUCTURAL_SPAN_NAMES = frozenset(
+    {
+        "pre_startup",
+        "megatron.startup",
+        "megatron.startup.launch_script",
+        "megatron.startup.container_load",
+        "megatron.train",
+        "megatron.checkpoint.save",
+        "megatron.checkpoint.load",
+        "megatron.evaluate",
+    }
+)
+
+_STATUS = {StatusCode.UNSET: "UNSET", StatusCode.OK: "OK", StatusCode.ERROR: "ERROR"}
+
+
+class SpanTally(SpanProcessor):
+    """Counts ended spans; keeps flat records of structural and cut-short spans."""
+
+    def __init__(self, trace_sink: JsonlFile | None = None) -> None:
+        self._trace_sink = trace_sink
+        self._lock = threading.Lock()
+        self.by_name: Counter[str] = Counter()
+        self.trace_ids: set[int] = set()  # one per root: a few per checkpoint interval
+        self.cut_short = 0
+        self.errors = 0
+        self.kept: list[dict[str, Any]] = []
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        attributes = span.attributes or {}
+        cut_short = bool(attributes.get(CUT_SHORT_ATTRIBUTE))
+        with self._lock:
+            self.by_name[span.name] += 1
+            if span.parent is None:
+                self.trace_ids.add(span.context.trace_id)
+            if cut_short:
+                self.cut_short += 1
+            if span.status.status_code is StatusCode.ERROR:
+                self.errors += 1
+            if span.name in STRUCTURAL_SPAN_NAMES or cut_short:
+                self.kept.append(_flat(span))
+
+    @property
+    def span_count(self) -> int:
+        return sum(self.by_name.values())
+
+    @property
+    def torn_lines_sealed(self) -> int:
+        """Torn lines (a killed predecessor's) the trace file sink sealed this run."""
+        return self._trace_sink.torn_lines_sealed if self._trace_sink is not None else 0
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def _flat(span: ReadableSpan) -> dict[str, Any]:
+    """The span as :func:`megatron.core.telemetry.reader.iter_spans` would read it back."""
+    parent = span.parent
+    return {
+        "name": span.name,
+        "trace_id": f"{span.context.trace_id:032x}",
+        "span_id": f"{span.context.span_id:016x}",
+        "parent_id": f"{parent.span_id:016x}" if parent is not None else None,
+        "start_ns": span.start_time or 0,
+        "end_ns": span.end_time or 0,
+        "attributes": dict(span.attributes or {}),
+        "links": [
+            (f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}") for link in span.links
+        ],
+        "link_attributes": [dict(link.attributes or {}) for link in span.links],
+        "events": [],
+        "status_code": _STATUS.get(span.status.status_code, "UNSET"),
+        "status_message": span.status.description or "",
+        "kind": span.kind.value + 1,
+        "resource": dict(span.resource.attributes),
+        "file": None,
+        "line": 0,
+    }

@@ -1,0 +1,88 @@
+"""The end-of-run summary: counted as the run went, never read back from the file."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from opentelemetry import trace
+
+from megatron.core.telemetry import TelemetryConfig, TelemetryHandle
+from megatron.core.telemetry.reader import read_spans
+from megatron.training.trace_summary import summarize
+
+Make = Callable[..., TelemetryHandle]
+
+
+def _lifecycle(handle: TelemetryHandle, t0: int) -> None:
+    """Startup 2 s, one interval of 4 s with a 1 s save inside, at fixed times."""
+    second = 1_000_000_000
+    tracer = handle.tracer
+    startup = tracer.start_span("megatron.startup", start_time=t0)
+    startup.end(end_time=t0 + 2 * second)
+    interval = tracer.start_span(
+        "megatron.train",
+        start_time=t0 + 2 * second,
+        links=[trace.Link(startup.get_span_context())],
+        attributes={
+            "megatron.interval.index": 0,
+            "megatron.interval.first_iteration": 0,
+            "megatron.interval.last_iteration": 2,
+        },
+        context=trace.set_span_in_context(trace.INVALID_SPAN),
+    )
+    save = tracer.start_span(
+        "megatron.checkpoint.save",
+        start_time=t0 + 4 * second,
+        context=trace.set_span_in_context(interval),
+        attributes={"megatron.iteration": 3},
+    )
+    save.end(end_time=t0 + 5 * second)
+    interval.end(end_time=t0 + 6 * second)
+    tracer.start_span("megatron.train.iteration", start_time=t0 + 6 * second)  # left open
+
+
+def test_summary_counts_this_run_and_its_goodput(make_handle: Make, tmp_path: Path) -> None:
+    path = tmp_path / "traces.jsonl"
+    path.write_text('{"resourceSpans": [{"resou')  # a killed predecessor's torn write
+    config = TelemetryConfig(enabled=True, exporter="jsonl", trace_file=path, run_id="r")
+    handle = make_handle(config)
+    _lifecycle(handle, time.time_ns() - 7_000_000_000)  # the open iteration ends now
+    handle.shutdown()
+    tally = handle.tally
+    assert tally is not None
+
+    # the tally agrees with what the shared reader reads back from the file
+    spans = read_spans(path)
+    assert tally.span_count == len(spans) == 4
+    assert tally.cut_short == 1
+    kept = {s["span_id"]: s for s in tally.kept}
+    for span in spans:
+        if span["span_id"] in kept:
+            mine = kept[span["span_id"]]
+            for key in ("name", "trace_id", "parent_id", "start_ns", "links", "attributes"):
+                assert mine[key] == span[key], key
+
+    # it never reads the file: damage written after the run changes nothing
+    with path.open("a") as file:
+        file.write("garbage\n" * 1000)
+    text = summarize(path, tally)
+    lines = text.splitlines()
+    assert lines[0] == f"telemetry written to {path}"
+    assert "runs (pretrain calls): 1   traces: 3   spans: 4   intervals (megatron.train): 1" in text
+    # wall 7 s: startup 2, goodput 3 (the interval less its save), save 1, and the
+    # cut-short iteration past the last save (1 s) is wasted progress
+    (goodput,) = [line for line in lines if line.startswith("  goodput:")]
+    found = re.fullmatch(
+        r"  goodput: ([\d.]+) % of ([\d.]+) s wall clock;   largest badput: "
+        r"startup ([\d.]+) %, (\w+) [\d.]+ %, (\w+) [\d.]+ %",
+        goodput,
+    )
+    assert found, goodput
+    assert 40 < float(found[1]) < 43.5 and 6.9 < float(found[2]) < 8
+    assert 25 < float(found[3]) < 29
+    assert {found[4], found[5]} == {"checkpoint_save", "wasted_progress"}
+    assert "spans cut short: 1   spans with ERROR status: 1" in text
+    assert "  torn lines: 1 (a killed run's last write, sealed and skipped by readers)" in lines
