@@ -87,7 +87,9 @@ def summary_html(report: dict[str, Any]) -> str:
         f"goodput <b>{percent(report['goodput_s'])}</b> ({_seconds(report['goodput_s'])})",
     ]
     badput = sorted(report["badput_s"].items(), key=lambda item: -item[1])
-    largest = [f"{name.replace('_', ' ')} {percent(s)}" for name, s in badput[:3] if s > 0]
+    # the three largest that show at one decimal (0.0 % says nothing)
+    shown = [(name, s) for name, s in badput if wall and 1000 * s / wall >= 0.5][:3]
+    largest = [f"{name.replace('_', ' ')} {percent(s)}" for name, s in shown]
     if largest:
         items.append("largest badput: " + ", ".join(largest))
     wasted = report["wasted_iterations"]
