@@ -58,9 +58,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``export`` for parsed arguments; returns the exit status."""
+    files = ", ".join(map(str, args.files))
     try:
         events = export_chrome(span_source(args.files), args.output)
     except TraceInputError as exc:
+        if not str(exc).startswith(tuple(map(str, args.files))):
+            exc = TraceInputError(f"{files}: {exc}")
         print(f"megatron-trace export: error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {args.output} ({events} events); open it in https://ui.perfetto.dev")
@@ -78,6 +81,8 @@ def export_chrome(source: SpanSource, output: Path) -> int:
     for span in links.collect(source()):
         builder.add(span)
     lanes = LaneIndex(builder.finish())
+    if not builder.span_count:
+        raise TraceInputError("no spans in the trace files")
     tmp = output.with_name(f".{output.name}.tmp")
     output.parent.mkdir(parents=True, exist_ok=True)
     try:

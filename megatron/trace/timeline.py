@@ -74,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
     except TraceInputError as exc:
         print(f"megatron-trace timeline: error: {exc}", file=sys.stderr)
         return 2
+    if not timeline.lanes:
+        files = ", ".join(map(str, args.files))
+        print(f"megatron-trace timeline: error: no spans in {files}", file=sys.stderr)
+        return 2
     write_page(timeline, args.output)
     print(f"timeline written to {args.output}")
     return 0

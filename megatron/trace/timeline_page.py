@@ -16,23 +16,29 @@ from typing import Any
 
 from megatron.trace.lanes import Lane
 from megatron.trace.timeline_data import ENDED_TEXT, Bar, LaneSummary, Timeline
-from megatron.trace.timeline_summary import summary_figure, summary_html
+from megatron.trace.timeline_summary import (
+    CATEGORY_COLOURS,
+    duration_text,
+    summary_figure,
+    summary_html,
+)
 
 __all__ = ["CATEGORIES", "figure", "render_html"]
 
 # Categories, in legend and drawing order: (key, legend label, colour).
 # Later ones are drawn on top, so nested spans stay visible over their parents.
+_C = CATEGORY_COLOURS  # one colour per category, shared with the goodput bar
 CATEGORIES = (
-    ("queue", "scheduler queue", "#9e9e9e"),
-    ("restart_gap", "restart gap", "#cfcfcf"),
+    ("queue", "scheduler queue", _C["queue"]),
+    ("restart_gap", "restart gap", _C["restart_gap"]),
     ("startup", "startup, between phases", "#c6dbef"),
-    ("launch", "launch, container", "#8c6d31"),
-    ("startup_phase", "startup phase", "#3182bd"),
-    ("interval", "training interval", "#31a354"),
-    ("wasted", "wasted progress", "#d62728"),
-    ("checkpoint_load", "checkpoint load", "#17becf"),
-    ("checkpoint_save", "checkpoint save", "#ff7f0e"),
-    ("evaluation", "evaluation", "#9467bd"),
+    ("launch", "launch, container", _C["launch"]),
+    ("startup_phase", "startup phase", _C["startup"]),
+    ("interval", "training interval", _C["goodput"]),
+    ("wasted", "wasted progress", _C["wasted_progress"]),
+    ("checkpoint_load", "checkpoint load", _C["checkpoint_load"]),
+    ("checkpoint_save", "checkpoint save", _C["checkpoint_save"]),
+    ("evaluation", "evaluation", _C["evaluation"]),
 )
 _NESTED = {"checkpoint_load", "checkpoint_save", "evaluation"}
 # Markers above the lane (checkpoints) and below it (evaluations): the two often
@@ -46,14 +52,7 @@ def _when(ns: int) -> str:
 
 
 def _duration(ns: int) -> str:
-    seconds = ns / 1e9
-    if seconds >= 3600:
-        return f"{seconds / 3600:.2f} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.1f} min"
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    return f"{seconds * 1000:.1f} ms"
+    return duration_text(ns / 1e9)
 
 
 def _hover(bar: Bar, label: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-__all__ = ["CATEGORY_COLOURS", "summary_figure", "summary_html"]
+__all__ = ["CATEGORY_COLOURS", "duration_text", "summary_figure", "summary_html"]
 
 # The report's categories in the timeline's colours (goodput is the interval green).
 CATEGORY_COLOURS = {
@@ -83,8 +83,8 @@ def summary_html(report: dict[str, Any]) -> str:
         return f"{100 * seconds / wall:.1f} %" if wall else "-"
 
     items = [
-        f"wall clock <b>{_seconds(wall)}</b>",
-        f"goodput <b>{percent(report['goodput_s'])}</b> ({_seconds(report['goodput_s'])})",
+        f"wall clock <b>{duration_text(wall)}</b>",
+        f"goodput <b>{percent(report['goodput_s'])}</b> ({duration_text(report['goodput_s'])})",
     ]
     badput = sorted(report["badput_s"].items(), key=lambda item: -item[1])
     # the three largest that show at one decimal (0.0 % says nothing)
@@ -112,9 +112,12 @@ def summary_html(report: dict[str, Any]) -> str:
     return f"<div class='summary'>{spans}</div>{notes}"
 
 
-def _seconds(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
+    """A duration as a reader wants it: h, min, s or ms, three significant-ish digits."""
     if seconds >= 3600:
         return f"{seconds / 3600:.2f} h"
     if seconds >= 60:
         return f"{seconds / 60:.1f} min"
-    return f"{seconds:.1f} s"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1000:.1f} ms"

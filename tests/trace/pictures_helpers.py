@@ -1,18 +1,19 @@
 """Hand-built trace files for the tests of ``megatron-trace timeline`` and ``export``.
 
 A test describes a job as a few incarnations of a few ranks, with the spans
-each process wrote; this writes them as the OTLP/JSON lines the file exporter
-writes (one ``ExportTraceServiceRequest`` per line, resource per process), so
-the commands read exactly the format a real run leaves.
+each process wrote (objects that know their parent and links, so a test can
+point at "C1 of incarnation 0"); this writes them through ``tracegen``'s
+encoding as the OTLP/JSON lines the file exporter writes.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tracegen  # the check and report tests' OTLP/JSON encoding, shared
 
 S = 1_000_000_000  # nanoseconds per second
 T0 = 1_800_000_000 * S  # an arbitrary wall-clock origin
@@ -43,59 +44,27 @@ class Span:
         return Span(name, start, end, trace_id=self.trace_id, parent=self, attributes=attributes)
 
 
-def _value(value: Any) -> dict[str, Any]:
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, int):
-        return {"intValue": str(value)}
-    if isinstance(value, float):
-        return {"doubleValue": value}
-    return {"stringValue": str(value)}
-
-
-def _attributes(values: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"key": key, "value": _value(value)} for key, value in values.items()]
-
-
-def otlp_line(spans: list[Span], resource: dict[str, Any]) -> str:
-    """One export request holding ``spans`` of one process."""
-    encoded = []
-    for span in spans:
-        item = {
-            "traceId": span.trace_id,
-            "spanId": span.span_id,
-            "name": span.name,
-            "kind": 1,
-            "startTimeUnixNano": str(T0 + round(span.start * S)),
-            "endTimeUnixNano": str(T0 + round(span.end * S)),
-            "attributes": _attributes(span.attributes),
-            "status": {"code": 0},
-        }
-        if span.parent is not None:
-            item["parentSpanId"] = span.parent.span_id
-        if span.links:
-            item["links"] = [{"traceId": t.trace_id, "spanId": t.span_id} for t in span.links]
-        encoded.append(item)
-    request = {
-        "resourceSpans": [
-            {
-                "resource": {"attributes": _attributes(resource)},
-                "scopeSpans": [{"scope": {"name": "megatron"}, "spans": encoded}],
-            }
-        ]
+def _encode(span: Span) -> dict[str, Any]:
+    item = {
+        "traceId": span.trace_id,
+        "spanId": span.span_id,
+        "parentSpanId": span.parent.span_id if span.parent is not None else "",
+        "name": span.name,
+        "kind": 1,
+        "startTimeUnixNano": str(T0 + round(span.start * S)),
+        "endTimeUnixNano": str(T0 + round(span.end * S)),
+        "attributes": [],
+        "links": [{"traceId": t.trace_id, "spanId": t.span_id} for t in span.links],
+        "status": {"code": 0},
     }
-    return json.dumps(request)
+    for key, value in span.attributes.items():
+        tracegen.attr(item, key, value)
+    return item
 
 
 def resource(run: str, rank: int, pid: int) -> dict[str, Any]:
-    return {
-        "service.name": "megatron",
-        "service.instance.id": f"{run}-rank{rank}",
-        "megatron.run_id": run,
-        "process.pid": pid,
-        "host.name": "node",
-        "dl.rank": rank,
-    }
+    """The writing process: what the trace model groups incarnations by."""
+    return {"run": run, "dl.rank": rank, "process.pid": pid}
 
 
 def incarnation(
@@ -175,7 +144,9 @@ def write_trace(path: Path, processes: list[tuple[dict[str, Any], list[Span]]]) 
     with open(path, "a", encoding="utf-8") as out:
         for res, spans in processes:
             for chunk in range(0, len(spans), 5):
-                out.write(otlp_line(spans[chunk : chunk + 5], res) + "\n")
+                encoded = [_encode(span) for span in spans[chunk : chunk + 5]]
+                out.write(tracegen.line(encoded, rank=res["dl.rank"], pid=res["process.pid"]))
+                out.write("\n")
     return path
 
 

@@ -176,3 +176,14 @@ def test_a_torn_write_is_skipped_and_the_rest_exported(tmp_path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
     document = chrome(tmp_path, path)
     assert len(complete_events(document)) == len(first) + len(second)
+
+
+def test_a_file_without_spans_is_one_error_line_and_exit_2(tmp_path: Path, capsys) -> None:
+    empty = tmp_path / "traces.jsonl"
+    empty.write_text("\n")
+    out = tmp_path / "trace.json"
+    assert run_command(export, [str(empty), "-o", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"megatron-trace export: error: {empty}: no spans in the trace files"
+    ]
+    assert not out.exists()

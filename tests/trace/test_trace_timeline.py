@@ -171,3 +171,14 @@ def test_the_goodput_summary_is_the_report(tmp_path: Path) -> None:
     assert shares["goodput"] == report["goodput_s"]
     assert sum(shares.values()) == pytest.approx(report["wall_s"])
     assert shares["wasted progress"] == report["badput_s"]["wasted_progress"] > 0
+
+
+def test_a_file_without_spans_is_one_error_line_and_exit_2(tmp_path: Path, capsys) -> None:
+    empty = tmp_path / "traces.jsonl"
+    empty.write_text("\n")
+    out = tmp_path / "timeline.html"
+    assert run_command(timeline, [str(empty), "-o", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"megatron-trace timeline: error: no spans in {empty}"
+    ]
+    assert not out.exists()
