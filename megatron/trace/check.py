@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.core.telemetry.reader import iter_spans
+from megatron.trace.command import add_command
 from megatron.trace.model import (
     Incarnation,
     SpanRecord,
@@ -235,10 +236,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    add_command(
+        subparsers,
         "check",
-        help="verify the span lifecycle's invariants (exit 1 on a violation)",
-        description=__doc__.split("\n\n")[0],
+        "verify the span lifecycle's invariants (exit 1 on a violation)",
+        __doc__.split("\n\n")[0],
+        run,
     )
-    parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="trace files")
-    parser.set_defaults(func=run)

@@ -2,8 +2,9 @@
 
 Adding a subcommand is two lines: import its module and list it in
 ``COMMANDS``. Each module exposes ``add_parser(subparsers)``, which adds its
-parser and sets ``func`` (taking the parsed arguments, returning the exit
-status) as a default.
+parser with :func:`megatron.trace.command.add_command` (the ``FILE...``
+arguments and ``func``: parsed arguments in, exit status out) plus its own
+options.
 
 Exit status: whatever the subcommand returns; 2 for a file that cannot be read
 or is damaged (one line naming the file and line), as for any bad input.

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from megatron.trace.command import add_command
 from megatron.trace.lanes import LaneIndex
 from megatron.trace.model import TraceBuilder
 from megatron.trace.spans import SpanSource, TraceInputError, span_source
@@ -42,17 +43,17 @@ FORMATS = ("chrome",)
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``export`` on the ``megatron-trace`` command line."""
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "export",
         help="write the trace in another format (chrome: Perfetto / chrome://tracing)",
         description="Write trace files as Chrome trace-event JSON, for Perfetto UI "
         "(ui.perfetto.dev) and chrome://tracing: a process per incarnation, a thread per "
         "rank, spans as complete events, links as flow arrows.",
+        run=run,
     )
-    parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="traces.jsonl files")
     parser.add_argument("--format", choices=FORMATS, default="chrome", help="output format")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the JSON file to write")
-    parser.set_defaults(func=run)
     return parser
 
 

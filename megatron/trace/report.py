@@ -43,6 +43,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from megatron.trace.command import add_command
 from megatron.trace.model import Incarnation, SpanRecord, Trace, load_trace
 
 __all__ = [
@@ -171,6 +172,12 @@ def _sweep(segments: list[tuple[int, int, str]], wall: tuple[int, int]) -> dict[
     return totals
 
 
+def _wall_start(inc: Incarnation) -> int:
+    """Where an incarnation's wall clock starts: its queue or startup, else its first span."""
+    starts = [r.start_ns for r in (*inc.pre_startup, inc.startup) if r is not None]
+    return min(starts) if starts else inc.start_ns
+
+
 def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
     """The accounting of one rank's incarnations (in time order).
 
@@ -178,8 +185,7 @@ def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
     "wasted_iterations": int, "wasted_exact": bool, "per_incarnation":
     [{"horizon", "wasted_iterations", "wasted_window_ns"}]}``.
     """
-    starts = [r.start_ns for inc in incs for r in (*inc.pre_startup, inc.startup) if r]
-    start = min(starts) if starts else min(inc.start_ns for inc in incs)
+    start = min(_wall_start(inc) for inc in incs)
     end = max(max(inc.end_ns for inc in incs), start)
     segments: list[tuple[int, int, str]] = []
     per_incarnation = []
@@ -402,13 +408,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "report",
-        help="the goodput report: wall clock, goodput, badput by category, iterations",
-        description=__doc__.split("\n\n")[0],
+        "the goodput report: wall clock, goodput, badput by category, iterations",
+        __doc__.split("\n\n")[0],
+        run,
     )
-    parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="trace files")
     parser.add_argument(
         "--json", action="store_true", help="also print the report as one JSON object, last"
     )
-    parser.set_defaults(func=run)

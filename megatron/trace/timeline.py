@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from megatron.trace.command import add_command
 from megatron.trace.spans import TraceInputError, span_source
 from megatron.trace.timeline_data import Bar, Timeline, collect
 from megatron.trace.timeline_page import figure, render_html
@@ -47,18 +48,18 @@ PLOTLY_MISSING = (
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``timeline`` on the ``megatron-trace`` command line."""
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "timeline",
         help="draw the job as a self-contained HTML timeline (needs the 'trace' extra)",
         description="Write a self-contained HTML page (plotly, opens offline) with one lane "
         "per incarnation and rank: queue, startup phases, intervals, checkpoints, "
         "evaluations, restart gaps and how each incarnation ended.",
+        run=run,
     )
-    parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="traces.jsonl files")
     parser.add_argument(
         "-o", "--output", type=Path, default=Path("timeline.html"), help="the page to write"
     )
-    parser.set_defaults(func=run)
     return parser
 
 

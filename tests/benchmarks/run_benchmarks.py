@@ -46,6 +46,8 @@ TARGETS = {
     "train_overhead_default": 1.01,
     "train_overhead_per_step": 1.05,
     "sigterm_exit_s": 1.0,
+    "report_s_per_million_spans": 30.0,
+    "report_peak_mb_1m_spans": 200.0,
 }
 
 
@@ -346,6 +348,174 @@ def bench_sigterm(repeats: int) -> tuple[float, int]:
 # -----------------------------------------------------------------------------
 
 
+def bench_trace_report(
+    repeats: int, spans: int = 1_000_000
+) -> tuple[float, float, int, float, float]:
+    """``megatron-trace report`` on a synthetic per_step trace of ``spans`` spans.
+
+    The file is written directly as OTLP/JSON lines shaped like a per_step run
+    (intervals of 100 iterations, each with three children, a checkpoint save
+    per interval, 500 spans per line), which takes seconds instead of a day of
+    training. Each repetition reports in a fresh subprocess, so its peak RSS
+    (``VmHWM``, else ``ru_maxrss``) is the report's own. Returns (seconds per million spans,
+    peak MB, spans, file MB, peak MB before reading: interpreter and imports),
+    medians over the repetitions.
+    """
+    resource = json.dumps(
+        {"attributes": [{"key": "dl.rank", "value": {"intValue": "0"}},
+                        {"key": "service.instance.id", "value": {"stringValue": "bench-rank0"}},
+                        {"key": "process.pid", "value": {"intValue": "1"}}]}
+    )  # fmt: skip
+    head = (
+        '{"resourceSpans":[{"resource":'
+        + resource
+        + ',"scopeSpans":[{"scope":{"name":"megatron"},"spans":['
+    )
+    ids = iter(range(1, 1 << 62))
+
+    def span(
+        name: str, trace: str, parent: str, start: int, end: int, attrs: str = "", links: str = ""
+    ) -> str:
+        span_id = f"{next(ids):016x}"
+        return (
+            f'{{"traceId":"{trace}","spanId":"{span_id}","parentSpanId":"{parent}","name":"{name}",'
+            f'"kind":1,"startTimeUnixNano":"{start}","endTimeUnixNano":"{end}",'
+            f'"attributes":[{attrs}],"events":[],"links":[{links}],"status":{{"code":0}}}}'
+        ), span_id
+
+    def iattr(key: str, value: int) -> str:
+        return f'{{"key":"{key}","value":{{"intValue":"{value}"}}}}'
+
+    path = Path(tempfile.mkdtemp(prefix="bench-report-")) / "traces.jsonl"
+    ms = 1_000_000
+    written, batch = 0, []
+    with path.open("w") as file:
+
+        def emit(text: str) -> None:
+            nonlocal written
+            batch.append(text)
+            written += 1
+            if len(batch) == 500:
+                file.write(head + ",".join(batch) + "]}]}]}\n")
+                batch.clear()
+
+        now, iteration = 0, 0
+        text, previous = span("megatron.startup", "a" * 32, "", now, now + 1000 * ms)
+        previous_trace = "a" * 32
+        emit(text)
+        now += 1000 * ms
+        index = 0
+        while written < spans:
+            trace = f"{index + 1:032x}"
+            interval_id = f"{next(ids):016x}"
+            start = now
+            for _ in range(100):
+                text, iteration_id = span(
+                    "megatron.train.iteration",
+                    trace,
+                    interval_id,
+                    now,
+                    now + 20 * ms,
+                    iattr("megatron.iteration", iteration),
+                )
+                for name in (
+                    "megatron.train.get_batch",
+                    "megatron.train.forward_backward",
+                    "megatron.train.optimizer",
+                ):
+                    emit(span(name, trace, iteration_id, now, now + 5 * ms)[0])
+                emit(text)
+                now += 20 * ms
+                iteration += 1
+            emit(
+                span(
+                    "megatron.checkpoint.save",
+                    trace,
+                    interval_id,
+                    now,
+                    now + 50 * ms,
+                    iattr("megatron.iteration", iteration),
+                )[0]
+            )
+            now += 50 * ms
+            attrs = ",".join(
+                (
+                    iattr("megatron.interval.index", index),
+                    iattr("megatron.interval.first_iteration", iteration - 100),
+                    iattr("megatron.interval.last_iteration", iteration - 1),
+                )
+            )
+            link = f'{{"traceId":"{previous_trace}","spanId":"{previous}"}}'
+            emit(
+                f'{{"traceId":"{trace}","spanId":"{interval_id}","parentSpanId":"","name":"megatron.train",'
+                f'"kind":1,"startTimeUnixNano":"{start}","endTimeUnixNano":"{now}",'
+                f'"attributes":[{attrs}],"events":[],"links":[{link}],"status":{{"code":0}}}}'
+            )
+            previous, previous_trace, index = interval_id, trace, index + 1
+        if batch:
+            file.write(head + ",".join(batch) + "]}]}]}\n")
+    code = textwrap.dedent(
+        """
+        import json, resource, sys, time
+        from megatron.trace.report import report_files
+
+        def peak_kb():
+            try:  # VmHWM starts afresh at exec; ru_maxrss would inherit the parent's peak
+                with open("/proc/self/status") as status:
+                    return next(int(l.split()[1]) for l in status if l.startswith("VmHWM:"))
+            except OSError:
+                return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+        imports_kb = peak_kb()
+        started = time.perf_counter()
+        report = report_files([sys.argv[1]])
+        elapsed = time.perf_counter() - started
+        print(json.dumps({"s": elapsed, "peak_kb": peak_kb(), "imports_kb": imports_kb,
+                          "spans": report["spans"]}))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    seconds, peaks, imports = [], [], []
+    try:
+        for _ in range(repeats):
+            out = subprocess.run(
+                [sys.executable, "-c", code, str(path)],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=True,
+            )
+            measured = json.loads(out.stdout.splitlines()[-1])
+            assert measured["spans"] == written
+            seconds.append(measured["s"])
+            peaks.append(measured["peak_kb"] / 1024)
+            imports.append(measured["imports_kb"] / 1024)
+        size_mb = path.stat().st_size / 2**20
+    finally:
+        path.unlink(missing_ok=True)
+        path.parent.rmdir()
+    per_million = statistics.median(seconds) * 1e6 / written
+    return per_million, statistics.median(peaks), written, size_mb, statistics.median(imports)
+
+
+def record_trace_report(results: dict, rows: list, repeats: int) -> None:
+    """Add ``report_s_per_million_spans`` and ``report_peak_mb_1m_spans``."""
+    per_million, peak_mb, spans, size_mb, imports_mb = bench_trace_report(repeats)
+    results["report_s_per_million_spans"] = round(per_million, 2)
+    rows.append(
+        (
+            "report_s_per_million_spans",
+            f"{per_million:.2f}",
+            f"{spans} spans",
+            f"{size_mb:.0f} MB file",
+        )
+    )
+    results["report_peak_mb_1m_spans"] = round(peak_mb, 1)
+    rows.append(
+        ("report_peak_mb_1m_spans", f"{peak_mb:.1f}", "peak RSS", f"{imports_mb:.1f} MB imports")
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
@@ -378,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:
     seconds, written = bench_sigterm(3 if args.quick else 5)
     results["sigterm_exit_s"] = round(seconds, 3)
     rows.append(("sigterm_exit_s", f"{seconds:.3f}", f"{written} spans in file", "(absolute)"))
+
+    record_trace_report(results, rows, 1 if args.quick else 3)
 
     print(f"{'key':<26}{'median':>10}  {'target':>7}  {'ours':<22}baseline")
     for key, value, ours_text, base_text in rows:

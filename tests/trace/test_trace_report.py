@@ -83,6 +83,21 @@ def test_final_incarnation_killed_and_never_resumed(tmp_path: Path) -> None:
     assert report["wall_s"] == 10.25
 
 
+def test_killed_during_startup_then_started_again(tmp_path: Path) -> None:
+    doomed = [s for s in g.lifecycle(0, intervals=0) if s["name"] != "megatron.startup"]
+    report = report_of(tmp_path, doomed, g.lifecycle(10))
+    assert [i["ended"] for i in report["incarnations"]] == ["killed", "shutdown"]
+    assert report["incarnations"][0]["startup_s"] is None
+    assert report["wall_s"] == 18.75  # from the killed startup's first phase
+    assert nonzero(report) == {
+        "startup": 2.0,
+        "checkpoint_save": 0.75,
+        "restart_gap": 9.5,
+        "other": 0.5,  # the killed startup's finished phase: no startup span covers it
+    }
+    assert report["wasted_iterations"] == 0
+
+
 def test_without_save_a_restart_wastes_everything_before_it(tmp_path: Path) -> None:
     report = report_of(
         tmp_path, g.lifecycle(0, save=False, kill_after=1), g.lifecycle(20, save=False)

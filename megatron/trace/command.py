@@ -1,0 +1,27 @@
+"""What every ``megatron-trace`` subcommand shares: its parser with the FILE arguments."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_command"]
+
+
+def add_command(
+    subparsers: Any,
+    name: str,
+    help: str,
+    description: str,
+    run: Callable[[argparse.Namespace], int],
+) -> argparse.ArgumentParser:
+    """Add subcommand ``name`` taking ``FILE...`` (trace files); ``run`` gives the exit status.
+
+    Returns the parser, for the subcommand's own options.
+    """
+    parser = subparsers.add_parser(name, help=help, description=description)
+    parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="trace files")
+    parser.set_defaults(func=run)
+    return parser
