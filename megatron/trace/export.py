@@ -67,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
             exc = TraceInputError(f"{files}: {exc}")
         print(f"megatron-trace export: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # reading errors arrive as TraceInputError: this is the output
+        print(f"megatron-trace export: error: cannot write {args.output}: {exc.strerror}",
+              file=sys.stderr)  # fmt: skip
+        return 2
     print(f"wrote {args.output} ({events} events); open it in https://ui.perfetto.dev")
     return 0
 

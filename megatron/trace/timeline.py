@@ -79,7 +79,14 @@ def run(args: argparse.Namespace) -> int:
         files = ", ".join(map(str, args.files))
         print(f"megatron-trace timeline: error: no spans in {files}", file=sys.stderr)
         return 2
-    write_page(timeline, args.output)
+    try:
+        write_page(timeline, args.output)
+    except OSError as exc:
+        print(
+            f"megatron-trace timeline: error: cannot write {args.output}: {exc.strerror}",
+            file=sys.stderr,
+        )
+        return 2
     print(f"timeline written to {args.output}")
     return 0
 

@@ -182,3 +182,15 @@ def test_a_file_without_spans_is_one_error_line_and_exit_2(tmp_path: Path, capsy
         f"megatron-trace timeline: error: no spans in {empty}"
     ]
     assert not out.exists()
+
+
+def test_an_output_that_cannot_be_written_is_one_error_line_and_exit_2(tmp_path, capsys) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", [(resource("job", 0, 1), incarnation(0, 0, 1))])
+    out = tmp_path / "timeline.html"
+    out.mkdir()  # a directory where the file should go
+    assert run_command(timeline, [str(trace), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"megatron-trace timeline: error: cannot write {out}"
+    )
+    assert out.is_dir() and list(tmp_path.glob(".*.tmp")) == []
