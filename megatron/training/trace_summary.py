@@ -1,11 +1,13 @@
 """Summarize what a run wrote (end of run), and group read-back spans by incarnation.
 
-Reading the file is the base layer's job (:mod:`megatron.core.telemetry.reader`,
-re-exported here as ``read_spans`` for the tests): one streaming reader shared
-by the end-of-run summary, ``megatron-trace`` and the tests, so none of them
-can disagree about what is on disk. A torn write (a line a killed process left
-half written, possibly followed by a later incarnation's lines) is skipped;
-other damage raises ``TraceFileDamaged`` naming the line.
+The summary is built from what the run counted as it went
+(:class:`~megatron.core.telemetry.tally.SpanTally`), never by reading the file
+back. Reading a file is the base layer's job
+(:mod:`megatron.core.telemetry.reader`, re-exported here as ``read_spans`` for
+the tests): one streaming reader shared by ``megatron-trace`` and the tests.
+A torn write (a line a killed process left half written, possibly followed by
+a later incarnation's lines) is skipped; other damage raises
+``TraceFileDamaged`` naming the line.
 """
 
 from __future__ import annotations

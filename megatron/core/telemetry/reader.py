@@ -1,7 +1,8 @@
 """Read back the OTLP/JSON lines the ``jsonl`` sink wrote: the one streaming reader.
 
-The end-of-run summary, ``megatron-trace`` and the tests all read trace files
-through this module, so they can never disagree about what is on disk.
+``megatron-trace`` and the tests read trace files through this module, so
+they can never disagree about what is on disk. (The end-of-run summary does
+not read the file at all: it counts as the run goes, see ``tally``.)
 
 A trace file holds one OTLP/JSON ``ExportTraceServiceRequest`` per line. That
 nesting (resource -> scope -> spans, attributes as typed ``KeyValue`` lists,
