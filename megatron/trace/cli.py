@@ -17,9 +17,9 @@ import sys
 from collections.abc import Sequence
 
 from megatron.core.telemetry.reader import TraceFileDamaged
-from megatron.trace import check, report
+from megatron.trace import check, export, report, timeline
 
-COMMANDS = (check, report)
+COMMANDS = (check, report, timeline, export)
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 

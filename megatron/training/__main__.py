@@ -47,6 +47,10 @@ def main(argv: list[str] | None = None) -> None:
         )
         _quiet_keyboard_interrupt()
         raise
+    if args.demo:  # the demo ends by drawing its trace; never raises
+        from megatron.trace.timeline import write_beside_trace
+
+        write_beside_trace(args)
     if result.exit_reason is not None:
         sys.exit(0)
 

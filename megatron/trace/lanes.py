@@ -1,0 +1,77 @@
+"""Which lane a span belongs to: its incarnation and its rank, as the trace model says.
+
+Both pictures of a trace (the timeline page and the Chrome trace export) draw
+one lane per incarnation and rank. The grouping is the trace model's
+(:mod:`megatron.trace.model`: by writing process, split at each
+``megatron.startup``), so a picture, ``check`` and ``report`` always agree on
+what incarnation 1 is; incarnations are numbered from 0, as there.
+
+The model keeps only structural spans; this index adds the lookup the
+pictures need for every other span: the process that wrote it and, within a
+process that ran ``pretrain()`` more than once, the startup it came after.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from megatron.trace.model import PRE_STARTUP, Incarnation, Trace, process_of
+
+__all__ = ["Lane", "LaneIndex"]
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One incarnation of one rank."""
+
+    incarnation: int  # 0-based, in time order within the rank
+    rank: str
+
+    def label(self, several_ranks: bool) -> str:
+        text = f"incarnation {self.incarnation}"
+        return f"{text} · rank {self.rank}" if several_ranks else text
+
+
+class LaneIndex:
+    """The lanes of a :class:`Trace`, and the lane of any span of the files it was built from."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self._by_process: dict[tuple[Any, ...], tuple[list[int], list[Incarnation]]] = {}
+        grouped: dict[tuple[Any, ...], list[Incarnation]] = {}
+        for inc in trace.incarnations:
+            grouped.setdefault(inc.process, []).append(inc)
+        for process, incs in grouped.items():
+            incs.sort(key=lambda inc: inc.start_ns)
+            boundaries = [inc.startup.start_ns if inc.startup else inc.start_ns for inc in incs]
+            self._by_process[process] = (boundaries[1:], incs)
+        self.ranks = list(trace.ranks)
+
+    @property
+    def several_ranks(self) -> bool:
+        return len(self.ranks) > 1
+
+    @staticmethod
+    def lane_of_incarnation(inc: Incarnation) -> Lane:
+        return Lane(inc.index, inc.rank)
+
+    def incarnation(self, span: Mapping[str, Any]) -> Incarnation:
+        """The incarnation that wrote ``span`` (the model's rule: a pre_startup by its end)."""
+        boundaries, incs = self._by_process[process_of(span)]
+        at = span["end_ns"] if span["name"] == PRE_STARTUP else span["start_ns"]
+        return incs[bisect.bisect_right(boundaries, at)]
+
+    def lane(self, span: Mapping[str, Any]) -> Lane:
+        return self.lane_of_incarnation(self.incarnation(span))
+
+    def lanes(self) -> list[Lane]:
+        """Every lane, by incarnation then rank."""
+        lanes = [self.lane_of_incarnation(inc) for inc in self.trace.incarnations]
+        return sorted(lanes, key=lambda lane: (lane.incarnation, self.ranks.index(lane.rank)))
+
+    def thread_id(self, rank: str) -> int:
+        """A rank as the integer thread id Chrome traces need (its number, else its position)."""
+        return int(rank) if rank.isdigit() else len(self.ranks) + self.ranks.index(rank)

@@ -1,0 +1,41 @@
+"""The spans of one or more trace files, as a source that can be read more than once.
+
+The pictures read their input in passes (first learn the lanes, then draw or
+write), so what they take is not a list of spans but a function that starts a
+fresh pass over the files: memory stays independent of the files' size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from megatron.core.telemetry.reader import iter_spans
+
+__all__ = ["SpanSource", "TraceInputError", "span_source"]
+
+SpanSource = Callable[[], Iterator[dict[str, Any]]]
+
+
+class TraceInputError(ValueError):
+    """A trace file that cannot be read: the message names it (exit status 2)."""
+
+
+def span_source(paths: Sequence[Path]) -> SpanSource:
+    """A re-startable pass over the spans of ``paths``, in order; checks the files exist."""
+    for path in paths:
+        if not Path(path).is_file():
+            raise TraceInputError(f"{path}: no such trace file (give a run's traces.jsonl)")
+
+    def spans() -> Iterator[dict[str, Any]]:
+        # The base layer's streaming reader: torn writes skipped, damage raised by line.
+        for path in paths:
+            try:
+                yield from iter_spans(path)
+            except OSError as exc:
+                raise TraceInputError(f"{path}: cannot read it: {exc}") from exc
+            except ValueError as exc:  # TraceFileDamaged names the file and line
+                raise TraceInputError(str(exc)) from exc
+
+    return spans

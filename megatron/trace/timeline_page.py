@@ -1,0 +1,270 @@
+"""How the timeline looks: the plotly Gantt figure and the self-contained page around it.
+
+Horizontal bars on a wall-clock axis, one row per lane, one trace per
+category (so the legend is the colour key), saves, loads and evaluations
+pinned with triangles since they last milliseconds, and a mark where an
+incarnation did not shut down cleanly. The page embeds plotly.js once, in
+its head, so it opens offline; the goodput summary
+(:mod:`megatron.trace.timeline_summary`) sits above the lanes.
+"""
+
+from __future__ import annotations
+
+import html
+from datetime import datetime, timezone
+from typing import Any
+
+from megatron.trace.lanes import Lane
+from megatron.trace.timeline_data import ENDED_TEXT, Bar, LaneSummary, Timeline
+from megatron.trace.timeline_summary import (
+    CATEGORY_COLOURS,
+    duration_text,
+    summary_figure,
+    summary_html,
+)
+
+__all__ = ["CATEGORIES", "figure", "render_html"]
+
+# Categories, in legend and drawing order: (key, legend label, colour).
+# Later ones are drawn on top, so nested spans stay visible over their parents.
+_C = CATEGORY_COLOURS  # one colour per category, shared with the goodput bar
+CATEGORIES = (
+    ("queue", "scheduler queue", _C["queue"]),
+    ("restart_gap", "restart gap", _C["restart_gap"]),
+    ("startup", "startup, between phases", "#c6dbef"),
+    ("launch", "launch, container", _C["launch"]),
+    ("startup_phase", "startup phase", _C["startup"]),
+    ("interval", "training interval", _C["goodput"]),
+    ("wasted", "wasted progress", _C["wasted_progress"]),
+    ("checkpoint_load", "checkpoint load", _C["checkpoint_load"]),
+    ("checkpoint_save", "checkpoint save", _C["checkpoint_save"]),
+    ("evaluation", "evaluation", _C["evaluation"]),
+)
+_NESTED = {"checkpoint_load", "checkpoint_save", "evaluation"}
+# Markers above the lane (checkpoints) and below it (evaluations): the two often
+# happen in the same millisecond, so they must not share a spot. Rows grow downwards.
+_MARKER_OFFSET = {"checkpoint_load": -0.38, "checkpoint_save": -0.38, "evaluation": 0.38}
+_PATTERNED = {"restart_gap": "/"}
+
+
+def _when(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def _duration(ns: int) -> str:
+    return duration_text(ns / 1e9)
+
+
+def _hover(bar: Bar, label: str) -> str:
+    lines = [
+        f"<b>{html.escape(bar.name)}</b>",
+        f"{html.escape(label)}",
+        f"duration {_duration(bar.end_ns - bar.start_ns)}",
+        f"{_when(bar.start_ns)[11:23]} → {_when(bar.end_ns)[11:23]} UTC",
+        *(html.escape(detail) for detail in bar.details),
+    ]
+    return "<br>".join(lines)
+
+
+_ENDED_COLOURS = {"shutdown": "#31a354", "cut_short": "#e6550d", "killed": "#d62728"}
+
+
+def _lane_label(summary: LaneSummary, several_ranks: bool) -> str:
+    colour = _ENDED_COLOURS.get(summary.ended, "#444")
+    ended = ENDED_TEXT.get(summary.ended, summary.ended)
+    return (
+        f"<b>{summary.lane.label(several_ranks)}</b><br><span style='color:{colour}'>{ended}</span>"
+    )
+
+
+def figure(timeline: Timeline) -> Any:
+    """The plotly figure: horizontal bars on a wall-clock axis, one numeric row per lane."""
+    import plotly.graph_objects as go
+
+    rows = {summary.lane: position for position, summary in enumerate(timeline.lanes)}
+    labels = {
+        summary.lane: summary.lane.label(timeline.several_ranks) for summary in timeline.lanes
+    }
+    fig = go.Figure()
+    for key, legend, colour in CATEGORIES:
+        bars = [bar for bar in timeline.bars if bar.category == key]
+        if not bars:
+            continue
+        nested = key in _NESTED
+        fig.add_trace(
+            go.Bar(
+                name=legend,
+                legendgroup=key,
+                orientation="h",
+                y=[rows[bar.lane] for bar in bars],
+                base=[_when(bar.start_ns) for bar in bars],
+                x=[max(bar.end_ns - bar.start_ns, 0) / 1e6 for bar in bars],
+                width=0.3 if nested else (0.45 if key == "startup" else 0.6),
+                marker=_marker(key, colour),
+                # Wasted progress lies over the interval that did the work: hatch, no label.
+                text=[bar.text for bar in bars] if key != "wasted" else None,
+                textposition="inside",
+                insidetextanchor="middle",
+                textangle=0,
+                hovertext=[_hover(bar, labels[bar.lane]) for bar in bars],
+                hoverinfo="text",
+            )
+        )
+        if nested:
+            # Saves, loads and evaluations take milliseconds in a run of minutes: a marker
+            # at each keeps them visible (and hoverable) at any zoom.
+            fig.add_trace(
+                go.Scatter(
+                    name=legend,
+                    legendgroup=key,
+                    showlegend=False,
+                    mode="markers",
+                    y=[rows[bar.lane] + _MARKER_OFFSET[key] for bar in bars],
+                    x=[_when((bar.start_ns + bar.end_ns) // 2) for bar in bars],
+                    marker={
+                        "color": colour,
+                        "size": 11,
+                        "symbol": "triangle-down" if _MARKER_OFFSET[key] < 0 else "triangle-up",
+                        "line": {"color": "#333", "width": 1},
+                    },
+                    hovertext=[_hover(bar, labels[bar.lane]) for bar in bars],
+                    hoverinfo="text",
+                )
+            )
+    _add_endings(fig, timeline, rows)
+    height = 230 + 90 * max(len(timeline.lanes), 1)
+    fig.update_layout(
+        barmode="overlay",
+        height=height,
+        margin={"l": 10, "r": 20, "t": 30, "b": 110},
+        legend={"orientation": "h", "yref": "container", "yanchor": "bottom", "y": 0, "x": 0},
+        uniformtext={"minsize": 9, "mode": "hide"},
+        plot_bgcolor="white",
+        hoverlabel={"align": "left"},
+        font={"family": "Helvetica, Arial, sans-serif", "size": 13},
+    )
+    fig.update_yaxes(
+        tickmode="array",
+        tickvals=list(rows.values()),
+        ticktext=[_lane_label(s, timeline.several_ranks) for s in timeline.lanes],
+        autorange="reversed",
+        showgrid=False,
+        zeroline=False,
+    )
+    fig.update_xaxes(
+        type="date",
+        showgrid=True,
+        gridcolor="#eee",
+    )
+    return fig
+
+
+def _marker(key: str, colour: str) -> dict[str, Any]:
+    if key == "wasted":  # translucent red hatch, so the interval underneath still shows
+        return {
+            "color": "rgba(214, 39, 40, 0.25)",
+            "line": {"color": colour, "width": 1.5},
+            "pattern": {"shape": "x", "fgcolor": colour, "size": 8, "solidity": 0.15},
+        }
+    return {
+        "color": colour,
+        "line": {"color": "white", "width": 1},
+        "pattern": {"shape": _PATTERNED.get(key, ""), "fgcolor": "white"},
+    }
+
+
+def _add_endings(fig: Any, timeline: Timeline, rows: dict[Lane, int]) -> None:
+    """A mark where each incarnation stopped that was not a clean shutdown."""
+    import plotly.graph_objects as go
+
+    for ended, symbol, colour in (("cut_short", "x", "#e6550d"), ("killed", "x", "#d62728")):
+        lanes = [s for s in timeline.lanes if s.ended == ended]
+        if not lanes:
+            continue
+        hover = []
+        for summary in lanes:
+            lines = [
+                f"<b>{ENDED_TEXT[ended]}</b>",
+                html.escape(summary.lane.label(timeline.several_ranks)),
+            ]
+            if ended == "killed":
+                lines.append("its interval in flight was never written (SIGKILL)")
+            else:
+                lines.append("spans still open at shutdown (SIGTERM or an exception):")
+            lines += [f"{html.escape(name)}" for name in summary.cut_short[:8]]
+            hover.append("<br>".join(lines))
+        fig.add_trace(
+            go.Scatter(
+                name=f"ended: {ENDED_TEXT[ended]}",
+                mode="markers",
+                y=[rows[s.lane] for s in lanes],
+                x=[_when(s.end_ns) for s in lanes],
+                marker={"symbol": symbol, "size": 16, "color": colour, "line": {"width": 2}},
+                hovertext=hover,
+                hoverinfo="text",
+            )
+        )
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{title}</title>
+<style>
+body {{ font-family: Helvetica, Arial, sans-serif; margin: 16px 24px; color: #222; }}
+h1 {{ font-size: 20px; margin: 0 0 4px 0; }}
+.files {{ color: #666; font-size: 13px; margin-bottom: 10px; }}
+.summary {{ display: flex; flex-wrap: wrap; gap: 8px 28px; font-size: 14px; margin: 8px 0; }}
+.summary b {{ font-size: 16px; }}
+.note {{ color: #666; font-size: 12px; }}
+</style>
+<script type="text/javascript">{plotlyjs}</script>
+</head>
+<body>
+<h1>{title}</h1>
+<div class="files">{files}</div>
+<div class="summary">{summary}</div>
+{goodput}
+{plot}
+<p class="note">Time runs left to right in wall-clock UTC. Hover a bar for its span,
+duration, iterations and attributes; drag to zoom, double-click to reset. Triangles mark
+checkpoint loads, saves and evaluations, which are too short to see at full scale. Lanes are
+incarnations (one per launch of the job){ranks}.</p>
+</body>
+</html>
+"""
+
+
+def render_html(timeline: Timeline) -> str:
+    """The whole page, plotly.js embedded (about 4.5 MB), so it opens without a network."""
+    plot = figure(timeline).to_html(
+        full_html=False, include_plotlyjs=False, div_id="timeline", config={"displaylogo": False}
+    )
+    ended = ", ".join(
+        f"{s.lane.label(timeline.several_ranks)}: {ENDED_TEXT.get(s.ended, s.ended)}"
+        for s in timeline.lanes
+    )
+    summary = [
+        f"<span>incarnations <b>{len({s.lane.incarnation for s in timeline.lanes})}</b></span>",
+        f"<span>spans <b>{timeline.spans}</b></span>",
+        f"<span>{html.escape(ended)}</span>",
+    ]
+    goodput = ""
+    if timeline.report is not None:
+        bar = summary_figure(timeline.report).to_html(
+            full_html=False, include_plotlyjs=False, div_id="goodput",
+            config={"displayModeBar": False},
+        )  # fmt: skip
+        goodput = summary_html(timeline.report) + bar
+    from plotly.offline import get_plotlyjs
+
+    return _PAGE.format(
+        plotlyjs=get_plotlyjs(),
+        title="megatron-trace timeline",
+        files=html.escape(" ".join(timeline.files)),
+        summary="\n".join(summary),
+        goodput=goodput,
+        plot=plot,
+        ranks=" and ranks" if timeline.several_ranks else "",
+    )

@@ -1,0 +1,162 @@
+"""The pictures of a real run's trace: ``megatron-trace export`` and ``timeline``, and the demo.
+
+A tiny model trains to iteration 8 with a checkpoint every 4, then a second
+incarnation resumes it to 12, appending to the same file: the trace every
+user of ``--load`` gets. Its Chrome export must put each incarnation in its
+own process with spans nested on the rank's thread and every link drawn as a
+flow; its timeline must show both incarnations with their intervals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from megatron.trace import export, timeline
+from megatron.trace.lanes import Lane
+from megatron.trace.spans import span_source
+from megatron.training.trace_summary import read_spans
+
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RUN = ("--save", "ck", "--save-interval", "4", "--eval-interval", "4", "--eval-iters", "1")
+
+
+@pytest.fixture(scope="module")
+def resumed_trace(training_module_cli) -> Path:
+    cli = training_module_cli
+    for extra in (("--train-iters", "8"), ("--train-iters", "12", "--load", "ck")):
+        result = cli.run(*cli.TINY, *cli.TELEMETRY_ON, *RUN, *extra)
+        assert result.returncode == 0, result.stderr
+    return cli.cwd / "ck" / "telemetry" / "traces.jsonl"
+
+
+def test_the_chrome_export_of_a_resumed_run(resumed_trace: Path, tmp_path: Path) -> None:
+    out = tmp_path / "trace.json"
+    events = export.export_chrome(span_source([resumed_trace]), out)
+    document = json.loads(out.read_text())
+    assert len(document["traceEvents"]) == events
+    spans = read_spans(resumed_trace)
+    complete = [e for e in document["traceEvents"] if e["ph"] == "X"]
+    assert len(complete) == len(spans)
+
+    # A process per incarnation: the OS process that wrote the span decides its pid.
+    pids = {}
+    for span, event in zip(spans, complete, strict=True):
+        assert (event["name"], event["args"]["span_id"]) == (span["name"], span["span_id"])
+        pids.setdefault(span["resource"]["process.pid"], set()).add(event["pid"])
+    assert sorted(pids.values(), key=min) == [{1}, {2}]
+    names = {(e["pid"], e["name"]): e["args"] for e in document["traceEvents"] if e["ph"] == "M"}
+    assert names[(1, "process_name")] == {"name": "incarnation 0"}
+    assert names[(2, "process_name")] == {"name": "incarnation 1"}
+    assert names[(1, "thread_name")] == names[(2, "thread_name")] == {"name": "rank 0"}
+
+    # Nested by time: every span lies within its parent, on the parent's thread.
+    by_id = {e["args"]["span_id"]: e for e in complete}
+    children = defaultdict(list)
+    for event in complete:
+        parent = by_id.get(event["args"].get("parent_id"))
+        if parent is None:
+            continue
+        children[parent["name"]].append(event["name"])
+        assert (parent["pid"], parent["tid"]) == (event["pid"], event["tid"])
+        assert parent["ts"] <= event["ts"]  # the same division of nanoseconds: monotonic
+        assert event["ts"] + event["dur"] <= parent["ts"] + parent["dur"] + 0.5  # sums round
+    assert "megatron.train.iteration" in children["megatron.train"]
+    assert "megatron.checkpoint.load" in children["megatron.startup.model_init"]
+
+    # Links as flows: startup -> C0 -> C1 in the first incarnation, startup -> C0 in the second.
+    links = [(span["span_id"], target) for span in spans for _, target in span["links"]]
+    assert len(links) == 3
+    starts = {e["id"]: e for e in document["traceEvents"] if e["ph"] == "s"}
+    finishes = {e["id"]: e for e in document["traceEvents"] if e["ph"] == "f"}
+    assert set(starts) == set(finishes) and len(starts) == 3
+
+    def close(a: dict[str, Any], ts: float, pid: int) -> bool:
+        # Epoch microseconds as doubles are exact to a quarter of a microsecond.
+        return a["pid"] == pid and abs(a["ts"] - ts) < 0.5
+
+    arrows = []
+    for linker, target in links:
+        tail, head = by_id[target], by_id[linker]
+        arrows += [
+            i
+            for i, s in starts.items()
+            if close(s, tail["ts"] + tail["dur"] - 1, tail["pid"])
+            and close(finishes[i], head["ts"], head["pid"])
+        ]
+    assert sorted(arrows) == sorted(starts)  # each link drawn by exactly one flow
+
+
+def test_the_timeline_of_a_resumed_run(resumed_trace: Path, tmp_path: Path) -> None:
+    tl = timeline.collect(span_source([resumed_trace]), [str(resumed_trace)])
+    assert [(s.lane, s.ended) for s in tl.lanes] == [
+        (Lane(0, "0"), "shutdown"),
+        (Lane(1, "0"), "shutdown"),
+    ]
+    intervals = [(b.lane.incarnation, b.text) for b in tl.bars if b.category == "interval"]
+    assert sorted(intervals) == [(0, "C0 · 0–3"), (0, "C1 · 4–7"), (1, "C0 · 8–11")]
+    saves = [b for b in tl.bars if b.category == "checkpoint_save"]
+    assert sorted(b.details[0] for b in saves) == [
+        "at iteration 12",
+        "at iteration 4",
+        "at iteration 8",
+    ]
+    assert [b.lane for b in tl.bars if b.category == "checkpoint_load"] == [Lane(1, "0")]
+    assert [b.lane for b in tl.bars if b.category == "restart_gap"] == [Lane(1, "0")]
+    phases = {b.name for b in tl.bars if b.category == "startup_phase"}
+    assert {"megatron.startup.imports", "megatron.startup.model_init"} <= phases
+    out = tmp_path / "timeline.html"
+    timeline.write_page(tl, out)
+    page = out.read_text()
+    assert "incarnation 1" in page and "megatron.checkpoint.load" in page
+
+
+def _fake_plotly(tmp_path: Path) -> Path:
+    """A ``plotly`` that imports but cannot draw: the timeline fails after training."""
+    package = tmp_path / "broken" / "plotly"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("__version__ = '0'\n")
+    (package / "graph_objects.py").write_text("raise RuntimeError('plotly is broken here')\n")
+    return package.parent
+
+
+DEMO = ("--demo", "--train-iters", "4", "--save-interval", "2", "--eval-interval", "2")
+
+
+def test_the_demo_ends_by_writing_the_timeline_beside_the_trace(training_cli) -> None:
+    cli = training_cli
+    result = cli.run(*DEMO, *cli.TINY, "--save", "demo")
+    assert result.returncode == 0, result.stderr
+    page = cli.cwd / "demo" / "telemetry" / "timeline.html"
+    assert (
+        result.stdout.strip().splitlines()[-1]
+        == f"timeline: {Path('demo/telemetry/timeline.html')}"
+    )
+    assert page.is_file() and "incarnation 0" in page.read_text()
+
+
+def test_a_timeline_that_fails_never_changes_the_exit_status(training_cli, tmp_path) -> None:
+    cli = training_cli
+    broken = _fake_plotly(tmp_path)
+    result = cli.run(
+        *DEMO, *cli.TINY, "--save", "demo", env={"PYTHONPATH": f"{broken}{os.pathsep}{REPO_ROOT}"}
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "timeline: not drawn: plotly is broken here"
+    assert not (cli.cwd / "demo" / "telemetry" / "timeline.html").exists()
+    assert list((cli.cwd / "demo" / "telemetry").glob(".*tmp")) == []
+
+
+def test_without_the_demo_no_timeline_is_drawn(training_cli) -> None:
+    cli = training_cli
+    result = cli.run(*cli.TINY, *cli.TELEMETRY_ON, "--train-iters", "2", "--save", "run")
+    assert result.returncode == 0, result.stderr
+    assert "timeline" not in result.stdout
+    assert not (cli.cwd / "run" / "telemetry" / "timeline.html").exists()
