@@ -567,10 +567,12 @@ class ExitHooks:
     def attach(self, phases: SpanPhases, graceful: bool = False) -> None:
         """Make ``phases`` the lifecycle the hooks act on; install them the first time.
 
-        Nothing happens for a lifecycle whose telemetry is off, so such a process
-        keeps exactly its old signal and exit behaviour.
+        Nothing happens for a lifecycle whose handle does not export, so such a
+        process keeps exactly its old signal and exit behaviour. A handle that
+        exports with the ``job`` group or traces off still gets the hooks: its
+        metrics, logs and other spans need the same flush at a SIGTERM.
         """
-        if not (phases.enabled and getattr(phases.telemetry, "is_exporting", False)):
+        if not getattr(phases.telemetry, "is_exporting", False):
             return
         self.target = phases
         self.graceful = bool(graceful)

@@ -126,8 +126,6 @@ def test_installed_exactly_once_across_repeated_lifecycles(fake_process, lifecyc
 OFF_VARIANTS = {
     "no_handle": lambda: (None, None),
     "not_exporting": lambda: (ForbiddenHandle(is_exporting=False), None),
-    "job_group_off": lambda: (ForbiddenHandle(is_exporting=True, span_groups=()), None),
-    "enabled_false": lambda: (ForbiddenHandle(is_exporting=True), False),
 }
 
 
@@ -146,6 +144,24 @@ def test_not_installed_when_telemetry_is_off(fake_process, lifecycles, variant):
     # With nothing installed, the hooks have no lifecycle to act on.
     hooks.handle_exit()
     assert phases.state == "startup"
+
+
+@pytest.mark.parametrize("span_groups", [(), ("step",)], ids=["traces_off", "job_group_off"])
+def test_installed_when_the_handle_exports_without_the_job_group(
+    fake_process, lifecycles, span_groups
+):
+    """Metrics, logs and per-step spans still need flushing at a SIGTERM."""
+    handle = FakeHandle(span_groups=span_groups)
+    hooks = ExitHooks()
+    phases = lifecycles.new(handle, save_interval=2)
+    assert not phases.enabled  # no job-level spans...
+    hooks.attach(phases)
+    assert hooks.state == "installed"  # ...but the hooks are there
+    phases.start_job()
+    assert handle.recorder.start_order == []
+    hooks.handle_exit()
+    assert phases.state == "shutdown"
+    assert len(handle.shutdown_calls) == 1
 
 
 def test_off_lifecycle_does_not_replace_the_target(fake_process, lifecycles):
