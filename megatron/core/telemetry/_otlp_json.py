@@ -481,58 +481,16 @@ def encode_metrics(metrics_data: MetricsData) -> _Json:
 # encoder spells it (a conformance test compares the two): fields holding
 # their protobuf default (0, "", empty list) are left out, message fields
 # (resource, scope, body) are always present, bytes are base64, and a value
-# of a type OTLP cannot carry is stringified rather than failing the batch.
-# Kept apart from the span/metric helpers above, which spell defaults out.
+# of a type OTLP cannot carry is stringified rather than failing the batch;
+# values, attributes, scopes and resources share the span encoder's helpers.
 # ---------------------------------------------------------------------------
 
 __all__.append("encode_logs")
 
 
-def _log_value(value: Any) -> _Json:
-    # bool before int (a subclass); str and bytes before Sequence.
-    if value is None:
-        return {}
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, str):
-        return {"stringValue": value}
-    if isinstance(value, int):
-        return {"intValue": str(value)}
-    if isinstance(value, float):
-        return {"doubleValue": _double(value)}
-    if isinstance(value, bytes):
-        import base64
-
-        return {"bytesValue": base64.b64encode(value).decode("ascii")}
-    if isinstance(value, Sequence):
-        return {"arrayValue": _without_defaults({"values": [_log_value(v) for v in value]})}
-    if isinstance(value, Mapping):
-        return {"kvlistValue": _without_defaults({"values": _log_key_values(value)})}
-    return {"stringValue": str(value)}
-
-
-def _log_key_values(attributes: Mapping[str, Any] | None) -> list[_Json]:
-    return [
-        _without_defaults({"key": str(key)}) | {"value": _log_value(value)}
-        for key, value in (attributes or {}).items()
-    ]
-
-
 def _without_defaults(fields: _Json) -> _Json:
     """Drop fields at their protobuf default, as the protobuf JSON mapping does."""
     return {key: value for key, value in fields.items() if value not in (None, 0, "", [])}
-
-
-def _log_scope(scope: InstrumentationScope | None) -> _Json:
-    if scope is None:
-        return {}
-    return _without_defaults(
-        {
-            "name": scope.name,
-            "version": scope.version,
-            "attributes": _log_key_values(getattr(scope, "attributes", None)),
-        }
-    )
 
 
 def _log_record(readable: Any) -> _Json:
@@ -546,7 +504,7 @@ def _log_record(readable: Any) -> _Json:
             ),
             "severityNumber": severity.value if severity is not None else None,
             "severityText": record.severity_text,
-            "attributes": _log_key_values(record.attributes),
+            "attributes": _key_values(record.attributes),
             "droppedAttributesCount": readable.dropped_attributes,
             "flags": int(record.trace_flags) if record.trace_flags else None,
             "traceId": _trace_id(record.trace_id) if record.trace_id else None,
@@ -554,7 +512,7 @@ def _log_record(readable: Any) -> _Json:
             "eventName": getattr(record, "event_name", None),
         }
     )
-    encoded["body"] = _log_value(record.body)
+    encoded["body"] = _any_value(record.body)
     return encoded
 
 
@@ -569,14 +527,12 @@ def encode_logs(records: Iterable[Any]) -> _Json:
     for resource, scopes in by_resource.items():
         scope_logs = []
         for scope, encoded in scopes.items():
-            entry = {"scope": _log_scope(scope)}
+            entry = {"scope": _scope(scope)}
             entry |= _without_defaults(
                 {"logRecords": encoded, "schemaUrl": scope.schema_url if scope else None}
             )
             scope_logs.append(entry)
-        entry = {
-            "resource": _without_defaults({"attributes": _log_key_values(resource.attributes)})
-        }
+        entry = {"resource": _resource(resource)}
         entry |= _without_defaults({"scopeLogs": scope_logs, "schemaUrl": resource.schema_url})
         resource_logs.append(entry)
     return _without_defaults({"resourceLogs": resource_logs})
