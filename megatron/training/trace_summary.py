@@ -1,13 +1,10 @@
-"""Summarize what a run wrote (end of run), and group read-back spans by incarnation.
+"""Summarize what a run wrote, at the end of the run.
 
 The summary is built from what the run counted as it went
 (:class:`~megatron.core.telemetry.tally.SpanTally`), never by reading the file
-back. Reading a file is the base layer's job
-(:mod:`megatron.core.telemetry.reader`, re-exported here as ``read_spans`` for
-the tests): one streaming reader shared by ``megatron-trace`` and the tests.
-A torn write (a line a killed process left half written, possibly followed by
-a later incarnation's lines) is skipped; other damage raises
-``TraceFileDamaged`` naming the line.
+back, so it costs the same whether the file holds one run or a week of them.
+Reading a file is the base layer's job (:mod:`megatron.core.telemetry.reader`,
+the one streaming reader ``megatron-trace`` and the tests share).
 """
 
 from __future__ import annotations
@@ -16,60 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from megatron.core.telemetry.jsonl import metrics_file_for
-from megatron.core.telemetry.reader import decode_any_value, read_spans
 from megatron.core.telemetry.tally import SpanTally
 from megatron.trace.model import TraceBuilder
 from megatron.trace.report import BADPUT_CATEGORIES, rank_accounting
 
-__all__ = [
-    "ancestor_names",
-    "decode_any_value",
-    "goodput_line",
-    "incarnations",
-    "read_spans",
-    "summarize",
-]
-
-
-def incarnations(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Group spans by ``pretrain()`` call: each startup span and the intervals chained to it.
-
-    Returns ``[{"startup": span or None, "intervals": [C0, C1, ...]}]``, one
-    entry per ``megatron.startup`` in file order, following the links
-    (C0 -> startup, C(k) -> C(k-1)). Intervals whose chain does not reach a
-    startup in the file (its trace lost, or the ``job`` span group was off at
-    startup) form entries of their own with ``startup`` None.
-    """
-    entries: list[dict[str, Any]] = []
-    owner: dict[str, dict[str, Any]] = {}  # span id -> its entry
-    for span in spans:
-        if span["name"] == "megatron.startup":
-            entry = {"startup": span, "intervals": []}
-            owner[span["span_id"]] = entry
-            entries.append(entry)
-    intervals = [span for span in spans if span["name"] == "megatron.train"]
-    linked_to = {
-        span["span_id"]: span["links"][0][1] if span["links"] else None for span in intervals
-    }
-    # In start-time order every interval comes after the span it links to.
-    for interval in sorted(intervals, key=lambda span: span["start_ns"]):
-        entry = owner.get(linked_to[interval["span_id"]])
-        if entry is None:
-            entry = {"startup": None, "intervals": []}
-            entries.append(entry)
-        entry["intervals"].append(interval)
-        owner[interval["span_id"]] = entry
-    return entries
-
-
-def ancestor_names(span: dict[str, Any], spans: list[dict[str, Any]]) -> list[str]:
-    """Names of ``span``'s parent, grandparent, ... up to its trace's root."""
-    by_id = {s["span_id"]: s for s in spans}
-    names = []
-    while span["parent_id"] is not None and span["parent_id"] in by_id:
-        span = by_id[span["parent_id"]]
-        names.append(span["name"])
-    return names
+__all__ = ["goodput_line", "summarize"]
 
 
 def goodput_line(kept: list[dict[str, Any]]) -> str | None:

@@ -550,7 +550,7 @@ class ScriptRun:
         )
 
     def read_spans(self) -> list[dict]:
-        from megatron.training.trace_summary import read_spans
+        from megatron.core.telemetry.reader import read_spans
 
         assert self.trace_file.exists(), f"no trace file written; {self.describe()}"
         return list(read_spans(self.trace_file))

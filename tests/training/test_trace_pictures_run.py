@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from megatron.core.telemetry.reader import read_spans
 from megatron.trace import export, timeline
 from megatron.trace.lanes import Lane
 from megatron.trace.spans import span_source
-from megatron.training.trace_summary import read_spans
 
 pytestmark = pytest.mark.slow
 

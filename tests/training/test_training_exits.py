@@ -9,8 +9,9 @@ from __future__ import annotations
 import signal
 
 import pytest
+from trace_helpers import incarnations
 
-from megatron.training.trace_summary import incarnations, read_spans
+from megatron.core.telemetry.reader import read_spans
 
 pytestmark = pytest.mark.slow
 

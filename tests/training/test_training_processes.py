@@ -6,8 +6,9 @@ import json
 import socket
 
 import pytest
+from trace_helpers import incarnations
 
-from megatron.training.trace_summary import incarnations, read_spans
+from megatron.core.telemetry.reader import read_spans
 from megatron.training.training_log import parse_log_losses
 
 pytestmark = pytest.mark.slow

@@ -16,10 +16,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from trace_helpers import incarnations
 
+from megatron.core.telemetry.reader import read_spans
 from megatron.training import checkpointing
 from megatron.training.arguments import parse_args
-from megatron.training.trace_summary import incarnations, read_spans
 from megatron.training.training_log import parse_log_losses
 
 TRACE = Path("ckpt") / "telemetry" / "traces.jsonl"

@@ -8,7 +8,9 @@ import math
 import time
 
 import pytest
+from trace_helpers import ancestor_names, incarnations
 
+from megatron.core.telemetry.reader import read_spans
 from megatron.core.telemetry.training_metrics import (
     MEGATRON_TRAINING_GRAD_NORM,
     MEGATRON_TRAINING_LEARNING_RATE,
@@ -16,7 +18,6 @@ from megatron.core.telemetry.training_metrics import (
     MEGATRON_TRAINING_STEP_DURATION_MS,
     MEGATRON_TRAINING_TOKENS_PER_SEC,
 )
-from megatron.training.trace_summary import ancestor_names, incarnations, read_spans
 from megatron.training.training_log import parse_log_iteration_ms, parse_log_losses
 
 pytestmark = pytest.mark.slow
