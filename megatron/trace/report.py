@@ -370,9 +370,11 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append("incarnations:")
     for inc in report["incarnations"]:
         startup = f"{inc['startup_s']:.3f} s" if inc["startup_s"] is not None else "-"
+        first, last = inc["first_iteration"], inc["last_iteration"]
+        trained = "no iterations" if first is None else f"iterations {first}..{last}"
         lines.append(
-            f"  {inc['index']}: {inc['ended']:<9} iterations {inc['first_iteration']}"
-            f"..{inc['last_iteration']}  startup {startup}  intervals {inc['intervals']}"
+            f"  {inc['index']}: {inc['ended']:<9} {trained}"
+            f"  startup {startup}  intervals {inc['intervals']}"
             f"  wasted {inc['wasted_iterations']} it / {inc['wasted_s']:.3f} s"
         )
     stats = report["iterations"]
