@@ -153,6 +153,7 @@ def bench_reroot(repeats: int, n: int):
         # C(k), start C(k+1) in an empty context linked to it, attach it.
         previous = raw["span"]
         otel_context.detach(raw["token"])
+        previous.set_attribute("megatron.interval.rerooted", True)  # as ours writes it
         previous.end()
         index[0] += 1
         span = tracer.start_span(
@@ -217,6 +218,7 @@ def bench_lifecycle(repeats: int, passes: int = 10_000, save_interval: int = 100
                         {
                             "megatron.interval.first_iteration": first,
                             "megatron.interval.last_iteration": iteration - 1,
+                            "megatron.interval.rerooted": True,
                         }
                     )
                     interval.end()
@@ -234,6 +236,7 @@ def bench_lifecycle(repeats: int, passes: int = 10_000, save_interval: int = 100
             {
                 "megatron.interval.first_iteration": first,
                 "megatron.interval.last_iteration": passes - 1,
+                "megatron.interval.rerooted": False,
             }
         )
         interval.end()

@@ -52,7 +52,9 @@ class SpanTally(SpanProcessor):
         self.trace_ids: set[int] = set()  # one per root: a few per checkpoint interval
         self.cut_short = 0
         self.errors = 0
-        self.kept: list[dict[str, Any]] = []
+        # The spans themselves (immutable once ended); flattened only when read,
+        # so an interval's end pays an append, not a dict build.
+        self._kept: list[ReadableSpan] = []
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         pass
@@ -69,7 +71,14 @@ class SpanTally(SpanProcessor):
             if span.status.status_code is StatusCode.ERROR:
                 self.errors += 1
             if span.name in STRUCTURAL_SPAN_NAMES or cut_short:
-                self.kept.append(_flat(span))
+                self._kept.append(span)
+
+    @property
+    def kept(self) -> list[dict[str, Any]]:
+        """The structural and cut-short spans so far, as the reader's flat dicts."""
+        with self._lock:
+            spans = list(self._kept)
+        return [_flat(span) for span in spans]
 
     @property
     def span_count(self) -> int:
