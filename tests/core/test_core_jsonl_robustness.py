@@ -40,7 +40,7 @@ def _export_warnings(caplog) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == "megatron.core.telemetry.jsonl"]
 
 
-# -- 4: failed exports are logged once, counted, and reported -------------------
+# -- failed exports are logged once, counted, and reported -------------------
 
 
 @needs_dev_full
@@ -90,7 +90,7 @@ def test_a_handle_without_failures_reports_none(tmp_path, make_handle):
     assert handle.export_failures.report() is None
 
 
-# -- 5: a trace file deleted or moved during a run is reopened -------------------
+# -- a trace file deleted or moved during a run is reopened -------------------
 
 
 @pytest.mark.parametrize("how", ["moved", "deleted", "directory-deleted"])
@@ -130,7 +130,7 @@ def test_spans_after_rotation_reach_the_new_file(tmp_path, make_handle):
     assert _names(tmp_path / "traces.jsonl.1") == ["before"]
 
 
-# -- 12: ranks creating the same directory at once -------------------------------
+# -- ranks creating the same directory at once -------------------------------
 
 
 def test_a_directory_made_by_another_process_meanwhile_is_tolerated(tmp_path, monkeypatch):

@@ -461,7 +461,7 @@ def test_graceful_mode_without_a_handler_to_drain_is_a_hard_stop(fake_process, l
     assert ("kill", os.getpid(), signal.SIGTERM) in fake_process.events
 
 
-# -- SIGHUP and SIGINT (issue 12, item 10) --------------------------------------
+# -- SIGHUP and SIGINT -----------------------------------------------------------
 
 
 def test_sighup_and_sigint_are_hooked_beside_sigterm(fake_process, lifecycles):

@@ -1,4 +1,4 @@
-"""Issue 12: faults and bad inputs that must not lose work or fail a run for telemetry's sake.
+"""Faults and bad inputs that must not lose work or fail a run for telemetry's sake.
 
 Each test reproduces one finding of the fault-injection matrix: a torn trace
 line that turned later runs into exit 1, an unwritable ``--save`` found only
@@ -45,7 +45,7 @@ def _one_error(stderr: str) -> str:
     return errors[0]
 
 
-# -- 1(a): nothing telemetry does after training changes the exit status -----
+# -- nothing telemetry does after training changes the exit status -----
 
 
 def _torn_trace(cli) -> None:
@@ -111,7 +111,7 @@ def test_a_failing_summary_is_one_warning_line_and_exit_0(training_cli, extra):
     assert len(warnings) == 1 and "line 5 is not valid JSON" in warnings[0], result.stderr
 
 
-# -- 2: an unwritable --save is found at startup -------------------------------
+# -- an unwritable --save is found at startup -------------------------------
 
 
 @pytest.mark.slow
@@ -190,7 +190,7 @@ def test_writable_save_is_created_and_left_without_a_probe(tmp_path, clean_env):
     assert list((tmp_path / "new" / "ckpt").iterdir()) == []
 
 
-# -- 3: stale temporaries of a killed save -------------------------------------
+# -- stale temporaries of a killed save -------------------------------------
 
 
 def test_stale_save_temporaries_are_removed_and_nothing_else(tmp_path):
@@ -230,7 +230,7 @@ def test_a_resumed_run_removes_the_temporary_a_killed_save_left(training_cli):
     assert (cli.cwd / "ckpt" / "iter_0000002" / "model_optim_rng.pt").exists()
 
 
-# -- 6: --save-interval 0 -------------------------------------------------------
+# -- --save-interval 0 -------------------------------------------------------
 
 
 def test_save_interval_0_is_accepted(clean_env):
@@ -249,7 +249,7 @@ def test_save_interval_0_is_one_interval_and_a_final_checkpoint(training_cli):
     assert len(intervals) == 1
 
 
-# -- 7, 8, 9: one line for bad input --------------------------------------------
+# -- one line for bad input --------------------------------------------
 
 
 def test_argument_errors_print_one_line_and_a_pointer_to_help(capsys, clean_env):
@@ -291,7 +291,7 @@ def test_test_hook_variables_are_validated_at_startup(
     assert variable in message and repr(value) in message
 
 
-# -- 10: SIGINT and SIGHUP --------------------------------------------------------
+# -- SIGINT and SIGHUP --------------------------------------------------------
 
 
 def _long_run(cli, *extra: str) -> tuple[str, ...]:
@@ -353,7 +353,7 @@ def test_sighup_ends_spans_and_dies_by_the_signal(training_cli):
     assert not [s for s in cut_short if s["name"] in ("megatron.startup", "megatron.train")]
 
 
-# -- 11: pretrain() never replaces the original exception ------------------------
+# -- pretrain() never replaces the original exception ------------------------
 
 USER_SIGTERM_HANDLER = """
 import os, signal, sys, threading
@@ -394,7 +394,7 @@ def test_pretrain_returns_the_exit_reason_instead_of_exiting(training_cli):
     assert "RESULT 3 --exit-interval 3" in result.stdout
 
 
-# -- 12: all_ranks under torchrun -----------------------------------------------
+# -- all_ranks under torchrun -----------------------------------------------
 
 
 @pytest.mark.slow
@@ -427,7 +427,7 @@ def test_torchrun_all_ranks_share_one_trace_file(training_cli):
     assert {s["resource"]["dl.rank"] for s in spans} == {0, 1}
 
 
-# -- 4: a full trace disk ----------------------------------------------------------
+# -- a full trace disk ----------------------------------------------------------
 
 
 @pytest.mark.slow
