@@ -416,7 +416,7 @@ def _print_telemetry_summary(telemetry: Any) -> None:
         trace_file, tally = telemetry.trace_file, telemetry.tally
         if trace_file is not None and tally is not None:
             print(summarize(trace_file, tally), flush=True)
-        if report := telemetry.export_failures.report():
+        for report in telemetry.failure_reports():
             print(f"telemetry: {report}", flush=True)
     except Exception as exc:  # noqa: BLE001 -- the run succeeded; the summary is a bonus
         _log.warning("telemetry summary not printed: %s", exc)

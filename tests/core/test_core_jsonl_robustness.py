@@ -71,11 +71,39 @@ def test_handle_reports_failed_exports_and_lost_spans_at_shutdown(tmp_path, make
             pass
     with caplog.at_level(logging.WARNING):
         handle.shutdown(timeout_ms=2000)
-    failures = handle.export_failures
+    failures = handle.export_failures["span"]
     assert failures.exports >= 1 and failures.items == 6
     assert failures.first_cause == "No space left on device"
     reports = [r.getMessage() for r in caplog.records if "spans lost" in r.getMessage()]
     assert len(reports) == 1 and "6 spans lost" in reports[0], reports
+
+
+@needs_dev_full
+def test_failed_log_exports_are_counted_and_reported_like_spans(tmp_path, make_handle, caplog):
+    """The log bridge's file on a full disk: one warning with the cause, then counts."""
+    logs = tmp_path / "telemetry" / "logs.jsonl"
+    logs.parent.mkdir()
+    logs.symlink_to(DEV_FULL)
+    config = TelemetryConfig(
+        enabled=True,
+        exporter="jsonl",
+        trace_file=tmp_path / "telemetry" / "traces.jsonl",
+        logs_enabled=True,
+    )
+    handle = make_handle(config)
+    library = logging.getLogger("some.library")
+    with caplog.at_level(logging.WARNING):
+        for index in range(3):
+            library.warning("record %d", index)
+            handle.force_flush(timeout_ms=2000)
+        handle.shutdown(timeout_ms=2000)
+    failures = handle.export_failures["log record"]
+    assert failures.exports >= 1 and failures.items >= 3
+    assert failures.first_cause == "No space left on device"
+    first = [r for r in _export_warnings(caplog) if "Could not write log records" in r.getMessage()]
+    assert len(first) == 1 and first[0].exc_info is None
+    (report,) = [line for line in handle.failure_reports() if "log record" in line]
+    assert f"{failures.items} log records lost" in report
 
 
 def test_a_handle_without_failures_reports_none(tmp_path, make_handle):
@@ -86,8 +114,9 @@ def test_a_handle_without_failures_reports_none(tmp_path, make_handle):
     with managed_span("job", "fine"):
         pass
     handle.shutdown(timeout_ms=2000)
-    assert handle.export_failures.exports == 0
-    assert handle.export_failures.report() is None
+    assert set(handle.export_failures) == {"span", "metric"}
+    assert all(f.exports == 0 for f in handle.export_failures.values())
+    assert handle.failure_reports() == []
 
 
 # -- a trace file deleted or moved during a run is reopened -------------------

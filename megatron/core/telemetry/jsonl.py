@@ -252,7 +252,7 @@ class ExportFailures:
     the totals for the shutdown log and the end-of-run summary.
     """
 
-    kind: str = "span"  # or "metric"
+    kind: str = "span"  # or "metric", "log record"
     exports: int = 0
     items: int = 0
     first_cause: str | None = None
@@ -279,8 +279,8 @@ class ExportFailures:
         if not self.exports:
             return None
         line = f"{self.exports} {self.kind} export{'s' if self.exports != 1 else ''} failed"
-        if self.kind == "span":
-            line += f", {self.items} spans lost"
+        if self.kind != "metric":  # a metric export carries totals the next one repeats
+            line += f", {self.items} {self.kind}s lost"
         return f"{line} (first cause: {self.first_cause})"
 
 

@@ -37,7 +37,7 @@ from opentelemetry.sdk._logs.export import (
 )
 
 from megatron.core.telemetry._otlp_json import encode_logs
-from megatron.core.telemetry.jsonl import JsonlFile
+from megatron.core.telemetry.jsonl import ExportFailures, JsonlFile
 
 __all__ = [
     "CONSOLE_LOGGER_NAME",
@@ -47,7 +47,6 @@ __all__ = [
     "logs_file_for",
 ]
 
-_logger = logging.getLogger(__name__)
 
 #: Where the trainer logs the lines it prints (see the module docstring).
 CONSOLE_LOGGER_NAME = "megatron.console"
@@ -80,6 +79,7 @@ class JsonlLogExporter(LogRecordExporter):
 
     def __init__(self, file: JsonlFile) -> None:
         self._file = file
+        self.failures = ExportFailures("log record")
 
     @property
     def path(self) -> Path:
@@ -90,10 +90,10 @@ class JsonlLogExporter(LogRecordExporter):
             return LogRecordExportResult.SUCCESS
         try:
             self._file.write_lines([encode_logs(batch)])
-        except (OSError, ValueError, TypeError):
-            # This module's logger is not bridged, so a broken file cannot
-            # feed its own complaints back into itself.
-            _logger.warning("Could not write log records to %s", self._file.path, exc_info=True)
+        except (OSError, ValueError, TypeError) as exc:
+            # Logged once with its cause, then only counted: a broken file must
+            # not flood the very log stream it is part of.
+            self.failures.record(self._file.path, len(batch), exc)
             return LogRecordExportResult.FAILURE
         return LogRecordExportResult.SUCCESS
 

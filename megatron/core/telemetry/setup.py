@@ -121,8 +121,10 @@ class TelemetryHandle:
         logs_file: the log-record file of the ``jsonl`` sink with the log
             bridge on, else ``None``.
         rank: the rank the handle was set up for.
-        export_failures: span exports of the ``jsonl`` sink that failed, and
-            the spans they lost (reported at shutdown and in the summary).
+        export_failures: per kind (``span``, ``metric``, ``log record``), the
+            exports of the ``jsonl`` sink that failed and what they lost
+            (reported at shutdown and in the summary; see
+            :meth:`failure_reports`).
         tally: what this handle's spans were, counted as they ended (for
             the end-of-run summary), or ``None`` when not exporting.
     """
@@ -141,11 +143,11 @@ class TelemetryHandle:
         logger_provider: LoggerProvider | None = None,
         log_bridge: LogBridge | None = None,
         logs_file: Path | None = None,
-        export_failures: ExportFailures | None = None,
+        export_failures: Mapping[str, ExportFailures] | None = None,
         tally: SpanTally | None = None,
     ) -> None:
         self.tracer = tracer
-        self.export_failures = export_failures or ExportFailures()
+        self.export_failures = dict(export_failures or {})
         self.meter = meter
         self.rank = rank
         self.span_groups = frozenset(span_groups)
@@ -251,9 +253,13 @@ class TelemetryHandle:
         # what it needs alive.
         self._tracer_provider = self._meter_provider = self._tracker = None
         self._logger_provider = self._log_bridge = None
-        if report := self.export_failures.report():
+        for report in self.failure_reports():
             _logger.warning("Telemetry: %s", report)
         return finished
+
+    def failure_reports(self) -> list[str]:
+        """One line per kind of ``jsonl`` export that failed; empty when none did."""
+        return [report for f in self.export_failures.values() if (report := f.report())]
 
     def _shutdown_at_exit(self) -> None:
         self.shutdown()
@@ -673,11 +679,11 @@ def setup_telemetry(
         rank=rank,
         span_groups=config.span_groups if config.traces_enabled else frozenset(),
         trace_file=sinks.trace_file,
-        export_failures=(
-            sinks.span_exporter.failures
-            if isinstance(sinks.span_exporter, JsonlSpanExporter)
-            else None
-        ),
+        export_failures={
+            exporter.failures.kind: exporter.failures
+            for exporter in (sinks.span_exporter, sinks.metric_exporter, sinks.log_exporter)
+            if isinstance(getattr(exporter, "failures", None), ExportFailures)
+        },
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
         tracker=tracker,
