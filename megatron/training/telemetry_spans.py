@@ -578,11 +578,6 @@ class ExitHooks:
         self.graceful = bool(graceful)
         self.install()
 
-    @property
-    def previous_handler(self) -> Any:
-        """SIGTERM's disposition before the hook."""
-        return self.previous_handlers.get(signal.SIGTERM, signal.SIG_DFL)
-
     def graceful_drain(self, signum: int = signal.SIGTERM, *_: Any) -> bool:
         """Whether the process outlives ``signum``, so a flush is all it needs.
 
