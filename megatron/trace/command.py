@@ -10,6 +10,18 @@ from typing import Any
 __all__ = ["add_command"]
 
 
+def _jobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"--jobs must be a whole number of processes, 1 or more: {text!r}"
+        )
+    return value
+
+
 def add_command(
     subparsers: Any,
     name: str,
@@ -23,5 +35,12 @@ def add_command(
     """
     parser = subparsers.add_parser(name, help=help, description=description)
     parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="trace files")
+    parser.add_argument(
+        "--jobs",
+        type=_jobs,
+        default=None,
+        metavar="N",
+        help="read the files in N parallel processes (default: one per file, up to the cores)",
+    )
     parser.set_defaults(func=run)
     return parser

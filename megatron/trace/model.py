@@ -32,15 +32,25 @@ finished child written, still looks like a clean end.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from array import array
 from collections.abc import Iterable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megatron.core.telemetry.reader import ReadStats, iter_spans
+from megatron.core.telemetry.reader import (
+    DAMAGE_ERRORS,
+    DecodedLine,
+    ReadStats,
+    damaged,
+    iter_batches,
+    paused_gc,
+)
 from megatron.core.telemetry.tally import STRUCTURAL_SPAN_NAMES
+from megatron.trace.parallel import map_reduce
 
 __all__ = [
     "STRUCTURAL_NAMES",
@@ -50,6 +60,9 @@ __all__ = [
     "Trace",
     "TraceBuilder",
     "load_trace",
+    "process_key",
+    "scan",
+    "scan_file",
 ]
 
 CUT_SHORT = "megatron.span.cut_short"
@@ -65,6 +78,9 @@ EVALUATE = "megatron.evaluate"
 LAUNCH_NAMES = frozenset({"megatron.startup.launch_script", "megatron.startup.container_load"})
 STRUCTURAL_NAMES = STRUCTURAL_SPAN_NAMES  # what the accounting is built from
 assert {PRE_STARTUP, STARTUP, INTERVAL, SAVE, LOAD, EVALUATE, *LAUNCH_NAMES} == STRUCTURAL_NAMES
+_KEPT_NAMES = STRUCTURAL_NAMES | {ITERATION_SPAN}
+_CUT_SHORT_KEY = CUT_SHORT.encode()
+_MISSING = object()
 
 
 @dataclass(slots=True)
@@ -97,6 +113,22 @@ class SpanRecord:
             span["line"],
         )
 
+    @classmethod
+    def of_span(cls, span: Any, path: Path, line: int) -> SpanRecord:
+        """From a decoded span object (:mod:`~megatron.core.telemetry.otlp_decode`)."""
+        return cls(
+            span.name,
+            span.trace_id,
+            span.span_id,
+            span.parent_span_id or None,
+            span.start_time_unix_nano,
+            span.end_time_unix_nano,
+            span.attribute_dict(),
+            span.link_pairs(),
+            path,
+            line,
+        )
+
     @property
     def cut_short(self) -> bool:
         return bool(self.attributes.get(CUT_SHORT))
@@ -114,6 +146,15 @@ class Iterations:
 
     def __len__(self) -> int:
         return len(self.numbers)
+
+    def arrays(self) -> tuple[array, array, array]:
+        """The three arrays (numbers, starts, ends), for appending in a hot loop."""
+        return self.numbers, self.starts, self.ends
+
+    def extend(self, other: Iterations) -> None:
+        self.numbers.extend(other.numbers)
+        self.starts.extend(other.starts)
+        self.ends.extend(other.ends)
 
     def append(self, number: int, start_ns: int, end_ns: int) -> None:
         self.numbers.append(number)
@@ -230,34 +271,127 @@ class _Process:
         self.max_end_root = 0
         self.max_end_child = 0
 
+    def merge(self, other: _Process) -> None:
+        """Add what ``other`` (the same process, read later) learnt."""
+        self.records.extend(other.records)
+        self.iterations.extend(other.iterations)
+        if other.min_start is not None and (
+            self.min_start is None or other.min_start < self.min_start
+        ):
+            self.min_start = other.min_start
+        self.max_end = max(self.max_end, other.max_end)
+        self.max_end_root = max(self.max_end_root, other.max_end_root)
+        self.max_end_child = max(self.max_end_child, other.max_end_child)
 
-def rank_of(span: dict[str, Any]) -> str:
-    """The rank a span's writer ran as (``dl.rank``, else instance id, else file)."""
-    resource = span["resource"]
+
+def _rank(resource: dict[str, Any], path: Path | str) -> str:
     if "dl.rank" in resource:
         return str(resource["dl.rank"])
     if "service.instance.id" in resource:
         return str(resource["service.instance.id"])
-    return str(span["file"])
+    return str(path)
 
 
-def process_of(span: dict[str, Any]) -> tuple[Any, ...]:
-    resource = span["resource"]
+def process_key(resource: dict[str, Any], path: Path | str) -> tuple[Any, ...]:
+    """The writing process of the spans of ``resource``, read from ``path``: its rank first."""
     return (
-        rank_of(span),
+        _rank(resource, path),
         resource.get("service.instance.id"),
         resource.get("process.pid"),
         resource.get("megatron.run_id"),
     )
 
 
+def rank_of(span: dict[str, Any]) -> str:
+    """The rank a span's writer ran as (``dl.rank``, else instance id, else file)."""
+    return _rank(span["resource"], span["file"])
+
+
+def process_of(span: dict[str, Any]) -> tuple[Any, ...]:
+    """:func:`process_key` of a flat span dict."""
+    return process_key(span["resource"], span["file"])
+
+
 class TraceBuilder:
-    """Feed spans one at a time (:meth:`add`), then :meth:`finish` into a :class:`Trace`."""
+    """Feed spans (:meth:`add_line`, or :meth:`add` one flat dict at a time), then
+    :meth:`finish` into a :class:`Trace`.
+
+    A builder is also the per-file summary of a parallel read: build one per
+    file (:func:`scan_file`), :meth:`merge` them in file order, then finish.
+    Merging is associative, so any grouping of the files gives the same trace.
+    """
 
     def __init__(self, stats: ReadStats | None = None) -> None:
         self.stats = stats if stats is not None else ReadStats()
         self._processes: dict[tuple[Any, ...], _Process] = {}
         self.span_count = 0
+
+    def _process(self, resource: dict[str, Any], path: Path) -> _Process:
+        key = process_key(resource, path)
+        proc = self._processes.get(key)
+        if proc is None:
+            proc = self._processes[key] = _Process(key[0], path)
+        return proc
+
+    def add_line(self, line: DecodedLine) -> None:
+        """Add every span of one decoded line (the fast path: no dict per span)."""
+        try:
+            self._add_line(line)
+        except DAMAGE_ERRORS as error:
+            raise damaged(line.path, line.number, error) from error
+
+    def _add_line(self, line: DecodedLine) -> None:
+        # The same facts as add(), gathered per batch with comprehensions.
+        maybe_cut = line.may_hold(_CUT_SHORT_KEY)
+        path, number = line.path, line.number
+        for batch in line.batches:
+            spans = batch.spans
+            if not spans:
+                continue
+            proc = self._process(batch.resource, path)
+            self.span_count += len(spans)
+            low = min([s.start_time_unix_nano for s in spans])
+            if proc.min_start is None or low < proc.min_start:
+                proc.min_start = low
+            proc.max_end = max(proc.max_end, max([s.end_time_unix_nano for s in spans]))
+            root_ends = [s.end_time_unix_nano for s in spans if not s.parent_span_id]
+            if root_ends:
+                proc.max_end_root = max(proc.max_end_root, max(root_ends))
+            if maybe_cut:  # the rare line that may hold a span marked cut short
+                cut = {id(s) for s in spans if s.has_attributes() and s.attribute(CUT_SHORT)}
+                child_ends = [
+                    s.end_time_unix_nano for s in spans if s.parent_span_id and id(s) not in cut
+                ]
+                kept = [s for s in spans if s.name in _KEPT_NAMES or id(s) in cut]
+            else:
+                cut = set()
+                child_ends = [s.end_time_unix_nano for s in spans if s.parent_span_id]
+                kept = [s for s in spans if s.name in _KEPT_NAMES]
+            if child_ends:
+                proc.max_end_child = max(proc.max_end_child, max(child_ends))
+            numbers, starts, ends = proc.iterations.arrays()
+            for span in kept:
+                if span.name == ITERATION_SPAN and id(span) not in cut:
+                    value = span.attribute(ITERATION, _MISSING)
+                    if value is not _MISSING:
+                        numbers.append(int(value))
+                        starts.append(span.start_time_unix_nano)
+                        ends.append(span.end_time_unix_nano)
+                else:
+                    proc.records.append(SpanRecord.of_span(span, path, number))
+
+    def merge(self, other: TraceBuilder) -> TraceBuilder:
+        """Add ``other``'s spans, as if its files were read after this one's; returns self."""
+        for key, proc in other._processes.items():
+            mine = self._processes.get(key)
+            if mine is None:
+                self._processes[key] = proc
+            else:
+                mine.merge(proc)
+        self.span_count += other.span_count
+        self.stats.torn.extend(other.stats.torn)
+        self.stats.lines += other.stats.lines
+        return self
 
     def add(self, span: dict[str, Any]) -> None:
         self.span_count += 1
@@ -277,7 +411,7 @@ class TraceBuilder:
         name = span["name"]
         if name in STRUCTURAL_NAMES or cut_short:
             proc.records.append(SpanRecord.of(span))
-        if name == ITERATION_SPAN and ITERATION in span["attributes"] and not cut_short:
+        elif name == ITERATION_SPAN and ITERATION in span["attributes"]:
             proc.iterations.append(int(span["attributes"][ITERATION]), start, end)
 
     def root_end(self, process: tuple[Any, ...]) -> int:
@@ -309,7 +443,7 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> list[Incarnation]:
     incs = [Incarnation(proc.rank, 0, key) for _ in range(len(boundaries) + 1)]
 
     def slot(time_ns: int) -> int:
-        return sum(1 for b in boundaries if time_ns >= b)
+        return bisect.bisect_right(boundaries, time_ns)  # boundaries are sorted
 
     for record in records:
         # a pre_startup ends where its startup begins, so place it by its end
@@ -365,7 +499,7 @@ def _distribute_iterations(
         return
     for i in sorted(range(len(starts)), key=starts.__getitem__):
         start = starts[i]
-        slot = sum(1 for b in boundaries if start >= b)
+        slot = bisect.bisect_right(boundaries, start)
         incs[slot].iterations.append(iterations.numbers[i], start, iterations.ends[i])
 
 
@@ -382,13 +516,30 @@ def _records_of(inc: Incarnation) -> list[SpanRecord]:
     ]
 
 
-def load_trace(paths: Iterable[Path | str]) -> Trace:
+def scan_file(path: Path | str) -> TraceBuilder:
+    """The map step of a parallel read: one file's spans in a builder (its summary)."""
+    builder = TraceBuilder()
+    with paused_gc():
+        for line in iter_batches(path, builder.stats):
+            builder.add_line(line)
+    return builder
+
+
+def scan(
+    paths: Iterable[Path | str], jobs: int | None = None, executor: Executor | None = None
+) -> TraceBuilder:
+    """Every file scanned (in parallel processes when there are several) and merged in order."""
+    return map_reduce(scan_file, TraceBuilder.merge, paths, jobs, executor)
+
+
+def load_trace(
+    paths: Iterable[Path | str], jobs: int | None = None, executor: Executor | None = None
+) -> Trace:
     """Read the files once, streaming, into a :class:`Trace`.
 
-    Raises :class:`~megatron.core.telemetry.reader.TraceFileDamaged` on damage;
-    torn writes are in ``trace.stats.torn``.
+    Several files are read in ``jobs`` parallel processes (default: one per
+    file, up to the cores), or on ``executor``. Raises
+    :class:`~megatron.core.telemetry.reader.TraceFileDamaged` on damage; torn
+    writes are in ``trace.stats.torn``.
     """
-    builder = TraceBuilder()
-    for span in iter_spans(list(paths), builder.stats):
-        builder.add(span)
-    return builder.finish()
+    return scan(paths, jobs, executor).finish()

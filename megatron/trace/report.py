@@ -348,9 +348,12 @@ def build_report(trace: Trace) -> dict[str, Any]:
     }
 
 
-def report_files(paths: Iterable[Path | str]) -> dict[str, Any]:
-    """Stream the files and build the report (raises ``TraceFileDamaged`` on damage)."""
-    return build_report(load_trace(paths))
+def report_files(paths: Iterable[Path | str], jobs: int | None = None) -> dict[str, Any]:
+    """Stream the files (in ``jobs`` processes) and build the report.
+
+    Raises ``TraceFileDamaged`` on damage.
+    """
+    return build_report(load_trace(paths, jobs))
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -398,7 +401,7 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    trace = load_trace(args.files)
+    trace = load_trace(args.files, args.jobs)
     if not trace.ranks:
         print(f"megatron-trace: no spans in {', '.join(map(str, args.files))}", file=sys.stderr)
         return 2
