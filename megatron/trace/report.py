@@ -30,7 +30,8 @@ the job-level figures are those of the lowest rank, since every rank lives
 through the same lifecycle.
 
 Memory: :func:`~megatron.trace.model.load_trace` streams; iteration
-durations are kept in compact arrays and sorted once for the statistics.
+durations are kept in compact arrays and sorted once, in numpy, for the
+statistics.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from megatron.trace.command import add_command
 from megatron.trace.model import Incarnation, SpanRecord, Trace, load_trace
@@ -220,33 +223,37 @@ def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
     }
 
 
+def _durations_ms(inc: Incarnation) -> np.ndarray:
+    starts = np.frombuffer(inc.iterations.starts, dtype=np.int64)
+    ends = np.frombuffer(inc.iterations.ends, dtype=np.int64)
+    return (ends - starts).astype(np.float64) / 1e6  # what (end - start) / 1e6 gives
+
+
 def _iteration_stats(incs: list[Incarnation]) -> dict[str, Any] | None:
-    durations = sorted(
-        (end - start) / 1e6
-        for inc in incs
-        for start, end in zip(inc.iterations.starts, inc.iterations.ends, strict=True)
-    )
-    if not durations:
+    # numpy: 8 bytes an iteration, where a sorted list of floats took about 32
+    per_incarnation = [_durations_ms(inc) for inc in incs]
+    durations = np.sort(np.concatenate(per_incarnation)) if per_incarnation else np.empty(0)
+    if not len(durations):
         return None
     count = len(durations)
     middle = count // 2
-    median = durations[middle] if count % 2 else (durations[middle - 1] + durations[middle]) / 2
-    p90 = durations[max(0, math.ceil(0.9 * count) - 1)]  # nearest rank
+    median = float(
+        durations[middle] if count % 2 else (durations[middle - 1] + durations[middle]) / 2
+    )
+    p90 = float(durations[max(0, math.ceil(0.9 * count) - 1)])  # nearest rank
     threshold = ANOMALY_FACTOR * median
-    slow = [
-        (dur, inc.index, number)
-        for inc in incs
-        for number, start, end in zip(
-            inc.iterations.numbers, inc.iterations.starts, inc.iterations.ends, strict=True
-        )
-        if (dur := (end - start) / 1e6) > threshold
-    ]
+    slow = []
+    for inc, inc_durations in zip(incs, per_incarnation, strict=True):
+        for position in np.flatnonzero(inc_durations > threshold).tolist():
+            slow.append(
+                (float(inc_durations[position]), inc.index, inc.iterations.numbers[position])
+            )
     slow.sort(reverse=True)
     return {
         "count": count,
         "median_ms": round(median, 3),
         "p90_ms": round(p90, 3),
-        "max_ms": round(durations[-1], 3),
+        "max_ms": round(float(durations[-1]), 3),
         "anomalous": {
             "rule": ANOMALY_RULE,
             "count": len(slow),
