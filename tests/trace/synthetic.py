@@ -169,10 +169,14 @@ def _incarnation(
     def iterations(trace: str, interval: str, count: int) -> None:
         nonlocal t, iteration
         for _ in range(count):
+            # nested spans start a few microseconds after their parent, as real clocks read
             it_id, fb_id = new_id(), new_id()
-            writer.span("megatron.train.get_batch", trace, new_id(), fb_id, t, t + 1 * MS)
-            writer.span("megatron.train.forward_backward", trace, fb_id, it_id, t, t + 15 * MS)
-            writer.span("megatron.train.optimizer", trace, new_id(), it_id, t + 15 * MS,
+            us = 1000
+            writer.span("megatron.train.get_batch", trace, new_id(), fb_id, t + 7 * us,
+                        t + 1 * MS)  # fmt: skip
+            writer.span("megatron.train.forward_backward", trace, fb_id, it_id, t + 4 * us,
+                        t + 15 * MS)  # fmt: skip
+            writer.span("megatron.train.optimizer", trace, new_id(), it_id, t + 15 * MS + 3 * us,
                         t + 19 * MS)  # fmt: skip
             attributes = ",".join(
                 (
@@ -182,17 +186,19 @@ def _incarnation(
                 )
             )
             writer.span("megatron.train.iteration", trace, it_id, interval, t, t + step, attributes)
-            t += step
+            t += step + 2_000  # the loop's own few microseconds between iterations
             iteration += 1
 
     while iteration < last:
         trace = f"{next(writer.ids):032x}"
         interval, start, begin = new_id(), t, iteration
+        t += 5_000  # the interval opens, then its first iteration
         iterations(trace, interval, min(shape.save_interval, last - iteration))
+        t += 3_000
         writer.span("megatron.checkpoint.save", trace, new_id(), interval, t, t + 50 * MS,
                     _int("megatron.iteration", iteration))  # fmt: skip
         saved = iteration
-        t += 50 * MS
+        t += 50 * MS + 1_000
         attributes = ",".join(
             (
                 _bool("is_goodput_span", True),
