@@ -1,44 +1,59 @@
-"""``megatron-trace export --format chrome``: a trace as Chrome trace-event JSON.
+"""``megatron-trace export``: a trace as Chrome trace-event JSON or Perfetto's protobuf.
 
-The Chrome trace-event format is what Perfetto UI and ``chrome://tracing``
-open and what PyTorch profiler users already read, so a job's trace can be
-looked at with nothing but a browser. The mapping:
+``--format chrome`` (:mod:`megatron.trace.chrome_trace`) is what Perfetto UI,
+``chrome://tracing`` and PyTorch profiler users read; ``--format perfetto``
+(:mod:`megatron.trace.perfetto_trace`) is Perfetto's native trace, a fraction
+of the size, which its UI loads without the JSON importer's limits. Both put
+a track (a thread) per incarnation and rank, spans as nested slices, links as
+flow arrows.
 
-* a process (``pid`` = incarnation + 1) per incarnation, named by
-  ``process_name`` metadata ("incarnation 0", numbered as ``check`` and
-  ``report`` number them);
-* a thread (``tid``) per rank, named by ``thread_name`` metadata;
-* every span a complete event (``"ph": "X"``, ``ts``/``dur`` in microseconds),
-  so children nest under their parents by time on the rank's thread;
-  attributes, ids and status go to ``args``;
-* every link a flow (``"ph": "s"`` on the linked span, ``"ph": "f"`` with
-  ``"bp": "e"`` on the linking one, same ``id``): the arrows startup → C0 →
-  C1 → … that join the per-interval traces.
+Two passes over the files keep memory independent of their size: the first
+builds the trace model (which incarnation and rank each span belongs to) and
+collects the links; the second writes each span as it is read. Several files
+are read in parallel processes in both passes (each file's events go to a
+part, the parts are joined in file order). ``--since``/``--until``/
+``--ranks`` (:mod:`megatron.trace.window`) cut a window out of a big trace;
+an output bigger than a browser tab loads gets a warning that suggests one.
 
-Events are written as the spans are read, in file order (the viewers sort by
-time themselves). Two passes over the files keep memory independent of their
-size: the first learns the lanes and which spans are link targets, the second
-writes.
+The file is written beside ``-o`` and renamed over it at the end, so a failure
+(a damaged input line) never leaves a half-written output.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import os
+import shutil
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from megatron.core.telemetry.otlp_decode import spans_with_links
+from megatron.core.telemetry.reader import iter_batches, paused_gc
+from megatron.trace.chrome_trace import ChromePart, ChromeWriter
 from megatron.trace.command import add_command
 from megatron.trace.lanes import LaneIndex
-from megatron.trace.model import TraceBuilder
-from megatron.trace.spans import SpanSource, TraceInputError, span_source
+from megatron.trace.model import Trace, TraceBuilder, process_key
+from megatron.trace.parallel import map_files
+from megatron.trace.spans import FileSpans, TraceInputError, reading, span_source
+from megatron.trace.window import (
+    Window,
+    WindowError,
+    format_offset,
+    resolve_window,
+    trace_start,
+)
 
-__all__ = ["add_parser", "export_chrome", "run"]
+__all__ = ["FORMATS", "SIZE_LIMITS", "add_parser", "export_chrome", "export_files", "run"]
 
-FORMATS = ("chrome",)
+FORMATS = ("chrome", "perfetto")
+#: Output sizes Perfetto UI can still load in a browser tab (about 2 GB of tab
+#: memory; its JSON importer needs 2-4x the file, the protobuf one far less).
+SIZE_LIMITS = {"chrome": 256 * 2**20, "perfetto": 1024 * 2**20}
+_LINKS_KEY = b'"links"'
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -46,161 +61,250 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = add_command(
         subparsers,
         "export",
-        help="write the trace in another format (chrome: Perfetto / chrome://tracing)",
-        description="Write trace files as Chrome trace-event JSON, for Perfetto UI "
-        "(ui.perfetto.dev) and chrome://tracing: a process per incarnation, a thread per "
-        "rank, spans as complete events, links as flow arrows.",
+        help="write the trace for Perfetto UI (chrome: trace-event JSON; perfetto: protobuf)",
+        description="Write trace files for Perfetto UI (ui.perfetto.dev): as Chrome "
+        "trace-event JSON (also chrome://tracing) or as Perfetto's native protobuf trace. "
+        "A track per incarnation and rank, spans as nested slices, links as flow arrows.",
         run=run,
     )
     parser.add_argument("--format", choices=FORMATS, default="chrome", help="output format")
-    parser.add_argument("-o", "--output", type=Path, required=True, help="the JSON file to write")
+    parser.add_argument("-o", "--output", type=Path, required=True, help="the file to write")
+    parser.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only spans that end at or after WHEN: an ISO 8601 time (2026-12-01T10:00:00Z), "
+        "a time from the trace's start (+90s, +1.5h, +2d) or an iteration (iteration:1200)",
+    )
+    parser.add_argument("--until", metavar="WHEN", help="only spans that start at or before WHEN")
+    parser.add_argument("--ranks", metavar="RANKS", help="only these ranks, e.g. 0,2,4-7")
     return parser
+
+
+@dataclass
+class ExportResult:
+    """What ``export`` wrote: ``events`` (records), ``size`` (bytes), the window, the trace."""
+
+    events: int
+    size: int
+    window: Window
+    trace: Trace
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``export`` for parsed arguments; returns the exit status."""
     files = ", ".join(map(str, args.files))
     try:
-        events = export_chrome(span_source(args.files), args.output)
-    except TraceInputError as exc:
-        if not str(exc).startswith(tuple(map(str, args.files))):
+        result = export_files(
+            args.files, args.output, args.format, args.since, args.until, args.ranks, args.jobs
+        )
+    except (TraceInputError, WindowError) as exc:
+        if isinstance(exc, TraceInputError) and not str(exc).startswith(
+            tuple(map(str, args.files))
+        ):
             exc = TraceInputError(f"{files}: {exc}")
         print(f"megatron-trace export: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # reading errors arrive as TraceInputError: this is the output
-        print(f"megatron-trace export: error: cannot write {args.output}: {exc.strerror}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"megatron-trace export: error: cannot write {args.output}: {exc.strerror}",
+            file=sys.stderr,
+        )
         return 2
-    print(f"wrote {args.output} ({events} events); open it in https://ui.perfetto.dev")
+    print(
+        f"wrote {args.output} ({result.events} events, {_mb(result.size)}); "
+        "open it in https://ui.perfetto.dev"
+    )
+    warning = size_warning(result, args.format, args.output)
+    if warning:
+        print(f"megatron-trace export: warning: {warning}", file=sys.stderr)
     return 0
 
 
-def export_chrome(source: SpanSource, output: Path) -> int:
-    """Write the spans of ``source`` to ``output`` as Chrome trace JSON; returns the event count.
+def _mb(size: float) -> str:
+    return f"{size / 2**20:.1f} MB" if size < 2**30 else f"{size / 2**30:.2f} GB"
 
-    The file is written beside ``output`` and renamed over it at the end, so a
-    failure (a damaged input line) never leaves a half-written ``output``.
-    """
-    links = _Links()
-    builder = TraceBuilder()
-    for span in links.collect(source()):
-        builder.add(span)
-    lanes = LaneIndex(builder.finish())
+
+def size_warning(result: ExportResult, fmt: str, output: Path) -> str | None:
+    """What to say when the output is too big for Perfetto UI: the cut that would fit."""
+    limit = SIZE_LIMITS[fmt]
+    if result.size <= limit:
+        return None
+    trace, window = result.trace, result.window
+    start = window.since_ns if window.since_ns is not None else trace_start(trace)
+    end = (
+        window.until_ns
+        if window.until_ns is not None
+        else max(inc.end_ns for inc in trace.incarnations)
+    )
+    fraction = limit / result.size
+    offset = start - trace_start(trace) + (end - start) * fraction * 0.9
+    hints = [
+        f"--since {format_offset(start - trace_start(trace))} --until {format_offset(offset)}"
+        if window.since_ns is not None
+        else f"--until {format_offset(offset)}"
+    ]
+    ranks = [r for r in trace.ranks if window.ranks is None or r in window.ranks]
+    if len(ranks) > 1:
+        hints.append(f"--ranks {ranks[0]}")
+    other = " (or --format perfetto, a fraction of the size)" if fmt == "chrome" else ""
+    return (
+        f"{output} is {_mb(result.size)}; Perfetto UI loads about {_mb(limit)} of "
+        f"{'JSON' if fmt == 'chrome' else 'protobuf'} trace in a browser tab: cut a window, "
+        f"e.g. {' or '.join(hints)}{other}"
+    )
+
+
+# -- pass 1: the model and the links ------------------------------------------
+
+
+@dataclass
+class _Plan:
+    """What the first pass learnt: the lanes and the links (flow ids in read order)."""
+
+    lanes: LaneIndex
+    flows_out: dict[str, list[int]] = field(default_factory=dict)
+    flows_in: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+
+
+def _learn(path: Path) -> tuple[TraceBuilder, list[tuple[str, str]]]:
+    """The first pass over one file: its model summary and its links (linking, linked-to)."""
+    builder, links = TraceBuilder(), []
+    with reading(path), paused_gc():
+        for line in iter_batches(path, builder.stats):
+            builder.add_line(line)
+            if line.may_hold(_LINKS_KEY):
+                for batch in line.batches:
+                    for span in spans_with_links(batch.spans):
+                        links.extend((span.span_id, target) for _, target in span.link_pairs())
+    return builder, links
+
+
+def _plan(paths: Sequence[Path], jobs: int | None) -> tuple[_Plan, Trace]:
+    learnt = map_files(_learn, paths, jobs)
+    builder = functools.reduce(TraceBuilder.merge, (b for b, _ in learnt))
     if not builder.span_count:
         raise TraceInputError("no spans in the trace files")
+    trace = builder.finish()
+    plan = _Plan(LaneIndex(trace))
+    flow = 0
+    for _, links in learnt:
+        for linking, target in links:
+            flow += 1
+            plan.flows_out.setdefault(target, []).append(flow)
+            plan.flows_in.setdefault(linking, []).append((flow, target))
+    return plan, trace
+
+
+# -- pass 2: the events -------------------------------------------------------
+
+
+def _writer(fmt: str, plan: _Plan, part: int) -> Any:
+    if fmt == "perfetto":
+        from megatron.trace.perfetto_trace import PerfettoWriter
+
+        return PerfettoWriter(plan.lanes, plan.flows_out, plan.flows_in, part)
+    return ChromeWriter(plan.lanes, plan.flows_out, plan.flows_in)
+
+
+def _write_spans(path: Path, writer: Any, out: IO[bytes], window: Window, lanes: LaneIndex) -> None:
+    ranks, cuts = window.ranks, window.cuts_time
+    since = window.since_ns if window.since_ns is not None else -(2**63)
+    until = window.until_ns if window.until_ns is not None else 2**64
+    with reading(path), paused_gc():
+        for line in iter_batches(path):
+            for batch in line.batches:
+                process = process_key(batch.resource, line.path)
+                if ranks is not None and process[0] not in ranks:
+                    continue
+                spans = batch.spans
+                if cuts:
+                    spans = [
+                        s
+                        for s in spans
+                        if s.end_time_unix_nano >= since and s.start_time_unix_nano <= until
+                    ]
+                for lane, group in lanes.split(process, spans):
+                    writer.spans(out, lane, group)
+
+
+@dataclass
+class _Part:
+    """Pass 2 over one file into its own part file (picklable, for the process pool)."""
+
+    fmt: str
+    plan: _Plan
+    window: Window
+    parts: dict[Path, tuple[int, Path]]  # input -> (part number, part file)
+
+    def __call__(self, path: Path) -> Any:
+        number, part_file = self.parts[path]
+        writer = _writer(self.fmt, self.plan, number)
+        with open(part_file, "wb") as out:
+            _write_spans(path, writer, out, self.window, self.plan.lanes)
+            writer.finish_part(out)
+        return writer.part
+
+
+def export_files(
+    paths: Sequence[Path | str],
+    output: Path,
+    fmt: str = "chrome",
+    since: str | None = None,
+    until: str | None = None,
+    ranks: str | None = None,
+    jobs: int | None = None,
+) -> ExportResult:
+    """Write the spans of ``paths`` to ``output`` in ``fmt``; returns what was written.
+
+    Raises :class:`TraceInputError` (a file missing or damaged, no spans) or
+    :class:`WindowError` (a bound that names nothing); ``output`` is then
+    untouched.
+    """
+    files = span_source([Path(p) for p in paths]).paths
+    plan, trace = _plan(files, jobs)
+    window = resolve_window(trace, since, until, ranks)
     tmp = output.with_name(f".{output.name}.tmp")
     output.parent.mkdir(parents=True, exist_ok=True)
+    part_files: list[Path] = []
     try:
-        with open(tmp, "w", encoding="utf-8") as out:
-            count = _write(out, _events(source(), lanes, links))
+        with open(tmp, "wb") as out:
+            writer = _writer(fmt, plan, 0)
+            count = writer.header(out)
+            if len(files) == 1 or jobs == 1:
+                parts = []
+                for path in files:
+                    _write_spans(path, writer, out, window, plan.lanes)
+                writer.finish_part(out)
+                parts.append(writer.part)
+            else:
+                numbered = {
+                    path: (n + 1, tmp.with_name(f"{tmp.name}.{n}"))
+                    for n, path in enumerate(dict.fromkeys(files))
+                }
+                part_files = [part for _, part in numbered.values()]
+                written = map_files(_Part(fmt, plan, window, numbered), list(numbered), jobs)
+                by_file = dict(zip(numbered, written, strict=True))
+                parts = []
+                for path in files:
+                    with open(numbered[path][1], "rb") as part:
+                        shutil.copyfileobj(part, out, 1 << 20)
+                    parts.append(by_file[path])
+            count += sum(part.events for part in parts)
+            count += writer.footer(out, parts)
         os.replace(tmp, output)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return count
+    finally:
+        for part in part_files:
+            part.unlink(missing_ok=True)
+    return ExportResult(count, output.stat().st_size, window, trace)
 
 
-class _Links:
-    """Flow ids for the links, learnt in the first pass; O(links) memory, not O(spans).
-
-    A flow's start (``s``) is written with the linked-to span, its finish
-    (``f``) with the linking span. Finishes are held back until the end, and
-    dropped when their linked-to span never appeared (its trace was lost), so
-    every written ``f`` has its ``s``.
-
-    The start sits 1 µs before the linked span ends and the finish where the
-    linking span starts: a viewer binds each to the slice open at that
-    moment, and the arrow runs forward in time, C(k)'s end to C(k+1)'s start.
-    """
-
-    def __init__(self) -> None:
-        self.out: dict[str, list[int]] = {}  # linked-to span id -> flow ids
-        self.into: dict[str, list[tuple[int, str]]] = {}  # linking span id -> (flow id, target)
-        self._count = 0
-
-    def collect(self, spans: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        for span in spans:
-            for _, target in span["links"]:
-                self._count += 1
-                self.out.setdefault(target, []).append(self._count)
-                self.into.setdefault(span["span_id"], []).append((self._count, target))
-            yield span
+def export_chrome(source: FileSpans, output: Path) -> int:
+    """Write the spans of ``source`` (:func:`~megatron.trace.spans.span_source`) as Chrome
+    trace JSON; returns the event count."""
+    return export_files(source.paths, output, "chrome", jobs=1).events
 
 
-def _events(
-    spans: Iterable[dict[str, Any]], lanes: LaneIndex, links: _Links
-) -> Iterator[dict[str, Any]]:
-    for lane in lanes.lanes():
-        pid, tid = lane.incarnation + 1, lanes.thread_id(lane.rank)
-        name = f"incarnation {lane.incarnation}"
-        yield {"ph": "M", "name": "process_name", "pid": pid, "tid": tid, "args": {"name": name}}
-        yield {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": tid,
-               "args": {"sort_index": pid}}  # fmt: skip
-        yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-               "args": {"name": f"rank {lane.rank}"}}  # fmt: skip
-    present: set[str] = set()
-    finishes: list[tuple[str, dict[str, Any]]] = []
-    for span in spans:
-        lane = lanes.lane(span)
-        pid, tid = lane.incarnation + 1, lanes.thread_id(lane.rank)
-        ts = span["start_ns"] / 1000
-        yield {
-            "ph": "X",
-            "name": span["name"],
-            "cat": "span",
-            "ts": ts,
-            "dur": max(span["end_ns"] - span["start_ns"], 0) / 1000,
-            "pid": pid,
-            "tid": tid,
-            "args": _args(span),
-        }
-        tail = max(span["end_ns"] - 1000, span["start_ns"]) / 1000
-        for flow_id in links.out.get(span["span_id"], ()):
-            present.add(span["span_id"])
-            yield {"ph": "s", "name": "link", "cat": "link", "id": flow_id,
-                   "ts": tail, "pid": pid, "tid": tid}  # fmt: skip
-        for flow_id, target in links.into.get(span["span_id"], ()):
-            finishes.append(
-                (
-                    target,
-                    {
-                        "ph": "f",
-                        "bp": "e",
-                        "name": "link",
-                        "cat": "link",
-                        "id": flow_id,
-                        "ts": ts,
-                        "pid": pid,
-                        "tid": tid,
-                    },
-                )
-            )
-    for target, event in finishes:
-        if target in present:
-            yield event
-
-
-def _args(span: dict[str, Any]) -> dict[str, Any]:
-    args = dict(span["attributes"])
-    args["trace_id"] = span["trace_id"]
-    args["span_id"] = span["span_id"]
-    if span.get("parent_id"):
-        args["parent_id"] = span["parent_id"]
-    if span.get("status_code", "UNSET") != "UNSET":
-        args["status"] = span["status_code"]
-        if span.get("status_message"):
-            args["status_message"] = span["status_message"]
-    return args
-
-
-def _write(out: IO[str], events: Iterable[dict[str, Any]]) -> int:
-    """Stream ``events`` as ``{"traceEvents": [...]}``, one event per line."""
-    out.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
-    count = 0
-    for event in events:
-        if count:
-            out.write(",\n")
-        out.write(json.dumps(event, separators=(",", ":"), default=str))
-        count += 1
-    out.write("\n]}\n")
-    return count
+__all__ += ["ChromePart", "ExportResult", "size_warning"]

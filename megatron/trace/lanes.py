@@ -14,7 +14,7 @@ process that ran ``pretrain()`` more than once, the startup it came after.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,21 @@ class LaneIndex:
 
     def lane(self, span: Mapping[str, Any]) -> Lane:
         return self.lane_of_incarnation(self.incarnation(span))
+
+    def split(self, process: tuple[Any, ...], spans: Sequence[Any]) -> list[tuple[Lane, list[Any]]]:
+        """Decoded spans of one process, grouped by lane (the usual process has one).
+
+        The same rule as :meth:`incarnation`, for span objects of
+        :mod:`~megatron.core.telemetry.otlp_decode` rather than flat dicts.
+        """
+        boundaries, incs = self._by_process[process]
+        if not boundaries:
+            return [(self.lane_of_incarnation(incs[0]), list(spans))]
+        groups: dict[int, list[Any]] = {}
+        for span in spans:
+            at = span.end_time_unix_nano if span.name == PRE_STARTUP else span.start_time_unix_nano
+            groups.setdefault(bisect.bisect_right(boundaries, at), []).append(span)
+        return [(self.lane_of_incarnation(incs[slot]), group) for slot, group in groups.items()]
 
     def lanes(self) -> list[Lane]:
         """Every lane, by incarnation then rank."""
