@@ -14,9 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from megatron.trace.goodput import build_report, rank_accounting
 from megatron.trace.lanes import Lane, LaneIndex
 from megatron.trace.model import Incarnation, SpanRecord, TraceBuilder
-from megatron.trace.report import build_report, rank_accounting
 from megatron.trace.spans import SpanSource
 
 __all__ = ["ENDED_TEXT", "Bar", "LaneSummary", "Timeline", "collect"]

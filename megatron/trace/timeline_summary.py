@@ -2,7 +2,7 @@
 
 The page answers "where did the time go" twice: the lanes show *when*, this
 summary shows *how much*, from the very dict ``megatron-trace report --json``
-prints (:func:`megatron.trace.report.build_report`), so the page and the
+prints (:func:`megatron.trace.goodput.build_report`), so the page and the
 report can never disagree. One stacked bar splits the wall clock into
 goodput and the badput categories, in the lanes' colours; a line of text
 gives the figures a reader quotes.

@@ -14,8 +14,8 @@ from typing import Any
 
 from megatron.core.telemetry.jsonl import metrics_file_for
 from megatron.core.telemetry.tally import SpanTally
+from megatron.trace.goodput import BADPUT_CATEGORIES, rank_accounting
 from megatron.trace.model import TraceBuilder
-from megatron.trace.report import BADPUT_CATEGORIES, rank_accounting
 
 __all__ = ["goodput_line", "summarize"]
 
