@@ -240,6 +240,7 @@ def add_parser(subparsers: Any) -> None:
         subparsers,
         "check",
         "verify the span lifecycle's invariants (exit 1 on a violation)",
-        __doc__.split("\n\n")[0],
+        # not __doc__, which python -OO strips
+        "``megatron-trace check``: is this trace whole, and does it obey the span lifecycle?",
         run,
     )

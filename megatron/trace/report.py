@@ -81,7 +81,8 @@ def add_parser(subparsers: Any) -> None:
         subparsers,
         "report",
         "the goodput report: wall clock, goodput, badput by category, iterations",
-        __doc__.split("\n\n")[0],
+        # not __doc__, which python -OO strips
+        "``megatron-trace report``: where the job's wall-clock time went (goodput and badput).",
         run,
     )
     parser.add_argument(
