@@ -11,13 +11,12 @@ the first in ``PRECEDENCE`` wins; time no category covers is ``other``. So
 ``goodput + sum(badput) == wall`` holds exactly, in integer nanoseconds
 (``accounting_ns`` in the JSON; the ``*_s`` figures are those divided by 1e9).
 
-Categories (span -> category): ``megatron.checkpoint.load`` ->
-``checkpoint_load``; ``megatron.checkpoint.save`` -> ``checkpoint_save``;
-``megatron.evaluate`` -> ``evaluation``; ``megatron.startup.launch_script`` and
-``.container_load`` -> ``launch``; ``pre_startup`` -> ``queue``;
-``megatron.startup`` -> ``startup``; the wasted window (below) ->
-``wasted_progress``; ``megatron.train`` -> goodput; the time between one
-incarnation's last span and the next one's first -> ``restart_gap``.
+Categories: a structural span's time counts as the category
+:data:`~megatron.core.telemetry.semconv.SPAN_CATEGORY` gives its name (an
+interval's is goodput; the queue, launch, startup, checkpoint loads and
+saves and evaluations are badput); the wasted window (below) is
+``wasted_progress``; the time between one incarnation's last span and the
+next one's first is ``restart_gap``.
 
 Wasted progress: an incarnation's progress survives up to its *horizon*, the
 iteration the next incarnation of the rank resumed from (its checkpoint
@@ -44,7 +43,24 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from megatron.trace.model import Incarnation, SpanRecord, Trace, load_trace
+from megatron.core.telemetry.semconv import (
+    BADPUT_CATEGORIES,
+    CATEGORY_CHECKPOINT_LOAD,
+    CATEGORY_CHECKPOINT_SAVE,
+    CATEGORY_EVALUATION,
+    CATEGORY_GOODPUT,
+    CATEGORY_LAUNCH,
+    CATEGORY_OTHER,
+    CATEGORY_QUEUE,
+    CATEGORY_RESTART_GAP,
+    CATEGORY_STARTUP,
+    CATEGORY_WASTED_PROGRESS,
+    INTERVAL_LAST_ITERATION,
+    ITERATION,
+    ITERATION_SPAN,
+    SPAN_CATEGORY,
+)
+from megatron.trace.model import Incarnation, Trace, load_trace
 
 __all__ = [
     "ANOMALY_FACTOR",
@@ -55,29 +71,18 @@ __all__ = [
     "report_files",
 ]
 
-BADPUT_CATEGORIES = (
-    "queue",
-    "launch",
-    "startup",
-    "checkpoint_load",
-    "checkpoint_save",
-    "evaluation",
-    "wasted_progress",
-    "restart_gap",
-    "other",
-)
 # Highest first. Checkpoint loads nest in startup, saves and evaluations in
 # intervals, so the nested category must win over its parent's.
 PRECEDENCE = (
-    "checkpoint_load",
-    "checkpoint_save",
-    "evaluation",
-    "launch",
-    "queue",
-    "startup",
-    "wasted_progress",
-    "goodput",
-    "restart_gap",
+    CATEGORY_CHECKPOINT_LOAD,
+    CATEGORY_CHECKPOINT_SAVE,
+    CATEGORY_EVALUATION,
+    CATEGORY_LAUNCH,
+    CATEGORY_QUEUE,
+    CATEGORY_STARTUP,
+    CATEGORY_WASTED_PROGRESS,
+    CATEGORY_GOODPUT,
+    CATEGORY_RESTART_GAP,
 )
 ANOMALY_FACTOR = 3.0
 ANOMALY_RULE = f"duration > {ANOMALY_FACTOR:g} x median iteration duration"
@@ -89,17 +94,8 @@ def _seconds(ns: int) -> float:
 
 
 def _segments(inc: Incarnation) -> list[tuple[int, int, str]]:
-    """(start, end, category) for the incarnation's categorised spans."""
-    groups: list[tuple[list[SpanRecord], str]] = [
-        (inc.loads, "checkpoint_load"),
-        (inc.saves, "checkpoint_save"),
-        (inc.evaluations, "evaluation"),
-        (inc.launch, "launch"),
-        (inc.pre_startup, "queue"),
-        ([inc.startup] if inc.startup else [], "startup"),
-        (inc.intervals, "goodput"),
-    ]
-    return [(r.start_ns, r.end_ns, category) for records, category in groups for r in records]
+    """(start, end, category) for the incarnation's structural spans."""
+    return [(r["start_ns"], r["end_ns"], SPAN_CATEGORY[r["name"]]) for r in inc.records]
 
 
 def _horizon(inc: Incarnation, later: list[Incarnation]) -> int | None:
@@ -112,7 +108,7 @@ def _horizon(inc: Incarnation, later: list[Incarnation]) -> int | None:
             return resumed
     if inc.ended == "shutdown":
         return None
-    saved = [s.attributes.get("megatron.iteration") for s in inc.saves]
+    saved = [s["attributes"].get(ITERATION) for s in inc.saves]
     saved = [i for i in saved if isinstance(i, int)]
     if saved:
         return max(saved)
@@ -127,16 +123,16 @@ def _wasted(inc: Incarnation, horizon: int | None) -> tuple[int | None, int | No
     if start is None:
         # the interval boundary where iteration `horizon` began (or would have)
         before = [
-            r.end_ns
+            r["end_ns"]
             for r in inc.intervals
-            if r.attributes.get("megatron.interval.last_iteration", horizon) < horizon
+            if r["attributes"].get(INTERVAL_LAST_ITERATION, horizon) < horizon
         ]
         if before:
             start = max(before)
         elif inc.intervals:
-            start = inc.intervals[0].start_ns
+            start = inc.intervals[0]["start_ns"]
         elif inc.startup is not None:
-            start = inc.startup.end_ns
+            start = inc.startup["end_ns"]
     if inc.iterations:
         return start, inc.iterations.count_from(horizon), True
     last = inc.last_iteration
@@ -157,22 +153,22 @@ def _sweep(segments: list[tuple[int, int, str]], wall: tuple[int, int]) -> dict[
             events.append((start, 1, rank[category]))
             events.append((end, -1, rank[category]))
     events.sort()
-    totals = dict.fromkeys((*PRECEDENCE, "other"), 0)
+    totals = dict.fromkeys((*PRECEDENCE, CATEGORY_OTHER), 0)
     active = [0] * len(PRECEDENCE)
     cursor = lo
     for time, delta, index in events:
         if time > cursor:
-            winner = next((PRECEDENCE[i] for i, n in enumerate(active) if n), "other")
+            winner = next((PRECEDENCE[i] for i, n in enumerate(active) if n), CATEGORY_OTHER)
             totals[winner] += time - cursor
             cursor = time
         active[index] += delta
-    totals["other"] += hi - cursor
+    totals[CATEGORY_OTHER] += hi - cursor
     return totals
 
 
 def _wall_start(inc: Incarnation) -> int:
     """Where an incarnation's wall clock starts: its queue or startup, else its first span."""
-    starts = [r.start_ns for r in (*inc.pre_startup, inc.startup) if r is not None]
+    starts = [r["start_ns"] for r in (*inc.pre_startup, inc.startup) if r is not None]
     return min(starts) if starts else inc.start_ns
 
 
@@ -193,9 +189,9 @@ def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
         horizon = _horizon(inc, incs[position + 1 :])
         window_start, count, count_exact = _wasted(inc, horizon)
         if window_start is not None and inc.end_ns > window_start:
-            segments.append((window_start, inc.end_ns, "wasted_progress"))
+            segments.append((window_start, inc.end_ns, CATEGORY_WASTED_PROGRESS))
         if position + 1 < len(incs):
-            segments.append((inc.end_ns, incs[position + 1].start_ns, "restart_gap"))
+            segments.append((inc.end_ns, incs[position + 1].start_ns, CATEGORY_RESTART_GAP))
         wasted_total += count or 0
         exact = exact and count_exact
         per_incarnation.append(
@@ -265,7 +261,7 @@ def _incarnation_entry(inc: Incarnation, wall_start: int, waste: dict[str, Any])
         "first_iteration": inc.first_iteration,
         "last_iteration": inc.last_iteration,
         "resumed_from": inc.resumed_from,
-        "startup_s": _seconds(startup.end_ns - startup.start_ns) if startup else None,
+        "startup_s": _seconds(startup["end_ns"] - startup["start_ns"]) if startup else None,
         "intervals": len(inc.intervals),
         "start_s": _seconds(inc.start_ns - wall_start),
         "duration_s": _seconds(inc.end_ns - inc.start_ns),
@@ -303,7 +299,7 @@ def build_report(trace: Trace) -> dict[str, Any]:
     iterations = _iteration_stats(incs)
     if iterations is None:
         not_computed.append(
-            "iterations: no megatron.train.iteration spans (enable the per_step span groups)"
+            f"iterations: no {ITERATION_SPAN} spans (enable the per_step span groups)"
         )
     if not accounting["wasted_exact"]:
         not_computed.append(
@@ -312,12 +308,12 @@ def build_report(trace: Trace) -> dict[str, Any]:
         )
     return {
         "wall_s": _seconds(wall),
-        "goodput_s": _seconds(totals["goodput"]),
-        "goodput_fraction": round(totals["goodput"] / wall, 6) if wall else 0.0,
+        "goodput_s": _seconds(totals[CATEGORY_GOODPUT]),
+        "goodput_fraction": round(totals[CATEGORY_GOODPUT] / wall, 6) if wall else 0.0,
         "badput_s": {category: _seconds(totals[category]) for category in BADPUT_CATEGORIES},
         "accounting_ns": {
             "wall": wall,
-            "goodput": totals["goodput"],
+            CATEGORY_GOODPUT: totals[CATEGORY_GOODPUT],
             **{category: totals[category] for category in BADPUT_CATEGORIES},
         },
         "wasted_iterations": accounting["wasted_iterations"],
@@ -331,8 +327,8 @@ def build_report(trace: Trace) -> dict[str, Any]:
             {
                 "rank": rank,
                 "wall_s": _seconds(acc["wall_ns"]),
-                "goodput_s": _seconds(acc["totals_ns"]["goodput"]),
-                "goodput_fraction": round(acc["totals_ns"]["goodput"] / acc["wall_ns"], 6)
+                "goodput_s": _seconds(acc["totals_ns"][CATEGORY_GOODPUT]),
+                "goodput_fraction": round(acc["totals_ns"][CATEGORY_GOODPUT] / acc["wall_ns"], 6)
                 if acc["wall_ns"]
                 else 0.0,
                 "wasted_iterations": acc["wasted_iterations"],
