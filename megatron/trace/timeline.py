@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace.command import add_command
+from megatron.trace.output import replacing
 from megatron.trace.spans import TraceInputError, span_source
 from megatron.trace.timeline_data import Bar, Timeline, collect
 from megatron.trace.timeline_page import figure, render_html
@@ -123,11 +124,6 @@ def write_beside_trace(args: argparse.Namespace) -> Path | None:
 
 def write_page(timeline: Timeline, output: Path) -> None:
     """Write the page beside ``output`` and rename it over, so a failure leaves no torn page."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp")
-    try:
-        tmp.write_text(render_html(timeline), encoding="utf-8")
-        os.replace(tmp, output)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    page = render_html(timeline)
+    with replacing(output) as out:
+        out.write(page)
