@@ -92,21 +92,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_beside_trace(args: argparse.Namespace) -> Path | None:
+def write_beside_trace(trace: Path | None) -> Path | None:
     """The end of ``tox -e demo``: draw the run's trace as ``timeline.html`` beside it.
 
-    Best effort by design: whatever goes wrong (telemetry off, plotly not
-    installed, an unreadable file) is one line on stdout, never an exception,
-    so it cannot change how the training run ends. Returns the page's path.
+    ``trace`` is the span file the run wrote (``None`` when it wrote none:
+    telemetry off, or another exporter than ``jsonl``). Best effort by
+    design: whatever goes wrong (plotly not installed, an unreadable file)
+    is one line on stdout, never an exception, so it cannot change how the
+    training run ends. Returns the page's path.
     """
     try:
-        from megatron.core.telemetry.config import TelemetryConfig
-
         if os.environ.get("RANK", "0") != "0":
             return None  # one page per job, from the first rank's launcher
-        config = TelemetryConfig.from_args(args)
-        trace = config.trace_file
-        if not config.enabled or config.exporter != "jsonl" or trace is None or not trace.is_file():
+        if trace is None or not trace.is_file():
             return None
         try:
             import plotly  # noqa: F401
