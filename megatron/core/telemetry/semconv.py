@@ -4,8 +4,10 @@ Like OpenTelemetry's semantic-conventions modules, this module only names
 things. The lifecycle (:mod:`megatron.training.telemetry_spans`) writes these
 names, the base layer counts them (:mod:`~megatron.core.telemetry.tally`) and
 ``megatron-trace`` reads them back, so each is spelled in one place and a
-grep for any of them finds its one definition. A name only one module uses
-stays in that module.
+grep for any of them finds its one definition. Every attribute of the
+job-level spans and every resource key is here, even where one module alone
+writes it, so the wire format reads in one place; the trainer's own phase
+and step span names, each used by the trainer alone, stay in the trainer.
 
 The strings are the wire format: traces already written and the tests
 (which assert it) hold them as they are, so a constant's *value* never
@@ -87,7 +89,8 @@ EVALUATE_SPAN = "megatron.evaluate"
 # Span attribute keys
 # ---------------------------------------------------------------------------
 
-#: True on the structural spans (startup, intervals); Megatron-LM's name.
+#: True on every span the lifecycle opens (pre_startup, startup and its backdated
+#: phases, the intervals); Megatron-LM's name.
 IS_GOODPUT_SPAN = "is_goodput_span"
 #: On ``megatron.startup``: the model type the trainer was started with; Megatron-LM's name.
 MODEL_TYPE = "megatron.model_type"
