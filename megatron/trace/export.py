@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import IO, Any
 from megatron.trace.command import add_command
 from megatron.trace.lanes import LaneIndex
 from megatron.trace.model import TraceBuilder
+from megatron.trace.output import replacing
 from megatron.trace.spans import SpanSource, TraceInputError, span_source
 
 __all__ = ["add_parser", "export_chrome", "run"]
@@ -88,16 +88,8 @@ def export_chrome(source: SpanSource, output: Path) -> int:
     lanes = LaneIndex(builder.finish())
     if not builder.span_count:
         raise TraceInputError("no spans in the trace files")
-    tmp = output.with_name(f".{output.name}.tmp")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with open(tmp, "w", encoding="utf-8") as out:
-            count = _write(out, _events(source(), lanes, links))
-        os.replace(tmp, output)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return count
+    with replacing(output) as out:
+        return _write(out, _events(source(), lanes, links))
 
 
 class _Links:

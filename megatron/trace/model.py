@@ -9,14 +9,18 @@ share one (``all_ranks``).
 Grouping rule: spans belong to the *process* that wrote them (the resource's
 ``service.instance.id`` and ``process.pid``); a process that called
 ``pretrain()`` more than once is split at each ``megatron.startup`` by start
-time (a ``pre_startup`` goes with the startup it precedes). The rank is the
-resource's ``dl.rank`` (else its ``service.instance.id``, else the file name).
+time (a ``pre_startup`` goes with the startup it precedes): :func:`slot_of`
+is that rule, and :meth:`Trace.incarnation_of` applies it to any span of the
+files for the pictures, which draw spans the model does not keep. The rank
+is the resource's ``dl.rank`` (else its ``service.instance.id``, else the
+file name).
 Grouping by process rather than by following links keeps a broken link a
 finding of ``check`` instead of silently making a new incarnation.
 
-Memory: only the structural spans (a few per checkpoint interval) are kept as
-records; iterations are kept as three compact integer arrays per process
-(number, start, end: 24 bytes each), everything else as running aggregates.
+Memory: only the structural spans (a few per checkpoint interval) are kept, as
+the reader's :class:`~megatron.core.telemetry.records.SpanRecord`; iterations
+are kept as three compact integer arrays per process (number, start, end: 24
+bytes each), everything else as running aggregates.
 A million-span file therefore costs a few tens of MB, whatever its size on
 disk.
 
@@ -32,74 +36,50 @@ finished child written, still looks like a clean end.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from megatron.core.telemetry.reader import ReadStats, iter_spans
-from megatron.core.telemetry.tally import STRUCTURAL_SPAN_NAMES
+from megatron.core.telemetry.records import SpanRecord, is_cut_short
+from megatron.core.telemetry.semconv import (
+    CATEGORY_CHECKPOINT_LOAD,
+    CATEGORY_CHECKPOINT_SAVE,
+    CATEGORY_EVALUATION,
+    CATEGORY_GOODPUT,
+    CATEGORY_LAUNCH,
+    CATEGORY_QUEUE,
+    CATEGORY_STARTUP,
+    DL_RANK,
+    INTERVAL_FIRST_ITERATION,
+    INTERVAL_LAST_ITERATION,
+    INTERVAL_REROOTED,
+    ITERATION,
+    ITERATION_SPAN,
+    PRE_STARTUP_SPAN,
+    PROCESS_PID,
+    RUN_ID,
+    SERVICE_INSTANCE_ID,
+    SPAN_CATEGORY,
+    SPAN_CUT_SHORT,
+    STARTUP_SPAN,
+    STRUCTURAL_SPAN_NAMES,
+)
 
 __all__ = [
-    "STRUCTURAL_NAMES",
     "Incarnation",
     "Iterations",
-    "SpanRecord",
     "Trace",
     "TraceBuilder",
     "load_trace",
+    "process_of",
+    "rank_of",
+    "slot_of",
 ]
-
-CUT_SHORT = "megatron.span.cut_short"
-ITERATION = "megatron.iteration"
-REROOTED = "megatron.interval.rerooted"
-ITERATION_SPAN = "megatron.train.iteration"
-STARTUP = "megatron.startup"
-PRE_STARTUP = "pre_startup"
-INTERVAL = "megatron.train"
-SAVE = "megatron.checkpoint.save"
-LOAD = "megatron.checkpoint.load"
-EVALUATE = "megatron.evaluate"
-LAUNCH_NAMES = frozenset({"megatron.startup.launch_script", "megatron.startup.container_load"})
-STRUCTURAL_NAMES = STRUCTURAL_SPAN_NAMES  # what the accounting is built from
-assert {PRE_STARTUP, STARTUP, INTERVAL, SAVE, LOAD, EVALUATE, *LAUNCH_NAMES} == STRUCTURAL_NAMES
-
-
-@dataclass(slots=True)
-class SpanRecord:
-    """The fields of one structural span that analysis needs."""
-
-    name: str
-    trace_id: str
-    span_id: str
-    parent_id: str | None
-    start_ns: int
-    end_ns: int
-    attributes: dict[str, Any]
-    links: list[tuple[str, str]]
-    file: Path
-    line: int
-
-    @classmethod
-    def of(cls, span: dict[str, Any]) -> SpanRecord:
-        return cls(
-            span["name"],
-            span["trace_id"],
-            span["span_id"],
-            span["parent_id"],
-            span["start_ns"],
-            span["end_ns"],
-            span["attributes"],
-            span["links"],
-            span["file"],
-            span["line"],
-        )
-
-    @property
-    def cut_short(self) -> bool:
-        return bool(self.attributes.get(CUT_SHORT))
 
 
 class Iterations:
@@ -138,9 +118,10 @@ class Incarnation:
     (spans were still open at shutdown: SIGTERM, an exception) or
     ``"killed"`` (SIGKILL: in-flight interval missing). ``intervals``,
     ``saves``, ``loads``, ``evaluations``, ``launch`` and ``pre_startup`` are
-    lists of :class:`SpanRecord` in start order. ``iterations`` holds the
-    finished (not cut short) ``megatron.train.iteration``
-    spans as :class:`Iterations` (empty without the ``per_step`` groups).
+    lists of the reader's :class:`~megatron.core.telemetry.records.SpanRecord`
+    in start order. ``iterations`` holds the finished (not cut short)
+    ``megatron.train.iteration`` spans as :class:`Iterations` (empty without
+    the ``per_step`` groups).
     """
 
     rank: str
@@ -164,12 +145,26 @@ class Incarnation:
         return f"rank {self.rank} incarnation {self.index}"
 
     @property
+    def records(self) -> list[SpanRecord]:
+        """Every structural span of the incarnation, its startup included."""
+        startup = [self.startup] if self.startup else []
+        return [
+            *self.pre_startup,
+            *startup,
+            *self.launch,
+            *self.intervals,
+            *self.loads,
+            *self.saves,
+            *self.evaluations,
+        ]
+
+    @property
     def first_iteration(self) -> int | None:
         """The first iteration this incarnation ran (from intervals, else iterations)."""
         candidates = [
-            r.attributes["megatron.interval.first_iteration"]
+            r["attributes"][INTERVAL_FIRST_ITERATION]
             for r in self.intervals
-            if "megatron.interval.first_iteration" in r.attributes
+            if INTERVAL_FIRST_ITERATION in r["attributes"]
         ] + list(self.iterations.numbers[:1])
         return min(candidates) if candidates else None
 
@@ -177,9 +172,9 @@ class Incarnation:
     def last_iteration(self) -> int | None:
         """The last iteration this incarnation finished, as far as the file shows."""
         candidates = [
-            r.attributes["megatron.interval.last_iteration"]
+            r["attributes"][INTERVAL_LAST_ITERATION]
             for r in self.intervals
-            if "megatron.interval.last_iteration" in r.attributes
+            if INTERVAL_LAST_ITERATION in r["attributes"]
         ] + list(self.iterations.numbers[-1:])
         return max(candidates) if candidates else None
 
@@ -187,23 +182,36 @@ class Incarnation:
     def resumed_from(self) -> int | None:
         """The iteration a checkpoint load put this incarnation at (None: no load)."""
         for load in self.loads:
-            if ITERATION in load.attributes:
-                return load.attributes[ITERATION]
+            if ITERATION in load["attributes"]:
+                return load["attributes"][ITERATION]
         return None
 
 
 @dataclass
 class Trace:
-    """What :class:`TraceBuilder` learnt: ``ranks`` maps rank -> incarnations in time order."""
+    """What :class:`TraceBuilder` learnt: ``ranks`` maps rank -> incarnations in time order.
+
+    ``processes`` maps each writing process (:func:`process_of`) to where it
+    was split (the start of each ``megatron.startup`` but its first) and its
+    incarnations in that order.
+    """
 
     ranks: dict[str, list[Incarnation]]
     stats: ReadStats
     span_count: int
+    processes: dict[tuple[Any, ...], tuple[list[int], list[Incarnation]]] = field(
+        default_factory=dict, repr=False
+    )
 
     @property
     def incarnations(self) -> list[Incarnation]:
         """Every incarnation of every rank, rank by rank."""
         return [inc for incs in self.ranks.values() for inc in incs]
+
+    def incarnation_of(self, span: Mapping[str, Any]) -> Incarnation:
+        """The incarnation that wrote ``span``, any span of the files read (:func:`slot_of`)."""
+        boundaries, incs = self.processes[process_of(span)]
+        return incs[slot_of(boundaries, span["name"], span["start_ns"], span["end_ns"])]
 
 
 class _Process:
@@ -231,24 +239,37 @@ class _Process:
         self.max_end_child = 0
 
 
-def rank_of(span: dict[str, Any]) -> str:
+def rank_of(span: Mapping[str, Any]) -> str:
     """The rank a span's writer ran as (``dl.rank``, else instance id, else file)."""
     resource = span["resource"]
-    if "dl.rank" in resource:
-        return str(resource["dl.rank"])
-    if "service.instance.id" in resource:
-        return str(resource["service.instance.id"])
+    if DL_RANK in resource:
+        return str(resource[DL_RANK])
+    if SERVICE_INSTANCE_ID in resource:
+        return str(resource[SERVICE_INSTANCE_ID])
     return str(span["file"])
 
 
-def process_of(span: dict[str, Any]) -> tuple[Any, ...]:
+def process_of(span: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The process that wrote a span: (rank, instance id, pid, run id) of its resource."""
     resource = span["resource"]
     return (
         rank_of(span),
-        resource.get("service.instance.id"),
-        resource.get("process.pid"),
-        resource.get("megatron.run_id"),
+        resource.get(SERVICE_INSTANCE_ID),
+        resource.get(PROCESS_PID),
+        resource.get(RUN_ID),
     )
+
+
+def slot_of(boundaries: Sequence[int], name: str, start_ns: int, end_ns: int) -> int:
+    """Which of a process's incarnations a span belongs to: the incarnation-split rule.
+
+    ``boundaries`` are the start times of the process's ``megatron.startup``
+    spans but the first, in order; a span goes to the incarnation whose
+    startup last began at or before it. A ``pre_startup`` ends where its own
+    startup begins, so it is placed by its end; every other span by its start.
+    """
+    at = end_ns if name == PRE_STARTUP_SPAN else start_ns
+    return bisect.bisect_right(boundaries, at)
 
 
 class TraceBuilder:
@@ -259,7 +280,7 @@ class TraceBuilder:
         self._processes: dict[tuple[Any, ...], _Process] = {}
         self.span_count = 0
 
-    def add(self, span: dict[str, Any]) -> None:
+    def add(self, span: SpanRecord) -> None:
         self.span_count += 1
         key = process_of(span)
         proc = self._processes.get(key)
@@ -269,14 +290,14 @@ class TraceBuilder:
         if proc.min_start is None or start < proc.min_start:
             proc.min_start = start
         proc.max_end = max(proc.max_end, end)
-        cut_short = bool(span["attributes"].get(CUT_SHORT))
+        cut_short = bool(span["attributes"].get(SPAN_CUT_SHORT))
         if span["parent_id"] is None:
             proc.max_end_root = max(proc.max_end_root, end)
         elif not cut_short:
             proc.max_end_child = max(proc.max_end_child, end)
         name = span["name"]
-        if name in STRUCTURAL_NAMES or cut_short:
-            proc.records.append(SpanRecord.of(span))
+        if name in STRUCTURAL_SPAN_NAMES or cut_short:
+            proc.records.append(span)
         if name == ITERATION_SPAN and ITERATION in span["attributes"] and not cut_short:
             proc.iterations.append(int(span["attributes"][ITERATION]), start, end)
 
@@ -287,50 +308,43 @@ class TraceBuilder:
 
     def finish(self) -> Trace:
         ranks: dict[str, list[Incarnation]] = {}
+        processes = {}
         for key, proc in self._processes.items():
-            ranks.setdefault(proc.rank, []).extend(_split_process(key, proc))
+            boundaries, incs = _split_process(key, proc)
+            processes[key] = (boundaries, incs)
+            ranks.setdefault(proc.rank, []).extend(incs)
         for incarnations in ranks.values():
             incarnations.sort(key=lambda inc: inc.start_ns)
             for index, inc in enumerate(incarnations):
                 inc.index = index
         ordered = dict(sorted(ranks.items(), key=lambda item: _rank_sort_key(item[0])))
-        return Trace(ordered, self.stats, self.span_count)
+        return Trace(ordered, self.stats, self.span_count, processes)
 
 
 def _rank_sort_key(rank: str) -> tuple[int, int | str]:
     return (0, int(rank)) if rank.isdigit() else (1, rank)
 
 
-def _split_process(key: tuple[Any, ...], proc: _Process) -> list[Incarnation]:
-    """One incarnation per ``megatron.startup`` of the process (at least one)."""
-    records = sorted(proc.records, key=lambda r: r.start_ns)
-    startups = [r for r in records if r.name == STARTUP]
-    boundaries = [s.start_ns for s in startups[1:]]
+def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], list[Incarnation]]:
+    """One incarnation per ``megatron.startup`` of the process (at least one), and the
+    boundaries they were split at (:func:`slot_of`)."""
+    records = sorted(proc.records, key=lambda r: r["start_ns"])
+    startups = [r for r in records if r["name"] == STARTUP_SPAN]
+    boundaries = [s["start_ns"] for s in startups[1:]]
     incs = [Incarnation(proc.rank, 0, key) for _ in range(len(boundaries) + 1)]
 
-    def slot(time_ns: int) -> int:
-        return sum(1 for b in boundaries if time_ns >= b)
-
     for record in records:
-        # a pre_startup ends where its startup begins, so place it by its end
-        inc = incs[slot(record.end_ns if record.name == PRE_STARTUP else record.start_ns)]
-        if record.cut_short:
+        inc = incs[slot_of(boundaries, record["name"], record["start_ns"], record["end_ns"])]
+        if is_cut_short(record):
             inc.cut_short.append(record)
-        target = {
-            STARTUP: None,
-            PRE_STARTUP: inc.pre_startup,
-            INTERVAL: inc.intervals,
-            SAVE: inc.saves,
-            LOAD: inc.loads,
-            EVALUATE: inc.evaluations,
-        }.get(record.name, inc.launch if record.name in LAUNCH_NAMES else False)
-        if target is None:
+        category = SPAN_CATEGORY.get(record["name"])
+        if category == CATEGORY_STARTUP:
             inc.startup = record
-        elif target is not False:
-            target.append(record)
+        elif category is not None:
+            _records_of_category(inc, category).append(record)
     _distribute_iterations(proc.iterations, incs, boundaries)
     for index, inc in enumerate(incs):
-        times = [(r.start_ns, r.end_ns) for r in _records_of(inc)]
+        times = [(r["start_ns"], r["end_ns"]) for r in inc.records]
         if inc.iterations:
             times.append((min(inc.iterations.starts), max(inc.iterations.ends)))
         if index == len(incs) - 1:
@@ -343,7 +357,19 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> list[Incarnation]:
     last = incs[-1]
     if not last.cut_short and (proc.max_end_child > proc.max_end_root or _lost_next(last)):
         last.ended = "killed"
-    return incs
+    return boundaries, incs
+
+
+def _records_of_category(inc: Incarnation, category: str) -> list[SpanRecord]:
+    """The incarnation's list for the structural spans of a report category (not startup)."""
+    return {
+        CATEGORY_QUEUE: inc.pre_startup,
+        CATEGORY_LAUNCH: inc.launch,
+        CATEGORY_GOODPUT: inc.intervals,
+        CATEGORY_CHECKPOINT_SAVE: inc.saves,
+        CATEGORY_CHECKPOINT_LOAD: inc.loads,
+        CATEGORY_EVALUATION: inc.evaluations,
+    }[category]
 
 
 def _lost_next(inc: Incarnation) -> bool:
@@ -351,8 +377,8 @@ def _lost_next(inc: Incarnation) -> bool:
     an interval the file does not hold (it was in flight at a SIGKILL)."""
     if not inc.intervals:
         return False
-    last = max(inc.intervals, key=lambda record: record.start_ns)
-    return last.attributes.get(REROOTED) is True
+    last = max(inc.intervals, key=lambda record: record["start_ns"])
+    return last["attributes"].get(INTERVAL_REROOTED) is True
 
 
 def _distribute_iterations(
@@ -364,22 +390,9 @@ def _distribute_iterations(
         incs[0].iterations = iterations  # the usual case: already in order, no copy
         return
     for i in sorted(range(len(starts)), key=starts.__getitem__):
-        start = starts[i]
-        slot = sum(1 for b in boundaries if start >= b)
-        incs[slot].iterations.append(iterations.numbers[i], start, iterations.ends[i])
-
-
-def _records_of(inc: Incarnation) -> list[SpanRecord]:
-    startup = [inc.startup] if inc.startup else []
-    return [
-        *inc.pre_startup,
-        *startup,
-        *inc.launch,
-        *inc.intervals,
-        *inc.saves,
-        *inc.loads,
-        *inc.evaluations,
-    ]
+        start, end = starts[i], iterations.ends[i]
+        slot = slot_of(boundaries, ITERATION_SPAN, start, end)
+        incs[slot].iterations.append(iterations.numbers[i], start, end)
 
 
 def load_trace(paths: Iterable[Path | str]) -> Trace:

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.demo:  # the demo ends by drawing its trace; never raises
         from megatron.trace.timeline import write_beside_trace
 
-        write_beside_trace(args)
+        write_beside_trace(result.trace_file)
     if result.exit_reason is not None:
         sys.exit(0)
 

@@ -7,9 +7,11 @@ not read the file at all: it counts as the run goes, see ``tally``.)
 A trace file holds one OTLP/JSON ``ExportTraceServiceRequest`` per line. That
 nesting (resource -> scope -> spans, attributes as typed ``KeyValue`` lists,
 integers as decimal strings) is right for interchange and awkward for
-analysis, so :func:`iter_spans` flattens it into one plain dict per span. It
-reads line by line: memory depends on the longest line (one export batch),
-never on the file's size, so a week-long job's gigabytes read like a minute's.
+analysis, so :func:`iter_spans` flattens it into one plain dict per span (a
+:class:`~megatron.core.telemetry.records.SpanRecord`, the shape the tally
+builds too). It reads line by line: memory depends on the longest line (one
+export batch), never on the file's size, so a week-long job's gigabytes read
+like a minute's.
 
 Two kinds of bad line, told apart because they mean different things:
 
@@ -32,6 +34,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from megatron.core.telemetry.records import SpanRecord, span_record
 
 __all__ = [
     "ReadStats",
@@ -158,20 +162,20 @@ def _status_code(status: dict[str, Any]) -> str:
     return str(code).removeprefix("STATUS_CODE_")
 
 
-def _flat_span(span: dict[str, Any], resource: dict[str, Any], path: Path, line: int) -> dict:
+def _flat_span(span: dict[str, Any], resource: dict[str, Any], path: Path, line: int) -> SpanRecord:
     status = span.get("status") or {}
     links = span.get("links") or []
-    return {
-        "name": span["name"],
-        "trace_id": span["traceId"],
-        "span_id": span["spanId"],
-        "parent_id": span.get("parentSpanId") or None,
-        "start_ns": int(span["startTimeUnixNano"]),
-        "end_ns": int(span["endTimeUnixNano"]),
-        "attributes": decode_attributes(span.get("attributes")),
-        "links": [(link["traceId"], link["spanId"]) for link in links],
-        "link_attributes": [decode_attributes(link.get("attributes")) for link in links],
-        "events": [
+    return span_record(
+        span["name"],
+        span["traceId"],
+        span["spanId"],
+        span.get("parentSpanId") or None,
+        int(span["startTimeUnixNano"]),
+        int(span["endTimeUnixNano"]),
+        decode_attributes(span.get("attributes")),
+        [(link["traceId"], link["spanId"]) for link in links],
+        [decode_attributes(link.get("attributes")) for link in links],
+        [
             {
                 "name": event.get("name", ""),
                 "time_ns": int(event.get("timeUnixNano", 0)),
@@ -179,19 +183,19 @@ def _flat_span(span: dict[str, Any], resource: dict[str, Any], path: Path, line:
             }
             for event in span.get("events") or []
         ],
-        "status_code": _status_code(status),
-        "status_message": status.get("message", ""),
-        "kind": span.get("kind"),
-        "resource": resource,
-        "file": path,
-        "line": line,
-    }
+        _status_code(status),
+        status.get("message", ""),
+        span.get("kind"),
+        resource,
+        path,
+        line,
+    )
 
 
 def iter_spans(
     paths: Path | str | Iterable[Path | str], stats: ReadStats | None = None
-) -> Iterator[dict[str, Any]]:
-    """Every span of the trace files, in file order, as a flat dict.
+) -> Iterator[SpanRecord]:
+    """Every span of the trace files, in file order, as a flat :class:`SpanRecord` dict.
 
     Keys: ``name``, ``trace_id`` (32 hex), ``span_id`` (16 hex), ``parent_id``
     (16 hex, ``None`` for a root), ``start_ns`` / ``end_ns`` (ints),
@@ -218,7 +222,7 @@ def iter_spans(
             raise TraceFileDamaged(path, line, f"not an OTLP trace request: {error!r}") from error
 
 
-def read_spans(path: Path | str, stats: ReadStats | None = None) -> list[dict[str, Any]]:
+def read_spans(path: Path | str, stats: ReadStats | None = None) -> list[SpanRecord]:
     """All spans of one file as a list (:func:`iter_spans`); for tests and small files."""
     return list(iter_spans(path, stats))
 
