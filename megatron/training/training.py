@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
@@ -84,21 +83,24 @@ from megatron.training.checkpointing import (
 from megatron.training.data import VOCAB_SIZE, build_train_valid_datasets, micro_batches
 from megatron.training.distributed import (
     DistributedEnv,
-    GracefulExitSignal,
     all_reduce_mean,
     grad_sync,
     initialize_distributed,
     install_graceful_exit_handler,
-    max_across_ranks,
     print_rank_0,
     teardown_distributed,
     wrap_model,
 )
+from megatron.training.early_exit import ExitConditions
 from megatron.training.fault_injection import FaultInjection
+from megatron.training.job_telemetry import (
+    _print_telemetry_summary,
+    _resource_attributes,
+    _startup_timestamps,
+)
 from megatron.training.model import GPTConfig, GPTModel
 from megatron.training.optimizer import build_optimizer
 from megatron.training.telemetry_spans import SpanPhases, install_exit_hooks
-from megatron.training.trace_summary import summarize
 from megatron.training.training_log import StepResult, TrainingLog
 
 __all__ = ["TrainingResult", "pretrain", "train"]
@@ -358,35 +360,6 @@ def setup_model_and_optimizer(args: argparse.Namespace, env: DistributedEnv) -> 
     return TrainState(model, optimizer, scheduler)
 
 
-class ExitConditions:
-    """When ``train()`` should stop early (checked after every iteration).
-
-    As in Megatron-LM: a graceful SIGTERM, then the wall-clock budget (both
-    agreed across ranks, so every rank stops at the same iteration), then
-    ``--exit-interval``. The collectives run only when their flag is set.
-    """
-
-    def __init__(
-        self, args: argparse.Namespace, started_at: float, exit_signal: GracefulExitSignal | None
-    ) -> None:
-        self.args = args
-        self.started_at = started_at
-        self.exit_signal = exit_signal
-
-    def check(self, iteration: int) -> str | None:
-        args = self.args
-        if self.exit_signal is not None and self.exit_signal.received_on_any_rank():
-            return "received SIGTERM (--exit-signal-handler)"
-        if args.exit_duration_in_mins is not None:
-            minutes = max_across_ranks((time.time() - self.started_at) / 60.0)
-            if minutes >= args.exit_duration_in_mins:
-                limit = args.exit_duration_in_mins
-                return f"ran {minutes:.2f} minutes (--exit-duration-in-mins {limit})"
-        if args.exit_interval and iteration % args.exit_interval == 0:
-            return f"--exit-interval {args.exit_interval}"
-        return None
-
-
 def _first_iteration_span(is_first: bool) -> Any:
     if not is_first:
         return nullcontext()
@@ -402,68 +375,3 @@ def _save(args: argparse.Namespace, env: DistributedEnv, state: TrainState) -> N
         SpanGroup.CHECKPOINT, "megatron.checkpoint.save", **{"megatron.iteration": state.iteration}
     ):
         save_checkpoint(args.save, state, args, env.is_rank_0)
-
-
-def _print_telemetry_summary(telemetry: Any) -> None:
-    """What this run's telemetry wrote, printed by the rank that wrote it.
-
-    After training nothing telemetry does may change the job's exit status:
-    a summary that cannot be made is one warning line.
-    """
-    if not telemetry.is_exporting:
-        return
-    try:
-        trace_file, tally = telemetry.trace_file, telemetry.tally
-        if trace_file is not None and tally is not None:
-            print(summarize(trace_file, tally), flush=True)
-        for report in telemetry.failure_reports():
-            print(f"telemetry: {report}", flush=True)
-    except Exception as exc:  # noqa: BLE001 -- the run succeeded; the summary is a bonus
-        _log.warning("telemetry summary not printed: %s", exc)
-
-
-def _resource_attributes(args: argparse.Namespace, env: DistributedEnv) -> dict[str, Any]:
-    """The run's shape, named as Megatron-LM's ``_set_telemetry`` names it."""
-    return {
-        "dl.local_rank": env.local_rank,
-        "dl.tensor_parallel.size": 1,
-        "dl.pipeline_parallel.size": 1,
-        "dl.data_parallel.size": args.data_parallel_size,
-        "dl.batch_size": args.global_batch_size,
-        "dl.sequence_length": args.seq_length,
-        "megatron.num_layers": args.num_layers,
-        "megatron.hidden_size": args.hidden_size,
-        "megatron.num_attention_heads": args.num_attention_heads,
-        "megatron.train_iters": args.train_iters,
-        "megatron.micro_batch_size": args.micro_batch_size,
-        # torch.save of one model_optim_rng.pt per checkpoint, Megatron's "torch" format.
-        "megatron.ckpt_format": "torch",
-        "megatron.precision": "fp32",
-    }
-
-
-_LAUNCH_ENV = {
-    "launch_script_start": "MEGATRON_LAUNCH_SCRIPT_START",
-    "launch_script_presrun": "MEGATRON_LAUNCH_SCRIPT_PRESRUN",
-    "slurm_job_start_time": "SLURM_JOB_START_TIME",
-}
-
-
-def _startup_timestamps(
-    program_start: float | None, main_entry: float | None, pretrain_entry: float
-) -> dict[str, float | None]:
-    """The startup trace's timestamps: ours, plus the launcher's from the environment."""
-    timestamps: dict[str, float | None] = {
-        "program_start": program_start,
-        "main_entry": main_entry,
-        "pretrain_entry": pretrain_entry,
-    }
-    for key, variable in _LAUNCH_ENV.items():
-        value = os.environ.get(variable)
-        if not value:
-            continue
-        try:
-            timestamps[key] = float(value)
-        except ValueError:
-            _log.warning("ignoring %s=%r: not a number of seconds since the epoch", variable, value)
-    return timestamps
