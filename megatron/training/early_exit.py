@@ -7,10 +7,10 @@ collective), and the loop only needs to ask once per iteration.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 from megatron.training.distributed import GracefulExitSignal, max_across_ranks
+from megatron.training.job_config import ExitConfig
 
 __all__ = ["ExitConditions"]
 
@@ -24,21 +24,21 @@ class ExitConditions:
     """
 
     def __init__(
-        self, args: argparse.Namespace, started_at: float, exit_signal: GracefulExitSignal | None
+        self, config: ExitConfig, started_at: float, exit_signal: GracefulExitSignal | None
     ) -> None:
-        self.args = args
+        self.config = config
         self.started_at = started_at
         self.exit_signal = exit_signal
 
     def check(self, iteration: int) -> str | None:
-        args = self.args
+        config = self.config
         if self.exit_signal is not None and self.exit_signal.received_on_any_rank():
             return "received SIGTERM (--exit-signal-handler)"
-        if args.exit_duration_in_mins is not None:
+        if config.exit_duration_in_mins is not None:
             minutes = max_across_ranks((time.time() - self.started_at) / 60.0)
-            if minutes >= args.exit_duration_in_mins:
-                limit = args.exit_duration_in_mins
+            if minutes >= config.exit_duration_in_mins:
+                limit = config.exit_duration_in_mins
                 return f"ran {minutes:.2f} minutes (--exit-duration-in-mins {limit})"
-        if args.exit_interval and iteration % args.exit_interval == 0:
-            return f"--exit-interval {args.exit_interval}"
+        if config.exit_interval and iteration % config.exit_interval == 0:
+            return f"--exit-interval {config.exit_interval}"
         return None

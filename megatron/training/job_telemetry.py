@@ -8,31 +8,35 @@ themselves are opened and closed in :mod:`megatron.training.telemetry_spans`.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 from typing import Any
 
 from megatron.training.distributed import DistributedEnv
+from megatron.training.job_config import JobConfig
 from megatron.training.trace_summary import summarize
 
 _log = logging.getLogger(__name__)
 
 
-def _resource_attributes(args: argparse.Namespace, env: DistributedEnv) -> dict[str, Any]:
+__all__ = ["print_telemetry_summary", "resource_attributes", "startup_timestamps"]
+
+
+def resource_attributes(config: JobConfig, env: DistributedEnv) -> dict[str, Any]:
     """The run's shape, named as Megatron-LM's ``_set_telemetry`` names it."""
+    model, training = config.model, config.training
     return {
         "dl.local_rank": env.local_rank,
         "dl.tensor_parallel.size": 1,
         "dl.pipeline_parallel.size": 1,
-        "dl.data_parallel.size": args.data_parallel_size,
-        "dl.batch_size": args.global_batch_size,
-        "dl.sequence_length": args.seq_length,
-        "megatron.num_layers": args.num_layers,
-        "megatron.hidden_size": args.hidden_size,
-        "megatron.num_attention_heads": args.num_attention_heads,
-        "megatron.train_iters": args.train_iters,
-        "megatron.micro_batch_size": args.micro_batch_size,
+        "dl.data_parallel.size": training.data_parallel_size,
+        "dl.batch_size": training.global_batch_size,
+        "dl.sequence_length": model.seq_length,
+        "megatron.num_layers": model.num_layers,
+        "megatron.hidden_size": model.hidden_size,
+        "megatron.num_attention_heads": model.num_attention_heads,
+        "megatron.train_iters": training.train_iters,
+        "megatron.micro_batch_size": training.micro_batch_size,
         # torch.save of one model_optim_rng.pt per checkpoint, Megatron's "torch" format.
         "megatron.ckpt_format": "torch",
         "megatron.precision": "fp32",
@@ -46,7 +50,7 @@ _LAUNCH_ENV = {
 }
 
 
-def _startup_timestamps(
+def startup_timestamps(
     program_start: float | None, main_entry: float | None, pretrain_entry: float
 ) -> dict[str, float | None]:
     """The startup trace's timestamps: ours, plus the launcher's from the environment."""
@@ -66,7 +70,7 @@ def _startup_timestamps(
     return timestamps
 
 
-def _print_telemetry_summary(telemetry: Any) -> None:
+def print_telemetry_summary(telemetry: Any) -> None:
     """What this run's telemetry wrote, printed by the rank that wrote it.
 
     After training nothing telemetry does may change the job's exit status:

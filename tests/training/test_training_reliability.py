@@ -234,7 +234,7 @@ def test_a_resumed_run_removes_the_temporary_a_killed_save_left(training_cli):
 
 
 def test_save_interval_0_is_accepted(clean_env):
-    assert parse_args(["--mock-data", "--save-interval", "0"]).save_interval == 0
+    assert parse_args(["--mock-data", "--save-interval", "0"]).checkpoint.save_interval == 0
 
 
 @pytest.mark.slow
