@@ -12,14 +12,14 @@ import logging
 import os
 from typing import Any
 
+from megatron.core.telemetry import TelemetryHandle
 from megatron.training.distributed import DistributedEnv
 from megatron.training.job_config import JobConfig
 from megatron.training.trace_summary import summarize
 
-_log = logging.getLogger(__name__)
-
-
 __all__ = ["print_telemetry_summary", "resource_attributes", "startup_timestamps"]
+
+_log = logging.getLogger(__name__)
 
 
 def resource_attributes(config: JobConfig, env: DistributedEnv) -> dict[str, Any]:
@@ -70,7 +70,7 @@ def startup_timestamps(
     return timestamps
 
 
-def print_telemetry_summary(telemetry: Any) -> None:
+def print_telemetry_summary(telemetry: TelemetryHandle) -> None:
     """What this run's telemetry wrote, printed by the rank that wrote it.
 
     After training nothing telemetry does may change the job's exit status:
