@@ -51,14 +51,16 @@ from megatron.core.telemetry.reader import (
     iter_lines,
     paused_gc,
 )
-from megatron.trace.command import add_command
-from megatron.trace.model import (
-    Incarnation,
-    SpanRecord,
-    Trace,
-    TraceBuilder,
-    process_key,
+from megatron.core.telemetry.records import SpanRecord
+from megatron.core.telemetry.semconv import (
+    INTERVAL_FIRST_ITERATION,
+    INTERVAL_INDEX,
+    INTERVAL_LAST_ITERATION,
+    ITERATION,
+    STARTUP_SPAN,
 )
+from megatron.trace.command import add_command
+from megatron.trace.model import Incarnation, Trace, TraceBuilder, process_key
 from megatron.trace.parallel import map_files
 from megatron.trace.span_ids import IdCollector, IdSet, ids_hex
 
@@ -119,7 +121,14 @@ def _where(name: str, span_id: str, trace_id: str, label: str, file: Path, line:
 
 
 def _record_where(record: SpanRecord, inc: Incarnation) -> str:
-    return _where(record.name, record.span_id, record.trace_id, inc.label, record.file, record.line)
+    return _where(
+        record["name"],
+        record["span_id"],
+        record["trace_id"],
+        inc.label,
+        record["file"],
+        record["line"],
+    )
 
 
 def _scan(path: Path) -> _FileScan:
@@ -303,7 +312,7 @@ def _first_saved(trace: Trace) -> dict[Any, int]:
     first: dict[Any, int] = {}
     for inc in trace.incarnations:
         for save in inc.saves:
-            iteration = save.attributes.get("megatron.iteration")
+            iteration = save["attributes"].get(ITERATION)
             if inc.start_ns < first.get(iteration, math.inf):
                 first[iteration] = inc.start_ns
     return first
@@ -326,25 +335,28 @@ def _check_incarnation(
     if inc.startup is None and not (inc.ended == "killed" and not inc.intervals):
         first = min(
             (*inc.intervals, *inc.saves, *inc.loads, *inc.evaluations, *inc.launch),
-            key=lambda r: r.start_ns,
+            key=lambda r: r["start_ns"],
             default=None,
         )
         where = _record_where(first, inc) if first else inc.label
-        violations.append(f"startup: no megatron.startup for {where}")
+        violations.append(f"startup: no {STARTUP_SPAN} for {where}")
     previous: SpanRecord | None = None
     for position, interval in enumerate(inc.intervals):
         where = _record_where(interval, inc)
-        index = interval.attributes.get("megatron.interval.index")
+        index = interval["attributes"].get(INTERVAL_INDEX)
         if index != position:
             violations.append(f"interval-index: index {index}, expected {position}: {where}")
         expected = previous if previous is not None else inc.startup
-        if expected is not None and (expected.trace_id, expected.span_id) not in interval.links:
+        if (
+            expected is not None
+            and (expected["trace_id"], expected["span_id"]) not in interval["links"]
+        ):
             violations.append(
-                f"interval-link: not linked to {expected.name} {expected.span_id}: {where}"
+                f"interval-link: not linked to {expected['name']} {expected['span_id']}: {where}"
             )
         if previous is not None:
-            last = previous.attributes.get("megatron.interval.last_iteration")
-            first = interval.attributes.get("megatron.interval.first_iteration")
+            last = previous["attributes"].get(INTERVAL_LAST_ITERATION)
+            first = interval["attributes"].get(INTERVAL_FIRST_ITERATION)
             if last is not None and first is not None and first != last + 1:
                 violations.append(
                     f"iteration-range: first_iteration {first} after last_iteration {last}: {where}"
@@ -355,12 +367,12 @@ def _check_incarnation(
 
 
 def _check_cut_short(inc: Incarnation, violations: list[str]) -> None:
-    starts = [r.start_ns for r in (*inc.intervals, *inc.saves, *inc.evaluations)]
+    starts = [r["start_ns"] for r in (*inc.intervals, *inc.saves, *inc.evaluations)]
     if inc.iterations:
         starts.append(max(inc.iterations.starts))
     latest_start = max(starts, default=0)
     for record in inc.cut_short:
-        if latest_start > record.end_ns:
+        if latest_start > record["end_ns"]:
             violations.append(
                 "cut-short: marked cut short but the incarnation went on after it: "
                 + _record_where(record, inc)
@@ -406,6 +418,7 @@ def add_parser(subparsers: Any) -> None:
         subparsers,
         "check",
         "verify the span lifecycle's invariants (exit 1 on a violation)",
-        __doc__.split("\n\n")[0],
+        # not __doc__, which python -OO strips
+        "``megatron-trace check``: is this trace whole, and does it obey the span lifecycle?",
         run,
     )

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from megatron.trace.chrome_trace import ChromePart, ChromeWriter
 from megatron.trace.command import add_command
 from megatron.trace.lanes import LaneIndex
 from megatron.trace.model import Trace, TraceBuilder, process_key
+from megatron.trace.output import replacing
 from megatron.trace.parallel import map_files
 from megatron.trace.spans import FileSpans, TraceInputError, reading, span_source
 from megatron.trace.window import (
@@ -54,6 +54,10 @@ FORMATS = ("chrome", "perfetto")
 #: memory; its JSON importer needs 2-4x the file, the protobuf one far less).
 SIZE_LIMITS = {"chrome": 256 * 2**20, "perfetto": 1024 * 2**20}
 _LINKS_KEY = b'"links"'
+PERFETTO_MISSING = (
+    "--format perfetto needs the perfetto package (its trace protos): "
+    "pip install 'megatron-telemetry-spans[trace]'"
+)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -261,24 +265,27 @@ def export_files(
     untouched.
     """
     files = span_source([Path(p) for p in paths]).paths
+    if fmt == "perfetto":
+        try:
+            import perfetto.protos.perfetto.trace.perfetto_trace_pb2  # noqa: F401
+        except ImportError:
+            raise TraceInputError(PERFETTO_MISSING) from None
     plan, trace = _plan(files, jobs)
     window = resolve_window(trace, since, until, ranks)
-    tmp = output.with_name(f".{output.name}.tmp")
-    output.parent.mkdir(parents=True, exist_ok=True)
     part_files: list[Path] = []
     try:
-        with open(tmp, "wb") as out:
+        with replacing(output, binary=True) as out:
             writer = _writer(fmt, plan, 0)
             count = writer.header(out)
             if len(files) == 1 or jobs == 1:
-                parts = []
                 for path in files:
                     _write_spans(path, writer, out, window, plan.lanes)
                 writer.finish_part(out)
-                parts.append(writer.part)
+                parts = [writer.part]
             else:
+                # each file's events to a part of its own, in parallel; joined in file order
                 numbered = {
-                    path: (n + 1, tmp.with_name(f"{tmp.name}.{n}"))
+                    path: (n + 1, output.with_name(f".{output.name}.part{n}"))
                     for n, path in enumerate(dict.fromkeys(files))
                 }
                 part_files = [part for _, part in numbered.values()]
@@ -291,10 +298,6 @@ def export_files(
                     parts.append(by_file[path])
             count += sum(part.events for part in parts)
             count += writer.footer(out, parts)
-        os.replace(tmp, output)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     finally:
         for part in part_files:
             part.unlink(missing_ok=True)

@@ -6,19 +6,19 @@ one lane per incarnation and rank. The grouping is the trace model's
 ``megatron.startup``), so a picture, ``check`` and ``report`` always agree on
 what incarnation 1 is; incarnations are numbered from 0, as there.
 
-The model keeps only structural spans; this index adds the lookup the
-pictures need for every other span: the process that wrote it and, within a
-process that ran ``pretrain()`` more than once, the startup it came after.
+The model keeps only structural spans; for every other span the pictures
+ask it which incarnation wrote the span (:meth:`Trace.incarnation_of`: the
+process that wrote it and, within a process that ran ``pretrain()`` more
+than once, the startup it came after), so the split is decided in one place.
 """
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from megatron.trace.model import PRE_STARTUP, Incarnation, Trace, process_of
+from megatron.trace.model import Incarnation, Trace, slot_of
 
 __all__ = ["Lane", "LaneIndex"]
 
@@ -40,14 +40,6 @@ class LaneIndex:
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
-        self._by_process: dict[tuple[Any, ...], tuple[list[int], list[Incarnation]]] = {}
-        grouped: dict[tuple[Any, ...], list[Incarnation]] = {}
-        for inc in trace.incarnations:
-            grouped.setdefault(inc.process, []).append(inc)
-        for process, incs in grouped.items():
-            incs.sort(key=lambda inc: inc.start_ns)
-            boundaries = [inc.startup.start_ns if inc.startup else inc.start_ns for inc in incs]
-            self._by_process[process] = (boundaries[1:], incs)
         self.ranks = list(trace.ranks)
 
     @property
@@ -60,9 +52,7 @@ class LaneIndex:
 
     def incarnation(self, span: Mapping[str, Any]) -> Incarnation:
         """The incarnation that wrote ``span`` (the model's rule: a pre_startup by its end)."""
-        boundaries, incs = self._by_process[process_of(span)]
-        at = span["end_ns"] if span["name"] == PRE_STARTUP else span["start_ns"]
-        return incs[bisect.bisect_right(boundaries, at)]
+        return self.trace.incarnation_of(span)
 
     def lane(self, span: Mapping[str, Any]) -> Lane:
         return self.lane_of_incarnation(self.incarnation(span))
@@ -70,16 +60,17 @@ class LaneIndex:
     def split(self, process: tuple[Any, ...], spans: Sequence[Any]) -> list[tuple[Lane, list[Any]]]:
         """Decoded spans of one process, grouped by lane (the usual process has one).
 
-        The same rule as :meth:`incarnation`, for span objects of
-        :mod:`~megatron.core.telemetry.otlp_decode` rather than flat dicts.
+        The model's rule (:func:`~megatron.trace.model.slot_of`), for the span
+        objects of :mod:`~megatron.core.telemetry.otlp_decode` rather than
+        flat records.
         """
-        boundaries, incs = self._by_process[process]
+        boundaries, incs = self.trace.processes[process]
         if not boundaries:
             return [(self.lane_of_incarnation(incs[0]), list(spans))]
         groups: dict[int, list[Any]] = {}
         for span in spans:
-            at = span.end_time_unix_nano if span.name == PRE_STARTUP else span.start_time_unix_nano
-            groups.setdefault(bisect.bisect_right(boundaries, at), []).append(span)
+            start, end = span.start_time_unix_nano, span.end_time_unix_nano
+            groups.setdefault(slot_of(boundaries, span.name, start, end), []).append(span)
         return [(self.lane_of_incarnation(incs[slot]), group) for slot, group in groups.items()]
 
     def lanes(self) -> list[Lane]:

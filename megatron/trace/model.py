@@ -9,14 +9,18 @@ share one (``all_ranks``).
 Grouping rule: spans belong to the *process* that wrote them (the resource's
 ``service.instance.id`` and ``process.pid``); a process that called
 ``pretrain()`` more than once is split at each ``megatron.startup`` by start
-time (a ``pre_startup`` goes with the startup it precedes). The rank is the
-resource's ``dl.rank`` (else its ``service.instance.id``, else the file name).
+time (a ``pre_startup`` goes with the startup it precedes): :func:`slot_of`
+is that rule, and :meth:`Trace.incarnation_of` applies it to any span of the
+files for the pictures, which draw spans the model does not keep. The rank
+is the resource's ``dl.rank`` (else its ``service.instance.id``, else the
+file name).
 Grouping by process rather than by following links keeps a broken link a
 finding of ``check`` instead of silently making a new incarnation.
 
-Memory: only the structural spans (a few per checkpoint interval) are kept as
-records; iterations are kept as three compact integer arrays per process
-(number, start, end: 24 bytes each), everything else as running aggregates.
+Memory: only the structural spans (a few per checkpoint interval) are kept, as
+the reader's :class:`~megatron.core.telemetry.records.SpanRecord`; iterations
+are kept as three compact integer arrays per process (number, start, end: 24
+bytes each), everything else as running aggregates.
 A million-span file therefore costs a few tens of MB, whatever its size on
 disk.
 
@@ -35,7 +39,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,92 +50,53 @@ from megatron.core.telemetry.reader import (
     DecodedLine,
     ReadStats,
     damaged,
+    flat_span,
     iter_batches,
     paused_gc,
 )
-from megatron.core.telemetry.tally import STRUCTURAL_SPAN_NAMES
+from megatron.core.telemetry.records import SpanRecord, is_cut_short
+from megatron.core.telemetry.semconv import (
+    CATEGORY_CHECKPOINT_LOAD,
+    CATEGORY_CHECKPOINT_SAVE,
+    CATEGORY_EVALUATION,
+    CATEGORY_GOODPUT,
+    CATEGORY_LAUNCH,
+    CATEGORY_QUEUE,
+    CATEGORY_STARTUP,
+    DL_RANK,
+    INTERVAL_FIRST_ITERATION,
+    INTERVAL_LAST_ITERATION,
+    INTERVAL_REROOTED,
+    ITERATION,
+    ITERATION_SPAN,
+    PRE_STARTUP_SPAN,
+    PROCESS_PID,
+    RUN_ID,
+    SERVICE_INSTANCE_ID,
+    SPAN_CATEGORY,
+    SPAN_CUT_SHORT,
+    STARTUP_SPAN,
+    STRUCTURAL_SPAN_NAMES,
+)
 from megatron.trace.parallel import map_reduce
 
 __all__ = [
-    "STRUCTURAL_NAMES",
     "Incarnation",
     "Iterations",
-    "SpanRecord",
     "Trace",
     "TraceBuilder",
     "load_trace",
     "process_key",
+    "process_of",
+    "rank_of",
     "scan",
     "scan_file",
+    "slot_of",
 ]
 
-CUT_SHORT = "megatron.span.cut_short"
-ITERATION = "megatron.iteration"
-REROOTED = "megatron.interval.rerooted"
-ITERATION_SPAN = "megatron.train.iteration"
-STARTUP = "megatron.startup"
-PRE_STARTUP = "pre_startup"
-INTERVAL = "megatron.train"
-SAVE = "megatron.checkpoint.save"
-LOAD = "megatron.checkpoint.load"
-EVALUATE = "megatron.evaluate"
-LAUNCH_NAMES = frozenset({"megatron.startup.launch_script", "megatron.startup.container_load"})
-STRUCTURAL_NAMES = STRUCTURAL_SPAN_NAMES  # what the accounting is built from
-assert {PRE_STARTUP, STARTUP, INTERVAL, SAVE, LOAD, EVALUATE, *LAUNCH_NAMES} == STRUCTURAL_NAMES
-_KEPT_NAMES = STRUCTURAL_NAMES | {ITERATION_SPAN}
-_CUT_SHORT_KEY = CUT_SHORT.encode()
+_KEPT_NAMES = STRUCTURAL_SPAN_NAMES | {ITERATION_SPAN}
+_CUT_SHORT_KEY = SPAN_CUT_SHORT.encode()
 _MISSING = object()
-
-
-@dataclass(slots=True)
-class SpanRecord:
-    """The fields of one structural span that analysis needs."""
-
-    name: str
-    trace_id: str
-    span_id: str
-    parent_id: str | None
-    start_ns: int
-    end_ns: int
-    attributes: dict[str, Any]
-    links: list[tuple[str, str]]
-    file: Path
-    line: int
-
-    @classmethod
-    def of(cls, span: dict[str, Any]) -> SpanRecord:
-        return cls(
-            span["name"],
-            span["trace_id"],
-            span["span_id"],
-            span["parent_id"],
-            span["start_ns"],
-            span["end_ns"],
-            span["attributes"],
-            span["links"],
-            span["file"],
-            span["line"],
-        )
-
-    @classmethod
-    def of_span(cls, span: Any, path: Path, line: int) -> SpanRecord:
-        """From a decoded span object (:mod:`~megatron.core.telemetry.otlp_decode`)."""
-        return cls(
-            span.name,
-            span.trace_id,
-            span.span_id,
-            span.parent_span_id or None,
-            span.start_time_unix_nano,
-            span.end_time_unix_nano,
-            span.attribute_dict(),
-            span.link_pairs(),
-            path,
-            line,
-        )
-
-    @property
-    def cut_short(self) -> bool:
-        return bool(self.attributes.get(CUT_SHORT))
 
 
 class Iterations:
@@ -147,6 +112,11 @@ class Iterations:
     def __len__(self) -> int:
         return len(self.numbers)
 
+    def append(self, number: int, start_ns: int, end_ns: int) -> None:
+        self.numbers.append(number)
+        self.starts.append(start_ns)
+        self.ends.append(end_ns)
+
     def arrays(self) -> tuple[array, array, array]:
         """The three arrays (numbers, starts, ends), for appending in a hot loop."""
         return self.numbers, self.starts, self.ends
@@ -155,11 +125,6 @@ class Iterations:
         self.numbers.extend(other.numbers)
         self.starts.extend(other.starts)
         self.ends.extend(other.ends)
-
-    def append(self, number: int, start_ns: int, end_ns: int) -> None:
-        self.numbers.append(number)
-        self.starts.append(start_ns)
-        self.ends.append(end_ns)
 
     def start_of(self, number: int) -> int | None:
         """Start of the first finished iteration numbered ``number`` or higher."""
@@ -179,9 +144,10 @@ class Incarnation:
     (spans were still open at shutdown: SIGTERM, an exception) or
     ``"killed"`` (SIGKILL: in-flight interval missing). ``intervals``,
     ``saves``, ``loads``, ``evaluations``, ``launch`` and ``pre_startup`` are
-    lists of :class:`SpanRecord` in start order. ``iterations`` holds the
-    finished (not cut short) ``megatron.train.iteration``
-    spans as :class:`Iterations` (empty without the ``per_step`` groups).
+    lists of the reader's :class:`~megatron.core.telemetry.records.SpanRecord`
+    in start order. ``iterations`` holds the finished (not cut short)
+    ``megatron.train.iteration`` spans as :class:`Iterations` (empty without
+    the ``per_step`` groups).
     """
 
     rank: str
@@ -205,12 +171,26 @@ class Incarnation:
         return f"rank {self.rank} incarnation {self.index}"
 
     @property
+    def records(self) -> list[SpanRecord]:
+        """Every structural span of the incarnation, its startup included."""
+        startup = [self.startup] if self.startup else []
+        return [
+            *self.pre_startup,
+            *startup,
+            *self.launch,
+            *self.intervals,
+            *self.loads,
+            *self.saves,
+            *self.evaluations,
+        ]
+
+    @property
     def first_iteration(self) -> int | None:
         """The first iteration this incarnation ran (from intervals, else iterations)."""
         candidates = [
-            r.attributes["megatron.interval.first_iteration"]
+            r["attributes"][INTERVAL_FIRST_ITERATION]
             for r in self.intervals
-            if "megatron.interval.first_iteration" in r.attributes
+            if INTERVAL_FIRST_ITERATION in r["attributes"]
         ] + list(self.iterations.numbers[:1])
         return min(candidates) if candidates else None
 
@@ -218,9 +198,9 @@ class Incarnation:
     def last_iteration(self) -> int | None:
         """The last iteration this incarnation finished, as far as the file shows."""
         candidates = [
-            r.attributes["megatron.interval.last_iteration"]
+            r["attributes"][INTERVAL_LAST_ITERATION]
             for r in self.intervals
-            if "megatron.interval.last_iteration" in r.attributes
+            if INTERVAL_LAST_ITERATION in r["attributes"]
         ] + list(self.iterations.numbers[-1:])
         return max(candidates) if candidates else None
 
@@ -228,23 +208,36 @@ class Incarnation:
     def resumed_from(self) -> int | None:
         """The iteration a checkpoint load put this incarnation at (None: no load)."""
         for load in self.loads:
-            if ITERATION in load.attributes:
-                return load.attributes[ITERATION]
+            if ITERATION in load["attributes"]:
+                return load["attributes"][ITERATION]
         return None
 
 
 @dataclass
 class Trace:
-    """What :class:`TraceBuilder` learnt: ``ranks`` maps rank -> incarnations in time order."""
+    """What :class:`TraceBuilder` learnt: ``ranks`` maps rank -> incarnations in time order.
+
+    ``processes`` maps each writing process (:func:`process_of`) to where it
+    was split (the start of each ``megatron.startup`` but its first) and its
+    incarnations in that order.
+    """
 
     ranks: dict[str, list[Incarnation]]
     stats: ReadStats
     span_count: int
+    processes: dict[tuple[Any, ...], tuple[list[int], list[Incarnation]]] = field(
+        default_factory=dict, repr=False
+    )
 
     @property
     def incarnations(self) -> list[Incarnation]:
         """Every incarnation of every rank, rank by rank."""
         return [inc for incs in self.ranks.values() for inc in incs]
+
+    def incarnation_of(self, span: Mapping[str, Any]) -> Incarnation:
+        """The incarnation that wrote ``span``, any span of the files read (:func:`slot_of`)."""
+        boundaries, incs = self.processes[process_of(span)]
+        return incs[slot_of(boundaries, span["name"], span["start_ns"], span["end_ns"])]
 
 
 class _Process:
@@ -284,36 +277,49 @@ class _Process:
         self.max_end_child = max(self.max_end_child, other.max_end_child)
 
 
-def _rank(resource: dict[str, Any], path: Path | str) -> str:
-    if "dl.rank" in resource:
-        return str(resource["dl.rank"])
-    if "service.instance.id" in resource:
-        return str(resource["service.instance.id"])
+def _rank(resource: Mapping[str, Any], path: Path | str | None) -> str:
+    if DL_RANK in resource:
+        return str(resource[DL_RANK])
+    if SERVICE_INSTANCE_ID in resource:
+        return str(resource[SERVICE_INSTANCE_ID])
     return str(path)
 
 
-def process_key(resource: dict[str, Any], path: Path | str) -> tuple[Any, ...]:
-    """The writing process of the spans of ``resource``, read from ``path``: its rank first."""
+def process_key(resource: Mapping[str, Any], path: Path | str | None) -> tuple[Any, ...]:
+    """The process that wrote the spans of ``resource``, read from ``path``:
+    (rank, instance id, pid, run id)."""
     return (
         _rank(resource, path),
-        resource.get("service.instance.id"),
-        resource.get("process.pid"),
-        resource.get("megatron.run_id"),
+        resource.get(SERVICE_INSTANCE_ID),
+        resource.get(PROCESS_PID),
+        resource.get(RUN_ID),
     )
 
 
-def rank_of(span: dict[str, Any]) -> str:
+def rank_of(span: Mapping[str, Any]) -> str:
     """The rank a span's writer ran as (``dl.rank``, else instance id, else file)."""
     return _rank(span["resource"], span["file"])
 
 
-def process_of(span: dict[str, Any]) -> tuple[Any, ...]:
-    """:func:`process_key` of a flat span dict."""
+def process_of(span: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The process that wrote a span: :func:`process_key` of its resource."""
     return process_key(span["resource"], span["file"])
 
 
+def slot_of(boundaries: Sequence[int], name: str, start_ns: int, end_ns: int) -> int:
+    """Which of a process's incarnations a span belongs to: the incarnation-split rule.
+
+    ``boundaries`` are the start times of the process's ``megatron.startup``
+    spans but the first, in order; a span goes to the incarnation whose
+    startup last began at or before it. A ``pre_startup`` ends where its own
+    startup begins, so it is placed by its end; every other span by its start.
+    """
+    at = end_ns if name == PRE_STARTUP_SPAN else start_ns
+    return bisect.bisect_right(boundaries, at)
+
+
 class TraceBuilder:
-    """Feed spans (:meth:`add_line`, or :meth:`add` one flat dict at a time), then
+    """Feed spans (:meth:`add_line`, or :meth:`add` one flat record at a time), then
     :meth:`finish` into a :class:`Trace`.
 
     A builder is also the per-file summary of a parallel read: build one per
@@ -358,7 +364,7 @@ class TraceBuilder:
             if root_ends:
                 proc.max_end_root = max(proc.max_end_root, max(root_ends))
             if maybe_cut:  # the rare line that may hold a span marked cut short
-                cut = {id(s) for s in spans if s.has_attributes() and s.attribute(CUT_SHORT)}
+                cut = {id(s) for s in spans if s.has_attributes() and s.attribute(SPAN_CUT_SHORT)}
                 child_ends = [
                     s.end_time_unix_nano for s in spans if s.parent_span_id and id(s) not in cut
                 ]
@@ -378,7 +384,7 @@ class TraceBuilder:
                         starts.append(span.start_time_unix_nano)
                         ends.append(span.end_time_unix_nano)
                 else:
-                    proc.records.append(SpanRecord.of_span(span, path, number))
+                    proc.records.append(flat_span(span, batch.resource, path, number))
 
     def merge(self, other: TraceBuilder) -> TraceBuilder:
         """Add ``other``'s spans, as if its files were read after this one's; returns self."""
@@ -393,7 +399,7 @@ class TraceBuilder:
         self.stats.lines += other.stats.lines
         return self
 
-    def add(self, span: dict[str, Any]) -> None:
+    def add(self, span: SpanRecord) -> None:
         self.span_count += 1
         key = process_of(span)
         proc = self._processes.get(key)
@@ -403,14 +409,14 @@ class TraceBuilder:
         if proc.min_start is None or start < proc.min_start:
             proc.min_start = start
         proc.max_end = max(proc.max_end, end)
-        cut_short = bool(span["attributes"].get(CUT_SHORT))
+        cut_short = bool(span["attributes"].get(SPAN_CUT_SHORT))
         if span["parent_id"] is None:
             proc.max_end_root = max(proc.max_end_root, end)
         elif not cut_short:
             proc.max_end_child = max(proc.max_end_child, end)
         name = span["name"]
-        if name in STRUCTURAL_NAMES or cut_short:
-            proc.records.append(SpanRecord.of(span))
+        if name in STRUCTURAL_SPAN_NAMES or cut_short:
+            proc.records.append(span)
         elif name == ITERATION_SPAN and ITERATION in span["attributes"]:
             proc.iterations.append(int(span["attributes"][ITERATION]), start, end)
 
@@ -421,50 +427,43 @@ class TraceBuilder:
 
     def finish(self) -> Trace:
         ranks: dict[str, list[Incarnation]] = {}
+        processes = {}
         for key, proc in self._processes.items():
-            ranks.setdefault(proc.rank, []).extend(_split_process(key, proc))
+            boundaries, incs = _split_process(key, proc)
+            processes[key] = (boundaries, incs)
+            ranks.setdefault(proc.rank, []).extend(incs)
         for incarnations in ranks.values():
             incarnations.sort(key=lambda inc: inc.start_ns)
             for index, inc in enumerate(incarnations):
                 inc.index = index
         ordered = dict(sorted(ranks.items(), key=lambda item: _rank_sort_key(item[0])))
-        return Trace(ordered, self.stats, self.span_count)
+        return Trace(ordered, self.stats, self.span_count, processes)
 
 
 def _rank_sort_key(rank: str) -> tuple[int, int | str]:
     return (0, int(rank)) if rank.isdigit() else (1, rank)
 
 
-def _split_process(key: tuple[Any, ...], proc: _Process) -> list[Incarnation]:
-    """One incarnation per ``megatron.startup`` of the process (at least one)."""
-    records = sorted(proc.records, key=lambda r: r.start_ns)
-    startups = [r for r in records if r.name == STARTUP]
-    boundaries = [s.start_ns for s in startups[1:]]
+def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], list[Incarnation]]:
+    """One incarnation per ``megatron.startup`` of the process (at least one), and the
+    boundaries they were split at (:func:`slot_of`)."""
+    records = sorted(proc.records, key=lambda r: r["start_ns"])
+    startups = [r for r in records if r["name"] == STARTUP_SPAN]
+    boundaries = [s["start_ns"] for s in startups[1:]]
     incs = [Incarnation(proc.rank, 0, key) for _ in range(len(boundaries) + 1)]
 
-    def slot(time_ns: int) -> int:
-        return bisect.bisect_right(boundaries, time_ns)  # boundaries are sorted
-
     for record in records:
-        # a pre_startup ends where its startup begins, so place it by its end
-        inc = incs[slot(record.end_ns if record.name == PRE_STARTUP else record.start_ns)]
-        if record.cut_short:
+        inc = incs[slot_of(boundaries, record["name"], record["start_ns"], record["end_ns"])]
+        if is_cut_short(record):
             inc.cut_short.append(record)
-        target = {
-            STARTUP: None,
-            PRE_STARTUP: inc.pre_startup,
-            INTERVAL: inc.intervals,
-            SAVE: inc.saves,
-            LOAD: inc.loads,
-            EVALUATE: inc.evaluations,
-        }.get(record.name, inc.launch if record.name in LAUNCH_NAMES else False)
-        if target is None:
+        category = SPAN_CATEGORY.get(record["name"])
+        if category == CATEGORY_STARTUP:
             inc.startup = record
-        elif target is not False:
-            target.append(record)
+        elif category is not None:
+            _records_of_category(inc, category).append(record)
     _distribute_iterations(proc.iterations, incs, boundaries)
     for index, inc in enumerate(incs):
-        times = [(r.start_ns, r.end_ns) for r in _records_of(inc)]
+        times = [(r["start_ns"], r["end_ns"]) for r in inc.records]
         if inc.iterations:
             times.append((min(inc.iterations.starts), max(inc.iterations.ends)))
         if index == len(incs) - 1:
@@ -477,7 +476,19 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> list[Incarnation]:
     last = incs[-1]
     if not last.cut_short and (proc.max_end_child > proc.max_end_root or _lost_next(last)):
         last.ended = "killed"
-    return incs
+    return boundaries, incs
+
+
+def _records_of_category(inc: Incarnation, category: str) -> list[SpanRecord]:
+    """The incarnation's list for the structural spans of a report category (not startup)."""
+    return {
+        CATEGORY_QUEUE: inc.pre_startup,
+        CATEGORY_LAUNCH: inc.launch,
+        CATEGORY_GOODPUT: inc.intervals,
+        CATEGORY_CHECKPOINT_SAVE: inc.saves,
+        CATEGORY_CHECKPOINT_LOAD: inc.loads,
+        CATEGORY_EVALUATION: inc.evaluations,
+    }[category]
 
 
 def _lost_next(inc: Incarnation) -> bool:
@@ -485,8 +496,8 @@ def _lost_next(inc: Incarnation) -> bool:
     an interval the file does not hold (it was in flight at a SIGKILL)."""
     if not inc.intervals:
         return False
-    last = max(inc.intervals, key=lambda record: record.start_ns)
-    return last.attributes.get(REROOTED) is True
+    last = max(inc.intervals, key=lambda record: record["start_ns"])
+    return last["attributes"].get(INTERVAL_REROOTED) is True
 
 
 def _distribute_iterations(
@@ -498,22 +509,9 @@ def _distribute_iterations(
         incs[0].iterations = iterations  # the usual case: already in order, no copy
         return
     for i in sorted(range(len(starts)), key=starts.__getitem__):
-        start = starts[i]
-        slot = bisect.bisect_right(boundaries, start)
-        incs[slot].iterations.append(iterations.numbers[i], start, iterations.ends[i])
-
-
-def _records_of(inc: Incarnation) -> list[SpanRecord]:
-    startup = [inc.startup] if inc.startup else []
-    return [
-        *inc.pre_startup,
-        *startup,
-        *inc.launch,
-        *inc.intervals,
-        *inc.saves,
-        *inc.loads,
-        *inc.evaluations,
-    ]
+        start, end = starts[i], iterations.ends[i]
+        slot = slot_of(boundaries, ITERATION_SPAN, start, end)
+        incs[slot].iterations.append(iterations.numbers[i], start, end)
 
 
 def scan_file(path: Path | str) -> TraceBuilder:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace.command import add_command
+from megatron.trace.output import replacing
 from megatron.trace.spans import TraceInputError, span_source
 from megatron.trace.timeline_data import Bar, Timeline, collect
 from megatron.trace.timeline_page import figure, render_html
@@ -91,21 +92,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_beside_trace(args: argparse.Namespace) -> Path | None:
+def write_beside_trace(trace: Path | None) -> Path | None:
     """The end of ``tox -e demo``: draw the run's trace as ``timeline.html`` beside it.
 
-    Best effort by design: whatever goes wrong (telemetry off, plotly not
-    installed, an unreadable file) is one line on stdout, never an exception,
-    so it cannot change how the training run ends. Returns the page's path.
+    ``trace`` is the span file the run wrote (``None`` when it wrote none:
+    telemetry off, or another exporter than ``jsonl``). Best effort by
+    design: whatever goes wrong (plotly not installed, an unreadable file)
+    is one line on stdout, never an exception, so it cannot change how the
+    training run ends. Returns the page's path.
     """
     try:
-        from megatron.core.telemetry.config import TelemetryConfig
-
         if os.environ.get("RANK", "0") != "0":
             return None  # one page per job, from the first rank's launcher
-        config = TelemetryConfig.from_args(args)
-        trace = config.trace_file
-        if not config.enabled or config.exporter != "jsonl" or trace is None or not trace.is_file():
+        if trace is None or not trace.is_file():
             return None
         try:
             import plotly  # noqa: F401
@@ -123,11 +122,6 @@ def write_beside_trace(args: argparse.Namespace) -> Path | None:
 
 def write_page(timeline: Timeline, output: Path) -> None:
     """Write the page beside ``output`` and rename it over, so a failure leaves no torn page."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp")
-    try:
-        tmp.write_text(render_html(timeline), encoding="utf-8")
-        os.replace(tmp, output)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    page = render_html(timeline)
+    with replacing(output) as out:
+        out.write(page)

@@ -3,9 +3,11 @@
 Kept apart from the drawing (:mod:`megatron.trace.timeline_page`) so what a
 bar *means* (which spans, which extents, what counts as wasted) is testable
 without plotly. The trace model (shared with ``check`` and ``report``)
-decides incarnations and how each ended; wasted progress is ``report``'s own
-accounting; only the startup phases, which the model does not keep, are
-gathered here (a handful per incarnation). Per-step spans are never kept.
+decides incarnations and how each ended; wasted progress is the goodput
+accounting's own (:mod:`megatron.trace.goodput`, as ``report`` prints it);
+a bar's category is its span's report category, named for the picture;
+only the startup phases, which the model does not keep, are gathered here
+(a handful per incarnation). Per-step spans are never kept.
 """
 
 from __future__ import annotations
@@ -14,23 +16,41 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from megatron.core.telemetry.records import SpanRecord
+from megatron.core.telemetry.semconv import (
+    CATEGORY_GOODPUT,
+    CATEGORY_LAUNCH,
+    CATEGORY_OTHER,
+    CATEGORY_RESTART_GAP,
+    INTERVAL_FIRST_ITERATION,
+    INTERVAL_INDEX,
+    INTERVAL_LAST_ITERATION,
+    ITERATION,
+    SPAN_CATEGORY,
+    STARTUP_PHASE_PREFIX,
+)
+from megatron.trace.goodput import build_report, rank_accounting
 from megatron.trace.lanes import Lane, LaneIndex
-from megatron.trace.model import Incarnation, SpanRecord, TraceBuilder
-from megatron.trace.report import build_report, rank_accounting
+from megatron.trace.model import Incarnation, TraceBuilder
 from megatron.trace.spans import SpanSource
 
-__all__ = ["ENDED_TEXT", "Bar", "LaneSummary", "Timeline", "collect"]
+__all__ = [
+    "BAR_INTERVAL",
+    "BAR_STARTUP_PHASE",
+    "BAR_WASTED",
+    "ENDED_TEXT",
+    "Bar",
+    "LaneSummary",
+    "Timeline",
+    "collect",
+]
 
 ENDED_TEXT = {"shutdown": "shut down", "cut_short": "cut short", "killed": "killed"}
-_LAUNCH = {"megatron.startup.launch_script", "megatron.startup.container_load"}
-_SIMPLE = {
-    "pre_startup": "queue",
-    "megatron.startup": "startup",
-    "megatron.train": "interval",
-    "megatron.checkpoint.load": "checkpoint_load",
-    "megatron.checkpoint.save": "checkpoint_save",
-    "megatron.evaluate": "evaluation",
-}
+# A bar's category is its span's report category (semconv's CATEGORY_*), or
+# one of these, the picture's own:
+BAR_INTERVAL = "interval"  # a training interval: the report's goodput
+BAR_STARTUP_PHASE = "startup_phase"  # a child of startup that is no launch span
+BAR_WASTED = "wasted"  # the wasted progress, drawn over the intervals it lost
 _MAX_ATTRIBUTES = 16
 
 
@@ -87,7 +107,7 @@ def collect(source: SpanSource, files: list[str] | None = None) -> Timeline:
     phases = []
     for span in source():
         builder.add(span)
-        if _category(span["name"]) == "startup_phase":
+        if _category(span["name"]) == BAR_STARTUP_PHASE:
             phases.append(span)
     index = LaneIndex(builder.finish())
     trace = index.trace
@@ -100,60 +120,52 @@ def collect(source: SpanSource, files: list[str] | None = None) -> Timeline:
             waste[id(inc)] = {**entry, "resumed": position + 1 < len(incs)}
     for inc in trace.incarnations:
         lane = index.lane_of_incarnation(inc)
-        records = [*inc.pre_startup, *([inc.startup] if inc.startup else []), *inc.launch,
-                   *inc.intervals, *inc.loads, *inc.saves, *inc.evaluations]  # fmt: skip
-        for record in records:
-            bars.append(_bar(lane, _category(record.name) or "other", _as_span(record)))
+        for record in inc.records:
+            category = _category(record["name"]) or CATEGORY_OTHER
+            bars.append(_bar(lane, category, record, with_status=False))
         if waste[id(inc)]["wasted_window_ns"] > 0:
             bars.append(_wasted_bar(lane, inc, waste[id(inc)]))
         summaries.append(
-            LaneSummary(lane, inc.start_ns, inc.end_ns, inc.ended, [r.name for r in inc.cut_short])
+            LaneSummary(
+                lane, inc.start_ns, inc.end_ns, inc.ended, [r["name"] for r in inc.cut_short]
+            )
         )
     for span in phases:
-        bars.append(_bar(index.lane(span), "startup_phase", span))
+        bars.append(_bar(index.lane(span), BAR_STARTUP_PHASE, span))
     lanes = sorted(summaries, key=lambda s: (s.lane.incarnation, index.ranks.index(s.lane.rank)))
     bars.extend(_restart_gaps(lanes))
     report = build_report(trace) if trace.ranks else None
     return Timeline(bars, lanes, index.several_ranks, trace.span_count, list(files or []), report)
 
 
-def _as_span(record: SpanRecord) -> dict[str, Any]:
-    return {
-        "name": record.name,
-        "trace_id": record.trace_id,
-        "span_id": record.span_id,
-        "start_ns": record.start_ns,
-        "end_ns": record.end_ns,
-        "attributes": record.attributes,
-    }
-
-
 def _category(name: str) -> str | None:
-    if name in _SIMPLE:
-        return _SIMPLE[name]
-    if name in _LAUNCH:
-        return "launch"
-    if name.startswith("megatron.startup."):
-        return "startup_phase"
+    """The bar category of a span: its report category (goodput drawn as ``interval``)."""
+    category = SPAN_CATEGORY.get(name)
+    if category is not None:
+        return BAR_INTERVAL if category == CATEGORY_GOODPUT else category
+    if name.startswith(STARTUP_PHASE_PREFIX):
+        return BAR_STARTUP_PHASE
     return None
 
 
-def _bar(lane: Lane, category: str, span: dict[str, Any]) -> Bar:
+def _bar(lane: Lane, category: str, span: SpanRecord, with_status: bool = True) -> Bar:
+    """The span's bar. The structural spans' bars have never listed their status (the
+    model used to keep no status), so ``with_status=False`` keeps them as they were."""
     attributes = span["attributes"]
     text = ""
     details = []
-    if category == "interval":
-        index = attributes.get("megatron.interval.index")
-        first = attributes.get("megatron.interval.first_iteration")
-        last = attributes.get("megatron.interval.last_iteration")
+    if category == BAR_INTERVAL:
+        index = attributes.get(INTERVAL_INDEX)
+        first = attributes.get(INTERVAL_FIRST_ITERATION)
+        last = attributes.get(INTERVAL_LAST_ITERATION)
         text = f"C{index} · {first}–{last}" if index is not None else ""
         if first is not None:
             details.append(f"iterations {first}–{last}")
-    elif category == "startup_phase" or category == "launch":
-        text = span["name"].removeprefix("megatron.startup.")
-    elif "megatron.iteration" in attributes:
-        details.append(f"at iteration {attributes['megatron.iteration']}")
-    if span.get("status_code") == "ERROR":
+    elif category in (BAR_STARTUP_PHASE, CATEGORY_LAUNCH):
+        text = span["name"].removeprefix(STARTUP_PHASE_PREFIX)
+    elif ITERATION in attributes:
+        details.append(f"at iteration {attributes[ITERATION]}")
+    if with_status and span.get("status_code") == "ERROR":
         details.append(f"status ERROR {span.get('status_message', '')}".rstrip())
     for key, value in list(attributes.items())[:_MAX_ATTRIBUTES]:
         details.append(f"{key} = {value}")
@@ -181,7 +193,7 @@ def _wasted_bar(lane: Lane, inc: Incarnation, waste: dict[str, Any]) -> Bar:
     text = f"wasted · {numbers}"
     return Bar(
         lane,
-        "wasted",
+        BAR_WASTED,
         "wasted progress",
         inc.end_ns - waste["wasted_window_ns"],
         inc.end_ns,
@@ -199,7 +211,7 @@ def _restart_gaps(lanes: list[LaneSummary]) -> Iterable[Bar]:
         if before is not None and summary.start_ns > before.end_ns:
             yield Bar(
                 summary.lane,
-                "restart_gap",
+                CATEGORY_RESTART_GAP,
                 "restart gap",
                 before.end_ns,
                 summary.start_ns,

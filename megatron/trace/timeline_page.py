@@ -14,8 +14,27 @@ import html
 from datetime import datetime, timezone
 from typing import Any
 
+from megatron.core.telemetry.semconv import (
+    CATEGORY_CHECKPOINT_LOAD,
+    CATEGORY_CHECKPOINT_SAVE,
+    CATEGORY_EVALUATION,
+    CATEGORY_GOODPUT,
+    CATEGORY_LAUNCH,
+    CATEGORY_QUEUE,
+    CATEGORY_RESTART_GAP,
+    CATEGORY_STARTUP,
+    CATEGORY_WASTED_PROGRESS,
+)
 from megatron.trace.lanes import Lane
-from megatron.trace.timeline_data import ENDED_TEXT, Bar, LaneSummary, Timeline
+from megatron.trace.timeline_data import (
+    BAR_INTERVAL,
+    BAR_STARTUP_PHASE,
+    BAR_WASTED,
+    ENDED_TEXT,
+    Bar,
+    LaneSummary,
+    Timeline,
+)
 from megatron.trace.timeline_summary import (
     CATEGORY_COLOURS,
     duration_text,
@@ -29,22 +48,26 @@ __all__ = ["CATEGORIES", "figure", "render_html"]
 # Later ones are drawn on top, so nested spans stay visible over their parents.
 _C = CATEGORY_COLOURS  # one colour per category, shared with the goodput bar
 CATEGORIES = (
-    ("queue", "scheduler queue", _C["queue"]),
-    ("restart_gap", "restart gap", _C["restart_gap"]),
-    ("startup", "startup, between phases", "#c6dbef"),
-    ("launch", "launch, container", _C["launch"]),
-    ("startup_phase", "startup phase", _C["startup"]),
-    ("interval", "training interval", _C["goodput"]),
-    ("wasted", "wasted progress", _C["wasted_progress"]),
-    ("checkpoint_load", "checkpoint load", _C["checkpoint_load"]),
-    ("checkpoint_save", "checkpoint save", _C["checkpoint_save"]),
-    ("evaluation", "evaluation", _C["evaluation"]),
+    (CATEGORY_QUEUE, "scheduler queue", _C[CATEGORY_QUEUE]),
+    (CATEGORY_RESTART_GAP, "restart gap", _C[CATEGORY_RESTART_GAP]),
+    (CATEGORY_STARTUP, "startup, between phases", "#c6dbef"),
+    (CATEGORY_LAUNCH, "launch, container", _C[CATEGORY_LAUNCH]),
+    (BAR_STARTUP_PHASE, "startup phase", _C[CATEGORY_STARTUP]),
+    (BAR_INTERVAL, "training interval", _C[CATEGORY_GOODPUT]),
+    (BAR_WASTED, "wasted progress", _C[CATEGORY_WASTED_PROGRESS]),
+    (CATEGORY_CHECKPOINT_LOAD, "checkpoint load", _C[CATEGORY_CHECKPOINT_LOAD]),
+    (CATEGORY_CHECKPOINT_SAVE, "checkpoint save", _C[CATEGORY_CHECKPOINT_SAVE]),
+    (CATEGORY_EVALUATION, "evaluation", _C[CATEGORY_EVALUATION]),
 )
-_NESTED = {"checkpoint_load", "checkpoint_save", "evaluation"}
+_NESTED = {CATEGORY_CHECKPOINT_LOAD, CATEGORY_CHECKPOINT_SAVE, CATEGORY_EVALUATION}
 # Markers above the lane (checkpoints) and below it (evaluations): the two often
 # happen in the same millisecond, so they must not share a spot. Rows grow downwards.
-_MARKER_OFFSET = {"checkpoint_load": -0.38, "checkpoint_save": -0.38, "evaluation": 0.38}
-_PATTERNED = {"restart_gap": "/"}
+_MARKER_OFFSET = {
+    CATEGORY_CHECKPOINT_LOAD: -0.38,
+    CATEGORY_CHECKPOINT_SAVE: -0.38,
+    CATEGORY_EVALUATION: 0.38,
+}
+_PATTERNED = {CATEGORY_RESTART_GAP: "/"}
 
 
 def _when(ns: int) -> str:
@@ -99,10 +122,10 @@ def figure(timeline: Timeline) -> Any:
                 y=[rows[bar.lane] for bar in bars],
                 base=[_when(bar.start_ns) for bar in bars],
                 x=[max(bar.end_ns - bar.start_ns, 0) / 1e6 for bar in bars],
-                width=0.3 if nested else (0.45 if key == "startup" else 0.6),
+                width=0.3 if nested else (0.45 if key == CATEGORY_STARTUP else 0.6),
                 marker=_marker(key, colour),
                 # Wasted progress lies over the interval that did the work: hatch, no label.
-                text=[bar.text for bar in bars] if key != "wasted" else None,
+                text=[bar.text for bar in bars] if key != BAR_WASTED else None,
                 textposition="inside",
                 insidetextanchor="middle",
                 textangle=0,
@@ -160,7 +183,7 @@ def figure(timeline: Timeline) -> Any:
 
 
 def _marker(key: str, colour: str) -> dict[str, Any]:
-    if key == "wasted":  # translucent red hatch, so the interval underneath still shows
+    if key == BAR_WASTED:  # translucent red hatch, so the interval underneath still shows
         return {
             "color": "rgba(214, 39, 40, 0.25)",
             "line": {"color": colour, "width": 1.5},

@@ -2,7 +2,7 @@
 
 The page answers "where did the time go" twice: the lanes show *when*, this
 summary shows *how much*, from the very dict ``megatron-trace report --json``
-prints (:func:`megatron.trace.report.build_report`), so the page and the
+prints (:func:`megatron.trace.goodput.build_report`), so the page and the
 report can never disagree. One stacked bar splits the wall clock into
 goodput and the badput categories, in the lanes' colours; a line of text
 gives the figures a reader quotes.
@@ -13,26 +13,39 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from megatron.core.telemetry.semconv import (
+    CATEGORY_CHECKPOINT_LOAD,
+    CATEGORY_CHECKPOINT_SAVE,
+    CATEGORY_EVALUATION,
+    CATEGORY_GOODPUT,
+    CATEGORY_LAUNCH,
+    CATEGORY_OTHER,
+    CATEGORY_QUEUE,
+    CATEGORY_RESTART_GAP,
+    CATEGORY_STARTUP,
+    CATEGORY_WASTED_PROGRESS,
+)
+
 __all__ = ["CATEGORY_COLOURS", "duration_text", "summary_figure", "summary_html"]
 
 # The report's categories in the timeline's colours (goodput is the interval green).
 CATEGORY_COLOURS = {
-    "goodput": "#31a354",
-    "queue": "#9e9e9e",
-    "launch": "#8c6d31",
-    "startup": "#3182bd",
-    "checkpoint_load": "#17becf",
-    "checkpoint_save": "#ff7f0e",
-    "evaluation": "#9467bd",
-    "wasted_progress": "#d62728",
-    "restart_gap": "#cfcfcf",
-    "other": "#f0f0f0",
+    CATEGORY_GOODPUT: "#31a354",
+    CATEGORY_QUEUE: "#9e9e9e",
+    CATEGORY_LAUNCH: "#8c6d31",
+    CATEGORY_STARTUP: "#3182bd",
+    CATEGORY_CHECKPOINT_LOAD: "#17becf",
+    CATEGORY_CHECKPOINT_SAVE: "#ff7f0e",
+    CATEGORY_EVALUATION: "#9467bd",
+    CATEGORY_WASTED_PROGRESS: "#d62728",
+    CATEGORY_RESTART_GAP: "#cfcfcf",
+    CATEGORY_OTHER: "#f0f0f0",
 }
 
 
 def _shares(report: dict[str, Any]) -> list[tuple[str, float]]:
     """(category, seconds) for goodput and every badput category that took time."""
-    shares = [("goodput", report["goodput_s"])]
+    shares = [(CATEGORY_GOODPUT, report["goodput_s"])]
     shares += [(name, seconds) for name, seconds in report["badput_s"].items() if seconds > 0]
     return shares
 

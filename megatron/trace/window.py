@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
+from megatron.core.telemetry.semconv import INTERVAL_FIRST_ITERATION, INTERVAL_LAST_ITERATION
 from megatron.trace.model import Trace
 
 __all__ = ["Window", "WindowError", "format_offset", "parse_ranks", "resolve_window"]
@@ -100,10 +101,10 @@ def _iteration_bound(trace: Trace, number: int, ranks: frozenset[str] | None, up
             times = its.ends if upper else its.starts
             spans.extend(t for n, t in zip(its.numbers, times, strict=True) if n == number)
             for interval in inc.intervals:
-                first = interval.attributes.get("megatron.interval.first_iteration")
-                last = interval.attributes.get("megatron.interval.last_iteration")
+                first = interval["attributes"].get(INTERVAL_FIRST_ITERATION)
+                last = interval["attributes"].get(INTERVAL_LAST_ITERATION)
                 if isinstance(first, int) and isinstance(last, int) and first <= number <= last:
-                    found.append(interval.end_ns if upper else interval.start_ns)
+                    found.append(interval["end_ns"] if upper else interval["start_ns"])
     candidates = spans or found
     if not candidates:
         raise WindowError(f"iteration {number} is not in the trace{_iteration_range(trace)}")

@@ -33,9 +33,9 @@ from megatron.training.training import pretrain  # noqa: E402
 
 def main(argv: list[str] | None = None) -> None:
     main_entry = time.time()
-    args = parse_args(argv)
+    config = parse_args(argv)
     try:
-        result = pretrain(args, program_start=PROGRAM_START, main_entry=main_entry)
+        result = pretrain(config, program_start=PROGRAM_START, main_entry=main_entry)
     except (CheckpointError, TelemetryConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -47,10 +47,10 @@ def main(argv: list[str] | None = None) -> None:
         )
         _quiet_keyboard_interrupt()
         raise
-    if args.demo:  # the demo ends by drawing its trace; never raises
+    if config.demo:  # the demo ends by drawing its trace; never raises
         from megatron.trace.timeline import write_beside_trace
 
-        write_beside_trace(args)
+        write_beside_trace(result.trace_file)
     if result.exit_reason is not None:
         sys.exit(0)
 

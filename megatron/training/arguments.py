@@ -6,6 +6,12 @@ thread or a file exists, and each failure is one ``parser.error`` line naming
 the flag (exit status 2): a job that is going to fail on its arguments should
 fail in the first second, not after model initialization on 1000 GPUs.
 
+:func:`parse_args` returns a frozen, typed
+:class:`~megatron.training.job_config.JobConfig`, built once the checks have
+passed: the argparse namespace never leaves this module, and the values the
+rest of the trainer reads (including the telemetry settings and their run id,
+resolved here once) are the ones that were checked.
+
 ``--demo`` is a preset, not a mode: it only changes defaults, so any flag given
 explicitly still wins and the run takes exactly the code path a normal run
 takes.
@@ -41,6 +47,17 @@ from megatron.training.checkpointing import save_directory_problem
 from megatron.training.data import data_file_problem
 from megatron.training.distributed import world_size_from_env
 from megatron.training.fault_injection import FaultInjection
+from megatron.training.job_config import (
+    CheckpointConfig,
+    DataConfig,
+    EvalConfig,
+    ExitConfig,
+    JobConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimizerConfig,
+    TrainingConfig,
+)
 
 __all__ = ["DEMO_PRESET", "DEMO_SAVE_DIR", "build_parser", "parse_args"]
 
@@ -223,8 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse and validate ``argv``; on any problem print one message and exit 2."""
+def parse_args(argv: Sequence[str] | None = None) -> JobConfig:
+    """Parse and check ``argv`` into the job's config; on any problem print one line and exit 2.
+
+    The argparse namespace never leaves this module: what the rest of the
+    trainer reads is the frozen :class:`~megatron.training.job_config.JobConfig`.
+    """
     parser = build_parser()
     preview, _ = parser.parse_known_args(argv)
     if preview.demo:
@@ -232,32 +253,32 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     # The demo owns its default directory and starts it empty; a directory the
     # user named (even the same one), or a --load, turns that off.
-    args.fresh_save_dir = args.demo and preview.save is None and preview.load is None
-    if args.demo and not args.data_path:
-        args.mock_data = True
-    _validate(parser, args)
-    return args
+    fresh_save_dir = args.demo and preview.save is None and preview.load is None
+    return _job_config(parser, args, fresh_save_dir)
 
 
-def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def _job_config(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, fresh_save_dir: bool
+) -> JobConfig:
+    """Check ``args`` (in the order the errors are reported) and build the config."""
     dp_size = world_size_from_env()
+    mock_data = args.mock_data or (args.demo and not args.data_path)
     if args.hidden_size % args.num_attention_heads:
         parser.error(
             f"--hidden-size ({args.hidden_size}) must be divisible by "
             f"--num-attention-heads ({args.num_attention_heads})"
         )
-    if args.global_batch_size is None:
-        args.global_batch_size = args.micro_batch_size * dp_size
-    if args.global_batch_size % (args.micro_batch_size * dp_size):
+    global_batch_size = args.global_batch_size
+    if global_batch_size is None:
+        global_batch_size = args.micro_batch_size * dp_size
+    if global_batch_size % (args.micro_batch_size * dp_size):
         parser.error(
-            f"--global-batch-size ({args.global_batch_size}) must be a multiple of "
+            f"--global-batch-size ({global_batch_size}) must be a multiple of "
             f"--micro-batch-size ({args.micro_batch_size}) x data-parallel size ({dp_size})"
         )
-    args.data_parallel_size = dp_size
-    args.num_microbatches = args.global_batch_size // (args.micro_batch_size * dp_size)
     if args.min_lr > args.lr:
         parser.error(f"--min-lr ({args.min_lr}) must not exceed --lr ({args.lr})")
-    if args.mock_data == bool(args.data_path):
+    if mock_data == bool(args.data_path):
         parser.error("give exactly one of --mock-data and --data-path")
     if args.data_path and (problem := data_file_problem(args.data_path, args.seq_length)):
         parser.error(problem)
@@ -265,7 +286,7 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         if path is not None and Path(path).exists() and not Path(path).is_dir():
             parser.error(f"{flag} {path}: exists and is not a directory")
     try:
-        TelemetryConfig.from_args(args)
+        telemetry = TelemetryConfig.from_args(args)
     except TelemetryConfigError as exc:
         parser.error(str(exc))
     try:
@@ -275,3 +296,42 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
     # Last: it creates --save, which no other bad input should leave behind.
     if args.save is not None and (problem := save_directory_problem(args.save)):
         parser.error(problem)
+    return JobConfig(
+        model=ModelConfig(
+            num_layers=args.num_layers,
+            hidden_size=args.hidden_size,
+            num_attention_heads=args.num_attention_heads,
+            seq_length=args.seq_length,
+        ),
+        training=TrainingConfig(
+            micro_batch_size=args.micro_batch_size,
+            global_batch_size=global_batch_size,
+            train_iters=args.train_iters,
+            seed=args.seed,
+            data_parallel_size=dp_size,
+            num_microbatches=global_batch_size // (args.micro_batch_size * dp_size),
+        ),
+        optimizer=OptimizerConfig(
+            lr=args.lr,
+            min_lr=args.min_lr,
+            lr_warmup_iters=args.lr_warmup_iters,
+            clip_grad=args.clip_grad,
+            lr_decay_iters=args.train_iters,
+        ),
+        data=DataConfig(mock_data=mock_data, data_path=args.data_path),
+        logging=LoggingConfig(log_interval=args.log_interval),
+        eval=EvalConfig(eval_interval=args.eval_interval, eval_iters=args.eval_iters),
+        checkpoint=CheckpointConfig(
+            save=args.save,
+            load=args.load,
+            save_interval=args.save_interval,
+            fresh_save_dir=fresh_save_dir,
+        ),
+        exit=ExitConfig(
+            exit_interval=args.exit_interval,
+            exit_duration_in_mins=args.exit_duration_in_mins,
+            exit_signal_handler=args.exit_signal_handler,
+        ),
+        telemetry=telemetry,
+        demo=args.demo,
+    )

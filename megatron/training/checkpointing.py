@@ -29,6 +29,7 @@ run repeat the ids its predecessor wrote into the same trace file.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -42,6 +43,7 @@ import torch
 from torch import nn
 
 from megatron.training.distributed import barrier, print_rank_0, unwrap_model
+from megatron.training.job_config import JobConfig, ModelConfig
 
 __all__ = [
     "TRACKER_FILENAME",
@@ -63,10 +65,6 @@ CHECKPOINT_FILENAME = "model_optim_rng.pt"
 _FINAL_NAMES = "|".join(map(re.escape, (CHECKPOINT_FILENAME, TRACKER_FILENAME)))
 _TEMPORARY = re.compile(rf"\.(?:{_FINAL_NAMES})\.[a-z0-9_]{{8}}\.tmp")
 _ITERATION_DIR = re.compile(r"iter_\d{7,}")
-
-# The model-shaping arguments saved with a checkpoint, and checked on load.
-_MODEL_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
-_SAVED_ARGS = (*_MODEL_ARGS, "micro_batch_size", "global_batch_size", "train_iters", "lr", "seed")
 
 
 class CheckpointError(Exception):
@@ -100,7 +98,7 @@ def checkpoint_path(directory: str | os.PathLike[str], iteration: int) -> Path:
 
 
 def save_checkpoint(
-    directory: str | os.PathLike[str], state: TrainState, args: Any, is_rank_0: bool
+    directory: str | os.PathLike[str], state: TrainState, config: JobConfig, is_rank_0: bool
 ) -> None:
     """Write the checkpoint for ``state.iteration`` (rank 0 writes; every rank waits for it)."""
     barrier()
@@ -113,7 +111,7 @@ def save_checkpoint(
             "model": unwrap_model(state.model).state_dict(),
             "optimizer": state.optimizer.state_dict(),
             "scheduler": state.scheduler.state_dict(),
-            "args": {name: getattr(args, name) for name in _SAVED_ARGS},
+            "args": _saved_args(config),
             "rng": _rng_state(),
         }
         _write_atomically(path, lambda f: torch.save(contents, f))
@@ -121,6 +119,26 @@ def save_checkpoint(
         _write_atomically(tracker, lambda f: f.write(f"{state.iteration}\n".encode()))
         print_rank_0(f"saved checkpoint at iteration {state.iteration:7d} to {directory}")
     barrier()
+
+
+def _saved_args(config: JobConfig) -> dict[str, Any]:
+    """The arguments recorded in a checkpoint, under Megatron-LM's names.
+
+    The model's shape is checked on load (:func:`_check_model_args`); the rest
+    is a record of how the checkpoint was trained.
+    """
+    model, training = config.model, config.training
+    return {
+        "num_layers": model.num_layers,
+        "hidden_size": model.hidden_size,
+        "num_attention_heads": model.num_attention_heads,
+        "seq_length": model.seq_length,
+        "micro_batch_size": training.micro_batch_size,
+        "global_batch_size": training.global_batch_size,
+        "train_iters": training.train_iters,
+        "lr": config.optimizer.lr,
+        "seed": training.seed,
+    }
 
 
 def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
@@ -219,7 +237,9 @@ def empty_directory(directory: str | os.PathLike[str], is_rank_0: bool) -> None:
 # ---------------------------------------------------------------------------
 
 
-def load_checkpoint(directory: str | os.PathLike[str], state: TrainState, args: Any) -> None:
+def load_checkpoint(
+    directory: str | os.PathLike[str], state: TrainState, model: ModelConfig
+) -> None:
     """Restore ``state`` from the latest checkpoint in ``directory``, if there is one.
 
     A directory without a tracker file means "start from scratch" (Megatron's
@@ -249,7 +269,7 @@ def load_checkpoint(directory: str | os.PathLike[str], state: TrainState, args: 
             f"checkpoint {path} is corrupt or truncated ({type(exc).__name__})"
         ) from None
     try:
-        _check_model_args(contents["args"], args, path)
+        _check_model_args(contents["args"], model, path)
         unwrap_model(state.model).load_state_dict(contents["model"])
         state.optimizer.load_state_dict(contents["optimizer"])
         state.scheduler.load_state_dict(contents["scheduler"])
@@ -274,11 +294,13 @@ def _read_tracker(tracker: Path) -> int:
     return iteration
 
 
-def _check_model_args(saved: dict[str, Any], args: Any, path: Path) -> None:
+def _check_model_args(saved: dict[str, Any], model: ModelConfig, path: Path) -> None:
+    """Refuse a checkpoint of another shape, naming each flag that differs."""
+    # Field names are the flags' (num_layers is --num-layers), in flag order.
     mismatched = [
-        f"--{name.replace('_', '-')} {getattr(args, name)} (checkpoint: {saved.get(name)})"
-        for name in _MODEL_ARGS
-        if saved.get(name) != getattr(args, name)
+        f"--{name.replace('_', '-')} {value} (checkpoint: {saved.get(name)})"
+        for name, value in dataclasses.asdict(model).items()
+        if saved.get(name) != value
     ]
     if mismatched:
         raise CheckpointError(

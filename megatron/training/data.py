@@ -28,11 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
 from megatron.training.distributed import DistributedEnv
+from megatron.training.job_config import DataConfig, TrainingConfig
 
 __all__ = [
     "VOCAB_SIZE",
@@ -124,26 +125,29 @@ def data_file_problem(path: str | Path, seq_length: int) -> str | None:
     return None
 
 
-def build_train_valid_datasets(args: Any) -> tuple[GPTDataset, GPTDataset]:
-    if args.mock_data:
+def build_train_valid_datasets(
+    config: DataConfig, seq_length: int, seed: int
+) -> tuple[GPTDataset, GPTDataset]:
+    if config.mock_data:
         return (
-            MockGPTDataset(args.seq_length, args.seed, TRAIN),
-            MockGPTDataset(args.seq_length, args.seed, VALID),
+            MockGPTDataset(seq_length, seed, TRAIN),
+            MockGPTDataset(seq_length, seed, VALID),
         )
+    assert config.data_path is not None  # the parser checked: exactly one source
     return (
-        ByteFileDataset(args.data_path, args.seq_length, args.seed, TRAIN),
-        ByteFileDataset(args.data_path, args.seq_length, args.seed, VALID),
+        ByteFileDataset(config.data_path, seq_length, seed, TRAIN),
+        ByteFileDataset(config.data_path, seq_length, seed, VALID),
     )
 
 
 def micro_batches(
-    dataset: GPTDataset, consumed_samples: int, args: Any, env: DistributedEnv
+    dataset: GPTDataset, consumed_samples: int, training: TrainingConfig, env: DistributedEnv
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """This rank's ``(tokens, labels)`` micro-batches, starting after ``consumed_samples``.
 
     Endless: the loop decides when to stop.
     """
-    size = args.micro_batch_size
+    size = training.micro_batch_size
     start = consumed_samples + env.rank * size
     while True:
         batch = torch.stack([dataset[start + i] for i in range(size)]).to(env.device)

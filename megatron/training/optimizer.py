@@ -8,10 +8,11 @@ the curve exactly where the checkpoint left it, without pickling any code.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import nn
+
+from megatron.training.job_config import OptimizerConfig
 
 __all__ = ["build_optimizer", "learning_rate"]
 
@@ -31,7 +32,7 @@ def learning_rate(
 
 
 def build_optimizer(
-    model: nn.Module, args: Any
+    model: nn.Module, config: OptimizerConfig
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW (no weight decay on biases and norms) and the schedule driving its lr."""
     decay, no_decay = [], []
@@ -42,14 +43,17 @@ def build_optimizer(
             {"params": decay, "weight_decay": WEIGHT_DECAY},
             {"params": no_decay, "weight_decay": 0.0},
         ],
-        lr=args.lr,
+        lr=config.lr,
         betas=BETAS,
     )
 
     def lr_factor(step: int) -> float:
-        if args.lr == 0:
+        # Closes over a frozen section: the schedule is fixed once built.
+        if config.lr == 0:
             return 0.0
-        rate = learning_rate(step, args.lr, args.min_lr, args.lr_warmup_iters, args.train_iters)
-        return rate / args.lr
+        rate = learning_rate(
+            step, config.lr, config.min_lr, config.lr_warmup_iters, config.lr_decay_iters
+        )
+        return rate / config.lr
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)

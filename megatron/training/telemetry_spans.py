@@ -11,6 +11,9 @@ several separate traces, never one run-long root span:
 * traces C0..Cn, ``megatron.train``: one per checkpoint interval, each linked to
   the one before it (C0 to B), so a SIGKILL loses at most the interval in flight.
 
+The names it writes (span names, attribute keys) are spelled once, in
+:mod:`megatron.core.telemetry.semconv`, which everything reading them shares.
+
 The lifecycle is an explicit state machine on the ``transitions`` library.
 Each state owns exactly the spans that are open while it is current: entering
 ``startup`` opens B and leaving it closes B; entering ``interval`` opens a C and
@@ -44,6 +47,19 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Link, Span, SpanContext
 from transitions import Machine, MachineError
 
+from megatron.core.telemetry.semconv import (
+    CONTAINER_LOAD_SPAN,
+    INTERVAL_FIRST_ITERATION,
+    INTERVAL_INDEX,
+    INTERVAL_LAST_ITERATION,
+    INTERVAL_REROOTED,
+    INTERVAL_SPAN,
+    IS_GOODPUT_SPAN,
+    LAUNCH_SCRIPT_SPAN,
+    MODEL_TYPE,
+    PRE_STARTUP_SPAN,
+    STARTUP_SPAN,
+)
 from megatron.core.telemetry.span_groups import SpanGroup
 from megatron.core.telemetry.state import is_span_group_enabled
 
@@ -58,18 +74,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-
-# Attribute keys. ``is_goodput_span`` and ``megatron.model_type`` are the names
-# Megatron-LM's flag-based implementation uses; the interval keys are ours.
-GOODPUT = "is_goodput_span"
-MODEL_TYPE = "megatron.model_type"
-INTERVAL_INDEX = "megatron.interval.index"
-INTERVAL_FIRST_ITERATION = "megatron.interval.first_iteration"
-INTERVAL_LAST_ITERATION = "megatron.interval.last_iteration"
-# True when a reroot closed the interval (so C(k+1) follows it), False when
-# end_train or shutdown did. A reader whose last interval says True knows the
-# next one was lost: the process was killed while it was open.
-INTERVAL_REROOTED = "megatron.interval.rerooted"
 
 # A save_interval <= 0 means "no checkpointing": one interval covers the loop.
 # The pass counter then starts so high that it never runs out in practice.
@@ -356,22 +360,22 @@ class SpanPhases:
         slurm = timestamps.get("slurm_job_start_time")
         launch = timestamps.get("launch_script_start")
         if slurm is not None and launch is not None and slurm < launch:
-            self._backdated("pre_startup", slurm, launch)
+            self._backdated(PRE_STARTUP_SPAN, slurm, launch)
 
         folded = _is_folded(timestamps)
         opened_at = timestamps.get("launch_script_start" if folded else "program_start")
         self._startup = self._tracer.start_span(
-            "megatron.startup",
+            STARTUP_SPAN,
             context=otel_context.Context(),
             start_time=None if opened_at is None else _ns(opened_at),
-            attributes={GOODPUT: True, MODEL_TYPE: str(model_type)},
+            attributes={IS_GOODPUT_SPAN: True, MODEL_TYPE: str(model_type)},
         )
         self._link_to = self._startup.get_span_context()
         self._startup_token = otel_context.attach(otel_trace.set_span_in_context(self._startup))
         if folded:
             presrun, program = timestamps["launch_script_presrun"], timestamps["program_start"]
-            self._backdated("megatron.startup.launch_script", launch, presrun, self._startup)
-            self._backdated("megatron.startup.container_load", presrun, program, self._startup)
+            self._backdated(LAUNCH_SCRIPT_SPAN, launch, presrun, self._startup)
+            self._backdated(CONTAINER_LOAD_SPAN, presrun, program, self._startup)
 
     @_telemetry_guard
     def _emit_phase(self, name: str, start: float | None, end: float | None) -> None:
@@ -443,10 +447,10 @@ class SpanPhases:
     def _start_interval_span(self) -> None:
         """C(k): a root in a new trace, linked to C(k-1) or, for C0, to startup."""
         self._interval = self._tracer.start_span(
-            "megatron.train",
+            INTERVAL_SPAN,
             context=otel_context.Context(),
             links=[Link(self._link_to)] if self._link_to is not None else None,
-            attributes={GOODPUT: True, INTERVAL_INDEX: self._interval_index},
+            attributes={IS_GOODPUT_SPAN: True, INTERVAL_INDEX: self._interval_index},
         )
         self._interval_token = otel_context.attach(otel_trace.set_span_in_context(self._interval))
 
@@ -497,7 +501,7 @@ class SpanPhases:
             otel_trace.set_span_in_context(parent) if parent is not None else otel_context.Context()
         )
         span = self._tracer.start_span(
-            name, context=context, start_time=_ns(start), attributes={GOODPUT: True}
+            name, context=context, start_time=_ns(start), attributes={IS_GOODPUT_SPAN: True}
         )
         span.end(end_time=_ns(end))
 

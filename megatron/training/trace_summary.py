@@ -10,22 +10,29 @@ the one streaming reader ``megatron-trace`` and the tests share).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from megatron.core.telemetry.jsonl import metrics_file_for
+from megatron.core.telemetry.records import SpanRecord
+from megatron.core.telemetry.semconv import (
+    BADPUT_CATEGORIES,
+    CATEGORY_GOODPUT,
+    INTERVAL_SPAN,
+    STARTUP_SPAN,
+)
 from megatron.core.telemetry.tally import SpanTally
+from megatron.trace.goodput import rank_accounting
 from megatron.trace.model import TraceBuilder
-from megatron.trace.report import BADPUT_CATEGORIES, rank_accounting
 
 __all__ = ["goodput_line", "summarize"]
 
 
-def goodput_line(kept: list[dict[str, Any]]) -> str | None:
+def goodput_line(kept: list[SpanRecord]) -> str | None:
     """One line of this run's goodput accounting, from its structural spans.
 
-    ``kept`` are flat span dicts (:attr:`SpanTally.kept`); the accounting is
-    ``megatron-trace report``'s, applied to this run alone (so a later
-    restart's re-done iterations cannot be known yet: see the README).
+    ``kept`` are flat span records (:attr:`SpanTally.kept`); the accounting is
+    ``megatron-trace report``'s (:mod:`megatron.trace.goodput`), applied to
+    this run alone (so a later restart's re-done iterations cannot be known
+    yet: see the README).
     """
     builder = TraceBuilder()
     for span in kept:
@@ -42,9 +49,9 @@ def goodput_line(kept: list[dict[str, Any]]) -> str | None:
         reverse=True,
     )[:3]
     badput = ", ".join(f"{name} {100 * ns / wall:.1f} %" for ns, name in largest) or "none"
+    goodput = 100 * totals[CATEGORY_GOODPUT] / wall
     return (
-        f"  goodput: {100 * totals['goodput'] / wall:.1f} % of {wall / 1e9:.1f} s wall clock;"
-        f"   largest badput: {badput}"
+        f"  goodput: {goodput:.1f} % of {wall / 1e9:.1f} s wall clock;   largest badput: {badput}"
     )
 
 
@@ -59,9 +66,9 @@ def summarize(path: str | Path, tally: SpanTally) -> str:
     width = max((len(name) for name in by_name), default=0)
     lines = [
         f"telemetry written to {path}",
-        f"  runs (pretrain calls): {by_name.get('megatron.startup', 0)}   "
+        f"  runs (pretrain calls): {by_name.get(STARTUP_SPAN, 0)}   "
         f"traces: {len(tally.trace_ids)}   spans: {tally.span_count}   "
-        f"intervals (megatron.train): {by_name.get('megatron.train', 0)}",
+        f"intervals ({INTERVAL_SPAN}): {by_name.get(INTERVAL_SPAN, 0)}",
     ]
     metrics = metrics_file_for(Path(path))
     if metrics.exists():

@@ -51,10 +51,8 @@ checked at startup, read again when ``train()`` starts.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
-import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
@@ -67,7 +65,6 @@ import torch
 from megatron.core.telemetry import (
     MegatronSpanGroup,
     SpanGroup,
-    TelemetryConfig,
     is_span_group_enabled,
     managed_span,
     safe_set_span_attributes,
@@ -84,21 +81,31 @@ from megatron.training.checkpointing import (
 from megatron.training.data import VOCAB_SIZE, build_train_valid_datasets, micro_batches
 from megatron.training.distributed import (
     DistributedEnv,
-    GracefulExitSignal,
     all_reduce_mean,
     grad_sync,
     initialize_distributed,
     install_graceful_exit_handler,
-    max_across_ranks,
     print_rank_0,
     teardown_distributed,
     wrap_model,
 )
+from megatron.training.early_exit import ExitConditions
 from megatron.training.fault_injection import FaultInjection
+from megatron.training.job_config import (
+    EvalConfig,
+    JobConfig,
+    ModelConfig,
+    OptimizerConfig,
+    TrainingConfig,
+)
+from megatron.training.job_telemetry import (
+    print_telemetry_summary,
+    resource_attributes,
+    startup_timestamps,
+)
 from megatron.training.model import GPTConfig, GPTModel
 from megatron.training.optimizer import build_optimizer
 from megatron.training.telemetry_spans import SpanPhases, install_exit_hooks
-from megatron.training.trace_summary import summarize
 from megatron.training.training_log import StepResult, TrainingLog
 
 __all__ = ["TrainingResult", "pretrain", "train"]
@@ -119,30 +126,30 @@ class TrainingResult:
 
 
 def pretrain(
-    args: argparse.Namespace | Sequence[str] | None = None,
+    config: JobConfig | Sequence[str] | None = None,
     *,
     program_start: float | None = None,
     main_entry: float | None = None,
 ) -> TrainingResult:
     """Run one training job (an *incarnation*) from arguments to shutdown.
 
-    ``args`` is a parsed namespace (``main()`` parses first, so the time that
-    takes shows as ``megatron.startup.arg_parse``) or an argv list.
+    ``config`` is a parsed job config (``main()`` parses first, so the time
+    that takes shows as ``megatron.startup.arg_parse``) or an argv list.
     ``program_start`` and ``main_entry`` are the entry point's timestamps
     (epoch seconds) for the startup trace; unknown ones are left out of it.
     """
     pretrain_entry = time.time()
-    if not isinstance(args, argparse.Namespace):
-        args = parse_args(args)
-    env = initialize_distributed(args.seed)
+    if not isinstance(config, JobConfig):
+        config = parse_args(config)
+    env = initialize_distributed(config.training.seed)
     try:
-        return _run_job(args, env, program_start, main_entry, pretrain_entry)
+        return _run_job(config, env, program_start, main_entry, pretrain_entry)
     finally:
         teardown_distributed()
 
 
 def _run_job(
-    args: argparse.Namespace,
+    config: JobConfig,
     env: DistributedEnv,
     program_start: float | None,
     main_entry: float | None,
@@ -150,25 +157,27 @@ def _run_job(
 ) -> TrainingResult:
     """``pretrain()`` once the process group exists (it tears the group down)."""
     initialized = time.time()
-    if args.fresh_save_dir:
-        empty_directory(args.save, env.is_rank_0)
-    elif args.save and env.is_rank_0:
-        remove_stale_temporaries(args.save)
+    checkpoint = config.checkpoint
+    if checkpoint.fresh_save_dir:
+        empty_directory(checkpoint.save, env.is_rank_0)
+    elif checkpoint.save and env.is_rank_0:
+        remove_stale_temporaries(checkpoint.save)
 
     telemetry = setup_telemetry(
-        TelemetryConfig.from_args(args),
+        config.telemetry,
         rank=env.rank,
         world_size=env.world_size,
-        resource_attributes=_resource_attributes(args, env),
+        resource_attributes=resource_attributes(config, env),
     )
     # The trainer's own SIGTERM handler goes first, so the telemetry hook
     # installed next chains to it.
-    exit_signal = install_graceful_exit_handler() if args.exit_signal_handler else None
-    phases = SpanPhases(telemetry, save_interval=args.save_interval or 0)
-    install_exit_hooks(phases, graceful=args.exit_signal_handler)
+    graceful = config.exit.exit_signal_handler
+    exit_signal = install_graceful_exit_handler() if graceful else None
+    phases = SpanPhases(telemetry, save_interval=checkpoint.interval)
+    install_exit_hooks(phases, graceful=graceful)
 
     phases.start_job(
-        model_type="GPT", timestamps=_startup_timestamps(program_start, main_entry, pretrain_entry)
+        model_type="GPT", timestamps=startup_timestamps(program_start, main_entry, pretrain_entry)
     )
     phases.record_phase("megatron.startup.imports", program_start, main_entry)
     phases.record_phase("megatron.startup.arg_parse", main_entry, pretrain_entry)
@@ -176,37 +185,40 @@ def _run_job(
     exit_reason = None
     try:
         with managed_span(SpanGroup.JOB, "megatron.startup.model_init"):
-            state = setup_model_and_optimizer(args, env)
-            if args.load:
+            state = setup_model_and_optimizer(config.model, config.optimizer, env)
+            if checkpoint.load:
                 with managed_span(
                     SpanGroup.LOAD_CHECKPOINT,
                     "megatron.checkpoint.load",
-                    **{"megatron.checkpoint.dir": args.load},
+                    **{"megatron.checkpoint.dir": checkpoint.load},
                 ) as span:
-                    load_checkpoint(args.load, state, args)
+                    load_checkpoint(checkpoint.load, state, config.model)
                     safe_set_span_attributes(span, {"megatron.iteration": state.iteration})
 
         with managed_span(SpanGroup.JOB, "megatron.startup.dataloader"):
-            train_data, valid_data = build_train_valid_datasets(args)
-            train_batches = micro_batches(train_data, state.consumed_samples, args, env)
+            train_data, valid_data = build_train_valid_datasets(
+                config.data, config.model.seq_length, config.training.seed
+            )
+            train_batches = micro_batches(train_data, state.consumed_samples, config.training, env)
 
-        log = TrainingLog(args, telemetry.meter)
-        exits = ExitConditions(args, pretrain_entry, exit_signal)
-        if state.iteration < args.train_iters:
+        log = TrainingLog(config.logging, config.training, config.model, telemetry.meter)
+        exits = ExitConditions(config.exit, pretrain_entry, exit_signal)
+        train_iters = config.training.train_iters
+        if state.iteration < train_iters:
             phases.start_train()
-            exit_reason = train(args, env, phases, state, train_batches, valid_data, log, exits)
+            exit_reason = train(config, env, phases, state, train_batches, valid_data, log, exits)
             if exit_reason is None:
                 phases.end_train()
         else:
             print_rank_0(
-                f"nothing to train: iteration {state.iteration} >= --train-iters {args.train_iters}"
+                f"nothing to train: iteration {state.iteration} >= --train-iters {train_iters}"
             )
     except BaseException:
         _shutdown_if_allowed(phases)
         raise
     _shutdown_if_allowed(phases)
 
-    _print_telemetry_summary(telemetry)
+    print_telemetry_summary(telemetry)
     return TrainingResult(
         state.iteration, state.consumed_samples, log.reported, telemetry.trace_file, exit_reason
     )
@@ -228,7 +240,7 @@ def _shutdown_if_allowed(phases: SpanPhases) -> None:
 
 
 def train(
-    args: argparse.Namespace,
+    config: JobConfig,
     env: DistributedEnv,
     phases: SpanPhases,
     state: TrainState,
@@ -246,34 +258,36 @@ def train(
     exit_reason = None
     state.model.train()
 
-    while state.iteration < args.train_iters and exit_reason is None:
+    training, evaluation, checkpoint = config.training, config.eval, config.checkpoint
+    while state.iteration < training.train_iters and exit_reason is None:
         phases.step(state.iteration)
         with managed_span(
             SpanGroup.STEP, "megatron.train.iteration", **{"megatron.iteration": state.iteration}
         ) as span:
             with _first_iteration_span(state.iteration == first_iteration):
-                step = train_step(args, state, train_batches, hooks)
+                step = train_step(training, config.optimizer, state, train_batches, hooks)
             if is_span_group_enabled(SpanGroup.STEP):  # the stamps cost a host sync
                 safe_set_span_attributes(span, step.span_attributes())
             state.iteration += 1
-            state.consumed_samples += args.global_batch_size
+            state.consumed_samples += training.global_batch_size
             # Inside the iteration span, so the iteration's log line carries it.
             log.record(state.iteration, state.consumed_samples, step)
-        if args.eval_interval and state.iteration % args.eval_interval == 0:
-            evaluate_and_print(args, env, state, valid_data)
-        if _is_save_iteration(args, state.iteration):
-            _save(args, env, state)
+        if evaluation.eval_interval and state.iteration % evaluation.eval_interval == 0:
+            evaluate_and_print(evaluation, training, env, state, valid_data)
+        if checkpoint.is_save_iteration(state.iteration):
+            _save(config, env, state)
         exit_reason = exits.check(state.iteration)
 
-    if args.save and not _is_save_iteration(args, state.iteration):
-        _save(args, env, state)
+    if checkpoint.save and not checkpoint.is_save_iteration(state.iteration):
+        _save(config, env, state)
     if exit_reason is not None:
         print_rank_0(f"exiting program at iteration {state.iteration}: {exit_reason}")
     return exit_reason
 
 
 def train_step(
-    args: argparse.Namespace,
+    training: TrainingConfig,
+    optimizer_config: OptimizerConfig,
     state: TrainState,
     train_batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
     hooks: FaultInjection,
@@ -283,19 +297,21 @@ def train_step(
     model, optimizer = state.model, state.optimizer
     optimizer.zero_grad(set_to_none=True)
     losses = []
-    for microbatch in range(args.num_microbatches):
+    num_microbatches = training.num_microbatches
+    for microbatch in range(num_microbatches):
         with managed_span(SpanGroup.FORWARD_BACKWARD, "megatron.train.forward_backward"):
             with managed_span(MegatronSpanGroup.DATA_LOADING, "megatron.train.get_batch"):
                 tokens, labels = next(train_batches)
             # DDP all-reduces gradients on the last micro-batch's backward only.
-            with grad_sync(model, enabled=microbatch == args.num_microbatches - 1):
+            with grad_sync(model, enabled=microbatch == num_microbatches - 1):
                 hooks.before_forward(state.iteration)
                 loss = model(tokens, labels)
-                (loss / args.num_microbatches).backward()
+                (loss / num_microbatches).backward()
             losses.append(loss.detach())
 
     with managed_span(SpanGroup.OPTIMIZER, "megatron.train.optimizer"):
-        max_norm = args.clip_grad if args.clip_grad > 0 else math.inf
+        clip_grad = optimizer_config.clip_grad
+        max_norm = clip_grad if clip_grad > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         learning_rate = optimizer.param_groups[0]["lr"]
         skipped = not torch.isfinite(grad_norm).item()
@@ -312,21 +328,25 @@ def train_step(
 
 
 def evaluate_and_print(
-    args: argparse.Namespace, env: DistributedEnv, state: TrainState, valid_data: Any
+    evaluation: EvalConfig,
+    training: TrainingConfig,
+    env: DistributedEnv,
+    state: TrainState,
+    valid_data: Any,
 ) -> float:
     """Mean LM loss over ``--eval-iters`` validation micro-batches per rank.
 
     The same batches every time, so successive validation losses compare.
     """
     model = state.model
-    batches = micro_batches(valid_data, 0, args, env)
+    batches = micro_batches(valid_data, 0, training, env)
     model.eval()
     with managed_span(
         SpanGroup.EVALUATE, "megatron.evaluate", **{"megatron.iteration": state.iteration}
     ) as span:
         total = torch.zeros((), device=env.device)
         with torch.no_grad():
-            for eval_step in range(args.eval_iters):
+            for eval_step in range(evaluation.eval_iters):
                 with managed_span(
                     SpanGroup.EVALUATE,
                     "megatron.evaluate.step",
@@ -334,7 +354,7 @@ def evaluate_and_print(
                 ):
                     tokens, labels = next(batches)
                     total += model(tokens, labels)
-        loss = all_reduce_mean(total / args.eval_iters).item()
+        loss = all_reduce_mean(total / evaluation.eval_iters).item()
         safe_set_span_attributes(span, {"megatron.evaluate.loss": loss})
     model.train()
     line = (
@@ -345,46 +365,19 @@ def evaluate_and_print(
     return loss
 
 
-def setup_model_and_optimizer(args: argparse.Namespace, env: DistributedEnv) -> TrainState:
-    config = GPTConfig(
+def setup_model_and_optimizer(
+    model_config: ModelConfig, optimizer_config: OptimizerConfig, env: DistributedEnv
+) -> TrainState:
+    gpt = GPTConfig(
         vocab_size=VOCAB_SIZE,
-        seq_length=args.seq_length,
-        num_layers=args.num_layers,
-        hidden_size=args.hidden_size,
-        num_attention_heads=args.num_attention_heads,
+        seq_length=model_config.seq_length,
+        num_layers=model_config.num_layers,
+        hidden_size=model_config.hidden_size,
+        num_attention_heads=model_config.num_attention_heads,
     )
-    model = wrap_model(GPTModel(config), env)
-    optimizer, scheduler = build_optimizer(model, args)
+    model = wrap_model(GPTModel(gpt), env)
+    optimizer, scheduler = build_optimizer(model, optimizer_config)
     return TrainState(model, optimizer, scheduler)
-
-
-class ExitConditions:
-    """When ``train()`` should stop early (checked after every iteration).
-
-    As in Megatron-LM: a graceful SIGTERM, then the wall-clock budget (both
-    agreed across ranks, so every rank stops at the same iteration), then
-    ``--exit-interval``. The collectives run only when their flag is set.
-    """
-
-    def __init__(
-        self, args: argparse.Namespace, started_at: float, exit_signal: GracefulExitSignal | None
-    ) -> None:
-        self.args = args
-        self.started_at = started_at
-        self.exit_signal = exit_signal
-
-    def check(self, iteration: int) -> str | None:
-        args = self.args
-        if self.exit_signal is not None and self.exit_signal.received_on_any_rank():
-            return "received SIGTERM (--exit-signal-handler)"
-        if args.exit_duration_in_mins is not None:
-            minutes = max_across_ranks((time.time() - self.started_at) / 60.0)
-            if minutes >= args.exit_duration_in_mins:
-                limit = args.exit_duration_in_mins
-                return f"ran {minutes:.2f} minutes (--exit-duration-in-mins {limit})"
-        if args.exit_interval and iteration % args.exit_interval == 0:
-            return f"--exit-interval {args.exit_interval}"
-        return None
 
 
 def _first_iteration_span(is_first: bool) -> Any:
@@ -393,77 +386,8 @@ def _first_iteration_span(is_first: bool) -> Any:
     return managed_span(MegatronSpanGroup.FIRST_ITERATION, "megatron.train.first_iteration")
 
 
-def _is_save_iteration(args: argparse.Namespace, iteration: int) -> bool:
-    return bool(args.save and args.save_interval and iteration % args.save_interval == 0)
-
-
-def _save(args: argparse.Namespace, env: DistributedEnv, state: TrainState) -> None:
+def _save(config: JobConfig, env: DistributedEnv, state: TrainState) -> None:
     with managed_span(
         SpanGroup.CHECKPOINT, "megatron.checkpoint.save", **{"megatron.iteration": state.iteration}
     ):
-        save_checkpoint(args.save, state, args, env.is_rank_0)
-
-
-def _print_telemetry_summary(telemetry: Any) -> None:
-    """What this run's telemetry wrote, printed by the rank that wrote it.
-
-    After training nothing telemetry does may change the job's exit status:
-    a summary that cannot be made is one warning line.
-    """
-    if not telemetry.is_exporting:
-        return
-    try:
-        trace_file, tally = telemetry.trace_file, telemetry.tally
-        if trace_file is not None and tally is not None:
-            print(summarize(trace_file, tally), flush=True)
-        for report in telemetry.failure_reports():
-            print(f"telemetry: {report}", flush=True)
-    except Exception as exc:  # noqa: BLE001 -- the run succeeded; the summary is a bonus
-        _log.warning("telemetry summary not printed: %s", exc)
-
-
-def _resource_attributes(args: argparse.Namespace, env: DistributedEnv) -> dict[str, Any]:
-    """The run's shape, named as Megatron-LM's ``_set_telemetry`` names it."""
-    return {
-        "dl.local_rank": env.local_rank,
-        "dl.tensor_parallel.size": 1,
-        "dl.pipeline_parallel.size": 1,
-        "dl.data_parallel.size": args.data_parallel_size,
-        "dl.batch_size": args.global_batch_size,
-        "dl.sequence_length": args.seq_length,
-        "megatron.num_layers": args.num_layers,
-        "megatron.hidden_size": args.hidden_size,
-        "megatron.num_attention_heads": args.num_attention_heads,
-        "megatron.train_iters": args.train_iters,
-        "megatron.micro_batch_size": args.micro_batch_size,
-        # torch.save of one model_optim_rng.pt per checkpoint, Megatron's "torch" format.
-        "megatron.ckpt_format": "torch",
-        "megatron.precision": "fp32",
-    }
-
-
-_LAUNCH_ENV = {
-    "launch_script_start": "MEGATRON_LAUNCH_SCRIPT_START",
-    "launch_script_presrun": "MEGATRON_LAUNCH_SCRIPT_PRESRUN",
-    "slurm_job_start_time": "SLURM_JOB_START_TIME",
-}
-
-
-def _startup_timestamps(
-    program_start: float | None, main_entry: float | None, pretrain_entry: float
-) -> dict[str, float | None]:
-    """The startup trace's timestamps: ours, plus the launcher's from the environment."""
-    timestamps: dict[str, float | None] = {
-        "program_start": program_start,
-        "main_entry": main_entry,
-        "pretrain_entry": pretrain_entry,
-    }
-    for key, variable in _LAUNCH_ENV.items():
-        value = os.environ.get(variable)
-        if not value:
-            continue
-        try:
-            timestamps[key] = float(value)
-        except ValueError:
-            _log.warning("ignoring %s=%r: not a number of seconds since the epoch", variable, value)
-    return timestamps
+        save_checkpoint(config.checkpoint.save, state, config, env.is_rank_0)

@@ -20,6 +20,7 @@ import torch
 from megatron.core.telemetry import record_training_metrics
 from megatron.training.data import VOCAB_SIZE
 from megatron.training.distributed import all_reduce_mean, print_rank_0
+from megatron.training.job_config import LoggingConfig, ModelConfig, TrainingConfig
 
 __all__ = ["StepResult", "TrainingLog", "parse_log_iteration_ms", "parse_log_losses"]
 
@@ -46,10 +47,18 @@ class StepResult:
 
 
 class TrainingLog:
-    def __init__(self, args: Any, meter: Any) -> None:
-        self.args = args
+    def __init__(
+        self,
+        logging_config: LoggingConfig,
+        training: TrainingConfig,
+        model: ModelConfig,
+        meter: Any,
+    ) -> None:
+        self.log_interval = logging_config.log_interval
+        self.training = training
+        self.seq_length = model.seq_length
         self.meter = meter
-        self.flops_per_iteration = _flops_per_iteration(args)
+        self.flops_per_iteration = _flops_per_iteration(model, training.global_batch_size)
         self.reported: list[tuple[int, float]] = []  # (iteration, DP-averaged loss)
         self._reset()
 
@@ -66,11 +75,11 @@ class TrainingLog:
         self._iterations += 1
         self._seconds += step.duration_s
         self._skipped += int(step.skipped)
-        if iteration % self.args.log_interval == 0:
+        if iteration % self.log_interval == 0:
             self._report(iteration, consumed_samples, step)
 
     def _report(self, iteration: int, consumed_samples: int, step: StepResult) -> None:
-        args = self.args
+        training = self.training
         # A resumed run's first window can be shorter than --log-interval.
         iterations = self._iterations
         window_loss = (
@@ -79,10 +88,9 @@ class TrainingLog:
         loss = all_reduce_mean(window_loss).item()
         grad_norm = step.grad_norm.item()
         ms_per_iteration = 1000.0 * self._seconds / iterations
-        tokens_per_sec = iterations * args.global_batch_size * args.seq_length / self._seconds
-        tflops = (
-            iterations * self.flops_per_iteration / self._seconds / 1e12 / args.data_parallel_size
-        )
+        tokens_per_sec = iterations * training.global_batch_size * self.seq_length / self._seconds
+        dp_size = training.data_parallel_size
+        tflops = iterations * self.flops_per_iteration / self._seconds / 1e12 / dp_size
         record_training_metrics(
             self.meter,
             step_duration_ms=ms_per_iteration,
@@ -96,11 +104,11 @@ class TrainingLog:
         )
         print_rank_0(
             f" [{time.strftime('%Y-%m-%d %H:%M:%S')}]"
-            f" iteration {iteration:8d}/{args.train_iters:8d} |"
+            f" iteration {iteration:8d}/{training.train_iters:8d} |"
             f" consumed samples: {consumed_samples:12d} |"
             f" elapsed time per iteration (ms): {ms_per_iteration:.1f} |"
             f" learning rate: {step.learning_rate:.6E} |"
-            f" global batch size: {args.global_batch_size:5d} |"
+            f" global batch size: {training.global_batch_size:5d} |"
             f" lm loss: {loss:.6E} |"
             f" grad norm: {grad_norm:.3f} |"
             f" number of skipped iterations: {self._skipped:3d} |"
@@ -121,11 +129,11 @@ def parse_log_iteration_ms(text: str) -> dict[int, float]:
     return {int(iteration): float(ms) for iteration, ms in _ITERATION_MS.findall(text)}
 
 
-def _flops_per_iteration(args: Any) -> float:
+def _flops_per_iteration(model: ModelConfig, global_batch_size: int) -> float:
     """Model FLOPs of one iteration: 6 per parameter per token, plus attention scores."""
-    h, layers, seq = args.hidden_size, args.num_layers, args.seq_length
+    h, layers, seq = model.hidden_size, model.num_layers, model.seq_length
     params = layers * 12 * h * h + (VOCAB_SIZE + seq) * h
-    tokens = args.global_batch_size * seq
+    tokens = global_batch_size * seq
     return 6.0 * params * tokens + 12.0 * layers * h * seq * tokens
 
 

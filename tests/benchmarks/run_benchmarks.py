@@ -700,7 +700,7 @@ def bench_trace_report(
     code = textwrap.dedent(
         """
         import json, resource, sys, time
-        from megatron.trace.report import report_files
+        from megatron.trace.goodput import report_files
 
         def peak_kb():
             try:  # VmHWM starts afresh at exec; ru_maxrss would inherit the parent's peak

@@ -218,7 +218,7 @@ def test_without_msgspec_the_fallback_gives_the_same_report(tmp_path: Path) -> N
         "import sys, json\n"
         "if sys.argv[1] == 'without': sys.modules['msgspec'] = None  # as if not installed\n"
         "from megatron.core.telemetry import otlp_decode\n"
-        "from megatron.trace.report import report_files\n"
+        "from megatron.trace.goodput import report_files\n"
         "print(otlp_decode.FAST, json.dumps(report_files([sys.argv[2]]), sort_keys=True))\n"
     )
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}

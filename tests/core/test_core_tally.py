@@ -11,6 +11,7 @@ from opentelemetry import trace
 
 from megatron.core.telemetry import TelemetryConfig, TelemetryHandle
 from megatron.core.telemetry.reader import read_spans
+from megatron.core.telemetry.records import SpanRecord
 from megatron.training.trace_summary import summarize
 
 Make = Callable[..., TelemetryHandle]
@@ -86,3 +87,24 @@ def test_summary_counts_this_run_and_its_goodput(make_handle: Make, tmp_path: Pa
     assert {found[4], found[5]} == {"checkpoint_save", "wasted_progress"}
     assert "spans cut short: 1   spans with ERROR status: 1" in text
     assert "  torn lines: 1 (a killed run's last write, sealed and skipped by readers)" in lines
+
+
+def test_kept_records_have_the_readers_shape(make_handle: Make, tmp_path: Path) -> None:
+    """The tally and the reader build one record type: same keys, same value types."""
+    path = tmp_path / "traces.jsonl"
+    config = TelemetryConfig(enabled=True, exporter="jsonl", trace_file=path, run_id="r")
+    handle = make_handle(config)
+    _lifecycle(handle, time.time_ns() - 7_000_000_000)
+    handle.shutdown()
+    assert handle.tally is not None
+    kept = {s["span_id"]: s for s in handle.tally.kept}
+    read = {s["span_id"]: s for s in read_spans(path) if s["span_id"] in kept}
+    assert len(read) == len(kept) == 4  # startup, interval, save, the cut-short iteration
+    for span_id, mine in kept.items():
+        theirs = read[span_id]
+        assert list(mine) == list(theirs) == list(SpanRecord.__annotations__)
+        for key in ("name", "trace_id", "span_id", "parent_id", "links", "link_attributes"):
+            assert mine[key] == theirs[key], key
+        assert (mine["status_code"], mine["kind"]) == (theirs["status_code"], theirs["kind"])
+        assert mine["resource"] == theirs["resource"]
+        assert (mine["file"], mine["line"]) == (None, 0)

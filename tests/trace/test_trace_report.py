@@ -10,7 +10,7 @@ import pytest
 import tracegen as g
 
 from megatron.trace.cli import main
-from megatron.trace.report import BADPUT_CATEGORIES, report_files
+from megatron.trace.goodput import BADPUT_CATEGORIES, report_files
 
 
 def assert_accounted(report: dict) -> None:

@@ -17,8 +17,8 @@ import pytest
 from pictures_helpers import T0, S, Span, incarnation, resource, run_command, write_trace
 
 from megatron.trace import timeline
+from megatron.trace.goodput import report_files
 from megatron.trace.lanes import Lane
-from megatron.trace.report import report_files
 from megatron.trace.spans import span_source
 from megatron.trace.timeline_summary import summary_figure
 

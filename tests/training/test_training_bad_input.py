@@ -88,12 +88,12 @@ def test_save_onto_a_regular_file_is_refused(tmp_path, capsys, clean_env):
 
 
 def test_demo_preset_yields_to_explicit_flags(clean_env):
-    args = parse_args(["--demo", "--train-iters", "7", "--no-otel-enabled"])
-    assert args.train_iters == 7 and args.otel_enabled is False
-    assert args.otel_span_groups == "per_step" and args.mock_data
-    assert args.save == "runs/demo" and args.fresh_save_dir
-    assert not parse_args(["--demo", "--save", "runs/demo"]).fresh_save_dir
-    assert not parse_args(["--demo", "--load", "runs/demo"]).fresh_save_dir
+    config = parse_args(["--demo", "--train-iters", "7", "--no-otel-enabled"])
+    assert config.training.train_iters == 7 and config.telemetry.enabled is False
+    assert config.telemetry.span_groups_spec == "per_step" and config.data.mock_data
+    assert config.checkpoint.save == "runs/demo" and config.checkpoint.fresh_save_dir
+    assert not parse_args(["--demo", "--save", "runs/demo"]).checkpoint.fresh_save_dir
+    assert not parse_args(["--demo", "--load", "runs/demo"]).checkpoint.fresh_save_dir
 
 
 # -- through the real entry point --------------------------------------------

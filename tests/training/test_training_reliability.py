@@ -84,13 +84,13 @@ def test_a_torn_line_in_the_trace_never_changes_the_exit_status(training_cli, ex
 
 
 FAILING_SUMMARY = """
-import megatron.training.training as training
+import megatron.training.job_telemetry as job_telemetry
 from megatron.training.__main__ import main
 
 def broken_summary(path, tally):
     raise ValueError(f"{{path}}: line 5 is not valid JSON")
 
-training.summarize = broken_summary
+job_telemetry.summarize = broken_summary
 main([{args}])
 """
 
@@ -234,7 +234,7 @@ def test_a_resumed_run_removes_the_temporary_a_killed_save_left(training_cli):
 
 
 def test_save_interval_0_is_accepted(clean_env):
-    assert parse_args(["--mock-data", "--save-interval", "0"]).save_interval == 0
+    assert parse_args(["--mock-data", "--save-interval", "0"]).checkpoint.save_interval == 0
 
 
 @pytest.mark.slow

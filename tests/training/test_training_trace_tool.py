@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from megatron.core.telemetry.reader import read_spans
-from megatron.trace.report import BADPUT_CATEGORIES
+from megatron.trace.goodput import BADPUT_CATEGORIES
 
 pytestmark = pytest.mark.slow
 

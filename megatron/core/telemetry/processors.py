@@ -37,6 +37,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Status, StatusCode
 
 from megatron.core.telemetry._signals import start_daemon_thread
+from megatron.core.telemetry.semconv import SPAN_CUT_SHORT
 
 __all__ = [
     "CUT_SHORT_ATTRIBUTE",
@@ -48,8 +49,8 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 #: Boolean attribute set (to ``True``) on spans that telemetry shutdown ended
-#: because their code never did.
-CUT_SHORT_ATTRIBUTE = "megatron.span.cut_short"
+#: because their code never did (the public name of ``semconv.SPAN_CUT_SHORT``).
+CUT_SHORT_ATTRIBUTE = SPAN_CUT_SHORT
 
 _CUT_SHORT_STATUS = "span still open at telemetry shutdown"
 

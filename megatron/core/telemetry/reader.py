@@ -7,9 +7,11 @@ not read the file at all: it counts as the run goes, see ``tally``.)
 A trace file holds one OTLP/JSON ``ExportTraceServiceRequest`` per line. That
 nesting (resource -> scope -> spans, attributes as typed ``KeyValue`` lists,
 integers as decimal strings) is right for interchange and awkward for
-analysis, so :func:`iter_spans` flattens it into one plain dict per span. It
-reads line by line: memory depends on the longest line (one export batch),
-never on the file's size, so a week-long job's gigabytes read like a minute's.
+analysis, so :func:`iter_spans` flattens it into one plain dict per span (a
+:class:`~megatron.core.telemetry.records.SpanRecord`, the shape the tally
+builds too). It reads line by line: memory depends on the longest line (one
+export batch), never on the file's size, so a week-long job's gigabytes read
+like a minute's.
 
 Two kinds of bad line, told apart because they mean different things:
 
@@ -42,6 +44,7 @@ from megatron.core.telemetry.otlp_decode import (
     decode_fast,
     decode_python,
 )
+from megatron.core.telemetry.records import SpanRecord, span_record
 
 __all__ = [
     "DAMAGE_ERRORS",
@@ -243,32 +246,32 @@ def damaged(path: Path, number: int, error: BaseException) -> TraceFileDamaged:
     return TraceFileDamaged(path, number, f"not an OTLP trace request: {error!r}")
 
 
-def flat_span(span: Any, resource: dict[str, Any], path: Path, line: int) -> dict[str, Any]:
-    """One span object as the flat dict :func:`iter_spans` yields."""
-    return {
-        "name": span.name,
-        "trace_id": span.trace_id,
-        "span_id": span.span_id,
-        "parent_id": span.parent_span_id or None,
-        "start_ns": span.start_time_unix_nano,
-        "end_ns": span.end_time_unix_nano,
-        "attributes": span.attribute_dict(),
-        "links": span.link_pairs(),
-        "link_attributes": span.link_attribute_dicts(),
-        "events": span.event_dicts(),
-        "status_code": span.status_code(),
-        "status_message": span.status_message(),
-        "kind": span.kind,
-        "resource": resource,
-        "file": path,
-        "line": line,
-    }
+def flat_span(span: Any, resource: dict[str, Any], path: Path, line: int) -> SpanRecord:
+    """One decoded span object as the flat :class:`SpanRecord` :func:`iter_spans` yields."""
+    return span_record(
+        span.name,
+        span.trace_id,
+        span.span_id,
+        span.parent_span_id or None,
+        span.start_time_unix_nano,
+        span.end_time_unix_nano,
+        span.attribute_dict(),
+        span.link_pairs(),
+        span.link_attribute_dicts(),
+        span.event_dicts(),
+        span.status_code(),
+        span.status_message(),
+        span.kind,
+        resource,
+        path,
+        line,
+    )
 
 
 def iter_spans(
     paths: Path | str | Iterable[Path | str], stats: ReadStats | None = None
-) -> Iterator[dict[str, Any]]:
-    """Every span of the trace files, in file order, as a flat dict.
+) -> Iterator[SpanRecord]:
+    """Every span of the trace files, in file order, as a flat :class:`SpanRecord` dict.
 
     Keys: ``name``, ``trace_id`` (32 hex), ``span_id`` (16 hex), ``parent_id``
     (16 hex, ``None`` for a root), ``start_ns`` / ``end_ns`` (ints),
@@ -295,7 +298,7 @@ def iter_spans(
         yield from flat
 
 
-def read_spans(path: Path | str, stats: ReadStats | None = None) -> list[dict[str, Any]]:
+def read_spans(path: Path | str, stats: ReadStats | None = None) -> list[SpanRecord]:
     """All spans of one file as a list (:func:`iter_spans`); for tests and small files."""
     return list(iter_spans(path, stats))
 

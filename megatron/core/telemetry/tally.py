@@ -6,38 +6,25 @@ incarnation included: its cost grew with the file (1.4 s and 200 MB on a
 counts as the run goes instead, so the summary costs the same after a
 minute or a week: spans and traces by count, spans by name, cut-short and
 ERROR spans, the torn line of a killed predecessor the sink sealed, and a
-flat record (the reader's dict shape) of the few
-structural spans the goodput line needs, a handful per checkpoint interval.
+flat record (:class:`~megatron.core.telemetry.records.SpanRecord`, what the
+reader yields) of the few structural spans the goodput line needs, a handful
+per checkpoint interval.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import StatusCode
 
 from megatron.core.telemetry.jsonl import JsonlFile
-from megatron.core.telemetry.processors import CUT_SHORT_ATTRIBUTE
+from megatron.core.telemetry.records import SpanRecord, span_record
+from megatron.core.telemetry.semconv import SPAN_CUT_SHORT, STRUCTURAL_SPAN_NAMES
 
-__all__ = ["STRUCTURAL_SPAN_NAMES", "SpanTally"]
-
-#: The lifecycle's structural spans: what the goodput accounting is built from.
-STRUCTURAL_SPAN_NAMES = frozenset(
-    {
-        "pre_startup",
-        "megatron.startup",
-        "megatron.startup.launch_script",
-        "megatron.startup.container_load",
-        "megatron.train",
-        "megatron.checkpoint.save",
-        "megatron.checkpoint.load",
-        "megatron.evaluate",
-    }
-)
+__all__ = ["SpanTally"]
 
 _STATUS = {StatusCode.UNSET: "UNSET", StatusCode.OK: "OK", StatusCode.ERROR: "ERROR"}
 
@@ -61,7 +48,7 @@ class SpanTally(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         attributes = span.attributes or {}
-        cut_short = bool(attributes.get(CUT_SHORT_ATTRIBUTE))
+        cut_short = bool(attributes.get(SPAN_CUT_SHORT))
         with self._lock:
             self.by_name[span.name] += 1
             if span.parent is None:
@@ -74,8 +61,8 @@ class SpanTally(SpanProcessor):
                 self._kept.append(span)
 
     @property
-    def kept(self) -> list[dict[str, Any]]:
-        """The structural and cut-short spans so far, as the reader's flat dicts."""
+    def kept(self) -> list[SpanRecord]:
+        """The structural and cut-short spans so far, as the reader's flat records."""
         with self._lock:
             spans = list(self._kept)
         return [_flat(span) for span in spans]
@@ -96,26 +83,27 @@ class SpanTally(SpanProcessor):
         return True
 
 
-def _flat(span: ReadableSpan) -> dict[str, Any]:
-    """The span as :func:`megatron.core.telemetry.reader.iter_spans` would read it back."""
+def _flat(span: ReadableSpan) -> SpanRecord:
+    """The span as :func:`megatron.core.telemetry.reader.iter_spans` would read it back.
+
+    Except what the summary never looks at: no events, and no file or line.
+    """
     parent = span.parent
-    return {
-        "name": span.name,
-        "trace_id": f"{span.context.trace_id:032x}",
-        "span_id": f"{span.context.span_id:016x}",
-        "parent_id": f"{parent.span_id:016x}" if parent is not None else None,
-        "start_ns": span.start_time or 0,
-        "end_ns": span.end_time or 0,
-        "attributes": dict(span.attributes or {}),
-        "links": [
-            (f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}") for link in span.links
-        ],
-        "link_attributes": [dict(link.attributes or {}) for link in span.links],
-        "events": [],
-        "status_code": _STATUS.get(span.status.status_code, "UNSET"),
-        "status_message": span.status.description or "",
-        "kind": span.kind.value + 1,
-        "resource": dict(span.resource.attributes),
-        "file": None,
-        "line": 0,
-    }
+    return span_record(
+        span.name,
+        f"{span.context.trace_id:032x}",
+        f"{span.context.span_id:016x}",
+        f"{parent.span_id:016x}" if parent is not None else None,
+        span.start_time or 0,
+        span.end_time or 0,
+        dict(span.attributes or {}),
+        [(f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}") for link in span.links],
+        [dict(link.attributes or {}) for link in span.links],
+        [],
+        _STATUS.get(span.status.status_code, "UNSET"),
+        span.status.description or "",
+        span.kind.value + 1,
+        dict(span.resource.attributes),
+        None,
+        0,
+    )

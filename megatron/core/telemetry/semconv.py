@@ -1,0 +1,183 @@
+"""The telemetry's vocabulary: span names, attribute keys and report categories, once.
+
+Like OpenTelemetry's semantic-conventions modules, this module only names
+things. The lifecycle (:mod:`megatron.training.telemetry_spans`) writes these
+names, the base layer counts them (:mod:`~megatron.core.telemetry.tally`) and
+``megatron-trace`` reads them back, so each is spelled in one place and a
+grep for any of them finds its one definition. Every attribute of the
+job-level spans and every resource key is here, even where one module alone
+writes it, so the wire format reads in one place; the trainer's own phase
+and step span names, each used by the trainer alone, stay in the trainer.
+
+The strings are the wire format: traces already written and the tests
+(which assert it) hold them as they are, so a constant's *value* never
+changes; only its Python name may.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+__all__ = [
+    "BADPUT_CATEGORIES",
+    "CATEGORY_CHECKPOINT_LOAD",
+    "CATEGORY_CHECKPOINT_SAVE",
+    "CATEGORY_EVALUATION",
+    "CATEGORY_GOODPUT",
+    "CATEGORY_LAUNCH",
+    "CATEGORY_OTHER",
+    "CATEGORY_QUEUE",
+    "CATEGORY_RESTART_GAP",
+    "CATEGORY_STARTUP",
+    "CATEGORY_WASTED_PROGRESS",
+    "CHECKPOINT_LOAD_SPAN",
+    "CHECKPOINT_SAVE_SPAN",
+    "CONTAINER_LOAD_SPAN",
+    "DL_RANK",
+    "DL_WORLD_SIZE",
+    "EVALUATE_SPAN",
+    "INTERVAL_FIRST_ITERATION",
+    "INTERVAL_INDEX",
+    "INTERVAL_LAST_ITERATION",
+    "INTERVAL_REROOTED",
+    "INTERVAL_SPAN",
+    "IS_GOODPUT_SPAN",
+    "ITERATION",
+    "ITERATION_SPAN",
+    "LAUNCH_SCRIPT_SPAN",
+    "MODEL_TYPE",
+    "PRE_STARTUP_SPAN",
+    "PROCESS_PID",
+    "RUN_ID",
+    "SERVICE_INSTANCE_ID",
+    "SERVICE_NAME",
+    "SPAN_CATEGORY",
+    "SPAN_CUT_SHORT",
+    "STARTUP_PHASE_PREFIX",
+    "STARTUP_SPAN",
+    "STRUCTURAL_SPAN_NAMES",
+]
+
+# ---------------------------------------------------------------------------
+# Span names: the job-level spans the lifecycle opens, and the trainer's spans
+# the accounting reads.
+# ---------------------------------------------------------------------------
+
+#: Trace A: the time the job sat in the scheduler queue, backdated (Slurm start to launch).
+PRE_STARTUP_SPAN = "pre_startup"
+#: Trace B's root: launch (when known) or program start to the first training step.
+STARTUP_SPAN = "megatron.startup"
+#: The prefix of every child of ``megatron.startup``: the startup phases.
+STARTUP_PHASE_PREFIX = "megatron.startup."
+#: Child of startup: the launch script, from its start to just before ``srun``.
+LAUNCH_SCRIPT_SPAN = "megatron.startup.launch_script"
+#: Child of startup: from ``srun`` to the program's first line (the container's load).
+CONTAINER_LOAD_SPAN = "megatron.startup.container_load"
+#: The root of each trace C0..Cn: one checkpoint interval of the training loop.
+INTERVAL_SPAN = "megatron.train"
+#: One training iteration (loop pass), a child of its interval (``per_step`` groups).
+ITERATION_SPAN = "megatron.train.iteration"
+#: One checkpoint save, inside an interval.
+CHECKPOINT_SAVE_SPAN = "megatron.checkpoint.save"
+#: The checkpoint load of a resumed run, inside startup.
+CHECKPOINT_LOAD_SPAN = "megatron.checkpoint.load"
+#: One evaluation pass, inside an interval.
+EVALUATE_SPAN = "megatron.evaluate"
+
+# ---------------------------------------------------------------------------
+# Span attribute keys
+# ---------------------------------------------------------------------------
+
+#: True on every span the lifecycle opens (pre_startup, startup and its backdated
+#: phases, the intervals); Megatron-LM's name.
+IS_GOODPUT_SPAN = "is_goodput_span"
+#: On ``megatron.startup``: the model type the trainer was started with; Megatron-LM's name.
+MODEL_TYPE = "megatron.model_type"
+#: On ``megatron.train``: the interval's 0-based position within its incarnation.
+INTERVAL_INDEX = "megatron.interval.index"
+#: On ``megatron.train``: the first iteration the interval ran.
+INTERVAL_FIRST_ITERATION = "megatron.interval.first_iteration"
+#: On ``megatron.train``: the last iteration the interval ran.
+INTERVAL_LAST_ITERATION = "megatron.interval.last_iteration"
+#: On ``megatron.train``: True when a reroot closed it (so another interval followed),
+#: False when ``end_train`` or ``shutdown`` did; a last interval saying True means
+#: the next one was lost (the process was killed while it was open).
+INTERVAL_REROOTED = "megatron.interval.rerooted"
+#: The iteration a span belongs to: on iterations, checkpoint saves and loads, evaluations.
+ITERATION = "megatron.iteration"
+#: True on a span that was still open when telemetry shut down, and was ended then.
+SPAN_CUT_SHORT = "megatron.span.cut_short"
+
+# ---------------------------------------------------------------------------
+# Resource attribute keys (the first three are OpenTelemetry's own names)
+# ---------------------------------------------------------------------------
+
+#: OpenTelemetry's service name of the exported telemetry.
+SERVICE_NAME = "service.name"
+#: OpenTelemetry's instance id: one per run and rank (``<run id>-rank<rank>``).
+SERVICE_INSTANCE_ID = "service.instance.id"
+#: OpenTelemetry's process id of the writing process.
+PROCESS_PID = "process.pid"
+#: The run id: the same on every rank of a job (the launcher's job id, when it has one).
+RUN_ID = "megatron.run_id"
+#: The writing process's global rank.
+DL_RANK = "dl.rank"
+#: How many ranks the job has.
+DL_WORLD_SIZE = "dl.world_size"
+
+# ---------------------------------------------------------------------------
+# Report categories: where ``megatron-trace report`` puts each nanosecond
+# ---------------------------------------------------------------------------
+
+#: The training intervals, less what nests in them: the useful time.
+CATEGORY_GOODPUT = "goodput"
+#: The scheduler queue (``pre_startup``).
+CATEGORY_QUEUE = "queue"
+#: The launch script and the container's load.
+CATEGORY_LAUNCH = "launch"
+#: Startup, less what nests in it.
+CATEGORY_STARTUP = "startup"
+#: Checkpoint loads.
+CATEGORY_CHECKPOINT_LOAD = "checkpoint_load"
+#: Checkpoint saves.
+CATEGORY_CHECKPOINT_SAVE = "checkpoint_save"
+#: Evaluations.
+CATEGORY_EVALUATION = "evaluation"
+#: Training whose results were lost: past the progress that survived an incarnation.
+CATEGORY_WASTED_PROGRESS = "wasted_progress"
+#: Between one incarnation's last span and the next one's first.
+CATEGORY_RESTART_GAP = "restart_gap"
+#: Time no category covers.
+CATEGORY_OTHER = "other"
+
+#: The badput categories, in the order the report lists them.
+BADPUT_CATEGORIES = (
+    CATEGORY_QUEUE,
+    CATEGORY_LAUNCH,
+    CATEGORY_STARTUP,
+    CATEGORY_CHECKPOINT_LOAD,
+    CATEGORY_CHECKPOINT_SAVE,
+    CATEGORY_EVALUATION,
+    CATEGORY_WASTED_PROGRESS,
+    CATEGORY_RESTART_GAP,
+    CATEGORY_OTHER,
+)
+
+#: Span name -> the report category its time counts as. Its keys are the
+#: structural spans: all the goodput accounting is built from.
+SPAN_CATEGORY: Mapping[str, str] = MappingProxyType(
+    {
+        PRE_STARTUP_SPAN: CATEGORY_QUEUE,
+        STARTUP_SPAN: CATEGORY_STARTUP,
+        LAUNCH_SCRIPT_SPAN: CATEGORY_LAUNCH,
+        CONTAINER_LOAD_SPAN: CATEGORY_LAUNCH,
+        INTERVAL_SPAN: CATEGORY_GOODPUT,
+        CHECKPOINT_LOAD_SPAN: CATEGORY_CHECKPOINT_LOAD,
+        CHECKPOINT_SAVE_SPAN: CATEGORY_CHECKPOINT_SAVE,
+        EVALUATE_SPAN: CATEGORY_EVALUATION,
+    }
+)
+
+#: The lifecycle's structural spans, which the tally and the trace model keep.
+STRUCTURAL_SPAN_NAMES = frozenset(SPAN_CATEGORY)

@@ -1,0 +1,357 @@
+"""The goodput accounting: where the job's wall-clock time went (goodput and badput).
+
+The figures ``megatron-trace report`` prints (:mod:`megatron.trace.report`
+formats them), the timeline's summary draws and the trainer's end-of-run
+summary quotes, computed in one place so the three can never disagree.
+
+Every nanosecond of a rank's wall clock (first ``pre_startup`` or
+``megatron.startup`` start to last span end) is attributed to exactly one
+category by a sweep over time: where spans of several categories overlap,
+the first in ``PRECEDENCE`` wins; time no category covers is ``other``. So
+``goodput + sum(badput) == wall`` holds exactly, in integer nanoseconds
+(``accounting_ns`` in the JSON; the ``*_s`` figures are those divided by 1e9).
+
+Categories: a structural span's time counts as the category
+:data:`~megatron.core.telemetry.semconv.SPAN_CATEGORY` gives its name (an
+interval's is goodput; the queue, launch, startup, checkpoint loads and
+saves and evaluations are badput); the wasted window (below) is
+``wasted_progress``; the time between one incarnation's last span and the
+next one's first is ``restart_gap``.
+
+Wasted progress: an incarnation's progress survives up to its *horizon*, the
+iteration the next incarnation of the rank resumed from (its checkpoint
+load, else its first iteration; 0 when it started afresh). A final
+incarnation that shut down normally loses nothing; a final one that was
+killed or cut short keeps only what its last checkpoint save recorded
+(nothing, without one). Iterations at or past the horizon are
+``wasted_iterations``; the time from the start of the first of them (or the
+interval boundary where it would have started) to the incarnation's end is
+the wasted window.
+
+Several ranks: each rank is accounted on its own (``ranks`` in the JSON);
+the job-level figures are those of the lowest rank, since every rank lives
+through the same lifecycle.
+
+Memory: :func:`~megatron.trace.model.load_trace` streams; iteration
+durations are kept in compact arrays and sorted once, in numpy, for the
+statistics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from megatron.core.telemetry.semconv import (
+    BADPUT_CATEGORIES,
+    CATEGORY_CHECKPOINT_LOAD,
+    CATEGORY_CHECKPOINT_SAVE,
+    CATEGORY_EVALUATION,
+    CATEGORY_GOODPUT,
+    CATEGORY_LAUNCH,
+    CATEGORY_OTHER,
+    CATEGORY_QUEUE,
+    CATEGORY_RESTART_GAP,
+    CATEGORY_STARTUP,
+    CATEGORY_WASTED_PROGRESS,
+    INTERVAL_LAST_ITERATION,
+    ITERATION,
+    ITERATION_SPAN,
+    SPAN_CATEGORY,
+)
+from megatron.trace.model import Incarnation, Trace, load_trace
+
+__all__ = [
+    "ANOMALY_FACTOR",
+    "BADPUT_CATEGORIES",
+    "PRECEDENCE",
+    "build_report",
+    "rank_accounting",
+    "report_files",
+]
+
+# Highest first. Checkpoint loads nest in startup, saves and evaluations in
+# intervals, so the nested category must win over its parent's.
+PRECEDENCE = (
+    CATEGORY_CHECKPOINT_LOAD,
+    CATEGORY_CHECKPOINT_SAVE,
+    CATEGORY_EVALUATION,
+    CATEGORY_LAUNCH,
+    CATEGORY_QUEUE,
+    CATEGORY_STARTUP,
+    CATEGORY_WASTED_PROGRESS,
+    CATEGORY_GOODPUT,
+    CATEGORY_RESTART_GAP,
+)
+ANOMALY_FACTOR = 3.0
+ANOMALY_RULE = f"duration > {ANOMALY_FACTOR:g} x median iteration duration"
+_LISTED_ANOMALIES = 20
+
+
+def _seconds(ns: int) -> float:
+    return round(ns / 1e9, 9)
+
+
+def _segments(inc: Incarnation) -> list[tuple[int, int, str]]:
+    """(start, end, category) for the incarnation's structural spans."""
+    return [(r["start_ns"], r["end_ns"], SPAN_CATEGORY[r["name"]]) for r in inc.records]
+
+
+def _horizon(inc: Incarnation, later: list[Incarnation]) -> int | None:
+    """The first iteration whose progress this incarnation lost (None: nothing lost)."""
+    for successor in later:
+        resumed = successor.resumed_from
+        if resumed is None:
+            resumed = successor.first_iteration
+        if resumed is not None:
+            return resumed
+    if inc.ended == "shutdown":
+        return None
+    saved = [s["attributes"].get(ITERATION) for s in inc.saves]
+    saved = [i for i in saved if isinstance(i, int)]
+    if saved:
+        return max(saved)
+    return inc.first_iteration if inc.first_iteration is not None else 0
+
+
+def _wasted(inc: Incarnation, horizon: int | None) -> tuple[int | None, int | None, bool]:
+    """(window start ns, wasted iterations, exact?) for one incarnation."""
+    if horizon is None:
+        return None, 0, True
+    start = inc.iterations.start_of(horizon) if inc.iterations else None
+    if start is None:
+        # the interval boundary where iteration `horizon` began (or would have)
+        before = [
+            r["end_ns"]
+            for r in inc.intervals
+            if r["attributes"].get(INTERVAL_LAST_ITERATION, horizon) < horizon
+        ]
+        if before:
+            start = max(before)
+        elif inc.intervals:
+            start = inc.intervals[0]["start_ns"]
+        elif inc.startup is not None:
+            start = inc.startup["end_ns"]
+    if inc.iterations:
+        return start, inc.iterations.count_from(horizon), True
+    last = inc.last_iteration
+    first = inc.first_iteration if inc.first_iteration is not None else horizon
+    count = max(0, (last if last is not None else horizon - 1) + 1 - max(horizon, first))
+    # without per-iteration spans a killed in-flight interval's iterations are unknown
+    return start, count, inc.ended != "killed"
+
+
+def _sweep(segments: list[tuple[int, int, str]], wall: tuple[int, int]) -> dict[str, int]:
+    """Nanoseconds per category; the highest-precedence covering category wins."""
+    rank = {category: i for i, category in enumerate(PRECEDENCE)}
+    events: list[tuple[int, int, int]] = []
+    lo, hi = wall
+    for start, end, category in segments:
+        start, end = max(start, lo), min(end, hi)
+        if end > start:
+            events.append((start, 1, rank[category]))
+            events.append((end, -1, rank[category]))
+    events.sort()
+    totals = dict.fromkeys((*PRECEDENCE, CATEGORY_OTHER), 0)
+    active = [0] * len(PRECEDENCE)
+    cursor = lo
+    for time, delta, index in events:
+        if time > cursor:
+            winner = next((PRECEDENCE[i] for i, n in enumerate(active) if n), CATEGORY_OTHER)
+            totals[winner] += time - cursor
+            cursor = time
+        active[index] += delta
+    totals[CATEGORY_OTHER] += hi - cursor
+    return totals
+
+
+def _wall_start(inc: Incarnation) -> int:
+    """Where an incarnation's wall clock starts: its queue or startup, else its first span."""
+    starts = [r["start_ns"] for r in (*inc.pre_startup, inc.startup) if r is not None]
+    return min(starts) if starts else inc.start_ns
+
+
+def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
+    """The accounting of one rank's incarnations (in time order).
+
+    Returns ``{"wall_ns", "start_ns", "totals_ns": {category: ns, "goodput": ns},
+    "wasted_iterations": int, "wasted_exact": bool, "per_incarnation":
+    [{"horizon", "wasted_iterations", "wasted_window_ns"}]}``.
+    """
+    start = min(_wall_start(inc) for inc in incs)
+    end = max(max(inc.end_ns for inc in incs), start)
+    segments: list[tuple[int, int, str]] = []
+    per_incarnation = []
+    wasted_total, exact = 0, True
+    for position, inc in enumerate(incs):
+        segments.extend(_segments(inc))
+        horizon = _horizon(inc, incs[position + 1 :])
+        window_start, count, count_exact = _wasted(inc, horizon)
+        if window_start is not None and inc.end_ns > window_start:
+            segments.append((window_start, inc.end_ns, CATEGORY_WASTED_PROGRESS))
+        if position + 1 < len(incs):
+            segments.append((inc.end_ns, incs[position + 1].start_ns, CATEGORY_RESTART_GAP))
+        wasted_total += count or 0
+        exact = exact and count_exact
+        per_incarnation.append(
+            {
+                "horizon": horizon,
+                "wasted_iterations": count,
+                "wasted_window_ns": max(0, inc.end_ns - window_start)
+                if window_start is not None
+                else 0,
+            }
+        )
+    totals = _sweep(segments, (start, end))
+    return {
+        "start_ns": start,
+        "wall_ns": end - start,
+        "totals_ns": totals,
+        "wasted_iterations": wasted_total,
+        "wasted_exact": exact,
+        "per_incarnation": per_incarnation,
+    }
+
+
+def _durations_ms(inc: Incarnation) -> np.ndarray:
+    starts = np.frombuffer(inc.iterations.starts, dtype=np.int64)
+    ends = np.frombuffer(inc.iterations.ends, dtype=np.int64)
+    return (ends - starts).astype(np.float64) / 1e6  # what (end - start) / 1e6 gives
+
+
+def _iteration_stats(incs: list[Incarnation]) -> dict[str, Any] | None:
+    # numpy: 8 bytes an iteration, where a sorted list of floats took about 32
+    per_incarnation = [_durations_ms(inc) for inc in incs]
+    durations = np.sort(np.concatenate(per_incarnation)) if per_incarnation else np.empty(0)
+    if not len(durations):
+        return None
+    count = len(durations)
+    middle = count // 2
+    median = float(
+        durations[middle] if count % 2 else (durations[middle - 1] + durations[middle]) / 2
+    )
+    p90 = float(durations[max(0, math.ceil(0.9 * count) - 1)])  # nearest rank
+    threshold = ANOMALY_FACTOR * median
+    slow = []
+    for inc, inc_durations in zip(incs, per_incarnation, strict=True):
+        for position in np.flatnonzero(inc_durations > threshold).tolist():
+            slow.append(
+                (float(inc_durations[position]), inc.index, inc.iterations.numbers[position])
+            )
+    slow.sort(reverse=True)
+    return {
+        "count": count,
+        "median_ms": round(median, 3),
+        "p90_ms": round(p90, 3),
+        "max_ms": round(float(durations[-1]), 3),
+        "anomalous": {
+            "rule": ANOMALY_RULE,
+            "count": len(slow),
+            "slowest": [
+                {"incarnation": index, "iteration": number, "duration_ms": round(dur, 3)}
+                for dur, index, number in slow[:_LISTED_ANOMALIES]
+            ],
+        },
+    }
+
+
+def _incarnation_entry(inc: Incarnation, wall_start: int, waste: dict[str, Any]) -> dict:
+    startup = inc.startup
+    return {
+        "rank": inc.rank,
+        "index": inc.index,
+        "ended": inc.ended,
+        "first_iteration": inc.first_iteration,
+        "last_iteration": inc.last_iteration,
+        "resumed_from": inc.resumed_from,
+        "startup_s": _seconds(startup["end_ns"] - startup["start_ns"]) if startup else None,
+        "intervals": len(inc.intervals),
+        "start_s": _seconds(inc.start_ns - wall_start),
+        "duration_s": _seconds(inc.end_ns - inc.start_ns),
+        "wasted_iterations": waste["wasted_iterations"],
+        "wasted_s": _seconds(waste["wasted_window_ns"]),
+    }
+
+
+def build_report(trace: Trace) -> dict[str, Any]:
+    """The goodput report as one JSON-able dict (see the module docstring and README).
+
+    Keys: ``wall_s``, ``goodput_s``, ``goodput_fraction``, ``badput_s``
+    (category -> s), ``accounting_ns`` (the same in exact integer ns, with
+    ``wall`` and ``goodput``), ``wasted_iterations`` (int, or None when
+    unknown), ``incarnations`` (list of dicts: ``rank``, ``index``, ``ended``,
+    ``first_iteration``, ``last_iteration``, ``resumed_from``, ``startup_s``,
+    ``intervals``, ``start_s``, ``duration_s``, ``wasted_iterations``,
+    ``wasted_s``), ``iterations`` (``count``, ``median_ms``, ``p90_ms``,
+    ``max_ms``, ``anomalous``; None without per-iteration spans), ``rank``
+    (the rank the job figures come from), ``ranks`` (per-rank summaries),
+    ``spans``, ``torn_lines``, ``not_computed`` (figures the trace could not
+    give, with the reason).
+    """
+    not_computed: list[str] = []
+    if not trace.ranks:
+        raise ValueError("no spans in the trace files")
+    ranks = {}
+    for rank, incs in trace.ranks.items():
+        accounting = rank_accounting(incs)
+        ranks[rank] = (incs, accounting)
+    job_rank = next(iter(ranks))
+    incs, accounting = ranks[job_rank]
+    totals = accounting["totals_ns"]
+    wall = accounting["wall_ns"]
+    iterations = _iteration_stats(incs)
+    if iterations is None:
+        not_computed.append(
+            f"iterations: no {ITERATION_SPAN} spans (enable the per_step span groups)"
+        )
+    if not accounting["wasted_exact"]:
+        not_computed.append(
+            "wasted_iterations: a killed incarnation's in-flight interval is missing and there "
+            "are no per-iteration spans, so the figure is a lower bound"
+        )
+    return {
+        "wall_s": _seconds(wall),
+        "goodput_s": _seconds(totals[CATEGORY_GOODPUT]),
+        "goodput_fraction": round(totals[CATEGORY_GOODPUT] / wall, 6) if wall else 0.0,
+        "badput_s": {category: _seconds(totals[category]) for category in BADPUT_CATEGORIES},
+        "accounting_ns": {
+            "wall": wall,
+            CATEGORY_GOODPUT: totals[CATEGORY_GOODPUT],
+            **{category: totals[category] for category in BADPUT_CATEGORIES},
+        },
+        "wasted_iterations": accounting["wasted_iterations"],
+        "incarnations": [
+            _incarnation_entry(inc, accounting["start_ns"], waste)
+            for inc, waste in zip(incs, accounting["per_incarnation"], strict=True)
+        ],
+        "iterations": iterations,
+        "rank": job_rank,
+        "ranks": [
+            {
+                "rank": rank,
+                "wall_s": _seconds(acc["wall_ns"]),
+                "goodput_s": _seconds(acc["totals_ns"][CATEGORY_GOODPUT]),
+                "goodput_fraction": round(acc["totals_ns"][CATEGORY_GOODPUT] / acc["wall_ns"], 6)
+                if acc["wall_ns"]
+                else 0.0,
+                "wasted_iterations": acc["wasted_iterations"],
+                "incarnations": len(rank_incs),
+            }
+            for rank, (rank_incs, acc) in ranks.items()
+        ],
+        "spans": trace.span_count,
+        "torn_lines": len(trace.stats.torn),
+        "not_computed": not_computed,
+    }
+
+
+def report_files(paths: Iterable[Path | str], jobs: int | None = None) -> dict[str, Any]:
+    """Stream the files (several in ``jobs`` parallel processes) and build the report.
+
+    Raises ``TraceFileDamaged`` on damage.
+    """
+    return build_report(load_trace(paths, jobs))

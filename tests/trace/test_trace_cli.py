@@ -1,0 +1,63 @@
+"""``megatron-trace`` works under ``python -OO``, which strips every docstring.
+
+A subcommand that built its ``--help`` from its module's ``__doc__`` crashed
+there before it printed anything, so each one is started the way a user
+would, in a fresh interpreter with ``-OO``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron.trace.cli import COMMANDS, build_parser
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SUBCOMMANDS = [module.__name__.rsplit(".", 1)[-1] for module in COMMANDS]
+COLUMNS = "100"  # argparse wraps to the terminal: the same width in and out of process
+
+
+def _help_under_oo(*argv: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, COLUMNS=COLUMNS)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-OO", "-m", "megatron.trace", *argv, "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def _help_here(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The help this interpreter (docstrings kept) prints for ``argv``."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args([*argv, "--help"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_every_subcommand_is_covered() -> None:
+    assert SUBCOMMANDS == ["check", "report", "timeline", "export"]
+
+
+@pytest.mark.parametrize(
+    "argv", [[], *([c] for c in SUBCOMMANDS)], ids=["megatron-trace", *SUBCOMMANDS]
+)
+def test_help_under_python_OO_is_the_usual_help(
+    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", COLUMNS)
+    result = _help_under_oo(*argv)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert result.stdout == _help_here(argv, capsys)
+    usage = " ".join(["usage: megatron-trace", *argv])
+    assert result.stdout.startswith(usage)
+    description = result.stdout.split("\n\n")[1]  # usage, description, arguments
+    assert len(description) > 30 and not description.startswith(("positional", "options"))
