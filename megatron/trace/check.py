@@ -41,7 +41,7 @@ from collections.abc import Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from megatron.core.telemetry.reader import (
     DAMAGE_ERRORS,
@@ -62,7 +62,9 @@ from megatron.core.telemetry.semconv import (
 from megatron.trace.command import add_command
 from megatron.trace.model import Incarnation, Trace, TraceBuilder, process_key
 from megatron.trace.parallel import map_files
-from megatron.trace.span_ids import IdCollector, IdSet, ids_hex
+
+if TYPE_CHECKING:
+    from megatron.trace.span_ids import IdSet
 
 __all__ = ["CheckResult", "add_parser", "check_files"]
 
@@ -133,6 +135,8 @@ def _record_where(record: SpanRecord, inc: Incarnation) -> str:
 
 def _scan(path: Path) -> _FileScan:
     """The map step: one pass over one file (parallel across files)."""
+    from megatron.trace.span_ids import IdCollector  # numpy: imported when it is needed
+
     builder, ids, late = TraceBuilder(), IdCollector(), []
     with paused_gc():
         for line in iter_batches(path, builder.stats):
@@ -206,6 +210,8 @@ def check_files(
     Several files are scanned in ``jobs`` parallel processes (default: one
     per file, up to the cores) or on ``executor``, and merged in file order.
     """
+    from megatron.trace.span_ids import IdSet, ids_hex
+
     files = [Path(path) for path in paths]
     scans = map_files(_scan, files, jobs, executor)
     builder = functools.reduce(TraceBuilder.merge, (scan.builder for scan in scans))

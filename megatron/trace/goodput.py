@@ -42,9 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from megatron.core.telemetry.semconv import (
     BADPUT_CATEGORIES,
@@ -217,7 +215,13 @@ def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
     }
 
 
+if TYPE_CHECKING:
+    import numpy as np
+
+
 def _durations_ms(inc: Incarnation) -> np.ndarray:
+    import numpy as np  # here, not at import: the CLI starts faster for what needs none
+
     starts = np.frombuffer(inc.iterations.starts, dtype=np.int64)
     ends = np.frombuffer(inc.iterations.ends, dtype=np.int64)
     return (ends - starts).astype(np.float64) / 1e6  # what (end - start) / 1e6 gives
@@ -225,6 +229,8 @@ def _durations_ms(inc: Incarnation) -> np.ndarray:
 
 def _iteration_stats(incs: list[Incarnation]) -> dict[str, Any] | None:
     # numpy: 8 bytes an iteration, where a sorted list of floats took about 32
+    import numpy as np
+
     per_incarnation = [_durations_ms(inc) for inc in incs]
     durations = np.sort(np.concatenate(per_incarnation)) if per_incarnation else np.empty(0)
     if not len(durations):
