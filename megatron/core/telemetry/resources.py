@@ -16,7 +16,7 @@ from opentelemetry.sdk.resources import Resource
 from megatron.core.telemetry._attributes import sanitize_attributes
 from megatron.core.telemetry.config import TelemetryConfig
 
-__all__ = ["SLURM_RESOURCE_ATTRIBUTES"]
+__all__ = ["SLURM_RESOURCE_ATTRIBUTES", "build_resource"]
 
 #: SLURM job metadata on the resource, named as nemo-lens's resource detection
 #: names it; present only inside a SLURM job (``SLURM_JOB_ID`` set).
@@ -32,12 +32,17 @@ SLURM_RESOURCE_ATTRIBUTES: dict[str, tuple[str, ...]] = {
 _SLURM_INT_ATTRIBUTES = frozenset({"slurm.nnodes", "slurm.ntasks"})
 
 
-def _build_resource(
+def build_resource(
     config: TelemetryConfig,
     rank: int,
     world_size: int,
     resource_attributes: Mapping[str, Any] | None,
 ) -> Resource:
+    """The rank's resource: the caller's attributes, SLURM's, then the identity.
+
+    ``None`` values among ``resource_attributes`` are skipped; the identity
+    attributes are set last so a caller cannot overwrite them.
+    """
     attributes = sanitize_attributes(resource_attributes or {})
     attributes.update(_slurm_attributes(os.environ))
     # Identity attributes come last so a caller cannot overwrite them.

@@ -1,10 +1,12 @@
-"""Turning a :class:`TelemetryConfig` into running telemetry, and stopping it.
+"""Turning a :class:`TelemetryConfig` into running telemetry: the wiring.
 
-:func:`setup_telemetry` builds a private ``TracerProvider``/``MeterProvider``
-pair per call and returns a :class:`TelemetryHandle` that owns them. Nothing
-is registered globally (``set_tracer_provider`` works once per process), so a
-second ``pretrain()`` in the same process, or a test, gets its own working
-pipeline.
+The parts live beside this module: the handle and its bounded shutdown in
+:mod:`.handle`, the resource in :mod:`.resources`, the exporters and sinks
+in :mod:`.sinks`. :func:`setup_telemetry` builds a private
+``TracerProvider``/``MeterProvider`` pair per call and returns a
+:class:`TelemetryHandle` that owns them. Nothing is registered globally
+(``set_tracer_provider`` works once per process), so a second ``pretrain()``
+in the same process, or a test, gets its own working pipeline.
 
 Every check that can fail runs before anything is started: a bad setting
 raises :class:`TelemetryConfigError` and leaves no thread, file or directory
@@ -41,12 +43,12 @@ from megatron.core.telemetry.config import (
 from megatron.core.telemetry.handle import TelemetryHandle
 from megatron.core.telemetry.jsonl import ExportFailures
 from megatron.core.telemetry.processors import OpenSpanTracker
-from megatron.core.telemetry.resources import SLURM_RESOURCE_ATTRIBUTES, _build_resource
+from megatron.core.telemetry.resources import SLURM_RESOURCE_ATTRIBUTES, build_resource
 from megatron.core.telemetry.sampling import RankAwareSampler, local_rank_from_env, rank_exports
 from megatron.core.telemetry.sinks import (
     JSONL_METRIC_EXPORT_INTERVAL_MILLIS,
-    _prepare_sinks,
-    _start_processing,
+    prepare_sinks,
+    start_processing,
 )
 from megatron.core.telemetry.tally import SpanTally
 
@@ -148,13 +150,13 @@ def setup_telemetry(
             tracer=trace.NoOpTracer(), meter=metrics.NoOpMeter(SCOPE_NAME), rank=rank
         )
 
-    resource = _build_resource(config, rank, world_size, resource_attributes)
+    resource = build_resource(config, rank, world_size, resource_attributes)
     # Everything that may start a thread (ours, the SDK's, grpc's native
     # ones) runs with asynchronous signals blocked, and the threads inherit
     # that mask, so SIGTERM always reaches the main thread; see _signals.
     with signals_blocked():
-        sinks = _prepare_sinks(config, span_exporter, metric_reader, log_exporter)
-        processors, readers, log_processors = _start_processing(sinks, metric_reader)
+        sinks = prepare_sinks(config, span_exporter, metric_reader, log_exporter)
+        processors, readers, log_processors = start_processing(sinks, metric_reader)
 
     version = _package_version()
     tracer: trace.Tracer = trace.NoOpTracer()

@@ -37,7 +37,7 @@ from megatron.core.telemetry.jsonl import (
 )
 from megatron.core.telemetry.processors import RootFlushingBatchSpanProcessor
 
-__all__ = ["JSONL_METRIC_EXPORT_INTERVAL_MILLIS"]
+__all__ = ["JSONL_METRIC_EXPORT_INTERVAL_MILLIS", "Sinks", "prepare_sinks", "start_processing"]
 
 #: How often the jsonl sink appends a metrics line. Metrics are also
 #: collected once more at shutdown.
@@ -125,7 +125,7 @@ def _open_sink(path: Path) -> JsonlFile:
         ) from None
 
 
-class _Sinks:
+class Sinks:
     """What the configured exporter needs, gathered before anything starts."""
 
     def __init__(self) -> None:
@@ -144,13 +144,20 @@ class _Sinks:
             file.discard()
 
 
-def _prepare_sinks(
+def prepare_sinks(
     config: TelemetryConfig,
     span_exporter: SpanExporter | None,
     metric_reader: MetricReader | None,
     log_exporter: LogRecordExporter | None = None,
-) -> _Sinks:
-    sinks = _Sinks()
+) -> Sinks:
+    """Open the files and make the exporters ``config.exporter`` names; start nothing.
+
+    An injected exporter or reader (tests, benchmarks) replaces the
+    configured one for its signal. Raises :class:`TelemetryConfigError` for a
+    file that cannot be written or a missing otlp extra, after closing what
+    it had opened and removing the files it created.
+    """
+    sinks = Sinks()
     if span_exporter is not None and config.traces_enabled:
         # Injected exporters (tests, benchmarks) see spans synchronously.
         sinks.span_exporter, sinks.batch_spans = span_exporter, False
@@ -208,8 +215,8 @@ def _prepare_sinks(
     return sinks
 
 
-def _start_processing(
-    sinks: _Sinks, metric_reader: MetricReader | None
+def start_processing(
+    sinks: Sinks, metric_reader: MetricReader | None
 ) -> tuple[list[SpanProcessor], list[MetricReader], list[Any]]:
     """Create the span and log processors and the metric reader; these start threads.
 
