@@ -153,7 +153,8 @@ def setup_telemetry(
     resource = build_resource(config, rank, world_size, resource_attributes)
     # Everything that may start a thread (ours, the SDK's, grpc's native
     # ones) runs with asynchronous signals blocked, and the threads inherit
-    # that mask, so SIGTERM always reaches the main thread; see _signals.
+    # that mask, so none of them takes a SIGTERM meant for the main thread;
+    # see _signals.
     with signals_blocked():
         sinks = prepare_sinks(config, span_exporter, metric_reader, log_exporter)
         processors, readers, log_processors = start_processing(sinks, metric_reader)
