@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from spans_helpers import Lifecycles
+from lifecycles import Lifecycles
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

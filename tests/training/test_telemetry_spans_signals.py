@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 import pytest
-import spans_helpers as sh
-from spans_helpers import STARTUP, TRAIN, ScriptRun, named
+from lifecycle_spec import STARTUP, TRAIN
+from processes import REPO_ROOT, ScriptRun, named
 
 ITERATION = "megatron.train.iteration"
 CUT_SHORT = "megatron.span.cut_short"
@@ -341,5 +341,5 @@ say("MODULE", m.__file__)
     assert run.finish() == 0, run.describe()
     (line,) = run.lines_starting("MODULE")
     assert Path(line.split(" ", 1)[1]).resolve() == (
-        sh.REPO_ROOT / "megatron" / "training" / "telemetry_spans.py"
+        REPO_ROOT / "megatron" / "training" / "telemetry_spans.py"
     )
