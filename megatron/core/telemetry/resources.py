@@ -13,6 +13,7 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 
+from megatron.core.telemetry import semconv
 from megatron.core.telemetry._attributes import sanitize_attributes
 from megatron.core.telemetry.config import TelemetryConfig
 
@@ -48,15 +49,15 @@ def build_resource(
     # Identity attributes come last so a caller cannot overwrite them.
     attributes.update(
         {
-            "service.name": config.service_name,
+            semconv.SERVICE_NAME: config.service_name,
             "nemo.run.id": config.run_id,
             # The name this project used first; readers of older files use it.
-            "megatron.run_id": config.run_id,
-            "service.instance.id": f"{config.run_id}-rank{rank}",
+            semconv.RUN_ID: config.run_id,
+            semconv.SERVICE_INSTANCE_ID: f"{config.run_id}-rank{rank}",
             "host.name": socket.gethostname(),
-            "process.pid": os.getpid(),
-            "dl.rank": rank,
-            "dl.world_size": world_size,
+            semconv.PROCESS_PID: os.getpid(),
+            semconv.DL_RANK: rank,
+            semconv.DL_WORLD_SIZE: world_size,
         }
     )
     # Resource.create also merges OTEL_RESOURCE_ATTRIBUTES and the SDK's
