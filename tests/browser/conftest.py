@@ -1,8 +1,10 @@
 """Fixtures for ``tox -e browser``: a headless Debian Chromium driven by playwright.
 
-These tests are outside ``tests/`` on purpose: the default ``tox`` run must
-pass with only Python, and a browser is a system package. Here a missing
-browser is a failure, not a skip: this environment exists to run them.
+The default ``tox`` run leaves this folder out (``norecursedirs`` in
+pyproject.toml): it must pass with only Python, and a browser is a system
+package. Here a missing browser is a failure, not a skip: this environment
+exists to run them. Any test of a page in a real browser belongs here and can
+take the ``browser`` fixture.
 Playwright only drives the system Chromium; it never downloads a browser.
 """
 
@@ -10,15 +12,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-# The hand-built trace files of the timeline's unit tests.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "trace"))
 
 CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium", "/usr/bin/chromium-browser")
 
