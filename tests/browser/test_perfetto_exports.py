@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import real_runs
+import upstream_traces
 from perfetto_harness import PerfettoTrace, open_trace
 
 from megatron.core.telemetry.reader import iter_spans
@@ -30,6 +31,22 @@ RUNS = {
     "one rank": real_runs.one_rank,
     "two ranks, all_ranks under torchrun": real_runs.two_ranks,
     "killed and resumed": real_runs.killed_and_resumed,
+}
+
+
+def _upstream_two_ranks(cwd: Path) -> Path:
+    ranks = [
+        upstream_traces.killed_and_resumed(cwd / f"rank{rank}.jsonl", rank=rank) for rank in (0, 1)
+    ]
+    return upstream_traces.as_collector_writes(ranks, cwd / "traces.jsonl")
+
+
+# What Megatron-LM itself writes (tests/trace/upstream_traces.py), no training needed.
+UPSTREAM = {
+    "Megatron-LM: killed and resumed, two ranks through a collector": _upstream_two_ranks,
+    "Megatron-LM: a lost async finalize": lambda cwd: upstream_traces.async_save_lost(
+        cwd / "traces.jsonl"
+    ),
 }
 
 SLICES = """
@@ -93,6 +110,17 @@ def assert_imported_whole(perfetto_trace: PerfettoTrace, trace: Path, origin: in
 
 
 def test_the_export_of_a_real_run_imports_whole(browser, perfetto, run_trace, tmp_path) -> None:
+    export_and_check(browser, perfetto, run_trace, tmp_path)
+
+
+@pytest.mark.parametrize("shape", list(UPSTREAM))
+def test_the_export_of_what_megatron_lm_writes_imports_whole(
+    browser, perfetto, tmp_path, shape
+) -> None:
+    export_and_check(browser, perfetto, UPSTREAM[shape](tmp_path), tmp_path)
+
+
+def export_and_check(browser: Any, perfetto: Any, run_trace: Path, tmp_path: Path) -> None:
     out = tmp_path / "trace.json"
     export.export_chrome(span_source([run_trace]), out)
     origin = int(_other_data(out)["time_origin_unix_ns"])
