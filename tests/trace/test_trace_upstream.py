@@ -103,6 +103,17 @@ def test_a_clean_run_checks_and_accounts(tmp_path, capsys, groups) -> None:
     assert report["accounting_ns"]["checkpoint_save"] == 3 * 154 * MS + 30 * 150_000 + MS
     assert report["accounting_ns"]["queue"] == 30_000 * MS
     assert report["accounting_ns"]["evaluation"] == 3 * 61 * MS
+    # The rest of the intervals is goodput, garbage collection (megatron.train.gc_collect)
+    # included: it is part of the training loop's own time.
+    interval_ns = sum(
+        s["end_ns"] - s["start_ns"] for s in read.spans if s["name"] == "megatron.train"
+    )
+    assert (
+        report["accounting_ns"]["goodput"]
+        == interval_ns - 3 * 154 * MS - 30 * 150_000 - MS - 3 * 61 * MS
+    )
+    if groups == "per_step":
+        assert sum(1 for s in read.spans if s["name"] == "megatron.train.gc_collect") == 4
     assert_accounts_exactly(report)
     if groups == "per_step":
         assert report["iterations"]["count"] == 30
