@@ -167,7 +167,7 @@ class Incarnation:
     iterations: Iterations = field(default_factory=lambda: Iterations())
     interval_facts: list[IntervalFacts] = field(default_factory=list)
     checkpoint_time: Stretches = field(default_factory=lambda: Stretches())
-    finalize_starts: list[int] = field(default_factory=list)
+    finalize_starts: array = field(default_factory=lambda: array("q"))
     start_ns: int = 0
     end_ns: int = 0
     ended: str = "shutdown"
@@ -399,7 +399,7 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], lis
         lo = boundaries[position - 1] if position else -(2**63)
         hi = boundaries[position] if position < len(boundaries) else 2**63 - 1
         inc.checkpoint_time = proc.checkpoint_time.clipped(lo, hi)
-        inc.finalize_starts = [s for s in proc.finalize_starts if lo <= s < hi]
+        inc.finalize_starts = array("q", (s for s in proc.finalize_starts if lo <= s < hi))
     for index, inc in enumerate(incs):
         times = [(r["start_ns"], r["end_ns"]) for r in inc.records]
         if inc.checkpoint_time:
