@@ -303,8 +303,7 @@ def rank_of(span: Mapping[str, Any]) -> str:
 def process_of(span: Mapping[str, Any]) -> tuple[Any, ...]:
     """The process that wrote a span: its rank and every identity its resource carries
     (:data:`PROCESS_KEYS`)."""
-    resource = span["resource"]
-    return (rank_of(span), *(resource.get(key) for key in PROCESS_KEYS))
+    return (rank_of(span), *map(span["resource"].get, PROCESS_KEYS))
 
 
 def slot_of(boundaries: Sequence[int], name: str, start_ns: int, end_ns: int) -> int:
@@ -326,13 +325,23 @@ class TraceBuilder:
         self.stats = stats if stats is not None else ReadStats()
         self._processes: dict[tuple[Any, ...], _Process] = {}
         self.span_count = 0
+        # The reader shares one resource dict among the spans of a request: its process
+        # is worked out once per request, not once per span (the file too: the rank of a
+        # resource without one is the file's).
+        self._resource: object = None
+        self._file: object = None
+        self._process: _Process | None = None
 
     def add(self, span: SpanRecord) -> None:
         self.span_count += 1
-        key = process_of(span)
-        proc = self._processes.get(key)
-        if proc is None:
-            proc = self._processes[key] = _Process(key[0], span["file"])
+        proc = self._process
+        same_request = span["resource"] is self._resource and span["file"] is self._file
+        if proc is None or not same_request:
+            key = process_of(span)
+            proc = self._processes.get(key)
+            if proc is None:
+                proc = self._processes[key] = _Process(key[0], span["file"])
+            self._resource, self._file, self._process = span["resource"], span["file"], proc
         start, end = span["start_ns"], span["end_ns"]
         if proc.min_start is None or start < proc.min_start:
             proc.min_start = start
