@@ -4,26 +4,36 @@ The Chrome trace-event format is what Perfetto UI and ``chrome://tracing``
 open and what PyTorch profiler users already read, so a job's trace can be
 looked at with nothing but a browser. The mapping:
 
-* a process (``pid`` = incarnation + 1) per incarnation, named by
-  ``process_name`` metadata ("incarnation 0", numbered as ``check`` and
-  ``report`` number them);
-* a thread (``tid``) per rank, named by ``thread_name`` metadata;
-* every span a complete event (``"ph": "X"``, ``ts``/``dur`` in microseconds),
-  so children nest under their parents by time on the rank's thread;
-  attributes, ids and status go to ``args``;
-* every link a flow (``"ph": "s"`` on the linked span, ``"ph": "f"`` with
-  ``"bp": "e"`` on the linking one, same ``id``): the arrows startup → C0 →
-  C1 → … that join the per-interval traces.
+* a process per incarnation and a thread per (incarnation, rank), named,
+  with ids no importer reinterprets (:mod:`megatron.trace.tracks`);
+* every span a complete event (``"ph": "X"``) on its lane's thread, so
+  children nest under their parents by time; attributes, ids and status go
+  to ``args``;
+* every link a flow arrow from the linked span to the linking one
+  (:mod:`megatron.trace.flows`): startup -> C0 -> C1 -> ... joins the
+  per-interval traces.
+
+Time: ``ts`` and ``dur`` are microseconds, as the format counts, written as
+decimal text with exactly three fractional digits computed from the integer
+nanoseconds, so every span keeps its nanosecond start and end and phases
+that tile in nanoseconds still tile. They count from the **time origin**:
+the earliest span start in the files, rounded down to a whole second, stated
+in the file as ``otherData.time_origin_unix_ns`` (and as UTC text). Epoch
+microseconds would not survive: near 1.8e15 a double, which is what viewers
+parse numbers into, resolves a quarter of a microsecond, and Perfetto drops
+the slices that rounding makes overlap. Relative to the origin a double
+resolves a nanosecond for about 50 days of wall clock.
 
 Events are written as the spans are read, in file order (the viewers sort by
 time themselves). Two passes over the files keep memory independent of their
-size: the first learns the lanes and which spans are link targets, the second
+size: the first learns the lanes, the time origin and the links, the second
 writes.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 from collections.abc import Iterable, Iterator
@@ -31,10 +41,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from megatron.trace.command import add_command
+from megatron.trace.flows import FlowPlan
 from megatron.trace.lanes import LaneIndex
 from megatron.trace.model import TraceBuilder
 from megatron.trace.output import replacing
 from megatron.trace.spans import SpanSource, TraceInputError, span_source
+from megatron.trace.tracks import Tracks
 
 __all__ = ["add_parser", "export_chrome", "run"]
 
@@ -49,7 +61,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="write the trace in another format (chrome: Perfetto / chrome://tracing)",
         description="Write trace files as Chrome trace-event JSON, for Perfetto UI "
         "(ui.perfetto.dev) and chrome://tracing: a process per incarnation, a thread per "
-        "rank, spans as complete events, links as flow arrows.",
+        "rank in it, spans as complete events (microseconds from a whole-second origin, "
+        "nanosecond-exact), links as flow arrows.",
         run=run,
     )
     parser.add_argument("--format", choices=FORMATS, default="chrome", help="output format")
@@ -81,94 +94,71 @@ def export_chrome(source: SpanSource, output: Path) -> int:
     The file is written beside ``output`` and renamed over it at the end, so a
     failure (a damaged input line) never leaves a half-written ``output``.
     """
-    links = _Links()
+    flows = FlowPlan()
     builder = TraceBuilder()
-    for span in links.collect(source()):
+    earliest: int | None = None
+    for span in flows.collect(source()):
         builder.add(span)
-    lanes = LaneIndex(builder.finish())
-    if not builder.span_count:
+        if earliest is None or span["start_ns"] < earliest:
+            earliest = span["start_ns"]
+    if earliest is None:
         raise TraceInputError("no spans in the trace files")
+    flows.plan()
+    lanes = LaneIndex(builder.finish())
+    origin = earliest - earliest % 1_000_000_000
     with replacing(output) as out:
-        return _write(out, _events(source(), lanes, links))
-
-
-class _Links:
-    """Flow ids for the links, learnt in the first pass; O(links) memory, not O(spans).
-
-    A flow's start (``s``) is written with the linked-to span, its finish
-    (``f``) with the linking span. Finishes are held back until the end, and
-    dropped when their linked-to span never appeared (its trace was lost), so
-    every written ``f`` has its ``s``.
-
-    The start sits 1 µs before the linked span ends and the finish where the
-    linking span starts: a viewer binds each to the slice open at that
-    moment, and the arrow runs forward in time, C(k)'s end to C(k+1)'s start.
-    """
-
-    def __init__(self) -> None:
-        self.out: dict[str, list[int]] = {}  # linked-to span id -> flow ids
-        self.into: dict[str, list[tuple[int, str]]] = {}  # linking span id -> (flow id, target)
-        self._count = 0
-
-    def collect(self, spans: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        for span in spans:
-            for _, target in span["links"]:
-                self._count += 1
-                self.out.setdefault(target, []).append(self._count)
-                self.into.setdefault(span["span_id"], []).append((self._count, target))
-            yield span
+        return _write(out, origin, _events(source(), lanes, flows, origin))
 
 
 def _events(
-    spans: Iterable[dict[str, Any]], lanes: LaneIndex, links: _Links
+    spans: Iterable[dict[str, Any]], lanes: LaneIndex, flows: FlowPlan, origin: int
 ) -> Iterator[dict[str, Any]]:
-    for lane in lanes.lanes():
-        pid, tid = lane.incarnation + 1, lanes.thread_id(lane.rank)
-        name = f"incarnation {lane.incarnation}"
-        yield {"ph": "M", "name": "process_name", "pid": pid, "tid": tid, "args": {"name": name}}
-        yield {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": tid,
-               "args": {"sort_index": pid}}  # fmt: skip
+    """The events; ``ts`` and ``dur`` as integer nanoseconds after ``origin`` (see _write)."""
+    tracks = Tracks(lanes)
+    named: set[int] = set()
+    for track in tracks:
+        pid, tid = track.pid, track.tid
+        if pid not in named:
+            named.add(pid)
+            yield {"ph": "M", "name": "process_name", "pid": pid,
+                   "args": {"name": track.process_name}}  # fmt: skip
+            yield {"ph": "M", "name": "process_sort_index", "pid": pid,
+                   "args": {"sort_index": pid}}  # fmt: skip
         yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-               "args": {"name": f"rank {lane.rank}"}}  # fmt: skip
+               "args": {"name": track.thread_name}}  # fmt: skip
+        yield {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+               "args": {"sort_index": track.thread_sort_index}}  # fmt: skip
     present: set[str] = set()
     finishes: list[tuple[str, dict[str, Any]]] = []
     for span in spans:
-        lane = lanes.lane(span)
-        pid, tid = lane.incarnation + 1, lanes.thread_id(lane.rank)
-        ts = span["start_ns"] / 1000
-        yield {
+        track = tracks.of(lanes.lane(span))
+        pid, tid = track.pid, track.tid
+        start = span["start_ns"] - origin
+        event = {
             "ph": "X",
             "name": span["name"],
             "cat": "span",
-            "ts": ts,
-            "dur": max(span["end_ns"] - span["start_ns"], 0) / 1000,
+            "ts": start,
+            "dur": max(span["end_ns"] - span["start_ns"], 0),
             "pid": pid,
             "tid": tid,
             "args": _args(span),
         }
-        tail = max(span["end_ns"] - 1000, span["start_ns"]) / 1000
-        for flow_id in links.out.get(span["span_id"], ()):
+        binding = flows.bindings.get(span["span_id"])
+        if binding is not None:
+            event.update(binding.attributes())
+        yield event
+        # Links drawn as flow-event pairs (see megatron.trace.flows): both ends at span starts.
+        for flow_id in flows.starts.get(span["span_id"], ()):
             present.add(span["span_id"])
             yield {"ph": "s", "name": "link", "cat": "link", "id": flow_id,
-                   "ts": tail, "pid": pid, "tid": tid}  # fmt: skip
-        for flow_id, target in links.into.get(span["span_id"], ()):
-            finishes.append(
-                (
-                    target,
-                    {
-                        "ph": "f",
-                        "bp": "e",
-                        "name": "link",
-                        "cat": "link",
-                        "id": flow_id,
-                        "ts": ts,
-                        "pid": pid,
-                        "tid": tid,
-                    },
-                )
-            )
+                   "ts": start, "pid": pid, "tid": tid}  # fmt: skip
+        for flow_id, target in flows.finishes.get(span["span_id"], ()):
+            finish = {"ph": "f", "bp": "e", "name": "link", "cat": "link", "id": flow_id,
+                      "ts": start, "pid": pid, "tid": tid}  # fmt: skip
+            finishes.append((target, finish))
     for target, event in finishes:
-        if target in present:
+        if target in present:  # its span was in the files: the arrow has both ends
             yield event
 
 
@@ -185,14 +175,34 @@ def _args(span: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
-def _write(out: IO[str], events: Iterable[dict[str, Any]]) -> int:
+def _micros(ns: int) -> str:
+    """Integer nanoseconds as exact decimal microseconds ("12.345"), never through a float."""
+    sign = "-" if ns < 0 else ""
+    ns = abs(ns)
+    return f"{sign}{ns // 1000}.{ns % 1000:03d}"
+
+
+def _encode(event: dict[str, Any]) -> str:
+    """One event as JSON; ``ts`` and ``dur`` (ns) written as exact microsecond text."""
+    exact = "".join(f'"{key}":{_micros(event.pop(key))},' for key in ("ts", "dur") if key in event)
+    return "{" + exact + json.dumps(event, separators=(",", ":"), default=str)[1:]
+
+
+def _write(out: IO[str], origin: int, events: Iterable[dict[str, Any]]) -> int:
     """Stream ``events`` as ``{"traceEvents": [...]}``, one event per line."""
-    out.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
+    when = datetime.datetime.fromtimestamp(origin // 1_000_000_000, datetime.timezone.utc)
+    other = {
+        "time_origin_unix_ns": str(origin),
+        "time_origin_utc": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "time_unit": "ts and dur are microseconds after the time origin, exact to the ns",
+    }
+    out.write('{"displayTimeUnit": "ms", "otherData": ' + json.dumps(other) + ",\n")
+    out.write('"traceEvents": [\n')
     count = 0
     for event in events:
         if count:
             out.write(",\n")
-        out.write(json.dumps(event, separators=(",", ":"), default=str))
+        out.write(_encode(event))
         count += 1
     out.write("\n]}\n")
     return count

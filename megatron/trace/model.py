@@ -6,8 +6,12 @@ checkpoint loads and saves, evaluations and iterations. A resumed job appends
 its next incarnation to the same file; several ranks write several files or
 share one (``all_ranks``).
 
-Grouping rule: spans belong to the *process* that wrote them (the resource's
-``service.instance.id`` and ``process.pid``); a process that called
+Grouping rule: spans belong to the *process* that wrote them: the resource's
+``service.instance.id``, run id (``nemo.run.id``, ``megatron.run_id``),
+``host.name`` and ``process.pid``, and the restart counters launchers set
+(``slurm.restart_count``, NVRx's ``nvrx.cycle``), so two containers' pid 1 on
+two hosts, or a job requeued onto the same host, are two processes even
+without a ``service.instance.id``; a process that called
 ``pretrain()`` more than once is split at each ``megatron.startup`` by start
 time (a ``pre_startup`` goes with the startup it precedes): :func:`slot_of`
 is that rule, and :meth:`Trace.incarnation_of` applies it to any span of the
@@ -20,7 +24,9 @@ finding of ``check`` instead of silently making a new incarnation.
 Memory: only the structural spans (a few per checkpoint interval) are kept, as
 the reader's :class:`~megatron.core.telemetry.records.SpanRecord`; iterations
 are kept as three compact integer arrays per process (number, start, end: 24
-bytes each), everything else as running aggregates.
+bytes each), Megatron-LM's per-pass checkpoint bookkeeping spans as the union
+of the time they cover (:mod:`megatron.trace.stretches`) and one start per
+async-save finalize, everything else as running aggregates.
 A million-span file therefore costs a few tens of MB, whatever its size on
 disk.
 
@@ -54,21 +60,29 @@ from megatron.core.telemetry.semconv import (
     CATEGORY_LAUNCH,
     CATEGORY_QUEUE,
     CATEGORY_STARTUP,
+    CHECKPOINT_EXIT_FINALIZE_SPAN,
+    CHECKPOINT_FINALIZE_SPAN,
+    CHECKPOINT_LOAD_SPAN,
+    CHECKPOINT_SPAN_PREFIX,
     DL_RANK,
-    INTERVAL_FIRST_ITERATION,
-    INTERVAL_LAST_ITERATION,
+    HOST_NAME,
     INTERVAL_REROOTED,
     ITERATION,
     ITERATION_SPAN,
+    NEMO_RUN_ID,
+    NVRX_CYCLE,
     PRE_STARTUP_SPAN,
     PROCESS_PID,
     RUN_ID,
     SERVICE_INSTANCE_ID,
+    SLURM_RESTART_COUNT,
     SPAN_CATEGORY,
-    SPAN_CUT_SHORT,
     STARTUP_SPAN,
     STRUCTURAL_SPAN_NAMES,
 )
+from megatron.trace import intervals
+from megatron.trace.intervals import IntervalFacts
+from megatron.trace.stretches import Stretches
 
 __all__ = [
     "Incarnation",
@@ -80,6 +94,18 @@ __all__ = [
     "rank_of",
     "slot_of",
 ]
+
+#: The writing process's identity, beside its rank (see the module docstring).
+PROCESS_KEYS = (
+    SERVICE_INSTANCE_ID,
+    PROCESS_PID,
+    RUN_ID,
+    NEMO_RUN_ID,
+    HOST_NAME,
+    SLURM_RESTART_COUNT,
+    NVRX_CYCLE,
+)
+_FINALIZE_NAMES = frozenset({CHECKPOINT_FINALIZE_SPAN, CHECKPOINT_EXIT_FINALIZE_SPAN})
 
 
 class Iterations:
@@ -121,7 +147,10 @@ class Incarnation:
     lists of the reader's :class:`~megatron.core.telemetry.records.SpanRecord`
     in start order. ``iterations`` holds the finished (not cut short)
     ``megatron.train.iteration`` spans as :class:`Iterations` (empty without
-    the ``per_step`` groups).
+    the ``per_step`` groups). ``interval_facts`` holds each interval's index
+    and iteration range (:mod:`megatron.trace.intervals`: its attributes, else
+    derived); ``checkpoint_time`` the time Megatron-LM's other checkpoint
+    spans cover; ``finalize_starts`` the starts of its async-save finalizes.
     """
 
     rank: str
@@ -136,6 +165,9 @@ class Incarnation:
     evaluations: list[SpanRecord] = field(default_factory=list)
     cut_short: list[SpanRecord] = field(default_factory=list)
     iterations: Iterations = field(default_factory=lambda: Iterations())
+    interval_facts: list[IntervalFacts] = field(default_factory=list)
+    checkpoint_time: Stretches = field(default_factory=lambda: Stretches())
+    finalize_starts: array = field(default_factory=lambda: array("q"))
     start_ns: int = 0
     end_ns: int = 0
     ended: str = "shutdown"
@@ -160,23 +192,38 @@ class Incarnation:
 
     @property
     def first_iteration(self) -> int | None:
-        """The first iteration this incarnation ran (from intervals, else iterations)."""
-        candidates = [
-            r["attributes"][INTERVAL_FIRST_ITERATION]
-            for r in self.intervals
-            if INTERVAL_FIRST_ITERATION in r["attributes"]
-        ] + list(self.iterations.numbers[:1])
+        """The first iteration this incarnation ran (its first interval's, else its
+        first iteration span's); None when neither is known."""
+        facts = self.interval_facts[:1]
+        candidates = [f.first_iteration for f in facts if f.first_iteration is not None]
+        candidates += self.iterations.numbers[:1]
         return min(candidates) if candidates else None
 
     @property
     def last_iteration(self) -> int | None:
-        """The last iteration this incarnation finished, as far as the file shows."""
-        candidates = [
-            r["attributes"][INTERVAL_LAST_ITERATION]
-            for r in self.intervals
-            if INTERVAL_LAST_ITERATION in r["attributes"]
-        ] + list(self.iterations.numbers[-1:])
+        """The last iteration this incarnation finished, as far as the file shows (its
+        last interval's, or a later iteration span's: a killed one's lost interval)."""
+        facts = self.interval_facts[-1:]
+        candidates = [f.last_iteration for f in facts if f.last_iteration is not None]
+        candidates += self.iterations.numbers[-1:]
         return max(candidates) if candidates else None
+
+    def durable_saves(self) -> list[int]:
+        """Iterations of the checkpoint saves that became durable, in save order.
+
+        A save is durable when it ends; with Megatron-LM's async saves (the
+        incarnation has finalize spans) only once a finalize that started
+        after it ended, since the save span itself only dispatched the write.
+        Upstream's spans do not say which finalize completed which save, so
+        the first finalize after a save is taken as its completion.
+        """
+        last_finalize = max(self.finalize_starts, default=None)
+        return [
+            save["attributes"][ITERATION]
+            for save in self.saves
+            if isinstance(save["attributes"].get(ITERATION), int)
+            and (last_finalize is None or last_finalize >= save["end_ns"])
+        ]
 
     @property
     def resumed_from(self) -> int | None:
@@ -218,7 +265,9 @@ class _Process:
     """Running aggregates of one writing process."""
 
     __slots__ = (
+        "checkpoint_time",
         "file",
+        "finalize_starts",
         "iterations",
         "max_end",
         "max_end_child",
@@ -233,6 +282,8 @@ class _Process:
         self.file = file
         self.records: list[SpanRecord] = []
         self.iterations = Iterations()
+        self.checkpoint_time = Stretches()
+        self.finalize_starts = array("q")
         self.min_start: int | None = None
         self.max_end = 0
         self.max_end_root = 0
@@ -250,14 +301,9 @@ def rank_of(span: Mapping[str, Any]) -> str:
 
 
 def process_of(span: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The process that wrote a span: (rank, instance id, pid, run id) of its resource."""
-    resource = span["resource"]
-    return (
-        rank_of(span),
-        resource.get(SERVICE_INSTANCE_ID),
-        resource.get(PROCESS_PID),
-        resource.get(RUN_ID),
-    )
+    """The process that wrote a span: its rank and every identity its resource carries
+    (:data:`PROCESS_KEYS`)."""
+    return (rank_of(span), *map(span["resource"].get, PROCESS_KEYS))
 
 
 def slot_of(boundaries: Sequence[int], name: str, start_ns: int, end_ns: int) -> int:
@@ -279,18 +325,28 @@ class TraceBuilder:
         self.stats = stats if stats is not None else ReadStats()
         self._processes: dict[tuple[Any, ...], _Process] = {}
         self.span_count = 0
+        # The reader shares one resource dict among the spans of a request: its process
+        # is worked out once per request, not once per span (the file too: the rank of a
+        # resource without one is the file's).
+        self._resource: object = None
+        self._file: object = None
+        self._process: _Process | None = None
 
     def add(self, span: SpanRecord) -> None:
         self.span_count += 1
-        key = process_of(span)
-        proc = self._processes.get(key)
-        if proc is None:
-            proc = self._processes[key] = _Process(key[0], span["file"])
+        proc = self._process
+        same_request = span["resource"] is self._resource and span["file"] is self._file
+        if proc is None or not same_request:
+            key = process_of(span)
+            proc = self._processes.get(key)
+            if proc is None:
+                proc = self._processes[key] = _Process(key[0], span["file"])
+            self._resource, self._file, self._process = span["resource"], span["file"], proc
         start, end = span["start_ns"], span["end_ns"]
         if proc.min_start is None or start < proc.min_start:
             proc.min_start = start
         proc.max_end = max(proc.max_end, end)
-        cut_short = bool(span["attributes"].get(SPAN_CUT_SHORT))
+        cut_short = is_cut_short(span)
         if span["parent_id"] is None:
             proc.max_end_root = max(proc.max_end_root, end)
         elif not cut_short:
@@ -300,6 +356,11 @@ class TraceBuilder:
             proc.records.append(span)
         if name == ITERATION_SPAN and ITERATION in span["attributes"] and not cut_short:
             proc.iterations.append(int(span["attributes"][ITERATION]), start, end)
+        elif name.startswith(CHECKPOINT_SPAN_PREFIX) and name not in STRUCTURAL_SPAN_NAMES:
+            if not name.startswith(CHECKPOINT_LOAD_SPAN):  # a load's children lie inside it
+                proc.checkpoint_time.add(start, end)
+            if name in _FINALIZE_NAMES:
+                proc.finalize_starts.append(start)
 
     def root_end(self, process: tuple[Any, ...]) -> int:
         """The latest end of a root span the process wrote (0: none)."""
@@ -343,8 +404,15 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], lis
         elif category is not None:
             _records_of_category(inc, category).append(record)
     _distribute_iterations(proc.iterations, incs, boundaries)
+    for position, inc in enumerate(incs):
+        lo = boundaries[position - 1] if position else -(2**63)
+        hi = boundaries[position] if position < len(boundaries) else 2**63 - 1
+        inc.checkpoint_time = proc.checkpoint_time.clipped(lo, hi)
+        inc.finalize_starts = array("q", (s for s in proc.finalize_starts if lo <= s < hi))
     for index, inc in enumerate(incs):
         times = [(r["start_ns"], r["end_ns"]) for r in inc.records]
+        if inc.checkpoint_time:
+            times.append((inc.checkpoint_time.starts[0], inc.checkpoint_time.ends[-1]))
         if inc.iterations:
             times.append((min(inc.iterations.starts), max(inc.iterations.ends)))
         if index == len(incs) - 1:
@@ -357,6 +425,9 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], lis
     last = incs[-1]
     if not last.cut_short and (proc.max_end_child > proc.max_end_root or _lost_next(last)):
         last.ended = "killed"
+    for inc in incs:
+        # a killed incarnation's last interval was closed by the reroot that opened the lost one
+        inc.interval_facts = intervals.derive(inc, last_closed_by_reroot=inc.ended == "killed")
     return boundaries, incs
 
 

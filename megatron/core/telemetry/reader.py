@@ -13,6 +13,9 @@ builds too). It reads line by line: memory depends on the longest line (one
 export batch), never on the file's size, so a week-long job's gigabytes read
 like a minute's.
 
+Files are opened by :mod:`megatron.core.telemetry.trace_files`, which reads
+rotated and compressed copies (gzip, zstd) as transparently as plain ones.
+
 Two kinds of bad line, told apart because they mean different things:
 
 * A **torn write**: the line ends before its JSON does (a process died in the
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.core.telemetry.records import SpanRecord, span_record
+from megatron.core.telemetry.trace_files import iter_lines
 
 __all__ = [
     "ReadStats",
@@ -135,24 +139,24 @@ def iter_requests(
         paths = [paths]
     for raw_path in paths:
         path = Path(raw_path)
-        with path.open("rb") as file:
-            for number, raw in enumerate(file, start=1):
-                if stats is not None:
-                    stats.lines += 1
-                text = raw.decode("utf-8", errors="replace").rstrip()
-                if not text:
+        # plain, gzip or zstd: trace_files opens and decompresses; decoding stays here
+        for number, raw in enumerate(iter_lines(path), start=1):
+            if stats is not None:
+                stats.lines += 1
+            text = raw.decode("utf-8", errors="replace").rstrip()
+            if not text:
+                continue
+            try:
+                request = json.loads(text)
+            except json.JSONDecodeError as error:
+                if _is_torn(text, error):
+                    if stats is not None:
+                        stats.torn.append(TornLine(path, number))
                     continue
-                try:
-                    request = json.loads(text)
-                except json.JSONDecodeError as error:
-                    if _is_torn(text, error):
-                        if stats is not None:
-                            stats.torn.append(TornLine(path, number))
-                        continue
-                    raise TraceFileDamaged(path, number, str(error)) from error
-                if not isinstance(request, dict):
-                    raise TraceFileDamaged(path, number, "not a JSON object")
-                yield path, number, request
+                raise TraceFileDamaged(path, number, str(error)) from error
+            if not isinstance(request, dict):
+                raise TraceFileDamaged(path, number, "not a JSON object")
+            yield path, number, request
 
 
 def _status_code(status: dict[str, Any]) -> str:

@@ -50,11 +50,11 @@ def build_resource(
     attributes.update(
         {
             semconv.SERVICE_NAME: config.service_name,
-            "nemo.run.id": config.run_id,
+            semconv.NEMO_RUN_ID: config.run_id,
             # The name this project used first; readers of older files use it.
             semconv.RUN_ID: config.run_id,
             semconv.SERVICE_INSTANCE_ID: f"{config.run_id}-rank{rank}",
-            "host.name": socket.gethostname(),
+            semconv.HOST_NAME: socket.gethostname(),
             semconv.PROCESS_PID: os.getpid(),
             semconv.DL_RANK: rank,
             semconv.DL_WORLD_SIZE: world_size,
