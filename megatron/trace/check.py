@@ -8,6 +8,11 @@ Rules (each violation is one line naming the rule, span, trace and incarnation):
   ``megatron.interval.index`` 0, 1, ... n in start order, without gaps.
 * ``iteration-range``: ``first_iteration`` of C(k+1) is ``last_iteration``
   of C(k) + 1.
+
+  Both need this project's own interval attributes and apply only where an
+  interval carries them: Megatron-LM's ``megatron.train`` spans have none
+  (``report`` derives the same facts from the spans inside the intervals,
+  see :mod:`megatron.trace.intervals`).
 * ``interval-link``: C0 links to the startup span, C(k) to C(k-1).
 * ``duplicate-span-id``: no span id appears twice.
 * ``missing-parent``: every parent is in the files.
@@ -350,7 +355,7 @@ def _check_incarnation(
     for position, interval in enumerate(inc.intervals):
         where = _record_where(interval, inc)
         index = interval["attributes"].get(INTERVAL_INDEX)
-        if index != position:
+        if INTERVAL_INDEX in interval["attributes"] and index != position:
             violations.append(f"interval-index: index {index}, expected {position}: {where}")
         expected = previous if previous is not None else inc.startup
         if (

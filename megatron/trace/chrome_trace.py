@@ -4,16 +4,25 @@ The Chrome trace-event format is what Perfetto UI and ``chrome://tracing``
 open and what PyTorch profiler users already read, so a job's trace can be
 looked at with nothing but a browser. The mapping:
 
-* a process (``pid`` = incarnation + 1) per incarnation, named by
-  ``process_name`` metadata ("incarnation 0", numbered as ``check`` and
-  ``report`` number them);
-* a thread (``tid``) per rank, named by ``thread_name`` metadata;
-* every span a complete event (``"ph": "X"``, ``ts``/``dur`` in microseconds),
-  so children nest under their parents by time on the rank's thread;
-  attributes, ids and status go to ``args``;
-* every link a flow (``"ph": "s"`` on the linked span, ``"ph": "f"`` with
-  ``"bp": "e"`` on the linking one, same ``id``): the arrows startup → C0 →
-  C1 → … that join the per-interval traces.
+* a process per incarnation and a thread per (incarnation, rank), named,
+  with ids no importer reinterprets (:mod:`megatron.trace.tracks`);
+* every span a complete event (``"ph": "X"``) on its lane's thread, so
+  children nest under their parents by time; attributes, ids and status go
+  to ``args``;
+* every link a flow arrow from the linked span to the linking one
+  (:mod:`megatron.trace.flows`): startup -> C0 -> C1 -> ... joins the
+  per-interval traces.
+
+Time: ``ts`` and ``dur`` are microseconds, as the format counts, written as
+decimal text with exactly three fractional digits computed from the integer
+nanoseconds, so every span keeps its nanosecond start and end and phases
+that tile in nanoseconds still tile. They count from the **time origin**:
+the earliest span start in the files, rounded down to a whole second, stated
+in the file as ``otherData.time_origin_unix_ns`` (and as UTC text). Epoch
+microseconds would not survive: near 1.8e15 a double, which is what viewers
+parse numbers into, resolves a quarter of a microsecond, and Perfetto drops
+the slices that rounding makes overlap. Relative to the origin a double
+resolves a nanosecond for about 50 days of wall clock.
 
 Events are written as the spans are read, in file order (the viewers sort by
 time themselves), a batch of spans encoded by ``msgspec`` at once (the
@@ -22,68 +31,109 @@ standard library's ``json`` without it).
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from megatron.trace.flows import FlowPlan
 from megatron.trace.lanes import Lane, LaneIndex
+from megatron.trace.tracks import Tracks
 
-__all__ = ["ChromePart", "ChromeWriter"]
+__all__ = ["ChromePart", "ChromeWriter", "micros"]
 
 try:
     import msgspec
 except ImportError:  # pragma: no cover - the fallback's own test runs without it
     msgspec = None  # type: ignore[assignment]
 
+
+def micros(ns: int) -> str:
+    """Integer nanoseconds as exact decimal microseconds ("12.345"), never through a float."""
+    sign = "-" if ns < 0 else ""
+    ns = abs(ns)
+    return f"{sign}{ns // 1000}.{ns % 1000:03d}"
+
+
 if msgspec is not None:
     _encode = msgspec.json.Encoder().encode
+    _Raw = msgspec.Raw
 
-    class _Complete(msgspec.Struct, gc=False):
+    def _exact(ns: int) -> Any:
+        return _Raw(micros(ns).encode())
+
+    class _Complete(msgspec.Struct, gc=False, omit_defaults=True):
         """One span as a complete event (encoded field by field, in this order)."""
 
+        ts: Any
+        dur: Any
         name: str
-        ts: float
-        dur: float
         pid: int
         tid: int
         args: dict[str, Any]
-        ph: str = "X"
-        cat: str = "span"
+        ph: str
+        cat: str
+        bind_id: int | None = None  # these three omitted when unset
+        flow_in: bool = False
+        flow_out: bool = False
 
     def _events_json(events: list[Any]) -> bytes:
         return _encode(events)[1:-1]
+
 else:  # pragma: no cover
 
-    class _Complete:  # type: ignore[no-redef]
-        __slots__ = ("args", "dur", "name", "pid", "tid", "ts")
+    class _Exact:
+        """Exact microsecond text, written as the number it spells."""
 
-        def __init__(self, name, ts, dur, pid, tid, args):
-            self.name, self.ts, self.dur, self.pid, self.tid, self.args = (
-                name,
+        __slots__ = ("text",)
+
+        def __init__(self, ns: int) -> None:
+            self.text = micros(ns)
+
+    def _exact(ns: int) -> Any:
+        return _Exact(ns)
+
+    class _Complete:  # type: ignore[no-redef]
+        def __init__(self, ts, dur, name, pid, tid, args):
+            self.ts, self.dur, self.name, self.pid, self.tid, self.args = (
                 ts,
                 dur,
+                name,
                 pid,
                 tid,
                 args,
             )
+            self.bind_id, self.flow_in, self.flow_out = None, False, False
 
-    def _default(value: Any) -> Any:
-        if isinstance(value, _Complete):
-            return {
+        def as_dict(self) -> dict[str, Any]:
+            event = {
+                "ts": self.ts,
+                "dur": self.dur,
+                "name": self.name,
+                "pid": self.pid,
+                "tid": self.tid,
+                "args": self.args,
                 "ph": "X",
-                "name": value.name,
                 "cat": "span",
-                "ts": value.ts,
-                "dur": value.dur,
-                "pid": value.pid,
-                "tid": value.tid,
-                "args": value.args,
             }
-        return str(value)
+            if self.bind_id is not None:
+                event["bind_id"] = self.bind_id
+            if self.flow_in:
+                event["flow_in"] = True
+            if self.flow_out:
+                event["flow_out"] = True
+            return event
+
+    def _event_json(event: Any) -> str:
+        if isinstance(event, _Complete):
+            event = event.as_dict()
+        exact = "".join(f'"{key}":{event[key].text},' for key in ("ts", "dur") if key in event)
+        rest = {key: value for key, value in event.items() if key not in ("ts", "dur")}
+        return "{" + exact + json.dumps(rest, separators=(",", ":"), default=str)[1:]
 
     def _events_json(events: list[Any]) -> bytes:
-        return json.dumps(events, separators=(",", ":"), default=_default)[1:-1].encode()
+        return ",".join(map(_event_json, events)).encode()
 
 
 def _args(span: Any) -> dict[str, Any]:
@@ -107,99 +157,126 @@ class ChromePart:
     """What writing one file's spans produced: counts, and flow finishes held back."""
 
     events: int = 0
-    present: set[str] = field(default_factory=set)  # link targets written
+    present: set[str] = field(default_factory=set)  # fallback-pair targets written
     finishes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
 class ChromeWriter:
     """Writes the events; one instance per output part (file of the input)."""
 
-    def __init__(
-        self,
-        lanes: LaneIndex,
-        flows_out: dict[str, list[int]],
-        flows_in: dict[str, list[tuple[int, str]]],
-    ) -> None:
+    def __init__(self, lanes: LaneIndex, flows: FlowPlan, origin: int) -> None:
         self.lanes = lanes
-        self.flows_out = flows_out  # linked-to span id -> flow ids
-        self.flows_in = flows_in  # linking span id -> (flow id, linked-to span id)
+        self.tracks = Tracks(lanes)
+        self.flows = flows
+        self.origin = origin  # ns: the earliest start, rounded down to a whole second
         self.part = ChromePart()
 
     def header(self, out: IO[bytes]) -> int:
-        """The document's start and the metadata naming processes and threads."""
-        events = []
-        for lane in self.lanes.lanes():
-            pid, tid = lane.incarnation + 1, self.lanes.thread_id(lane.rank)
-            name = f"incarnation {lane.incarnation}"
-            events += [
-                {"ph": "M", "name": "process_name", "pid": pid, "tid": tid, "args": {"name": name}},
-                {
-                    "ph": "M",
-                    "name": "process_sort_index",
-                    "pid": pid,
-                    "tid": tid,
-                    "args": {"sort_index": pid},
-                },
+        """The document's start, the time origin, the metadata naming processes and threads."""
+        when = datetime.datetime.fromtimestamp(self.origin // 1_000_000_000, datetime.timezone.utc)
+        other = {
+            "time_origin_unix_ns": str(self.origin),
+            "time_origin_utc": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "time_unit": "ts and dur are microseconds after the time origin, exact to the ns",
+        }
+        events: list[dict[str, Any]] = []
+        named: set[int] = set()
+        for track in self.tracks:
+            pid, tid = track.pid, track.tid
+            if pid not in named:
+                named.add(pid)
+                events.append(
+                    {
+                        "ph": "M",
+                        "name": "process_name",
+                        "pid": pid,
+                        "args": {"name": track.process_name},
+                    }
+                )
+                events.append(
+                    {
+                        "ph": "M",
+                        "name": "process_sort_index",
+                        "pid": pid,
+                        "args": {"sort_index": pid},
+                    }
+                )
+            events.append(
                 {
                     "ph": "M",
                     "name": "thread_name",
                     "pid": pid,
                     "tid": tid,
-                    "args": {"name": f"rank {lane.rank}"},
-                },
-            ]
-        out.write(b'{"displayTimeUnit": "ms", "traceEvents": [\n')
+                    "args": {"name": track.thread_name},
+                }
+            )
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "thread_sort_index",
+                    "pid": pid,
+                    "tid": tid,
+                    "args": {"sort_index": track.thread_sort_index},
+                }
+            )
+        out.write(b'{"displayTimeUnit": "ms", "otherData": ' + json.dumps(other).encode() + b",\n")
+        out.write(b'"traceEvents": [\n')
         out.write(b",\n".join(_events_json([event]) for event in events))
         return len(events)
 
     def spans(self, out: IO[bytes], lane: Lane, spans: Sequence[Any]) -> None:
-        """Complete events (and flow starts) for spans of one lane."""
-        pid, tid = lane.incarnation + 1, self.lanes.thread_id(lane.rank)
+        """Complete events (and fallback flow starts) for spans of one lane."""
+        track = self.tracks.of(lane)
+        pid, tid, origin = track.pid, track.tid, self.origin
         events: list[Any] = [
             _Complete(
+                _exact(span.start_time_unix_nano - origin),
+                _exact(max(span.end_time_unix_nano - span.start_time_unix_nano, 0)),
                 span.name,
-                span.start_time_unix_nano / 1000,
-                (span.end_time_unix_nano - span.start_time_unix_nano) / 1000,
                 pid,
                 tid,
                 _args(span),
+                "X",
+                "span",
             )
             for span in spans
         ]
-        for event in events:
-            if event.dur < 0:
-                event.dur = 0.0
-        flows_out, flows_in = self.flows_out, self.flows_in
-        if flows_out or flows_in:
-            for span in spans:
-                if span.span_id in flows_out:
-                    self._flow_starts(span, pid, tid, events)
-                if span.span_id in flows_in:
-                    self._flow_finishes(span, pid, tid)
+        flows = self.flows
+        if flows.bindings or flows.starts:
+            bindings, starts, finishes = flows.bindings, flows.starts, flows.finishes
+            for position, span in enumerate(spans):
+                span_id = span.span_id
+                binding = bindings.get(span_id)
+                if binding is not None:
+                    event = events[position]
+                    event.bind_id, event.flow_in, event.flow_out = (
+                        binding.bind_id,
+                        binding.flow_in,
+                        binding.flow_out,
+                    )
+                if span_id in starts or span_id in finishes:
+                    self._pairs(span, pid, tid, events)
         if events:
             out.write(b",\n" + _events_json(events))
             self.part.events += len(events)
 
-    def _flow_starts(self, span: Any, pid: int, tid: int, events: list[dict[str, Any]]) -> None:
-        # 1 µs before the linked span ends: a viewer binds the arrow to the slice open then
-        tail = max(span.end_time_unix_nano - 1000, span.start_time_unix_nano) / 1000
-        self.part.present.add(span.span_id)
-        for flow_id in self.flows_out[span.span_id]:
+    def _pairs(self, span: Any, pid: int, tid: int, events: list[Any]) -> None:
+        """Links drawn as flow-event pairs (see megatron.trace.flows): both ends at span starts."""
+        ts = _exact(span.start_time_unix_nano - self.origin)
+        for flow_id in self.flows.starts.get(span.span_id, ()):
+            self.part.present.add(span.span_id)
             events.append(
                 {
                     "ph": "s",
                     "name": "link",
                     "cat": "link",
                     "id": flow_id,
-                    "ts": tail,
+                    "ts": ts,
                     "pid": pid,
                     "tid": tid,
                 }
             )
-
-    def _flow_finishes(self, span: Any, pid: int, tid: int) -> None:
-        ts = span.start_time_unix_nano / 1000
-        for flow_id, target in self.flows_in[span.span_id]:
+        for flow_id, target in self.flows.finishes.get(span.span_id, ()):
             self.part.finishes.append(
                 (
                     target,

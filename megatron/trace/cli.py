@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from megatron.core.telemetry.reader import TraceFileDamaged
+from megatron.core.telemetry.trace_files import CompressedTraceError
 from megatron.trace import check, export, report, timeline
 
 COMMANDS = (check, report, timeline, export)
@@ -40,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except TraceFileDamaged as error:
+    except (TraceFileDamaged, CompressedTraceError) as error:
         print(f"megatron-trace: {error}", file=sys.stderr)
         return 2
     except OSError as error:

@@ -34,6 +34,7 @@ from megatron.core.telemetry.otlp_decode import spans_with_links
 from megatron.core.telemetry.reader import iter_batches, paused_gc
 from megatron.trace.chrome_trace import ChromePart, ChromeWriter
 from megatron.trace.command import add_command
+from megatron.trace.flows import FlowPlan
 from megatron.trace.lanes import LaneIndex
 from megatron.trace.model import Trace, TraceBuilder, process_key
 from megatron.trace.output import replacing
@@ -163,11 +164,12 @@ def size_warning(result: ExportResult, fmt: str, output: Path) -> str | None:
 
 @dataclass
 class _Plan:
-    """What the first pass learnt: the lanes and the links (flow ids in read order)."""
+    """What the first pass learnt: the lanes, the links and the time origin."""
 
     lanes: LaneIndex
-    flows_out: dict[str, list[int]] = field(default_factory=dict)
-    flows_in: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    flows: FlowPlan  # the Chrome export's drawing of each link
+    links: list[tuple[str, str]] = field(default_factory=list)  # (linking, linked-to), in order
+    origin: int = 0  # the earliest start, rounded down to a whole second (ns)
 
 
 def _learn(path: Path) -> tuple[TraceBuilder, list[tuple[str, str]]]:
@@ -186,28 +188,25 @@ def _learn(path: Path) -> tuple[TraceBuilder, list[tuple[str, str]]]:
 def _plan(paths: Sequence[Path], jobs: int | None) -> tuple[_Plan, Trace]:
     learnt = map_files(_learn, paths, jobs)
     builder = functools.reduce(TraceBuilder.merge, (b for b, _ in learnt))
-    if not builder.span_count:
+    earliest = builder.earliest_start()
+    if earliest is None:
         raise TraceInputError("no spans in the trace files")
     trace = builder.finish()
-    plan = _Plan(LaneIndex(trace))
-    flow = 0
-    for _, links in learnt:
-        for linking, target in links:
-            flow += 1
-            plan.flows_out.setdefault(target, []).append(flow)
-            plan.flows_in.setdefault(linking, []).append((flow, target))
-    return plan, trace
-
-
-# -- pass 2: the events -------------------------------------------------------
+    links = [link for _, file_links in learnt for link in file_links]
+    flows = FlowPlan()
+    for linking, target in links:
+        flows.add(linking, target)
+    flows.plan()
+    origin = earliest - earliest % 1_000_000_000
+    return _Plan(LaneIndex(trace), flows, links, origin), trace
 
 
 def _writer(fmt: str, plan: _Plan, part: int) -> Any:
     if fmt == "perfetto":
         from megatron.trace.perfetto_trace import PerfettoWriter
 
-        return PerfettoWriter(plan.lanes, plan.flows_out, plan.flows_in, part)
-    return ChromeWriter(plan.lanes, plan.flows_out, plan.flows_in)
+        return PerfettoWriter(plan.lanes, plan.links, part)
+    return ChromeWriter(plan.lanes, plan.flows, plan.origin)
 
 
 def _write_spans(path: Path, writer: Any, out: IO[bytes], window: Window, lanes: LaneIndex) -> None:

@@ -14,7 +14,10 @@ the first in ``PRECEDENCE`` wins; time no category covers is ``other``. So
 Categories: a structural span's time counts as the category
 :data:`~megatron.core.telemetry.semconv.SPAN_CATEGORY` gives its name (an
 interval's is goodput; the queue, launch, startup, checkpoint loads and
-saves and evaluations are badput); the wasted window (below) is
+saves and evaluations are badput); Megatron-LM's other checkpoint spans
+(``exposed_save``, ``save.finalize``, ``exit_finalize``, the bookkeeping ones,
+kept by the model as the union of the time they cover) count as
+``checkpoint_save``; the wasted window (below) is
 ``wasted_progress``; the time between one incarnation's last span and the
 next one's first is ``restart_gap``.
 
@@ -22,8 +25,12 @@ Wasted progress: an incarnation's progress survives up to its *horizon*, the
 iteration the next incarnation of the rank resumed from (its checkpoint
 load, else its first iteration; 0 when it started afresh). A final
 incarnation that shut down normally loses nothing; a final one that was
-killed or cut short keeps only what its last checkpoint save recorded
-(nothing, without one). Iterations at or past the horizon are
+killed or cut short keeps only what its last durable checkpoint save
+recorded (nothing, without one; an async save is durable once a finalize
+after it ended). Interval iteration ranges come from the intervals' own
+attributes or are derived (:mod:`megatron.trace.intervals`); a range that
+cannot be derived makes the figures that need it not computed. Iterations
+at or past the horizon are
 ``wasted_iterations``; the time from the start of the first of them (or the
 interval boundary where it would have started) to the incarnation's end is
 the wasted window.
@@ -39,8 +46,9 @@ statistics.
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,12 +64,11 @@ from megatron.core.telemetry.semconv import (
     CATEGORY_RESTART_GAP,
     CATEGORY_STARTUP,
     CATEGORY_WASTED_PROGRESS,
-    INTERVAL_LAST_ITERATION,
-    ITERATION,
     ITERATION_SPAN,
     SPAN_CATEGORY,
 )
 from megatron.trace.model import Incarnation, Trace, load_trace
+from megatron.trace.stretches import Stretches
 
 __all__ = [
     "ANOMALY_FACTOR",
@@ -109,8 +116,7 @@ def _horizon(inc: Incarnation, later: list[Incarnation]) -> int | None:
             return resumed
     if inc.ended == "shutdown":
         return None
-    saved = [s["attributes"].get(ITERATION) for s in inc.saves]
-    saved = [i for i in saved if isinstance(i, int)]
+    saved = inc.durable_saves()
     if saved:
         return max(saved)
     return inc.first_iteration if inc.first_iteration is not None else 0
@@ -125,8 +131,8 @@ def _wasted(inc: Incarnation, horizon: int | None) -> tuple[int | None, int | No
         # the interval boundary where iteration `horizon` began (or would have)
         before = [
             r["end_ns"]
-            for r in inc.intervals
-            if r["attributes"].get(INTERVAL_LAST_ITERATION, horizon) < horizon
+            for r, facts in zip(inc.intervals, inc.interval_facts, strict=True)
+            if facts.last_iteration is not None and facts.last_iteration < horizon
         ]
         if before:
             start = max(before)
@@ -139,12 +145,36 @@ def _wasted(inc: Incarnation, horizon: int | None) -> tuple[int | None, int | No
     last = inc.last_iteration
     first = inc.first_iteration if inc.first_iteration is not None else horizon
     count = max(0, (last if last is not None else horizon - 1) + 1 - max(horizon, first))
-    # without per-iteration spans a killed in-flight interval's iterations are unknown
-    return start, count, inc.ended != "killed"
+    # without per-iteration spans a killed in-flight interval's iterations are unknown,
+    # and so is any range the intervals could not give (see megatron.trace.intervals)
+    known = last is not None and all(
+        f.first_iteration is not None and f.last_iteration is not None for f in inc.interval_facts
+    )
+    return start, count, inc.ended != "killed" and known
 
 
-def _sweep(segments: list[tuple[int, int, str]], wall: tuple[int, int]) -> dict[str, int]:
-    """Nanoseconds per category; the highest-precedence covering category wins."""
+def _stretch_events(
+    stretches: Stretches, index: int, lo: int, hi: int
+) -> Iterator[tuple[int, int, int]]:
+    """A disjoint, sorted union's sweep events, in order, without materialising them."""
+    for start, end in stretches:
+        start, end = max(start, lo), min(end, hi)
+        if end > start:
+            yield (start, 1, index)
+            yield (end, -1, index)
+
+
+def _sweep(
+    segments: list[tuple[int, int, str]],
+    wall: tuple[int, int],
+    stretches: Iterable[tuple[Stretches, str]] = (),
+) -> dict[str, int]:
+    """Nanoseconds per category; the highest-precedence covering category wins.
+
+    ``stretches`` are disjoint sorted unions (Megatron-LM writes some spans on
+    every loop pass, so possibly many): merged into the sweep as streams, not
+    sorted with the rest.
+    """
     rank = {category: i for i, category in enumerate(PRECEDENCE)}
     events: list[tuple[int, int, int]] = []
     lo, hi = wall
@@ -154,10 +184,11 @@ def _sweep(segments: list[tuple[int, int, str]], wall: tuple[int, int]) -> dict[
             events.append((start, 1, rank[category]))
             events.append((end, -1, rank[category]))
     events.sort()
+    streams = [_stretch_events(s, rank[category], lo, hi) for s, category in stretches]
     totals = dict.fromkeys((*PRECEDENCE, CATEGORY_OTHER), 0)
     active = [0] * len(PRECEDENCE)
     cursor = lo
-    for time, delta, index in events:
+    for time, delta, index in heapq.merge(events, *streams):
         if time > cursor:
             winner = next((PRECEDENCE[i] for i, n in enumerate(active) if n), CATEGORY_OTHER)
             totals[winner] += time - cursor
@@ -204,7 +235,8 @@ def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
                 else 0,
             }
         )
-    totals = _sweep(segments, (start, end))
+    stretches = [(inc.checkpoint_time, CATEGORY_CHECKPOINT_SAVE) for inc in incs]
+    totals = _sweep(segments, (start, end), stretches)
     return {
         "start_ns": start,
         "wall_ns": end - start,
@@ -314,10 +346,22 @@ def build_report(trace: Trace) -> dict[str, Any]:
         not_computed.append(
             f"iterations: no {ITERATION_SPAN} spans (enable the per_step span groups)"
         )
+    for inc in incs:
+        unknown = [
+            f.index
+            for f in inc.interval_facts
+            if f.first_iteration is None or f.last_iteration is None
+        ]
+        if unknown:
+            not_computed.append(
+                f"interval iteration ranges: incarnation {inc.index} intervals {unknown}: no "
+                "interval attributes, iteration spans or checkpoint saves to derive them from"
+            )
     if not accounting["wasted_exact"]:
         not_computed.append(
             "wasted_iterations: a killed incarnation's in-flight interval is missing and there "
-            "are no per-iteration spans, so the figure is a lower bound"
+            "are no per-iteration spans, or an interval's iteration range is not known, so the "
+            "figure is a lower bound"
         )
     return {
         "wall_s": _seconds(wall),

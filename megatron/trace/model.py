@@ -6,8 +6,12 @@ checkpoint loads and saves, evaluations and iterations. A resumed job appends
 its next incarnation to the same file; several ranks write several files or
 share one (``all_ranks``).
 
-Grouping rule: spans belong to the *process* that wrote them (the resource's
-``service.instance.id`` and ``process.pid``); a process that called
+Grouping rule: spans belong to the *process* that wrote them: the resource's
+``service.instance.id``, run id (``nemo.run.id``, ``megatron.run_id``),
+``host.name`` and ``process.pid``, and the restart counters launchers set
+(``slurm.restart_count``, NVRx's ``nvrx.cycle``), so two containers' pid 1 on
+two hosts, or a job requeued onto the same host, are two processes even
+without a ``service.instance.id``; a process that called
 ``pretrain()`` more than once is split at each ``megatron.startup`` by start
 time (a ``pre_startup`` goes with the startup it precedes): :func:`slot_of`
 is that rule, and :meth:`Trace.incarnation_of` applies it to any span of the
@@ -20,7 +24,9 @@ finding of ``check`` instead of silently making a new incarnation.
 Memory: only the structural spans (a few per checkpoint interval) are kept, as
 the reader's :class:`~megatron.core.telemetry.records.SpanRecord`; iterations
 are kept as three compact integer arrays per process (number, start, end: 24
-bytes each), everything else as running aggregates.
+bytes each), Megatron-LM's per-pass checkpoint bookkeeping spans as the union
+of the time they cover (:mod:`megatron.trace.stretches`) and one start per
+async-save finalize, everything else as running aggregates.
 A million-span file therefore costs a few tens of MB, whatever its size on
 disk.
 
@@ -63,22 +69,31 @@ from megatron.core.telemetry.semconv import (
     CATEGORY_LAUNCH,
     CATEGORY_QUEUE,
     CATEGORY_STARTUP,
+    CHECKPOINT_EXIT_FINALIZE_SPAN,
+    CHECKPOINT_FINALIZE_SPAN,
+    CHECKPOINT_LOAD_SPAN,
+    CHECKPOINT_SPAN_PREFIX,
     DL_RANK,
-    INTERVAL_FIRST_ITERATION,
-    INTERVAL_LAST_ITERATION,
+    HOST_NAME,
     INTERVAL_REROOTED,
     ITERATION,
     ITERATION_SPAN,
+    NEMO_RUN_ID,
+    NVRX_CYCLE,
     PRE_STARTUP_SPAN,
     PROCESS_PID,
     RUN_ID,
     SERVICE_INSTANCE_ID,
+    SLURM_RESTART_COUNT,
     SPAN_CATEGORY,
     SPAN_CUT_SHORT,
     STARTUP_SPAN,
     STRUCTURAL_SPAN_NAMES,
 )
+from megatron.trace import intervals
+from megatron.trace.intervals import IntervalFacts
 from megatron.trace.parallel import map_reduce
+from megatron.trace.stretches import Stretches
 
 __all__ = [
     "Incarnation",
@@ -94,9 +109,23 @@ __all__ = [
     "slot_of",
 ]
 
-_KEPT_NAMES = STRUCTURAL_SPAN_NAMES | {ITERATION_SPAN}
+#: The writing process's identity, beside its rank (see the module docstring).
+PROCESS_KEYS = (
+    SERVICE_INSTANCE_ID,
+    PROCESS_PID,
+    RUN_ID,
+    NEMO_RUN_ID,
+    HOST_NAME,
+    SLURM_RESTART_COUNT,
+    NVRX_CYCLE,
+)
+_FINALIZE_NAMES = frozenset({CHECKPOINT_FINALIZE_SPAN, CHECKPOINT_EXIT_FINALIZE_SPAN})
 _CUT_SHORT_KEY = SPAN_CUT_SHORT.encode()
 _MISSING = object()
+# What TraceBuilder.add does with a span, by its name (the fast path looks it up once):
+# keep it as a record; keep it as an iteration; add its time to the checkpoint
+# bookkeeping (and, for a finalize, its start); note a finalize's start only; nothing.
+_STRUCTURAL, _ITERATION, _CHECKPOINT, _FINALIZE, _FINALIZE_ONLY, _IGNORED = range(6)
 
 
 class Iterations:
@@ -147,7 +176,10 @@ class Incarnation:
     lists of the reader's :class:`~megatron.core.telemetry.records.SpanRecord`
     in start order. ``iterations`` holds the finished (not cut short)
     ``megatron.train.iteration`` spans as :class:`Iterations` (empty without
-    the ``per_step`` groups).
+    the ``per_step`` groups). ``interval_facts`` holds each interval's index
+    and iteration range (:mod:`megatron.trace.intervals`: its attributes, else
+    derived); ``checkpoint_time`` the time Megatron-LM's other checkpoint
+    spans cover; ``finalize_starts`` the starts of its async-save finalizes.
     """
 
     rank: str
@@ -162,6 +194,9 @@ class Incarnation:
     evaluations: list[SpanRecord] = field(default_factory=list)
     cut_short: list[SpanRecord] = field(default_factory=list)
     iterations: Iterations = field(default_factory=lambda: Iterations())
+    interval_facts: list[IntervalFacts] = field(default_factory=list)
+    checkpoint_time: Stretches = field(default_factory=lambda: Stretches())
+    finalize_starts: array = field(default_factory=lambda: array("q"))
     start_ns: int = 0
     end_ns: int = 0
     ended: str = "shutdown"
@@ -186,23 +221,38 @@ class Incarnation:
 
     @property
     def first_iteration(self) -> int | None:
-        """The first iteration this incarnation ran (from intervals, else iterations)."""
-        candidates = [
-            r["attributes"][INTERVAL_FIRST_ITERATION]
-            for r in self.intervals
-            if INTERVAL_FIRST_ITERATION in r["attributes"]
-        ] + list(self.iterations.numbers[:1])
+        """The first iteration this incarnation ran (its first interval's, else its
+        first iteration span's); None when neither is known."""
+        facts = self.interval_facts[:1]
+        candidates = [f.first_iteration for f in facts if f.first_iteration is not None]
+        candidates += self.iterations.numbers[:1]
         return min(candidates) if candidates else None
 
     @property
     def last_iteration(self) -> int | None:
-        """The last iteration this incarnation finished, as far as the file shows."""
-        candidates = [
-            r["attributes"][INTERVAL_LAST_ITERATION]
-            for r in self.intervals
-            if INTERVAL_LAST_ITERATION in r["attributes"]
-        ] + list(self.iterations.numbers[-1:])
+        """The last iteration this incarnation finished, as far as the file shows (its
+        last interval's, or a later iteration span's: a killed one's lost interval)."""
+        facts = self.interval_facts[-1:]
+        candidates = [f.last_iteration for f in facts if f.last_iteration is not None]
+        candidates += self.iterations.numbers[-1:]
         return max(candidates) if candidates else None
+
+    def durable_saves(self) -> list[int]:
+        """Iterations of the checkpoint saves that became durable, in save order.
+
+        A save is durable when it ends; with Megatron-LM's async saves (the
+        incarnation has finalize spans) only once a finalize that started
+        after it ended, since the save span itself only dispatched the write.
+        Upstream's spans do not say which finalize completed which save, so
+        the first finalize after a save is taken as its completion.
+        """
+        last_finalize = max(self.finalize_starts, default=None)
+        return [
+            save["attributes"][ITERATION]
+            for save in self.saves
+            if isinstance(save["attributes"].get(ITERATION), int)
+            and (last_finalize is None or last_finalize >= save["end_ns"])
+        ]
 
     @property
     def resumed_from(self) -> int | None:
@@ -244,7 +294,9 @@ class _Process:
     """Running aggregates of one writing process."""
 
     __slots__ = (
+        "checkpoint_time",
         "file",
+        "finalize_starts",
         "iterations",
         "max_end",
         "max_end_child",
@@ -259,6 +311,8 @@ class _Process:
         self.file = file
         self.records: list[SpanRecord] = []
         self.iterations = Iterations()
+        self.checkpoint_time = Stretches()
+        self.finalize_starts = array("q")
         self.min_start: int | None = None
         self.max_end = 0
         self.max_end_root = 0
@@ -268,6 +322,9 @@ class _Process:
         """Add what ``other`` (the same process, read later) learnt."""
         self.records.extend(other.records)
         self.iterations.extend(other.iterations)
+        for start, end in other.checkpoint_time:
+            self.checkpoint_time.add(start, end)
+        self.finalize_starts.extend(other.finalize_starts)
         if other.min_start is not None and (
             self.min_start is None or other.min_start < self.min_start
         ):
@@ -286,14 +343,9 @@ def _rank(resource: Mapping[str, Any], path: Path | str | None) -> str:
 
 
 def process_key(resource: Mapping[str, Any], path: Path | str | None) -> tuple[Any, ...]:
-    """The process that wrote the spans of ``resource``, read from ``path``:
-    (rank, instance id, pid, run id)."""
-    return (
-        _rank(resource, path),
-        resource.get(SERVICE_INSTANCE_ID),
-        resource.get(PROCESS_PID),
-        resource.get(RUN_ID),
-    )
+    """The process that wrote the spans of ``resource``, read from ``path``: its rank and
+    every identity the resource carries (:data:`PROCESS_KEYS`)."""
+    return (_rank(resource, path), *map(resource.get, PROCESS_KEYS))
 
 
 def rank_of(span: Mapping[str, Any]) -> str:
@@ -331,13 +383,40 @@ class TraceBuilder:
         self.stats = stats if stats is not None else ReadStats()
         self._processes: dict[tuple[Any, ...], _Process] = {}
         self.span_count = 0
+        # The reader shares one resource dict among the spans of a request: its process
+        # is worked out once per request, not once per span (the file too: the rank of a
+        # resource without one is the file's).
+        self._resource: object = None
+        self._file: object = None
+        self._process: _Process | None = None
+        self._kinds: dict[str, int] = {}  # span name -> what a line adds of such spans
+        self._kept: set[str] = set()  # the names whose kind is not _IGNORED
 
-    def _process(self, resource: dict[str, Any], path: Path) -> _Process:
+    def _process_for(self, resource: dict[str, Any], path: Path) -> _Process:
         key = process_key(resource, path)
         proc = self._processes.get(key)
         if proc is None:
             proc = self._processes[key] = _Process(key[0], path)
         return proc
+
+    def _kind(self, name: str) -> int:
+        """What add() does with a span of this name (:data:`_KINDS`), worked out once."""
+        kind = self._kinds.get(name)
+        if kind is None:
+            if name in STRUCTURAL_SPAN_NAMES:
+                kind = _STRUCTURAL
+            elif name == ITERATION_SPAN:
+                kind = _ITERATION
+            elif name.startswith(CHECKPOINT_SPAN_PREFIX):
+                kind = _FINALIZE if name in _FINALIZE_NAMES else _CHECKPOINT
+                if name.startswith(CHECKPOINT_LOAD_SPAN):  # a load's children lie inside it
+                    kind = _FINALIZE_ONLY if kind == _FINALIZE else _IGNORED
+            else:
+                kind = _IGNORED
+            self._kinds[name] = kind
+            if kind != _IGNORED:
+                self._kept.add(name)
+        return kind
 
     def add_line(self, line: DecodedLine) -> None:
         """Add every span of one decoded line (the fast path: no dict per span)."""
@@ -354,8 +433,12 @@ class TraceBuilder:
             spans = batch.spans
             if not spans:
                 continue
-            proc = self._process(batch.resource, path)
+            proc = self._process_for(batch.resource, path)
             self.span_count += len(spans)
+            kinds = self._kinds
+            for name in {s.name for s in spans}.difference(kinds):
+                self._kind(name)
+            kept_names = self._kept
             low = min([s.start_time_unix_nano for s in spans])
             if proc.min_start is None or low < proc.min_start:
                 proc.min_start = low
@@ -368,23 +451,33 @@ class TraceBuilder:
                 child_ends = [
                     s.end_time_unix_nano for s in spans if s.parent_span_id and id(s) not in cut
                 ]
-                kept = [s for s in spans if s.name in _KEPT_NAMES or id(s) in cut]
+                kept = [s for s in spans if s.name in kept_names or id(s) in cut]
             else:
                 cut = set()
                 child_ends = [s.end_time_unix_nano for s in spans if s.parent_span_id]
-                kept = [s for s in spans if s.name in _KEPT_NAMES]
+                kept = [s for s in spans if s.name in kept_names]
             if child_ends:
                 proc.max_end_child = max(proc.max_end_child, max(child_ends))
             numbers, starts, ends = proc.iterations.arrays()
             for span in kept:
-                if span.name == ITERATION_SPAN and id(span) not in cut:
-                    value = span.attribute(ITERATION, _MISSING)
-                    if value is not _MISSING:
-                        numbers.append(int(value))
-                        starts.append(span.start_time_unix_nano)
-                        ends.append(span.end_time_unix_nano)
-                else:
+                kind = kinds.get(span.name, _IGNORED)
+                if kind == _STRUCTURAL or id(span) in cut:
                     proc.records.append(flat_span(span, batch.resource, path, number))
+                    if kind in (_STRUCTURAL, _IGNORED):
+                        continue
+                if kind == _ITERATION:
+                    if id(span) not in cut:
+                        value = span.attribute(ITERATION, _MISSING)
+                        if value is not _MISSING:
+                            numbers.append(int(value))
+                            starts.append(span.start_time_unix_nano)
+                            ends.append(span.end_time_unix_nano)
+                    continue
+                start, end = span.start_time_unix_nano, span.end_time_unix_nano
+                if kind in (_CHECKPOINT, _FINALIZE):
+                    proc.checkpoint_time.add(start, end)
+                if kind in (_FINALIZE, _FINALIZE_ONLY):
+                    proc.finalize_starts.append(start)
 
     def merge(self, other: TraceBuilder) -> TraceBuilder:
         """Add ``other``'s spans, as if its files were read after this one's; returns self."""
@@ -401,15 +494,19 @@ class TraceBuilder:
 
     def add(self, span: SpanRecord) -> None:
         self.span_count += 1
-        key = process_of(span)
-        proc = self._processes.get(key)
-        if proc is None:
-            proc = self._processes[key] = _Process(key[0], span["file"])
+        proc = self._process
+        same_request = span["resource"] is self._resource and span["file"] is self._file
+        if proc is None or not same_request:
+            key = process_of(span)
+            proc = self._processes.get(key)
+            if proc is None:
+                proc = self._processes[key] = _Process(key[0], span["file"])
+            self._resource, self._file, self._process = span["resource"], span["file"], proc
         start, end = span["start_ns"], span["end_ns"]
         if proc.min_start is None or start < proc.min_start:
             proc.min_start = start
         proc.max_end = max(proc.max_end, end)
-        cut_short = bool(span["attributes"].get(SPAN_CUT_SHORT))
+        cut_short = is_cut_short(span)
         if span["parent_id"] is None:
             proc.max_end_root = max(proc.max_end_root, end)
         elif not cut_short:
@@ -417,8 +514,18 @@ class TraceBuilder:
         name = span["name"]
         if name in STRUCTURAL_SPAN_NAMES or cut_short:
             proc.records.append(span)
-        elif name == ITERATION_SPAN and ITERATION in span["attributes"]:
+        if name == ITERATION_SPAN and ITERATION in span["attributes"] and not cut_short:
             proc.iterations.append(int(span["attributes"][ITERATION]), start, end)
+        elif name.startswith(CHECKPOINT_SPAN_PREFIX) and name not in STRUCTURAL_SPAN_NAMES:
+            if not name.startswith(CHECKPOINT_LOAD_SPAN):  # a load's children lie inside it
+                proc.checkpoint_time.add(start, end)
+            if name in _FINALIZE_NAMES:
+                proc.finalize_starts.append(start)
+
+    def earliest_start(self) -> int | None:
+        """The earliest start of any span added (None: no span)."""
+        starts = [p.min_start for p in self._processes.values() if p.min_start is not None]
+        return min(starts, default=None)
 
     def root_end(self, process: tuple[Any, ...]) -> int:
         """The latest end of a root span the process wrote (0: none)."""
@@ -462,8 +569,15 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], lis
         elif category is not None:
             _records_of_category(inc, category).append(record)
     _distribute_iterations(proc.iterations, incs, boundaries)
+    for position, inc in enumerate(incs):
+        lo = boundaries[position - 1] if position else -(2**63)
+        hi = boundaries[position] if position < len(boundaries) else 2**63 - 1
+        inc.checkpoint_time = proc.checkpoint_time.clipped(lo, hi)
+        inc.finalize_starts = array("q", (s for s in proc.finalize_starts if lo <= s < hi))
     for index, inc in enumerate(incs):
         times = [(r["start_ns"], r["end_ns"]) for r in inc.records]
+        if inc.checkpoint_time:
+            times.append((inc.checkpoint_time.starts[0], inc.checkpoint_time.ends[-1]))
         if inc.iterations:
             times.append((min(inc.iterations.starts), max(inc.iterations.ends)))
         if index == len(incs) - 1:
@@ -476,6 +590,9 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], lis
     last = incs[-1]
     if not last.cut_short and (proc.max_end_child > proc.max_end_root or _lost_next(last)):
         last.ended = "killed"
+    for inc in incs:
+        # a killed incarnation's last interval was closed by the reroot that opened the lost one
+        inc.interval_facts = intervals.derive(inc, last_closed_by_reroot=inc.ended == "killed")
     return boundaries, incs
 
 

@@ -263,15 +263,16 @@ class PerfettoWriter:
     def __init__(
         self,
         lanes: LaneIndex,
-        flows_out: dict[str, list[int]],
-        flows_in: dict[str, list[tuple[int, str]]],
+        links: Sequence[tuple[str, str]],
         part: int = 0,
     ) -> None:
         self.lanes = lanes
         self.order = {lane: position for position, lane in enumerate(lanes.lanes())}
-        self.flows: dict[str, list[int]] = {span: list(ids) for span, ids in flows_out.items()}
-        for span, links in flows_in.items():
-            self.flows.setdefault(span, []).extend(flow for flow, _ in links)
+        # each link a flow id, on the begin of both its spans (linking and linked-to)
+        self.flows: dict[str, list[int]] = {}
+        for flow, (linking, target) in enumerate(links, start=1):
+            self.flows.setdefault(target, []).append(flow)
+            self.flows.setdefault(linking, []).append(flow)
         self.part = PerfettoPart()
         self._number = part
         self._sequences: dict[Lane, _Sequence] = {}

@@ -38,7 +38,11 @@ def format_report(report: dict[str, Any]) -> str:
     for inc in report["incarnations"]:
         startup = f"{inc['startup_s']:.3f} s" if inc["startup_s"] is not None else "-"
         first, last = inc["first_iteration"], inc["last_iteration"]
-        trained = "no iterations" if first is None else f"iterations {first}..{last}"
+        if first is None and last is None:
+            trained = "no iterations"
+        else:  # a bound the spans could not give is "?" (see not computed)
+            bounds = ["?" if bound is None else str(bound) for bound in (first, last)]
+            trained = f"iterations {bounds[0]}..{bounds[1]}"
         lines.append(
             f"  {inc['index']}: {inc['ended']:<9} {trained}"
             f"  startup {startup}  intervals {inc['intervals']}"

@@ -22,14 +22,12 @@ from megatron.core.telemetry.semconv import (
     CATEGORY_LAUNCH,
     CATEGORY_OTHER,
     CATEGORY_RESTART_GAP,
-    INTERVAL_FIRST_ITERATION,
-    INTERVAL_INDEX,
-    INTERVAL_LAST_ITERATION,
     ITERATION,
     SPAN_CATEGORY,
     STARTUP_PHASE_PREFIX,
 )
 from megatron.trace.goodput import build_report, rank_accounting
+from megatron.trace.intervals import IntervalFacts
 from megatron.trace.lanes import Lane, LaneIndex
 from megatron.trace.model import Incarnation, TraceBuilder
 from megatron.trace.spans import SpanSource
@@ -120,9 +118,13 @@ def collect(source: SpanSource, files: list[str] | None = None) -> Timeline:
             waste[id(inc)] = {**entry, "resumed": position + 1 < len(incs)}
     for inc in trace.incarnations:
         lane = index.lane_of_incarnation(inc)
+        facts = dict(zip((r["span_id"] for r in inc.intervals), inc.interval_facts, strict=True))
         for record in inc.records:
             category = _category(record["name"]) or CATEGORY_OTHER
-            bars.append(_bar(lane, category, record, with_status=False))
+            bar = _bar(lane, category, record, with_status=False)
+            if record["span_id"] in facts:
+                _label_interval(bar, facts[record["span_id"]])
+            bars.append(bar)
         if waste[id(inc)]["wasted_window_ns"] > 0:
             bars.append(_wasted_bar(lane, inc, waste[id(inc)]))
         summaries.append(
@@ -154,14 +156,7 @@ def _bar(lane: Lane, category: str, span: SpanRecord, with_status: bool = True) 
     attributes = span["attributes"]
     text = ""
     details = []
-    if category == BAR_INTERVAL:
-        index = attributes.get(INTERVAL_INDEX)
-        first = attributes.get(INTERVAL_FIRST_ITERATION)
-        last = attributes.get(INTERVAL_LAST_ITERATION)
-        text = f"C{index} · {first}–{last}" if index is not None else ""
-        if first is not None:
-            details.append(f"iterations {first}–{last}")
-    elif category in (BAR_STARTUP_PHASE, CATEGORY_LAUNCH):
+    if category in (BAR_STARTUP_PHASE, CATEGORY_LAUNCH):
         text = span["name"].removeprefix(STARTUP_PHASE_PREFIX)
     elif ITERATION in attributes:
         details.append(f"at iteration {attributes[ITERATION]}")
@@ -171,6 +166,18 @@ def _bar(lane: Lane, category: str, span: SpanRecord, with_status: bool = True) 
         details.append(f"{key} = {value}")
     details.append(f"trace {span['trace_id'][:8]}… span {span['span_id']}")
     return Bar(lane, category, span["name"], span["start_ns"], span["end_ns"], text, details)
+
+
+def _label_interval(bar: Bar, facts: IntervalFacts) -> None:
+    """``C2 · 200–299``: the interval's index and iterations (its attributes, else derived)."""
+    first, last = facts.first_iteration, facts.last_iteration
+    if first is None and last is None:
+        bar.text = f"C{facts.index}"
+        return
+    numbers = f"{'?' if first is None else first}–{'?' if last is None else last}"
+    bar.text = f"C{facts.index} · {numbers}"
+    derived = " (derived from the spans inside)" if facts.derived else ""
+    bar.details.insert(0, f"iterations {numbers}{derived}")
 
 
 def _wasted_bar(lane: Lane, inc: Incarnation, waste: dict[str, Any]) -> Bar:

@@ -40,6 +40,9 @@ from transitions.extensions.markup import MarkupMachine
 
 from megatron.training.telemetry_spans import ExitHooks, SpanPhases
 
+# The --help text. Not taken from __doc__, which ``python -OO`` strips.
+_DESCRIPTION = "Draw the lifecycle machines into state_diagrams/ from their live tables."
+
 # Paths are relative to the repository root handed in (the installed package
 # does not live inside the checkout, so it cannot find it by itself).
 DIAGRAM_DIR = "state_diagrams"
@@ -328,7 +331,7 @@ def write(root: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m megatron.training.diagrams", description=__doc__.split("\n\n")[0]
+        prog="python -m megatron.training.diagrams", description=_DESCRIPTION
     )
     parser.add_argument(
         "--check",

@@ -61,3 +61,25 @@ def test_an_overlapping_slice_is_dropped_and_counted_as_an_import_error(
         assert trace.scalar("select count(*) from slice") == 1
     finally:
         trace.close()
+
+
+def test_the_exports_time_text_is_nanosecond_exact_for_weeks_after_its_origin(
+    browser, perfetto, tmp_path
+) -> None:
+    # What export writes: exact decimal microseconds after the origin (megatron.trace.export).
+    from megatron.trace.export import _micros
+
+    day = 86_400 * 10**9
+    starts = [45 * day + 123_456_789 + 7 * k for k in range(50)]  # 45 days in, odd ns
+    events = ",".join(
+        f'{{"ph":"X","name":"s{k}","ts":{_micros(t)},"dur":{_micros(3)},"pid":3,"tid":7}}'
+        for k, t in enumerate(starts)
+    )
+    path = tmp_path / "late.json"
+    path.write_text('{"traceEvents":[' + events + "]}")
+    trace = open_trace(browser, perfetto, path)
+    try:
+        rows = trace.query("select name, ts, dur from slice order by ts")
+        assert [(r["ts"], r["dur"]) for r in rows] == [(t, 3) for t in starts]
+    finally:
+        trace.close()

@@ -9,19 +9,16 @@ and with the spans themselves.
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import synthetic
 from perfetto_harness import open_trace
+from pictures_helpers import incarnation, resource, write_trace
 
 from megatron.core.telemetry.reader import read_spans
 from megatron.trace import export
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trace"))
-import synthetic
-from pictures_helpers import incarnation, resource, write_trace
 
 # Every slice with its lane, as "incarnation N/rank R", from either import.
 _PROTOBUF_SLICES = """

@@ -15,6 +15,8 @@ from typing import Any
 
 import msgspec
 import pytest
+import synthetic
+import tracegen
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,9 +24,6 @@ from megatron.core.telemetry import otlp_decode
 from megatron.core.telemetry.reader import ReadStats, TraceFileDamaged, iter_spans
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "trace"))
-import synthetic  # noqa: E402
-import tracegen  # noqa: E402
 
 
 def _read(path: Path, fast: bool, monkeypatch: pytest.MonkeyPatch) -> Any:

@@ -1,10 +1,10 @@
 """Telemetry threads must not take process-directed signals from the main thread.
 
-The job lifecycle holds SIGTERM off during a transition by blocking it in the
-main thread. That only works if every other thread blocks it too; otherwise
-the kernel delivers the signal to a helper thread and CPython runs the Python
-handler anyway. These run in a subprocess so no thread of the test runner
-itself can take the signal.
+A signal the kernel hands to a helper thread does not interrupt what the main
+thread is blocked in, so its handler runs late. Every telemetry thread blocks
+the asynchronous signals; then a signal held off in the main thread is held
+off for the whole process, which is what the script checks. These run in a
+subprocess so no thread of the test runner itself can take the signal.
 """
 
 from __future__ import annotations

@@ -7,28 +7,24 @@ would, in a fresh interpreter with ``-OO``.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from processes import subprocess_env
 
 from megatron.trace.cli import COMMANDS, build_parser
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SUBCOMMANDS = [module.__name__.rsplit(".", 1)[-1] for module in COMMANDS]
 COLUMNS = "100"  # argparse wraps to the terminal: the same width in and out of process
 
 
 def _help_under_oo(*argv: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS=COLUMNS)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-OO", "-m", "megatron.trace", *argv, "--help"],
         capture_output=True,
         text=True,
-        env=env,
+        env=subprocess_env({"COLUMNS": COLUMNS}),
         timeout=60,
     )
 

@@ -1,19 +1,20 @@
 """``megatron-trace export --format chrome`` on hand-built trace files.
 
 The Chrome trace-event JSON must be what Perfetto and chrome://tracing read:
-metadata names for processes (incarnations) and threads (ranks), one complete
-event per span nested by time within its thread, flow start/finish pairs for
-the links.
+metadata names for processes (incarnations) and threads (ranks), ids no
+importer reinterprets, one complete event per span nested by time within its
+thread at its exact nanoseconds, one flow per link bound to the link's two
+spans. (tests/browser loads such files into the real Perfetto.)
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import pytest
+import chrome_helpers
 from pictures_helpers import (
     T0,
     S,
@@ -30,19 +31,10 @@ from megatron.trace import export
 def chrome(tmp_path: Path, *traces: Path) -> dict[str, Any]:
     out = tmp_path / "trace.json"
     assert run_command(export, [*map(str, traces), "--format", "chrome", "-o", str(out)]) == 0
-    return json.loads(out.read_text())
+    return chrome_helpers.load(out)
 
 
-def complete_events(document: dict[str, Any]) -> list[dict[str, Any]]:
-    return [event for event in document["traceEvents"] if event["ph"] == "X"]
-
-
-def metadata(document: dict[str, Any], name: str) -> dict[tuple[int, int], str]:
-    return {
-        (event["pid"], event["tid"]): event["args"]["name"]
-        for event in document["traceEvents"]
-        if event["ph"] == "M" and event["name"] == name
-    }
+complete_events = chrome_helpers.complete_events
 
 
 def assert_nested_by_time(events: list[dict[str, Any]]) -> None:
@@ -51,13 +43,25 @@ def assert_nested_by_time(events: list[dict[str, Any]]) -> None:
     for event in events:
         by_thread[(event["pid"], event["tid"])].append(event)
     for thread, thread_events in by_thread.items():
-        stack: list[float] = []  # end times of the open events
+        stack: list[Decimal] = []  # end times of the open events
         for event in sorted(thread_events, key=lambda e: (e["ts"], -e["dur"])):
-            while stack and stack[-1] <= event["ts"] + 1e-3:
+            while stack and stack[-1] <= event["ts"]:
                 stack.pop()
             end = event["ts"] + event["dur"]
-            assert not stack or end <= stack[-1] + 1e-3, f"{event['name']} overlaps in {thread}"
+            assert not stack or end <= stack[-1], f"{event['name']} overlaps in {thread}"
             stack.append(end)
+
+
+def assert_ids_no_importer_reinterprets(document: dict[str, Any]) -> None:
+    """No pid or tid 0, no tid equal to any pid, no tid shared by two processes."""
+    threads = chrome_helpers.names(document, "thread_name")
+    pids = {pid for pid, _ in chrome_helpers.names(document, "process_name")}
+    tids = [tid for _, tid in threads]
+    assert 0 not in pids and 0 not in tids
+    assert not set(tids) & pids
+    assert len(tids) == len(set(tids))
+    for event in complete_events(document):
+        assert (event["pid"], event["tid"]) in threads
 
 
 def two_incarnations(tmp_path: Path) -> tuple[Path, list[Span], list[Span]]:
@@ -73,17 +77,26 @@ def two_incarnations(tmp_path: Path) -> tuple[Path, list[Span], list[Span]]:
 def test_a_process_per_incarnation_and_a_complete_event_per_span(tmp_path: Path) -> None:
     path, first, second = two_incarnations(tmp_path)
     document = chrome(tmp_path, path)
-    assert metadata(document, "process_name") == {(1, 0): "incarnation 0", (2, 0): "incarnation 1"}
-    assert metadata(document, "thread_name") == {(1, 0): "rank 0", (2, 0): "rank 0"}
+    assert chrome_helpers.names(document, "process_name") == {
+        (1, None): "incarnation 0",
+        (2, None): "incarnation 1",
+    }
+    threads = chrome_helpers.names(document, "thread_name")
+    assert sorted((pid, name) for (pid, _), name in threads.items()) == [
+        (1, "rank 0"),
+        (2, "rank 0"),
+    ]
+    assert_ids_no_importer_reinterprets(document)
+    tid_of = {pid: tid for pid, tid in threads}
     events = complete_events(document)
     assert len(events) == len(first) + len(second)
     by_id = {event["args"]["span_id"]: event for event in events}
     for pid, spans in ((1, first), (2, second)):
         for span in spans:
             event = by_id[span.span_id]
-            assert (event["name"], event["pid"], event["tid"]) == (span.name, pid, 0)
-            assert event["ts"] == pytest.approx((T0 + span.start * S) / 1000)
-            assert event["dur"] == pytest.approx((span.end - span.start) * 1e6)
+            assert (event["name"], event["pid"], event["tid"]) == (span.name, pid, tid_of[pid])
+            assert chrome_helpers.start_ns(document, event) == T0 + round(span.start * S)
+            assert chrome_helpers.end_ns(document, event) == T0 + round(span.end * S)
             assert event["args"]["trace_id"] == span.trace_id
             for key, value in span.attributes.items():
                 assert event["args"][key] == value
@@ -92,29 +105,54 @@ def test_a_process_per_incarnation_and_a_complete_event_per_span(tmp_path: Path)
     assert_nested_by_time(events)
 
 
-def test_links_are_flow_pairs_from_the_linked_span_to_the_linking_one(tmp_path: Path) -> None:
+def test_time_counts_from_a_stated_whole_second_origin(tmp_path: Path) -> None:
+    path, first, _ = two_incarnations(tmp_path)
+    document = chrome(tmp_path, path)
+    earliest = T0 + round(min(span.start for span in first) * S)  # the queue, 5 s before
+    assert chrome_helpers.origin_ns(document) == earliest - earliest % S
+    assert document["otherData"]["time_origin_utc"].endswith("Z")
+    assert min(event["ts"] for event in complete_events(document)) >= 0
+
+
+def test_phases_that_tile_in_nanoseconds_still_tile(tmp_path: Path) -> None:
+    # As the trainer backdates them: each phase ends in the nanosecond the next starts.
+    # Epoch microseconds as doubles made imports end 0.2 us after arg_parse began.
+    at = 0.123456789
+    startup = Span("megatron.startup", at, at + 1.000000003)
+    phases = [
+        startup.child("megatron.startup.imports", at, at + 0.500000001),
+        startup.child("megatron.startup.arg_parse", at + 0.500000001, at + 0.700000002),
+        startup.child("megatron.startup.model_init", at + 0.700000002, at + 1.000000003),
+    ]
+    path = write_trace(tmp_path / "t.jsonl", [(resource("job", 0, 1), [*phases, startup])])
+    document = chrome(tmp_path, path)
+    by_name = {event["name"]: event for event in complete_events(document)}
+    ends = [chrome_helpers.end_ns(document, by_name[p.name]) for p in phases]
+    starts = [chrome_helpers.start_ns(document, by_name[p.name]) for p in phases]
+    assert ends[:-1] == starts[1:]
+    assert ends[-1] == chrome_helpers.end_ns(document, by_name["megatron.startup"])
+    assert_nested_by_time(complete_events(document))
+
+
+def test_links_are_flows_bound_to_the_linked_and_the_linking_span(tmp_path: Path) -> None:
     path, first, second = two_incarnations(tmp_path)
     document = chrome(tmp_path, path)
-    starts = {e["id"]: e for e in document["traceEvents"] if e["ph"] == "s"}
-    finishes = {e["id"]: e for e in document["traceEvents"] if e["ph"] == "f"}
-    links = [(span, target) for span in first + second for target in span.links]
+    links = [(target.span_id, span.span_id) for span in first + second for target in span.links]
     assert len(links) == 3  # C0 -> startup, C1 -> C0; and C0 -> startup in the second
-    assert set(starts) == set(finishes) and len(starts) == len(links)
-    for flow_id, start in starts.items():
-        finish = finishes[flow_id]
-        assert finish["bp"] == "e"
-        assert (start["name"], start["cat"]) == (finish["name"], finish["cat"])
-    # Each arrow runs from 1 µs before the linked span ends to where the linking one starts.
-    pid = {span.span_id: 1 for span in first} | {span.span_id: 2 for span in second}
+    assert sorted(chrome_helpers.arrows(document)) == sorted(links)
+    # A chain is drawn with flow attributes on the slices themselves: exact binding.
+    assert [e for e in document["traceEvents"] if e["ph"] in ("s", "f")] == []
 
-    def at(seconds: float, span: Span) -> tuple[float, int]:
-        return (T0 + seconds * S) / 1000, pid[span.span_id]
 
-    arrows = {
-        ((s["ts"], s["pid"]), (finishes[i]["ts"], finishes[i]["pid"])) for i, s in starts.items()
-    }
-    expected = {(at(t.end - 1e-6, t), at(span.start, span)) for span, t in links}
-    assert arrows == expected
+def test_a_span_linked_to_twice_draws_both_links(tmp_path: Path) -> None:
+    # Not the lifecycle's chain: the links fall back to flow-event pairs.
+    target = Span("megatron.startup", 0, 1)
+    a = Span("megatron.train", 1, 2, links=[target])
+    b = Span("megatron.train", 2, 3, links=[target, a])
+    path = write_trace(tmp_path / "t.jsonl", [(resource("job", 0, 1), [target, a, b])])
+    document = chrome(tmp_path, path)
+    expected = [(target.span_id, a.span_id), (target.span_id, b.span_id), (a.span_id, b.span_id)]
+    assert sorted(chrome_helpers.arrows(document)) == sorted(expected)
 
 
 def test_a_thread_per_rank(tmp_path: Path) -> None:
@@ -130,12 +168,25 @@ def test_a_thread_per_rank(tmp_path: Path) -> None:
         files.append(write_trace(tmp_path / f"rank{rank}.jsonl",
                                  [p for p in processes if p[0]["dl.rank"] == rank]))  # fmt: skip
     document = chrome(tmp_path, *files)
-    assert metadata(document, "thread_name") == {
-        (1, 0): "rank 0", (1, 1): "rank 1", (2, 0): "rank 0", (2, 1): "rank 1"}  # fmt: skip
-    lanes = Counter((e["pid"], e["tid"]) for e in complete_events(document))
+    threads = chrome_helpers.names(document, "thread_name")
+    assert sorted((pid, name) for (pid, _), name in threads.items()) == [
+        (1, "rank 0"), (1, "rank 1"), (2, "rank 0"), (2, "rank 1")]  # fmt: skip
+    assert_ids_no_importer_reinterprets(document)
+    lane = {key: (key[0], name) for key, name in threads.items()}
+    lanes = Counter(lane[(e["pid"], e["tid"])] for e in complete_events(document))
     per_process = len(processes[0][1])
-    assert lanes == {(1, 0): per_process, (1, 1): per_process,
-                     (2, 0): len(processes[2][1]), (2, 1): len(processes[3][1])}  # fmt: skip
+    assert lanes == {
+        (1, "rank 0"): per_process,
+        (1, "rank 1"): per_process,
+        (2, "rank 0"): len(processes[2][1]),
+        (2, "rank 1"): len(processes[3][1]),
+    }
+    sort_index = {
+        (e["pid"], e["tid"]): e["args"]["sort_index"]
+        for e in document["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "thread_sort_index"
+    }
+    assert {threads[key]: index for key, index in sort_index.items()} == {"rank 0": 0, "rank 1": 1}
     assert_nested_by_time(complete_events(document))
 
 
@@ -145,6 +196,7 @@ def test_a_link_to_a_span_not_in_the_file_draws_no_arrow(tmp_path: Path) -> None
     path = write_trace(tmp_path / "t.jsonl", [(resource("job", 0, 1), [kept])])
     document = chrome(tmp_path, path)
     assert [e["ph"] for e in document["traceEvents"] if e["ph"] in "sf"] == []
+    assert chrome_helpers.arrows(document) == []
 
 
 def test_a_missing_file_is_one_error_line_and_exit_2(tmp_path: Path, capsys) -> None:

@@ -12,6 +12,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import chrome_helpers
 import pytest
 import synthetic
 from perfetto_reading import read_slices
@@ -133,10 +134,10 @@ def test_ranks_and_a_wall_clock_window_keep_the_overlapping_spans(tmp_path: Path
     if fmt == "perfetto":
         got = Counter((s.name, s.ts) for s in read_slices(out)[0])
     else:
+        document = chrome_helpers.load(out)
         got = Counter(
-            (e["name"], round(e["ts"] * 1000))
-            for e in json.loads(out.read_text())["traceEvents"]
-            if e["ph"] == "X"
+            (e["name"], chrome_helpers.start_ns(document, e))
+            for e in chrome_helpers.complete_events(document)
         )
     assert got == Counter((s["name"], s["start_ns"]) for s in kept)
     assert 0 < len(kept) < len(spans) / 2

@@ -14,8 +14,8 @@ import os
 import signal
 
 import pytest
-import spans_helpers as sh
-from spans_helpers import TRAIN, FakeHandle, ForbiddenHandle
+from fake_handles import FakeHandle, ForbiddenHandle
+from lifecycle_spec import PATH_TO_STATE, TRAIN
 
 from megatron.training.telemetry_spans import (
     EXIT_HOOKS,
@@ -217,7 +217,7 @@ def test_handle_exit_shuts_down_from_any_live_state(fake_process, lifecycles, st
     hooks = ExitHooks()
     handle = FakeHandle()
     phases = lifecycles.new(handle, save_interval=2)
-    for trigger in sh.PATH_TO_STATE[state]:
+    for trigger in PATH_TO_STATE[state]:
         getattr(phases, trigger)()
     hooks.attach(phases)
     hooks.handle_exit()

@@ -8,15 +8,10 @@ from __future__ import annotations
 import logging
 
 import pytest
-import spans_helpers as sh
+from fake_handles import FakeHandle, RaisingProcessor, RaisingTracerHandle, span_id
+from launch_times import launch_timestamps
+from lifecycle_spec import TRAIN
 from opentelemetry import trace as otel_trace
-from spans_helpers import (
-    TRAIN,
-    FakeHandle,
-    RaisingProcessor,
-    RaisingTracerHandle,
-    launch_timestamps,
-)
 
 from megatron.training.telemetry_spans import SpanPhaseError
 
@@ -75,7 +70,7 @@ def test_exporter_path_that_raises_on_every_span_end(lifecycles, caplog):
     # Whatever was started was still ended exactly once, and the exporter in front of
     # the failing processor got every one of those spans.
     handle.recorder.assert_all_ended_exactly_once()
-    assert sorted(sh.span_id(s) for s in handle.spans()) == sorted(handle.recorder.started)
+    assert sorted(span_id(s) for s in handle.spans()) == sorted(handle.recorder.started)
     assert TRAIN in handle.recorder.started.values()
     assert otel_trace.get_current_span() is otel_trace.INVALID_SPAN, "a context was left attached"
     assert len(handle.shutdown_calls) == 1

@@ -14,18 +14,10 @@ import math
 import time
 
 import pytest
+from fake_handles import FakeHandle, links, parent_id, ref, span_id, trace_id
+from launch_times import launch_timestamps
+from lifecycle_spec import STARTUP, TRAIN
 from opentelemetry import trace as otel_trace
-from spans_helpers import (
-    STARTUP,
-    TRAIN,
-    FakeHandle,
-    launch_timestamps,
-    links,
-    parent_id,
-    ref,
-    span_id,
-    trace_id,
-)
 
 FIRST_ITERATION = "megatron.interval.first_iteration"
 LAST_ITERATION = "megatron.interval.last_iteration"

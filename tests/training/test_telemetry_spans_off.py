@@ -12,8 +12,9 @@ from __future__ import annotations
 import sys
 
 import pytest
-import spans_helpers as sh
-from spans_helpers import FakeHandle, ForbiddenHandle, launch_timestamps
+from fake_handles import FakeHandle, ForbiddenHandle, ForbiddenTracer, forbid_otel_api
+from launch_times import launch_timestamps
+from lifecycle_spec import STARTUP, TRAIN
 
 import megatron.core.telemetry as core_telemetry
 import megatron.training.telemetry_spans as telemetry_spans
@@ -67,7 +68,7 @@ def expect_rejected(phases, trigger, *args):
 def test_off_lifecycle_touches_no_otel_api_and_still_checks_order(monkeypatch, lifecycles, variant):
     handle, enabled = make_off(variant, monkeypatch)
     phases = lifecycles.new(handle, save_interval=2, enabled=enabled)
-    api_calls = sh.forbid_otel_api(monkeypatch, telemetry_spans)
+    api_calls = forbid_otel_api(monkeypatch, telemetry_spans)
 
     expect_rejected(phases, "reroot")
     expect_rejected(phases, "step", 0)
@@ -129,7 +130,7 @@ def test_enabled_true_forces_spans_on(lifecycles):
     phases.start_train()
     phases.step(0)
     phases.shutdown()
-    assert [s.name for s in handle.spans()] == [sh.STARTUP, sh.TRAIN]
+    assert [s.name for s in handle.spans()] == [STARTUP, TRAIN]
 
 
 @pytest.mark.parametrize("job_on", [True, False])
@@ -142,7 +143,7 @@ def test_without_span_groups_attribute_the_global_job_group_decides(
     phases = lifecycles.new(handle, save_interval=1)
     phases.start_job(model_type="gpt", timestamps=None)
     phases.shutdown()
-    assert [s.name for s in handle.spans()] == ([sh.STARTUP] if job_on else [])
+    assert [s.name for s in handle.spans()] == ([STARTUP] if job_on else [])
 
 
 def test_span_groups_attribute_wins_over_the_global_switch(monkeypatch, lifecycles):
@@ -151,7 +152,7 @@ def test_span_groups_attribute_wins_over_the_global_switch(monkeypatch, lifecycl
     phases = lifecycles.new(handle)
     phases.start_job()
     phases.shutdown()
-    assert [s.name for s in handle.spans()] == [sh.STARTUP]
+    assert [s.name for s in handle.spans()] == [STARTUP]
 
 
 class RealOffHandle:
@@ -162,7 +163,7 @@ class RealOffHandle:
         from megatron.core.telemetry import TelemetryConfig, setup_telemetry
 
         self.real = setup_telemetry(TelemetryConfig.from_env(env=env), rank=0, world_size=1)
-        self.tracer = sh.ForbiddenTracer()
+        self.tracer = ForbiddenTracer()
         self.is_exporting = self.real.is_exporting
         self.span_groups = self.real.span_groups
         self.shutdown_calls: list = []
@@ -185,7 +186,7 @@ def test_real_non_exporting_handle_is_off(monkeypatch, lifecycles, tmp_path, env
     handle = RealOffHandle(env)
     assert handle.is_exporting is False
     phases = lifecycles.new(handle, save_interval=1)
-    api_calls = sh.forbid_otel_api(monkeypatch, telemetry_spans)
+    api_calls = forbid_otel_api(monkeypatch, telemetry_spans)
     phases.start_job(model_type="gpt", timestamps=launch_timestamps())
     phases.start_train()
     for iteration in range(3):

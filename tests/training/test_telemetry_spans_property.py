@@ -13,11 +13,13 @@ import re
 from typing import ClassVar
 
 import pytest
-import spans_helpers as sh
+from fake_handles import FakeHandle
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from spans_helpers import STARTUP, TRAIN, FakeHandle
+from launch_times import launch_timestamps
+from lifecycle_spec import FULL_TABLE, STARTUP, TRAIN
+from lifecycles import Lifecycles
 
 from megatron.training.telemetry_spans import SpanPhaseError
 
@@ -27,7 +29,7 @@ class ReferenceModel:
 
     # step is legal where reroot is; from train it always opens an interval
     # (the loop's work must nest under one), in interval it stays there.
-    TABLE: ClassVar[dict[tuple[str, str], str]] = sh.FULL_TABLE
+    TABLE: ClassVar[dict[tuple[str, str], str]] = FULL_TABLE
 
     def __init__(self) -> None:
         self.state = "job"
@@ -49,7 +51,7 @@ OPEN_ROOTS_IN = {
 class LifecycleMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.lifecycles = sh.Lifecycles().__enter__()
+        self.lifecycles = Lifecycles().__enter__()
         self.model = ReferenceModel()
         self.handle = FakeHandle()
         self.phases = None
@@ -89,9 +91,9 @@ class LifecycleMachine(RuleBasedStateMachine):
     def start_job(self, timestamps):
         ts = None
         if timestamps == "folded":
-            ts = sh.launch_timestamps()
+            ts = launch_timestamps()
         elif timestamps == "unfolded":
-            ts = sh.launch_timestamps(launch_script_presrun=None)
+            ts = launch_timestamps(launch_script_presrun=None)
         self.fire("start_job", model_type="gpt", timestamps=ts)
 
     @rule(

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 from pathlib import Path
 
 import pytest
-import spans_helpers as sh
-from spans_helpers import STARTUP, TRAIN, ScriptRun, named
+from lifecycle_spec import STARTUP, TRAIN
+from processes import REPO_ROOT, ScriptRun, named
 
 ITERATION = "megatron.train.iteration"
 CUT_SHORT = "megatron.span.cut_short"
@@ -88,8 +89,8 @@ say("NOT_KILLED")
 def test_hard_sigterm_dies_by_the_signal_after_the_trace_is_on_disk(tmp_path):
     run = ScriptRun(tmp_path, HARD)
     run.wait_for("READY")
-    run.sigterm()
-    returncode = run.finish()
+    run.signal(signal.SIGTERM)
+    returncode = run.wait()
     assert returncode == -15, run.describe()
     assert run.lines_starting("NOT_KILLED") == []
 
@@ -147,9 +148,9 @@ say("DONE", phases.state, EXIT_HOOKS.state)
 def test_graceful_sigterm_only_flushes_and_keeps_the_lifecycle(tmp_path):
     run = ScriptRun(tmp_path, GRACEFUL)
     run.wait_for("READY")
-    run.sigterm()
+    run.signal(signal.SIGTERM)
     after = json.loads(run.wait_for("AFTER_SIGTERM").split(" ", 1)[1])
-    returncode = run.finish()
+    returncode = run.wait()
     assert returncode == 0, run.describe()
 
     assert after["state"] == "interval"
@@ -198,9 +199,9 @@ say("NOT_KILLED")
 def test_hard_sigterm_chains_to_a_previous_python_handler_after_shutdown(tmp_path):
     run = ScriptRun(tmp_path, CHAINED)
     run.wait_for("READY")
-    run.sigterm()
+    run.signal(signal.SIGTERM)
     seen = json.loads(run.wait_for("PREVIOUS").split(" ", 1)[1])
-    returncode = run.finish()
+    returncode = run.wait()
     assert returncode == 7, run.describe()
     assert seen["signum"] == 15
     assert seen["state"] == "shutdown", "previous handler ran before the shutdown"
@@ -265,8 +266,8 @@ say("NOT_KILLED")
 def test_second_sigterm_does_not_reenter_shutdown(tmp_path, mode):
     run = ScriptRun(tmp_path, SECOND_SIGTERM, extra_args=[mode])
     run.wait_for("READY")
-    run.sigterm()
-    returncode = run.finish()
+    run.signal(signal.SIGTERM)
+    returncode = run.wait()
     assert returncode == 9, run.describe()
     (line,) = run.lines_starting("PREVIOUS")
     seen = json.loads(line.split(" ", 1)[1])
@@ -318,7 +319,7 @@ say("NOT_KILLED")
 def test_sigterm_raised_inside_a_transition_callback_leaves_a_complete_trace(tmp_path):
     run = ScriptRun(tmp_path, IN_CALLBACK)
     run.wait_for("KILLING")
-    returncode = run.finish()
+    returncode = run.wait()
     assert returncode == -15, run.describe()
     assert run.lines_starting("NOT_KILLED") == []
     spans = run.read_spans()
@@ -338,8 +339,8 @@ import megatron.training.telemetry_spans as m
 say("MODULE", m.__file__)
 """,
     )
-    assert run.finish() == 0, run.describe()
+    assert run.wait() == 0, run.describe()
     (line,) = run.lines_starting("MODULE")
     assert Path(line.split(" ", 1)[1]).resolve() == (
-        sh.REPO_ROOT / "megatron" / "training" / "telemetry_spans.py"
+        REPO_ROOT / "megatron" / "training" / "telemetry_spans.py"
     )

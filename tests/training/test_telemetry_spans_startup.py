@@ -12,22 +12,11 @@ import enum
 import time
 
 import pytest
-import spans_helpers as sh
+from fake_handles import FakeHandle, parent_id, span_id, trace_id
+from launch_times import is_folded, launch_timestamps, ns, pre_startup_due
+from lifecycle_spec import CONTAINER_LOAD, LAUNCH_SCRIPT, PRE_STARTUP, STARTUP, TRAIN
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
-from spans_helpers import (
-    CONTAINER_LOAD,
-    LAUNCH_SCRIPT,
-    PRE_STARTUP,
-    STARTUP,
-    TRAIN,
-    FakeHandle,
-    launch_timestamps,
-    ns,
-    parent_id,
-    span_id,
-    trace_id,
-)
 
 
 class ModelType(enum.Enum):
@@ -138,7 +127,7 @@ def test_folded_launch_window_gives_two_backdated_children(lifecycles, case):
     ts = launch_timestamps()
     for key, same_as in FOLDED_CASES[case].items():
         ts[key] = ts[same_as]
-    assert sh.is_folded(ts)
+    assert is_folded(ts)
 
     phases = lifecycles.new(handle)
     phases.start_job(model_type="gpt", timestamps=ts)
@@ -184,7 +173,7 @@ def test_unfolded_launch_window_has_no_launch_children(lifecycles, case):
         k: (None if v is None else now + float(v)) for k, v in UNFOLDED_CASES[case].items()
     }
     ts = launch_timestamps(now, **overrides)
-    assert not sh.is_folded(ts)
+    assert not is_folded(ts)
 
     phases = lifecycles.new(handle)
     before = time.time_ns()
@@ -237,7 +226,7 @@ def test_pre_startup_only_when_due(lifecycles, case):
             ts[key] = ts["launch_script_start"]
         else:
             ts[key] = now + float(value)
-    assert sh.pre_startup_due(ts) is due
+    assert pre_startup_due(ts) is due
 
     handle = FakeHandle()
     phases = lifecycles.new(handle)

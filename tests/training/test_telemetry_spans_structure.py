@@ -7,13 +7,16 @@ import ast
 import contextvars
 
 import pytest
-import spans_helpers as sh
+from fake_handles import FakeHandle
+from launch_times import launch_timestamps
+from lifecycles import Lifecycles
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanContext
+from processes import REPO_ROOT
 
 import megatron.training.telemetry_spans as telemetry_spans
 
-MODULE_PATH = sh.REPO_ROOT / "megatron" / "training" / "telemetry_spans.py"
+MODULE_PATH = REPO_ROOT / "megatron" / "training" / "telemetry_spans.py"
 
 MUTABLE_NODES = (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)
 MUTABLE_FACTORIES = {"list", "dict", "set", "defaultdict", "deque", "Counter", "OrderedDict"}
@@ -97,10 +100,10 @@ def test_no_rebinding_through_globals(tree):
 def test_no_span_state_in_module_namespace_while_a_lifecycle_runs():
     """At run time, with an interval open, the module's namespace holds no span,
     span context, OTel context or context token."""
-    with sh.Lifecycles() as lifecycles:
-        handle = sh.FakeHandle()
+    with Lifecycles() as lifecycles:
+        handle = FakeHandle()
         phases = lifecycles.new(handle, save_interval=2)
-        phases.start_job(model_type="gpt", timestamps=sh.launch_timestamps())
+        phases.start_job(model_type="gpt", timestamps=launch_timestamps())
         phases.start_train()
         phases.step(0)
         forbidden_types = (Span, SpanContext, Context, contextvars.Token)

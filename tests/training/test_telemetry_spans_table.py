@@ -1,6 +1,6 @@
 """The transition table, pair by pair (README, "The span-phase machine").
 
-Legality comes from the documented table written out in spans_helpers.SPEC_TABLE, not
+Legality comes from the documented table written out in lifecycle_spec.SPEC_TABLE, not
 from the module's TRANSITIONS; a separate test then checks that the module's
 table is that table.
 """
@@ -11,22 +11,15 @@ import logging
 import re
 
 import pytest
-import spans_helpers as sh
 import transitions
-from spans_helpers import (
-    FULL_TABLE,
-    PATH_TO_STATE,
-    SPEC_TABLE,
-    STATES,
-    TRIGGERS,
-    FakeHandle,
-    ForbiddenHandle,
-)
+from fake_handles import FakeHandle, ForbiddenHandle
+from launch_times import launch_timestamps
+from lifecycle_spec import FULL_TABLE, PATH_TO_STATE, SPEC_TABLE, STATES, TRAIN, TRIGGERS
 
 from megatron.training.telemetry_spans import ExitHooks, SpanPhaseError, SpanPhases
 
 TRIGGER_ARGS = {
-    "start_job": ((), {"model_type": "gpt", "timestamps": sh.launch_timestamps()}),
+    "start_job": ((), {"model_type": "gpt", "timestamps": launch_timestamps()}),
     "record_phase": (("megatron.startup.imports", 1.0e9, 1.0e9 + 1.5), {}),
     "step": ((7,), {}),
 }
@@ -136,7 +129,7 @@ def test_step_rejected_repeatedly_keeps_rejecting(lifecycles):
     phases.step(0)
     assert phases.state == "interval"
     phases.shutdown()
-    assert len(handle.named(sh.TRAIN)) == 1
+    assert len(handle.named(TRAIN)) == 1
 
 
 def _state_name(state) -> str:

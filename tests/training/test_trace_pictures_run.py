@@ -9,12 +9,11 @@ flow; its timeline must show both incarnations with their intervals.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
+import chrome_helpers
 import pytest
 
 from megatron.core.telemetry.reader import read_spans
@@ -40,22 +39,29 @@ def resumed_trace(training_module_cli) -> Path:
 def test_the_chrome_export_of_a_resumed_run(resumed_trace: Path, tmp_path: Path) -> None:
     out = tmp_path / "trace.json"
     events = export.export_chrome(span_source([resumed_trace]), out)
-    document = json.loads(out.read_text())
+    document = chrome_helpers.load(out)
     assert len(document["traceEvents"]) == events
     spans = read_spans(resumed_trace)
-    complete = [e for e in document["traceEvents"] if e["ph"] == "X"]
+    complete = chrome_helpers.complete_events(document)
     assert len(complete) == len(spans)
 
     # A process per incarnation: the OS process that wrote the span decides its pid.
     pids = {}
     for span, event in zip(spans, complete, strict=True):
         assert (event["name"], event["args"]["span_id"]) == (span["name"], span["span_id"])
+        assert chrome_helpers.start_ns(document, event) == span["start_ns"]
+        assert chrome_helpers.end_ns(document, event) == span["end_ns"]
         pids.setdefault(span["resource"]["process.pid"], set()).add(event["pid"])
     assert sorted(pids.values(), key=min) == [{1}, {2}]
-    names = {(e["pid"], e["name"]): e["args"] for e in document["traceEvents"] if e["ph"] == "M"}
-    assert names[(1, "process_name")] == {"name": "incarnation 0"}
-    assert names[(2, "process_name")] == {"name": "incarnation 1"}
-    assert names[(1, "thread_name")] == names[(2, "thread_name")] == {"name": "rank 0"}
+    assert chrome_helpers.names(document, "process_name") == {
+        (1, None): "incarnation 0",
+        (2, None): "incarnation 1",
+    }
+    threads = chrome_helpers.names(document, "thread_name")
+    assert sorted((pid, name) for (pid, _), name in threads.items()) == [
+        (1, "rank 0"),
+        (2, "rank 0"),
+    ]
 
     # Nested by time: every span lies within its parent, on the parent's thread.
     by_id = {e["args"]["span_id"]: e for e in complete}
@@ -66,32 +72,16 @@ def test_the_chrome_export_of_a_resumed_run(resumed_trace: Path, tmp_path: Path)
             continue
         children[parent["name"]].append(event["name"])
         assert (parent["pid"], parent["tid"]) == (event["pid"], event["tid"])
-        assert parent["ts"] <= event["ts"]  # the same division of nanoseconds: monotonic
-        assert event["ts"] + event["dur"] <= parent["ts"] + parent["dur"] + 0.5  # sums round
+        assert parent["ts"] <= event["ts"]
+        assert event["ts"] + event["dur"] <= parent["ts"] + parent["dur"]  # exact decimals
     assert "megatron.train.iteration" in children["megatron.train"]
     assert "megatron.checkpoint.load" in children["megatron.startup.model_init"]
 
-    # Links as flows: startup -> C0 -> C1 in the first incarnation, startup -> C0 in the second.
-    links = [(span["span_id"], target) for span in spans for _, target in span["links"]]
+    # Links as flows: startup -> C0 -> C1 in the first incarnation, startup -> C0 in the second,
+    # each bound to exactly the two spans of its link.
+    links = chrome_helpers.links(spans)
     assert len(links) == 3
-    starts = {e["id"]: e for e in document["traceEvents"] if e["ph"] == "s"}
-    finishes = {e["id"]: e for e in document["traceEvents"] if e["ph"] == "f"}
-    assert set(starts) == set(finishes) and len(starts) == 3
-
-    def close(a: dict[str, Any], ts: float, pid: int) -> bool:
-        # Epoch microseconds as doubles are exact to a quarter of a microsecond.
-        return a["pid"] == pid and abs(a["ts"] - ts) < 0.5
-
-    arrows = []
-    for linker, target in links:
-        tail, head = by_id[target], by_id[linker]
-        arrows += [
-            i
-            for i, s in starts.items()
-            if close(s, tail["ts"] + tail["dur"] - 1, tail["pid"])
-            and close(finishes[i], head["ts"], head["pid"])
-        ]
-    assert sorted(arrows) == sorted(starts)  # each link drawn by exactly one flow
+    assert sorted(chrome_helpers.arrows(document)) == sorted(links)
 
 
 def test_the_timeline_of_a_resumed_run(resumed_trace: Path, tmp_path: Path) -> None:

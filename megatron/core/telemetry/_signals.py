@@ -1,14 +1,19 @@
 """Keeping asynchronous signals away from telemetry's background threads.
 
 A process-directed signal (``kill -TERM <pid>``) goes to any thread that does
-not block it. CPython runs Python-level handlers in the main thread, but if
-the kernel hands the signal to a helper thread, the handler is scheduled
-even while the main thread has that signal blocked with
-``signal.pthread_sigmask``. The job lifecycle blocks SIGTERM around each
-transition so a SIGTERM handler never sees one half done; that only works
-if no other thread is willing to take the signal. So every thread this
-package starts (and the SDK threads it causes to start) is created with the
-asynchronous signals blocked; a new thread inherits its creator's mask.
+not block it. CPython runs the Python-level handler in the main thread
+either way, but only a signal the kernel hands to the main thread interrupts
+what that thread is blocked in (a sleep, a lock or queue wait, a read): taken
+by a helper thread, the handler waits until the main thread next runs Python
+code, and a graceful drain or a checkpoint-and-exit starts late. So every
+thread this package starts (and the SDK threads it causes to start) is
+created with the asynchronous signals blocked; a new thread inherits its
+creator's mask, and the signals stay the main thread's.
+
+The job lifecycle does not rely on masks to keep a handler out of a
+transition: its exit hooks defer their work until the transition in flight
+has finished (``SpanPhases.between_transitions`` in
+:mod:`megatron.training.telemetry_spans`), whichever thread took the signal.
 """
 
 from __future__ import annotations

@@ -233,8 +233,8 @@ class RootFlushingBatchSpanProcessor(SpanProcessor):
     timeout to ``SpanExporter.export``, we cannot cut a running export short.
 
     The worker thread blocks asynchronous signals (see
-    :mod:`megatron.core.telemetry._signals`), so a SIGTERM is always taken by
-    the main thread.
+    :mod:`megatron.core.telemetry._signals`), so it never takes a SIGTERM
+    meant for the main thread.
 
     Fork behaviour: a forked child (a dataloader worker) drops its spans. The
     child gets a fresh empty queue, lock and event, never touches the

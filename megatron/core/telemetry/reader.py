@@ -13,6 +13,9 @@ builds too). It reads line by line: memory depends on the longest line (one
 export batch), never on the file's size, so a week-long job's gigabytes read
 like a minute's.
 
+Files are opened by :mod:`megatron.core.telemetry.trace_files`, which reads
+rotated and compressed copies (gzip, zstd) as transparently as plain ones.
+
 Two kinds of bad line, told apart because they mean different things:
 
 * A **torn write**: the line ends before its JSON does (a process died in the
@@ -45,6 +48,7 @@ from megatron.core.telemetry.otlp_decode import (
     decode_python,
 )
 from megatron.core.telemetry.records import SpanRecord, span_record
+from megatron.core.telemetry.trace_files import iter_lines as file_lines
 
 __all__ = [
     "DAMAGE_ERRORS",
@@ -130,13 +134,13 @@ def iter_lines(
         paths = [paths]
     for raw_path in paths:
         path = Path(raw_path)
-        with path.open("rb") as file:
-            for number, raw in enumerate(file, start=1):
-                if stats is not None:
-                    stats.lines += 1
-                if raw.isspace():
-                    continue
-                yield path, number, raw
+        # plain, gzip or zstd: trace_files opens and decompresses; decoding stays above
+        for number, raw in enumerate(file_lines(path), start=1):
+            if stats is not None:
+                stats.lines += 1
+            if not raw or raw.isspace():
+                continue
+            yield path, number, raw
 
 
 def _request(path: Path, number: int, raw: bytes, stats: ReadStats | None) -> Any:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, TypedDict
 
-from megatron.core.telemetry.semconv import SPAN_CUT_SHORT
+from megatron.core.telemetry.semconv import SPAN_CUT_SHORT, SPAN_TRUNCATED
 
 __all__ = ["SpanEvent", "SpanRecord", "is_cut_short", "span_record"]
 
@@ -92,5 +92,7 @@ def span_record(
 
 
 def is_cut_short(record: SpanRecord) -> bool:
-    """Whether the span was still open at telemetry shutdown (and was ended then)."""
-    return bool(record["attributes"].get(SPAN_CUT_SHORT))
+    """Whether the span was still open at telemetry shutdown (and was ended then): this
+    project's ``megatron.span.cut_short``, or nemo-lens's ``nemo.span.truncated``."""
+    attributes = record["attributes"]
+    return bool(attributes.get(SPAN_CUT_SHORT) or attributes.get(SPAN_TRUNCATED))

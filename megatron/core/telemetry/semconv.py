@@ -31,12 +31,16 @@ __all__ = [
     "CATEGORY_RESTART_GAP",
     "CATEGORY_STARTUP",
     "CATEGORY_WASTED_PROGRESS",
+    "CHECKPOINT_EXIT_FINALIZE_SPAN",
+    "CHECKPOINT_FINALIZE_SPAN",
     "CHECKPOINT_LOAD_SPAN",
     "CHECKPOINT_SAVE_SPAN",
+    "CHECKPOINT_SPAN_PREFIX",
     "CONTAINER_LOAD_SPAN",
     "DL_RANK",
     "DL_WORLD_SIZE",
     "EVALUATE_SPAN",
+    "HOST_NAME",
     "INTERVAL_FIRST_ITERATION",
     "INTERVAL_INDEX",
     "INTERVAL_LAST_ITERATION",
@@ -47,13 +51,17 @@ __all__ = [
     "ITERATION_SPAN",
     "LAUNCH_SCRIPT_SPAN",
     "MODEL_TYPE",
+    "NEMO_RUN_ID",
+    "NVRX_CYCLE",
     "PRE_STARTUP_SPAN",
     "PROCESS_PID",
     "RUN_ID",
     "SERVICE_INSTANCE_ID",
     "SERVICE_NAME",
+    "SLURM_RESTART_COUNT",
     "SPAN_CATEGORY",
     "SPAN_CUT_SHORT",
+    "SPAN_TRUNCATED",
     "STARTUP_PHASE_PREFIX",
     "STARTUP_SPAN",
     "STRUCTURAL_SPAN_NAMES",
@@ -84,6 +92,15 @@ CHECKPOINT_SAVE_SPAN = "megatron.checkpoint.save"
 CHECKPOINT_LOAD_SPAN = "megatron.checkpoint.load"
 #: One evaluation pass, inside an interval.
 EVALUATE_SPAN = "megatron.evaluate"
+#: The prefix of every checkpoint span. Megatron-LM writes more than the save and load
+#: (``exposed_save`` around each save, bookkeeping such as ``reclaim_memory``,
+#: ``timers_log``, ``ft_heartbeat``): the report counts their time as checkpoint time.
+CHECKPOINT_SPAN_PREFIX = "megatron.checkpoint."
+#: Megatron-LM, each loop pass: the non-blocking finalize of an earlier async save; an
+#: async save is durable once a finalize after it ended.
+CHECKPOINT_FINALIZE_SPAN = "megatron.checkpoint.save.finalize"
+#: Megatron-LM, after the loop: the blocking finalize of the last async save.
+CHECKPOINT_EXIT_FINALIZE_SPAN = "megatron.checkpoint.exit_finalize"
 
 # ---------------------------------------------------------------------------
 # Span attribute keys
@@ -108,6 +125,8 @@ INTERVAL_REROOTED = "megatron.interval.rerooted"
 ITERATION = "megatron.iteration"
 #: True on a span that was still open when telemetry shut down, and was ended then.
 SPAN_CUT_SHORT = "megatron.span.cut_short"
+#: nemo-lens's mark for the same: a span force-ended at telemetry shutdown.
+SPAN_TRUNCATED = "nemo.span.truncated"
 
 # ---------------------------------------------------------------------------
 # Resource attribute keys (the first three are OpenTelemetry's own names)
@@ -121,6 +140,14 @@ SERVICE_INSTANCE_ID = "service.instance.id"
 PROCESS_PID = "process.pid"
 #: The run id: the same on every rank of a job (the launcher's job id, when it has one).
 RUN_ID = "megatron.run_id"
+#: nemo-lens's run id: the same on every rank of a job.
+NEMO_RUN_ID = "nemo.run.id"
+#: OpenTelemetry's host name: with the pid, which process wrote (containers reuse pids).
+HOST_NAME = "host.name"
+#: SLURM's requeue counter, where a launcher records it: a requeued job's process again.
+SLURM_RESTART_COUNT = "slurm.restart_count"
+#: NVIDIA Resiliency Extension's restart cycle, where it runs the job.
+NVRX_CYCLE = "nvrx.cycle"
 #: The writing process's global rank.
 DL_RANK = "dl.rank"
 #: How many ranks the job has.

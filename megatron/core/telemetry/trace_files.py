@@ -1,0 +1,117 @@
+"""Opening a trace file as log rotation leaves it: plain, gzip or zstd, told by its first bytes.
+
+A long job's ``traces.jsonl`` gets rotated (``traces.jsonl.1``) and the
+rotated copies compressed (``traces.jsonl.2.gz``, or ``.zst`` with zstd), by
+logrotate or a collector. The reader takes any of them: the format is told
+by the file's magic bytes, not its name (logrotate's ``delaycompress`` and
+hand-renamed files keep names that lie), and the stream it returns yields the
+same lines a plain file would. Only this module knows about compression; the
+decoding of lines (:mod:`megatron.core.telemetry.reader`) never sees it.
+
+gzip is the standard library's; zstd needs the ``zstandard`` package (in
+the ``trace`` extra). Without it a zstd file is one clear error, naming the
+file and what to install.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+__all__ = ["CompressedTraceError", "iter_lines", "open_trace_file"]
+
+_GZIP = b"\x1f\x8b"
+_ZSTD = b"\x28\xb5\x2f\xfd"
+
+
+class CompressedTraceError(ValueError):
+    """A compressed trace file that cannot be decompressed here (the message says why)."""
+
+
+def open_trace_file(path: Path) -> IO[bytes]:
+    """``path`` opened for reading lines of bytes, decompressed if it is gzip or zstd."""
+    raw = open(path, "rb")  # noqa: SIM115 (returned to the caller, who closes it)
+    try:
+        magic = raw.peek(4)[:4]
+        if magic.startswith(_GZIP):
+            raw.close()
+            return gzip.open(path, "rb")
+        if magic == _ZSTD:
+            return _zstd_lines(path, raw)
+    except BaseException:
+        raw.close()
+        raise
+    return raw
+
+
+def iter_lines(path: Path) -> Iterator[bytes]:
+    """The lines of ``path``, decompressed; a compressed stream that is cut off or corrupt
+    raises :class:`CompressedTraceError` (a rotated file is whole: that is damage)."""
+    with open_trace_file(path) as stream:
+        try:
+            yield from stream
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            raise CompressedTraceError(
+                f"{path}: the gzip data is cut off or damaged ({exc})"
+            ) from exc
+        except Exception as exc:
+            if type(exc).__module__.startswith("zstd"):  # zstandard.ZstdError, without importing it
+                raise CompressedTraceError(f"{path}: the zstd data is damaged ({exc})") from exc
+            raise
+
+
+def _zstd_lines(path: Path, raw: io.BufferedReader) -> IO[bytes]:
+    try:
+        import zstandard
+    except ImportError:
+        raw.close()
+        raise CompressedTraceError(
+            f"{path}: a zstd-compressed trace; reading it needs the zstandard package: "
+            "pip install zstandard (or 'megatron-telemetry-spans[trace]')"
+        ) from None
+    return io.BufferedReader(_ZstdFrames(path, raw, zstandard.ZstdDecompressor()))
+
+
+class _ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of every frame in turn (``zstd -c >>`` appends frames).
+
+    zstandard's own stream reader ends quietly where a cut-off file ends;
+    this says so, since a rotated file is whole and a cut one is damage.
+    """
+
+    def __init__(self, path: Path, raw: io.BufferedReader, context: object) -> None:
+        self._path, self._raw, self._context = path, raw, context
+        self._frame = context.decompressobj()  # type: ignore[attr-defined]
+        self._in_frame = False
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        while not self._pending:
+            chunk = self._raw.read(1 << 16)
+            if not chunk:
+                if self._in_frame:
+                    raise CompressedTraceError(f"{self._path}: the zstd data is cut off")
+                return 0
+            while chunk:
+                self._in_frame = True
+                self._pending += self._frame.decompress(chunk)
+                if not self._frame.eof:
+                    break
+                chunk = self._frame.unused_data
+                self._frame = self._context.decompressobj()  # type: ignore[attr-defined]
+                self._in_frame = False
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()

@@ -1,0 +1,56 @@
+"""The span-phase machine as the README documents it: span names, states, triggers, table.
+
+Written out by hand on purpose: the lifecycle tests derive what is legal from
+these, never from the module's own ``TRANSITIONS``.
+"""
+
+from __future__ import annotations
+
+STARTUP = "megatron.startup"
+TRAIN = "megatron.train"
+PRE_STARTUP = "pre_startup"
+LAUNCH_SCRIPT = "megatron.startup.launch_script"
+CONTAINER_LOAD = "megatron.startup.container_load"
+STRUCTURAL_ROOTS = frozenset({STARTUP, TRAIN})
+
+STATES = ("job", "startup", "train", "interval", "shutdown")
+TRIGGERS = (
+    "start_job",
+    "record_phase",
+    "start_train",
+    "reroot",
+    "end_train",
+    "flush",
+    "shutdown",
+    "step",
+)
+
+# The transition table as the README documents it, written out by hand on purpose: the
+# tests derive legality from this, never from the module's own TRANSITIONS.
+# (state, trigger) -> destination state.  ``step`` is not in that table (it is a
+# method that fires ``reroot`` on a boundary); its entries describe a lifecycle that
+# has just run ``start_train`` (pass counter 0, so the first step is a boundary).
+SPEC_TABLE: dict[tuple[str, str], str] = {
+    ("job", "start_job"): "startup",
+    ("startup", "record_phase"): "startup",
+    ("startup", "start_train"): "train",
+    ("train", "reroot"): "interval",
+    ("interval", "reroot"): "interval",
+    ("interval", "end_train"): "train",
+    **{(s, "shutdown"): "shutdown" for s in ("job", "startup", "train", "interval")},
+    **{(s, "flush"): s for s in ("job", "startup", "train", "interval")},
+}
+STEP_TABLE: dict[tuple[str, str], str] = {
+    ("train", "step"): "interval",
+    ("interval", "step"): "interval",
+}
+FULL_TABLE = {**SPEC_TABLE, **STEP_TABLE}
+
+# A legal path from a fresh lifecycle to each state.
+PATH_TO_STATE: dict[str, tuple[str, ...]] = {
+    "job": (),
+    "startup": ("start_job",),
+    "train": ("start_job", "start_train"),
+    "interval": ("start_job", "start_train", "reroot"),
+    "shutdown": ("shutdown",),
+}

@@ -1,0 +1,104 @@
+"""Real training runs for the Perfetto tests: one rank, two ranks, killed and resumed.
+
+Each runs the trainer (``python -m megatron.training``, a tiny model on the
+CPU) in a directory and returns the trace file it wrote, so the browser
+tests check what a user's export of a real run looks like in Perfetto.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from megatron.core.telemetry.reader import read_spans
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TINY = (
+    "--mock-data",
+    "--num-layers", "2",
+    "--hidden-size", "32",
+    "--num-attention-heads", "2",
+    "--seq-length", "32",
+    "--micro-batch-size", "2",
+    "--log-interval", "5",
+    "--otel-enabled",
+    "--otel-span-groups", "per_step",
+)  # fmt: skip
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("MEGATRON_", "NEMO_LENS_", "OTEL_", "SLURM_"))
+        and key not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
+    }
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def _run(cwd: Path, args: tuple[str, ...], env: dict[str, str] | None = None, **kw) -> None:
+    result = subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=_env(env), capture_output=True, text=True,
+        timeout=300, **kw,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def one_rank(cwd: Path) -> Path:
+    """12 iterations, a checkpoint and an evaluation every 4: three intervals."""
+    _run(cwd, ("-m", "megatron.training", *TINY, "--train-iters", "12", "--save", "ck",
+               "--save-interval", "4", "--eval-interval", "4", "--eval-iters", "1"))  # fmt: skip
+    return cwd / "ck" / "telemetry" / "traces.jsonl"
+
+
+def two_ranks(cwd: Path) -> Path:
+    """The issue's run: torchrun, 2 ranks, ``all_ranks``, ``per_step``, 60 iterations."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torchrun = (
+        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+        "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "megatron.training",
+    )  # fmt: skip
+    _run(cwd, (*torchrun, *TINY, "--global-batch-size", "8", "--train-iters", "60",
+               "--save", "ck", "--save-interval", "20", "--eval-interval", "20",
+               "--eval-iters", "1"),
+         env={"MEGATRON_OTEL_RANK_STRATEGY": "all_ranks"})  # fmt: skip
+    return cwd / "ck" / "telemetry" / "traces.jsonl"
+
+
+def killed_and_resumed(cwd: Path) -> Path:
+    """Checkpoints every 5; SIGKILL once iteration 12 is on disk; then resume to 20."""
+    args = ("-m", "megatron.training", *TINY, "--save", "ck", "--save-interval", "5")
+    trace = cwd / "ck" / "telemetry" / "traces.jsonl"
+    with open(cwd / "killed.log", "w") as log:
+        trainer = subprocess.Popen(
+            [sys.executable, *args, "--train-iters", "100"], cwd=cwd,
+            env=_env({"MEGATRON_TEST_ITERATION_SLEEP": "0.2"}), stdout=log, stderr=log,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (
+            trace.exists()
+            and any(
+                s["name"] == "megatron.train.iteration"
+                and s["attributes"]["megatron.iteration"] >= 12
+                for s in read_spans(trace)
+            )
+        ):
+            assert trainer.poll() is None, (cwd / "killed.log").read_text()
+            assert time.monotonic() < deadline, "iteration 12 never reached the trace"
+            time.sleep(0.1)
+    finally:
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait()
+    _run(cwd, (*args, "--train-iters", "20", "--load", "ck"))
+    return trace
