@@ -9,6 +9,7 @@ and with the spans themselves.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -53,24 +54,34 @@ def _key(row: dict[str, Any]) -> tuple:
 def test_protobuf_and_json_exports_import_to_the_same_slices_and_flows(
     browser, perfetto, tmp_path
 ) -> None:
-    # One rank, killed and resumed; times on whole microseconds, which the JSON export
-    # (microseconds) carries exactly too.
-    shape = synthetic.Shape(spans=3000, ranks=1, save_interval=9, incarnations=2)
+    # Two ranks, each killed and resumed.
+    shape = synthetic.Shape(spans=3000, ranks=2, save_interval=9, incarnations=2)
     (path,) = synthetic.write_per_step(tmp_path / "t.jsonl", shape)
     protobuf, json_file = tmp_path / "t.pftrace", tmp_path / "t.json"
     export.export_files([path], protobuf, "perfetto")
     export.export_files([path], json_file, "chrome")
     errors, slices, flows = _load(browser, perfetto, protobuf, _PROTOBUF_SLICES)
     json_errors, json_slices, json_flows = _load(browser, perfetto, json_file, _JSON_SLICES)
+    # the JSON counts from its stated origin; the protobuf keeps epoch nanoseconds
+    origin = int(json.loads(json_file.read_text())["otherData"]["time_origin_unix_ns"])
+    for row in json_slices:
+        row["ts"] += origin
+    for flow in json_flows:
+        flow["source_ts"] += origin
+        flow["target_ts"] += origin
     assert errors == [] and json_errors == []
     assert len(slices) == len(read_spans(path))
     assert sorted(map(_key, slices)) == sorted(map(_key, json_slices))
-    # one flow per link in both; the protobuf's run between the linked spans themselves
+    # one flow per link, between the same two spans, in both
     pairs = Counter((f["source"], f["target"]) for f in flows)
-    assert len(flows) == len(json_flows)
+    json_pairs = Counter((f["source"], f["target"]) for f in json_flows)
+    assert pairs == json_pairs
+    assert sorted((f["source_ts"], f["target_ts"]) for f in flows) == sorted(
+        (f["source_ts"], f["target_ts"]) for f in json_flows
+    )
     assert pairs == {
-        ("megatron.startup", "megatron.train"): 2,
-        ("megatron.train", "megatron.train"): sum(pairs.values()) - 2,
+        ("megatron.startup", "megatron.train"): 4,
+        ("megatron.train", "megatron.train"): sum(pairs.values()) - 4,
     }
 
 
