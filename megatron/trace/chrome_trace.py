@@ -56,12 +56,19 @@ def micros(ns: int) -> str:
     return f"{sign}{ns // 1000}.{ns % 1000:03d}"
 
 
+_FRACTIONS = [b".%03d" % n for n in range(1000)]
+
 if msgspec is not None:
     _encode = msgspec.json.Encoder().encode
     _Raw = msgspec.Raw
 
     def _exact(ns: int) -> Any:
         return _Raw(micros(ns).encode())
+
+    def _exact_all(values: list[int]) -> list[Any]:
+        """:func:`_exact` of each value (none negative), without a call per value."""
+        fractions, raw = _FRACTIONS, _Raw
+        return [raw(b"%d" % (ns // 1000) + fractions[ns % 1000]) for ns in values]
 
     class _Complete(msgspec.Struct, gc=False, omit_defaults=True):
         """One span as a complete event (encoded field by field, in this order)."""
@@ -93,6 +100,9 @@ else:  # pragma: no cover
 
     def _exact(ns: int) -> Any:
         return _Exact(ns)
+
+    def _exact_all(values: list[int]) -> list[Any]:
+        return [_Exact(ns) for ns in values]
 
     class _Complete:  # type: ignore[no-redef]
         def __init__(self, ts, dur, name, pid, tid, args):
@@ -170,6 +180,8 @@ class ChromeWriter:
         self.flows = flows
         self.origin = origin  # ns: the earliest start, rounded down to a whole second
         self.part = ChromePart()
+        # every span a link touches, whichever way it is drawn
+        self._endpoints = {*flows.bindings, *flows.starts, *flows.finishes}
 
     def header(self, out: IO[bytes]) -> int:
         """The document's start, the time origin, the metadata naming processes and threads."""
@@ -228,23 +240,19 @@ class ChromeWriter:
         """Complete events (and fallback flow starts) for spans of one lane."""
         track = self.tracks.of(lane)
         pid, tid, origin = track.pid, track.tid, self.origin
+        starts = [span.start_time_unix_nano - origin for span in spans]  # the origin is earlier
+        lengths = [span.end_time_unix_nano - span.start_time_unix_nano for span in spans]
+        lengths = [length if length > 0 else 0 for length in lengths]
         events: list[Any] = [
-            _Complete(
-                _exact(span.start_time_unix_nano - origin),
-                _exact(max(span.end_time_unix_nano - span.start_time_unix_nano, 0)),
-                span.name,
-                pid,
-                tid,
-                _args(span),
-                "X",
-                "span",
-            )
-            for span in spans
+            _Complete(ts, dur, span.name, pid, tid, _args(span), "X", "span")
+            for span, ts, dur in zip(spans, _exact_all(starts), _exact_all(lengths), strict=True)
         ]
         flows = self.flows
         if flows.bindings or flows.starts:
             bindings, starts, finishes = flows.bindings, flows.starts, flows.finishes
-            for position, span in enumerate(spans):
+            ends = self._endpoints
+            for position in [i for i, span in enumerate(spans) if span.span_id in ends]:
+                span = spans[position]
                 span_id = span.span_id
                 binding = bindings.get(span_id)
                 if binding is not None:

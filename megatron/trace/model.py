@@ -390,7 +390,7 @@ class TraceBuilder:
         self._file: object = None
         self._process: _Process | None = None
         self._kinds: dict[str, int] = {}  # span name -> what a line adds of such spans
-        self._kept: set[str] = set()  # the names whose kind is not _IGNORED
+        self._ignored: set[str] = set()  # the names whose kind is _IGNORED
 
     def _process_for(self, resource: dict[str, Any], path: Path) -> _Process:
         key = process_key(resource, path)
@@ -414,8 +414,8 @@ class TraceBuilder:
             else:
                 kind = _IGNORED
             self._kinds[name] = kind
-            if kind != _IGNORED:
-                self._kept.add(name)
+            if kind == _IGNORED:
+                self._ignored.add(name)
         return kind
 
     def add_line(self, line: DecodedLine) -> None:
@@ -435,10 +435,7 @@ class TraceBuilder:
                 continue
             proc = self._process_for(batch.resource, path)
             self.span_count += len(spans)
-            kinds = self._kinds
-            for name in {s.name for s in spans}.difference(kinds):
-                self._kind(name)
-            kept_names = self._kept
+            kinds, ignored = self._kinds, self._ignored
             low = min([s.start_time_unix_nano for s in spans])
             if proc.min_start is None or low < proc.min_start:
                 proc.min_start = low
@@ -451,16 +448,18 @@ class TraceBuilder:
                 child_ends = [
                     s.end_time_unix_nano for s in spans if s.parent_span_id and id(s) not in cut
                 ]
-                kept = [s for s in spans if s.name in kept_names or id(s) in cut]
+                kept = [s for s in spans if s.name not in ignored or id(s) in cut]
             else:
                 cut = set()
                 child_ends = [s.end_time_unix_nano for s in spans if s.parent_span_id]
-                kept = [s for s in spans if s.name in kept_names]
+                kept = [s for s in spans if s.name not in ignored]  # and names not seen yet
             if child_ends:
                 proc.max_end_child = max(proc.max_end_child, max(child_ends))
             numbers, starts, ends = proc.iterations.arrays()
             for span in kept:
-                kind = kinds.get(span.name, _IGNORED)
+                kind = kinds.get(span.name)
+                if kind is None:
+                    kind = self._kind(span.name)
                 if kind == _STRUCTURAL or id(span) in cut:
                     proc.records.append(flat_span(span, batch.resource, path, number))
                     if kind in (_STRUCTURAL, _IGNORED):
