@@ -45,6 +45,7 @@ durations are kept in compact arrays and sorted once for the statistics.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Iterable, Iterator
@@ -70,7 +71,8 @@ from megatron.trace.model import Incarnation, Trace, load_trace
 from megatron.trace.stretches import Stretches
 
 __all__ = [
-    "ANOMALY_FACTOR",
+    "ANOMALY_MAD_FACTOR",
+    "ANOMALY_RULE",
     "BADPUT_CATEGORIES",
     "PRECEDENCE",
     "build_report",
@@ -91,8 +93,17 @@ PRECEDENCE = (
     CATEGORY_GOODPUT,
     CATEGORY_RESTART_GAP,
 )
-ANOMALY_FACTOR = 3.0
-ANOMALY_RULE = f"duration > {ANOMALY_FACTOR:g} x median iteration duration"
+#: k of the anomaly rule: an iteration is anomalous when it took longer than
+#: median + k * MAD of the iteration durations (ml-goodput-measurement's k).
+ANOMALY_MAD_FACTOR = 3.0
+#: The MAD is floored at this share of the median, so a run whose iterations
+#: nearly all took the same time to the nanosecond does not flag jitter.
+ANOMALY_MAD_FLOOR = 0.01
+ANOMALY_RULE = (
+    f"duration > median + {ANOMALY_MAD_FACTOR:g} x MAD "
+    f"(median absolute deviation of the iteration durations, at least "
+    f"{100 * ANOMALY_MAD_FLOOR:g} % of the median)"
+)
 _LISTED_ANOMALIES = 20
 
 
@@ -246,6 +257,39 @@ def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
     }
 
 
+def _median_of_sorted(values: list[float]) -> float:
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def _mad_of_sorted(values: list[float], median: float) -> float:
+    """The median of ``|v - median|`` over sorted ``values``, without a second sorted copy.
+
+    The deviations above the median ascend from the middle to the right and
+    those below it from the middle to the left, so walking both sides outwards
+    like a merge visits the deviations in ascending order: the middle one(s)
+    are found in O(n) with O(1) extra memory (a report may hold millions).
+    """
+    count = len(values)
+    right = bisect.bisect_left(values, median)  # first value >= median
+    left = right - 1
+
+    def take() -> float:
+        nonlocal left, right
+        below = median - values[left] if left >= 0 else math.inf
+        above = values[right] - median if right < count else math.inf
+        if below <= above:
+            left -= 1
+            return below
+        right += 1
+        return above
+
+    for _ in range((count - 1) // 2):
+        take()
+    lower = take()
+    return lower if count % 2 else (lower + take()) / 2
+
+
 def _iteration_stats(incs: list[Incarnation]) -> dict[str, Any] | None:
     durations = sorted(
         (end - start) / 1e6
@@ -255,10 +299,10 @@ def _iteration_stats(incs: list[Incarnation]) -> dict[str, Any] | None:
     if not durations:
         return None
     count = len(durations)
-    middle = count // 2
-    median = durations[middle] if count % 2 else (durations[middle - 1] + durations[middle]) / 2
+    median = _median_of_sorted(durations)
     p90 = durations[max(0, math.ceil(0.9 * count) - 1)]  # nearest rank
-    threshold = ANOMALY_FACTOR * median
+    mad = max(_mad_of_sorted(durations, median), ANOMALY_MAD_FLOOR * median)
+    threshold = median + ANOMALY_MAD_FACTOR * mad
     slow = [
         (dur, inc.index, number)
         for inc in incs
@@ -275,6 +319,8 @@ def _iteration_stats(incs: list[Incarnation]) -> dict[str, Any] | None:
         "max_ms": round(durations[-1], 3),
         "anomalous": {
             "rule": ANOMALY_RULE,
+            "mad_ms": round(mad, 3),
+            "threshold_ms": round(threshold, 3),
             "count": len(slow),
             "slowest": [
                 {"incarnation": index, "iteration": number, "duration_ms": round(dur, 3)}

@@ -19,6 +19,8 @@ from megatron.trace.model import load_trace
 
 __all__ = ["add_parser", "format_report", "run"]
 
+_PRINTED_ANOMALIES = 5  # the slowest iterations the text names (the JSON lists 20)
+
 
 def format_report(report: dict[str, Any]) -> str:
     """The report as a few human-readable lines."""
@@ -50,11 +52,19 @@ def format_report(report: dict[str, Any]) -> str:
         )
     stats = report["iterations"]
     if stats:
+        anomalous = stats["anomalous"]
         lines.append(
             f"iterations: {stats['count']}  median {stats['median_ms']} ms  "
-            f"p90 {stats['p90_ms']} ms  max {stats['max_ms']} ms  anomalous "
-            f"({stats['anomalous']['rule']}): {stats['anomalous']['count']}"
+            f"p90 {stats['p90_ms']} ms  max {stats['max_ms']} ms  "
+            f"anomalous: {anomalous['count']} over {anomalous['threshold_ms']} ms"
         )
+        lines.append(f"  anomaly rule: {anomalous['rule']}")
+        if anomalous["slowest"]:
+            slowest = ", ".join(
+                f"{a['iteration']} ({a['duration_ms']} ms)"
+                for a in anomalous["slowest"][:_PRINTED_ANOMALIES]
+            )
+            lines.append(f"  slowest: {slowest}")
     if len(report["ranks"]) > 1:
         lines.append("ranks:")
         lines += [
