@@ -3,35 +3,21 @@
 from __future__ import annotations
 
 import json
-import math
 import random
 from pathlib import Path
 
 import pytest
 import tracegen as g
+from report_checks import assert_accounted, nonzero
 
 from megatron.trace.cli import main
-from megatron.trace.goodput import ANOMALY_RULE, BADPUT_CATEGORIES, report_files
-
-
-def assert_accounted(report: dict) -> None:
-    """goodput + badput == wall: exactly in ns, and in seconds up to float rounding."""
-    exact = report["accounting_ns"]
-    assert exact["goodput"] + sum(exact[c] for c in BADPUT_CATEGORIES) == exact["wall"]
-    assert all(exact[c] >= 0 for c in (*BADPUT_CATEGORIES, "goodput"))
-    total = report["goodput_s"] + sum(report["badput_s"].values())
-    assert math.isclose(total, report["wall_s"], abs_tol=1e-6)
-    assert set(report["badput_s"]) == set(BADPUT_CATEGORIES)
+from megatron.trace.goodput import ANOMALY_RULE, report_files
 
 
 def report_of(tmp_path: Path, *incarnations: list[dict]) -> dict:
     report = report_files([g.write(tmp_path / "t.jsonl", *incarnations)])
     assert_accounted(report)
     return report
-
-
-def nonzero(report: dict) -> dict[str, float]:
-    return {k: v for k, v in report["badput_s"].items() if v}
 
 
 def test_clean_run(tmp_path: Path) -> None:
@@ -55,7 +41,10 @@ def test_clean_run(tmp_path: Path) -> None:
         "duration_s": 8.75,
         "wasted_iterations": 0,
         "wasted_s": 0.0,
+        "as_of": None,
+        "in_flight_s": 0.0,
     }
+    assert (report["running"], report["as_of"]) == (False, None)
     assert report["iterations"]["count"] == 6
     assert report["iterations"]["median_ms"] == 1000.0
     assert report["not_computed"] == []
