@@ -250,3 +250,20 @@ def test_bad_liveness_options_are_one_line_and_exit_2(
     err = capsys.readouterr().err.splitlines()[-1]
     assert err == f"megatron-trace {command}: error: argument {flag}: {message}"
     assert not (tmp_path / "out").exists()
+
+
+def test_each_rank_is_judged_on_its_own(tmp_path: Path) -> None:
+    """Two ranks' files in two directories, each with its own metrics.jsonl."""
+    (tmp_path / "r0").mkdir()
+    (tmp_path / "r1").mkdir()
+    zero = g.write(tmp_path / "r0" / "traces.jsonl", g.lifecycle(0, kill_after=1), rank=0)
+    one = g.write(tmp_path / "r1" / "traces.jsonl", g.lifecycle(0, kill_after=1), rank=1)
+    g.beat(zero, 50, rank=0, pid=100)
+    g.beat(one, 20, rank=1, pid=110)  # rank 1's last beat is 35 s old at 55 s
+    trace_report = report_files([zero, one], at(55))
+    assert [(i["rank"], i["ended"]) for i in trace_report["incarnations"]] == [("0", "running")]
+    assert trace_report["running"]
+    assert [r["rank"] for r in trace_report["ranks"]] == ["0", "1"]
+    result = check_files([one, zero], at(55))
+    assert sorted(note.split(":")[0] for note in result.notes) == ["killed", "running"]
+    assert "rank 1 incarnation 0: its in-flight interval is missing" in " ".join(result.notes)
