@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from megatron.trace.liveness import add_liveness_arguments
+
 __all__ = ["add_command"]
 
 
@@ -19,9 +21,12 @@ def add_command(
 ) -> argparse.ArgumentParser:
     """Add subcommand ``name`` taking ``FILE...`` (trace files); ``run`` gives the exit status.
 
+    Every command also takes the liveness options (``--stale-after``,
+    ``--now``): they all say whether the job is still running.
     Returns the parser, for the subcommand's own options.
     """
     parser = subparsers.add_parser(name, help=help, description=description)
     parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="trace files")
+    add_liveness_arguments(parser)
     parser.set_defaults(func=run)
     return parser

@@ -11,7 +11,11 @@ looked at with nothing but a browser. The mapping:
   to ``args``;
 * every link a flow arrow from the linked span to the linking one
   (:mod:`megatron.trace.flows`): startup -> C0 -> C1 -> ... joins the
-  per-interval traces.
+  per-interval traces;
+* a lane still running (:mod:`megatron.trace.liveness`) says so in its
+  thread's name ("rank 0 (running as of …)"), and ``otherData.incarnations``
+  gives, per lane, how the incarnation ended and, when running, the time of
+  its newest record.
 
 Time: ``ts`` and ``dur`` are microseconds, as the format counts, written as
 decimal text with exactly three fractional digits computed from the integer
@@ -36,13 +40,14 @@ import argparse
 import datetime
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from megatron.trace.command import add_command
 from megatron.trace.flows import FlowPlan
 from megatron.trace.lanes import LaneIndex
+from megatron.trace.liveness import Clock, judge, utc_text
 from megatron.trace.model import TraceBuilder
 from megatron.trace.output import replacing
 from megatron.trace.spans import SpanSource, TraceInputError, span_source
@@ -74,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
     """Run ``export`` for parsed arguments; returns the exit status."""
     files = ", ".join(map(str, args.files))
     try:
-        events = export_chrome(span_source(args.files), args.output)
+        events = export_chrome(
+            span_source(args.files), args.output, args.files, Clock.from_args(args)
+        )
     except TraceInputError as exc:
         if not str(exc).startswith(tuple(map(str, args.files))):
             exc = TraceInputError(f"{files}: {exc}")
@@ -88,11 +95,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def export_chrome(source: SpanSource, output: Path) -> int:
+def export_chrome(
+    source: SpanSource,
+    output: Path,
+    files: Sequence[Path | str] = (),
+    clock: Clock | None = None,
+) -> int:
     """Write the spans of ``source`` to ``output`` as Chrome trace JSON; returns the event count.
 
-    The file is written beside ``output`` and renamed over it at the end, so a
-    failure (a damaged input line) never leaves a half-written ``output``.
+    ``files`` are the trace files behind ``source``, where the heartbeat is
+    looked up; ``clock`` is what running is judged against (default: the
+    system clock). The file is written beside ``output`` and renamed over it
+    at the end, so a failure (a damaged input line) never leaves a
+    half-written ``output``.
     """
     flows = FlowPlan()
     builder = TraceBuilder()
@@ -104,10 +119,12 @@ def export_chrome(source: SpanSource, output: Path) -> int:
     if earliest is None:
         raise TraceInputError("no spans in the trace files")
     flows.plan()
-    lanes = LaneIndex(builder.finish())
+    trace = builder.finish()
+    judge(trace, files, clock or Clock.system())
+    lanes = LaneIndex(trace)
     origin = earliest - earliest % 1_000_000_000
     with replacing(output) as out:
-        return _write(out, origin, _events(source(), lanes, flows, origin))
+        return _write(out, origin, _events(source(), lanes, flows, origin), _endings(lanes))
 
 
 def _events(
@@ -115,6 +132,11 @@ def _events(
 ) -> Iterator[dict[str, Any]]:
     """The events; ``ts`` and ``dur`` as integer nanoseconds after ``origin`` (see _write)."""
     tracks = Tracks(lanes)
+    running = {
+        lanes.lane_of_incarnation(inc): inc.as_of_ns
+        for inc in lanes.trace.incarnations
+        if inc.ended == "running" and inc.as_of_ns is not None
+    }
     named: set[int] = set()
     for track in tracks:
         pid, tid = track.pid, track.tid
@@ -124,8 +146,11 @@ def _events(
                    "args": {"name": track.process_name}}  # fmt: skip
             yield {"ph": "M", "name": "process_sort_index", "pid": pid,
                    "args": {"sort_index": pid}}  # fmt: skip
+        thread_name = track.thread_name
+        if track.lane in running:
+            thread_name += f" (running as of {utc_text(running[track.lane])})"
         yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-               "args": {"name": track.thread_name}}  # fmt: skip
+               "args": {"name": thread_name}}  # fmt: skip
         yield {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
                "args": {"sort_index": track.thread_sort_index}}  # fmt: skip
     present: set[str] = set()
@@ -188,14 +213,34 @@ def _encode(event: dict[str, Any]) -> str:
     return "{" + exact + json.dumps(event, separators=(",", ":"), default=str)[1:]
 
 
-def _write(out: IO[str], origin: int, events: Iterable[dict[str, Any]]) -> int:
+def _endings(lanes: LaneIndex) -> list[dict[str, Any]]:
+    """Per lane: how the incarnation ended and, when running, as of when."""
+    return [
+        {
+            "incarnation": inc.index,
+            "rank": inc.rank,
+            "ended": inc.ended,
+            "as_of": utc_text(inc.as_of_ns) if inc.as_of_ns is not None else None,
+        }
+        for inc in lanes.trace.incarnations
+    ]
+
+
+def _write(
+    out: IO[str],
+    origin: int,
+    events: Iterable[dict[str, Any]],
+    incarnations: list[dict[str, Any]] | None = None,
+) -> int:
     """Stream ``events`` as ``{"traceEvents": [...]}``, one event per line."""
     when = datetime.datetime.fromtimestamp(origin // 1_000_000_000, datetime.timezone.utc)
-    other = {
+    other: dict[str, Any] = {
         "time_origin_unix_ns": str(origin),
         "time_origin_utc": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "time_unit": "ts and dur are microseconds after the time origin, exact to the ns",
     }
+    if incarnations is not None:
+        other["incarnations"] = incarnations
     out.write('{"displayTimeUnit": "ms", "otherData": ' + json.dumps(other) + ",\n")
     out.write('"traceEvents": [\n')
     count = 0

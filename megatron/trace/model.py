@@ -91,6 +91,7 @@ __all__ = [
     "TraceBuilder",
     "load_trace",
     "process_of",
+    "process_of_resource",
     "rank_of",
     "slot_of",
 ]
@@ -141,8 +142,11 @@ class Incarnation:
     """One ``pretrain()`` of one rank.
 
     ``ended`` is ``"shutdown"`` (telemetry shut down normally), ``"cut_short"``
-    (spans were still open at shutdown: SIGTERM, an exception) or
-    ``"killed"`` (SIGKILL: in-flight interval missing). ``intervals``,
+    (spans were still open at shutdown: SIGTERM, an exception),
+    ``"killed"`` (SIGKILL: in-flight interval missing) or, once
+    :mod:`megatron.trace.liveness` has judged the trace, ``"running"`` (still
+    alive: its newest record, at ``as_of_ns``, is recent and it has not shut
+    down; ``in_flight`` is the open stretch the file cannot show yet). ``intervals``,
     ``saves``, ``loads``, ``evaluations``, ``launch`` and ``pre_startup`` are
     lists of the reader's :class:`~megatron.core.telemetry.records.SpanRecord`
     in start order. ``iterations`` holds the finished (not cut short)
@@ -171,6 +175,8 @@ class Incarnation:
     start_ns: int = 0
     end_ns: int = 0
     ended: str = "shutdown"
+    as_of_ns: int | None = None  # running: the time of the newest record seen
+    in_flight: SpanRecord | None = None  # running: the open interval (or startup) so far
 
     @property
     def label(self) -> str:
@@ -304,6 +310,11 @@ def process_of(span: Mapping[str, Any]) -> tuple[Any, ...]:
     """The process that wrote a span: its rank and every identity its resource carries
     (:data:`PROCESS_KEYS`)."""
     return (rank_of(span), *map(span["resource"].get, PROCESS_KEYS))
+
+
+def process_of_resource(resource: Mapping[str, Any], file: Any) -> tuple[Any, ...]:
+    """:func:`process_of` for anything carrying this resource (the metrics' heartbeat too)."""
+    return process_of({"resource": resource, "file": file})
 
 
 def slot_of(boundaries: Sequence[int], name: str, start_ns: int, end_ns: int) -> int:
