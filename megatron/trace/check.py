@@ -24,8 +24,11 @@ Rules (each violation is one line naming the rule, span, trace and incarnation):
 
 Facts, not violations (exit status stays 0): an incarnation killed by SIGKILL
 (its in-flight interval is missing and its finished children have no parent
-in the file; one line per incarnation) and torn writes (one line each). Other
-damage exits 2 naming the line (raised by the reader, handled by the CLI).
+in the file; one line per incarnation), one still running (the same, because
+its interval is still open: :mod:`megatron.trace.liveness` tells the two
+apart; the line gives the time of its newest record) and torn writes (one
+line each). Other damage exits 2 naming the line (raised by the reader,
+handled by the CLI).
 
 Memory: ``check`` has to remember every span id to find duplicates: 8 bytes
 each, in one sorted numpy array (:mod:`megatron.trace.span_ids`), beside the
@@ -65,6 +68,7 @@ from megatron.core.telemetry.semconv import (
     STARTUP_SPAN,
 )
 from megatron.trace.command import add_command
+from megatron.trace.liveness import Clock, judge, utc_text
 from megatron.trace.model import Incarnation, Trace, TraceBuilder, process_key
 from megatron.trace.parallel import map_files
 
@@ -208,21 +212,29 @@ def _details(
 
 
 def check_files(
-    paths: Iterable[Path | str], jobs: int | None = None, executor: Executor | None = None
+    paths: Iterable[Path | str],
+    clock: Clock | None = None,
+    jobs: int | None = None,
+    executor: Executor | None = None,
 ) -> CheckResult:
     """Check the files; raises ``TraceFileDamaged`` on damage (exit 2).
 
+    Whether the last incarnations are still running is judged against
+    ``clock`` (default: the system clock and the default staleness bound).
     Several files are scanned in ``jobs`` parallel processes (default: one
     per file, up to the cores) or on ``executor``, and merged in file order.
     """
     from megatron.trace.span_ids import IdSet, ids_hex
 
+    paths = list(paths)
+    clock = clock or Clock.system()
     files = [Path(path) for path in paths]
     scans = map_files(_scan, files, jobs, executor)
     builder = functools.reduce(TraceBuilder.merge, (scan.builder for scan in scans))
     ids = functools.reduce(IdSet.merge, (scan.ids for scan in scans))
     result = CheckResult()
     trace = builder.finish()
+    liveness = judge(trace, paths, clock)
     result.trace = trace
     labels = _process_labels(trace)
     order = {path: position for position, path in enumerate(files)}
@@ -248,7 +260,8 @@ def check_files(
     first_saved = _first_saved(trace)
     first_start = min((inc.start_ns for inc in trace.incarnations), default=0)
     for inc in trace.incarnations:
-        _check_incarnation(inc, first_saved, first_start, result, explained.get(id(inc), 0))
+        _check_incarnation(inc, first_saved, first_start, result, explained.get(id(inc), 0), clock)
+    result.notes.extend(f"liveness: {note}" for note in liveness.notes)
     result.notes.extend(
         f"torn write: {torn.path}:{torn.line} (a write cut short by a killed process), skipped"
         for torn in trace.stats.torn
@@ -310,7 +323,8 @@ def _missing_parents(
         for child in children:
             label, inc = labels.get(child.process, ("?", None))
             root_end = builder.root_end(child.process)
-            if inc is not None and inc.ended == "killed" and child.start_ns >= root_end:
+            gone = inc is not None and inc.ended in ("killed", "running")
+            if gone and child.start_ns >= root_end:
                 explained[id(inc)] = explained.get(id(inc), 0) + 1
                 continue
             where = _where(child.name, child.span_id, child.trace_id, label, child.file, child.line)
@@ -335,15 +349,25 @@ def _check_incarnation(
     first_start: int,
     result: CheckResult,
     orphans: int,
+    clock: Clock,
 ) -> None:
     violations = result.violations
+    open_part = "its startup" if inc.startup is None else "its in-flight interval"
     if inc.ended == "killed":
-        lost = "its startup" if inc.startup is None else "its in-flight interval"
         result.notes.append(
-            f"killed: {inc.label}: {lost} is missing (SIGKILL); "
+            f"killed: {inc.label}: {open_part} is missing (SIGKILL); "
             f"{orphans} finished spans have no parent in the file"
         )
-    if inc.startup is None and not (inc.ended == "killed" and not inc.intervals):
+    if inc.ended == "running" and inc.as_of_ns is not None:
+        age = (clock.now_ns - inc.as_of_ns) / 1e9
+        result.notes.append(
+            f"running: {inc.label}: still running as of {utc_text(inc.as_of_ns)} (its newest "
+            f"record, {age:.1f} s before now; bound {clock.stale_after_ns / 1e9:g} s); "
+            f"{open_part} is still open, so not in the file yet; "
+            f"{orphans} finished spans wait for their parent"
+        )
+    still_open = inc.ended in ("killed", "running") and not inc.intervals
+    if inc.startup is None and not still_open:
         first = min(
             (*inc.intervals, *inc.saves, *inc.loads, *inc.evaluations, *inc.launch),
             key=lambda r: r["start_ns"],
@@ -409,7 +433,7 @@ def _check_resume(
 
 
 def run(args: argparse.Namespace) -> int:
-    result = check_files(args.files, args.jobs)
+    result = check_files(args.files, Clock.from_args(args), args.jobs)
     for line in result.notes:
         print(line)
     for line in result.violations:

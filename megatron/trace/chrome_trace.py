@@ -11,7 +11,11 @@ looked at with nothing but a browser. The mapping:
   to ``args``;
 * every link a flow arrow from the linked span to the linking one
   (:mod:`megatron.trace.flows`): startup -> C0 -> C1 -> ... joins the
-  per-interval traces.
+  per-interval traces;
+* a lane still running (:mod:`megatron.trace.liveness`) says so in its
+  thread's name ("rank 0 (running as of …)"), and ``otherData.incarnations``
+  gives, per lane, how the incarnation ended and, when running, the time of
+  its newest record.
 
 Time: ``ts`` and ``dur`` are microseconds, as the format counts, written as
 decimal text with exactly three fractional digits computed from the integer
@@ -39,6 +43,7 @@ from typing import IO, Any
 
 from megatron.trace.flows import FlowPlan
 from megatron.trace.lanes import Lane, LaneIndex
+from megatron.trace.liveness import utc_text
 from megatron.trace.tracks import Tracks
 
 __all__ = ["ChromePart", "ChromeWriter", "micros"]
@@ -146,6 +151,15 @@ else:  # pragma: no cover
         return ",".join(map(_event_json, events)).encode()
 
 
+def running_lanes(lanes: LaneIndex) -> dict[Lane, str]:
+    """Lane -> what its name says when its incarnation is still running."""
+    return {
+        lanes.lane_of_incarnation(inc): f" (running as of {utc_text(inc.as_of_ns)})"
+        for inc in lanes.trace.incarnations
+        if inc.ended == "running" and inc.as_of_ns is not None
+    }
+
+
 def _args(span: Any) -> dict[str, Any]:
     args = span.attribute_dict() if span.has_attributes() else {}
     args["trace_id"] = span.trace_id
@@ -191,6 +205,16 @@ class ChromeWriter:
             "time_origin_utc": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "time_unit": "ts and dur are microseconds after the time origin, exact to the ns",
         }
+        other["incarnations"] = [
+            {
+                "incarnation": inc.index,
+                "rank": inc.rank,
+                "ended": inc.ended,
+                "as_of": utc_text(inc.as_of_ns) if inc.as_of_ns is not None else None,
+            }
+            for inc in self.lanes.trace.incarnations
+        ]
+        running = running_lanes(self.lanes)
         events: list[dict[str, Any]] = []
         named: set[int] = set()
         for track in self.tracks:
@@ -219,7 +243,7 @@ class ChromeWriter:
                     "name": "thread_name",
                     "pid": pid,
                     "tid": tid,
-                    "args": {"name": track.thread_name},
+                    "args": {"name": track.thread_name + running.get(track.lane, "")},
                 }
             )
             events.append(

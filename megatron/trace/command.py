@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from megatron.trace.liveness import add_liveness_arguments
+
 __all__ = ["add_command"]
 
 
@@ -31,6 +33,8 @@ def add_command(
 ) -> argparse.ArgumentParser:
     """Add subcommand ``name`` taking ``FILE...`` (trace files); ``run`` gives the exit status.
 
+    Every command also takes the liveness options (``--stale-after``,
+    ``--now``): they all say whether the job is still running.
     Returns the parser, for the subcommand's own options.
     """
     parser = subparsers.add_parser(name, help=help, description=description)
@@ -42,5 +46,6 @@ def add_command(
         metavar="N",
         help="read the files in N parallel processes (default: one per file, up to the cores)",
     )
+    add_liveness_arguments(parser)
     parser.set_defaults(func=run)
     return parser

@@ -14,6 +14,8 @@ are read in parallel processes in both passes (each file's events go to a
 part, the parts are joined in file order). ``--since``/``--until``/
 ``--ranks`` (:mod:`megatron.trace.window`) cut a window out of a big trace;
 an output bigger than a browser tab loads gets a warning that suggests one.
+A lane still running (:mod:`megatron.trace.liveness`) says so in its
+track's name ("rank 0 (running as of …)").
 
 The file is written beside ``-o`` and renamed over it at the end, so a failure
 (a damaged input line) never leaves a half-written output.
@@ -36,6 +38,7 @@ from megatron.trace.chrome_trace import ChromePart, ChromeWriter
 from megatron.trace.command import add_command
 from megatron.trace.flows import FlowPlan
 from megatron.trace.lanes import LaneIndex
+from megatron.trace.liveness import Clock, judge
 from megatron.trace.model import Trace, TraceBuilder, process_key
 from megatron.trace.output import replacing
 from megatron.trace.parallel import map_files
@@ -100,7 +103,14 @@ def run(args: argparse.Namespace) -> int:
     files = ", ".join(map(str, args.files))
     try:
         result = export_files(
-            args.files, args.output, args.format, args.since, args.until, args.ranks, args.jobs
+            args.files,
+            args.output,
+            args.format,
+            args.since,
+            args.until,
+            args.ranks,
+            args.jobs,
+            Clock.from_args(args),
         )
     except (TraceInputError, WindowError) as exc:
         if isinstance(exc, TraceInputError) and not str(exc).startswith(
@@ -185,13 +195,14 @@ def _learn(path: Path) -> tuple[TraceBuilder, list[tuple[str, str]]]:
     return builder, links
 
 
-def _plan(paths: Sequence[Path], jobs: int | None) -> tuple[_Plan, Trace]:
+def _plan(paths: Sequence[Path], jobs: int | None, clock: Clock) -> tuple[_Plan, Trace]:
     learnt = map_files(_learn, paths, jobs)
     builder = functools.reduce(TraceBuilder.merge, (b for b, _ in learnt))
     earliest = builder.earliest_start()
     if earliest is None:
         raise TraceInputError("no spans in the trace files")
     trace = builder.finish()
+    judge(trace, paths, clock)  # which last incarnations are still running
     links = [link for _, file_links in learnt for link in file_links]
     flows = FlowPlan()
     for linking, target in links:
@@ -256,6 +267,7 @@ def export_files(
     until: str | None = None,
     ranks: str | None = None,
     jobs: int | None = None,
+    clock: Clock | None = None,
 ) -> ExportResult:
     """Write the spans of ``paths`` to ``output`` in ``fmt``; returns what was written.
 
@@ -269,7 +281,7 @@ def export_files(
             import perfetto.protos.perfetto.trace.perfetto_trace_pb2  # noqa: F401
         except ImportError:
             raise TraceInputError(PERFETTO_MISSING) from None
-    plan, trace = _plan(files, jobs)
+    plan, trace = _plan(files, jobs, clock or Clock.system())
     window = resolve_window(trace, since, until, ranks)
     part_files: list[Path] = []
     try:
@@ -303,10 +315,16 @@ def export_files(
     return ExportResult(count, output.stat().st_size, window, trace)
 
 
-def export_chrome(source: FileSpans, output: Path) -> int:
+def export_chrome(
+    source: FileSpans,
+    output: Path,
+    files: Sequence[Path | str] = (),
+    clock: Clock | None = None,
+) -> int:
     """Write the spans of ``source`` (:func:`~megatron.trace.spans.span_source`) as Chrome
-    trace JSON; returns the event count."""
-    return export_files(source.paths, output, "chrome", jobs=1).events
+    trace JSON; returns the event count. ``files`` (where the heartbeat is looked up)
+    are ``source``'s own; ``clock`` is what running is judged against."""
+    return export_files(source.paths, output, "chrome", jobs=1, clock=clock).events
 
 
 __all__ += ["ChromePart", "ExportResult", "size_warning"]

@@ -24,7 +24,9 @@ next one's first is ``restart_gap``.
 Wasted progress: an incarnation's progress survives up to its *horizon*, the
 iteration the next incarnation of the rank resumed from (its checkpoint
 load, else its first iteration; 0 when it started afresh). A final
-incarnation that shut down normally loses nothing; a final one that was
+incarnation that shut down normally loses nothing, nor does one still
+running (:mod:`megatron.trace.liveness`: its figures are as of its newest
+record, its open interval so far counted as goodput); a final one that was
 killed or cut short keeps only what its last durable checkpoint save
 recorded (nothing, without one; an async save is durable once a finalize
 after it ended). Interval iteration ranges come from the intervals' own
@@ -67,11 +69,13 @@ from megatron.core.telemetry.semconv import (
     ITERATION_SPAN,
     SPAN_CATEGORY,
 )
+from megatron.trace.liveness import Clock, Liveness, judge, utc_text
 from megatron.trace.model import Incarnation, Trace, load_trace
 from megatron.trace.stretches import Stretches
 
 __all__ = [
-    "ANOMALY_FACTOR",
+    "ANOMALY_MAD_FACTOR",
+    "ANOMALY_RULE",
     "BADPUT_CATEGORIES",
     "PRECEDENCE",
     "build_report",
@@ -92,8 +96,17 @@ PRECEDENCE = (
     CATEGORY_GOODPUT,
     CATEGORY_RESTART_GAP,
 )
-ANOMALY_FACTOR = 3.0
-ANOMALY_RULE = f"duration > {ANOMALY_FACTOR:g} x median iteration duration"
+#: k of the anomaly rule: an iteration is anomalous when it took longer than
+#: median + k * MAD of the iteration durations (ml-goodput-measurement's k).
+ANOMALY_MAD_FACTOR = 3.0
+#: The MAD is floored at this share of the median, so a run whose iterations
+#: nearly all took the same time to the nanosecond does not flag jitter.
+ANOMALY_MAD_FLOOR = 0.01
+ANOMALY_RULE = (
+    f"duration > median + {ANOMALY_MAD_FACTOR:g} x MAD "
+    f"(median absolute deviation of the iteration durations, at least "
+    f"{100 * ANOMALY_MAD_FLOOR:g} % of the median)"
+)
 _LISTED_ANOMALIES = 20
 
 
@@ -102,8 +115,12 @@ def _seconds(ns: int) -> float:
 
 
 def _segments(inc: Incarnation) -> list[tuple[int, int, str]]:
-    """(start, end, category) for the incarnation's structural spans."""
-    return [(r["start_ns"], r["end_ns"], SPAN_CATEGORY[r["name"]]) for r in inc.records]
+    """(start, end, category) for the incarnation's structural spans.
+
+    A running incarnation's open interval (or startup) so far counts too.
+    """
+    records = [*inc.records, *([inc.in_flight] if inc.in_flight is not None else [])]
+    return [(r["start_ns"], r["end_ns"], SPAN_CATEGORY[r["name"]]) for r in records]
 
 
 def _horizon(inc: Incarnation, later: list[Incarnation]) -> int | None:
@@ -114,7 +131,7 @@ def _horizon(inc: Incarnation, later: list[Incarnation]) -> int | None:
             resumed = successor.first_iteration
         if resumed is not None:
             return resumed
-    if inc.ended == "shutdown":
+    if inc.ended in ("shutdown", "running"):
         return None
     saved = inc.durable_saves()
     if saved:
@@ -273,7 +290,9 @@ def _iteration_stats(incs: list[Incarnation]) -> dict[str, Any] | None:
         durations[middle] if count % 2 else (durations[middle - 1] + durations[middle]) / 2
     )
     p90 = float(durations[max(0, math.ceil(0.9 * count) - 1)])  # nearest rank
-    threshold = ANOMALY_FACTOR * median
+    # the median absolute deviation: the median of |duration - median|
+    mad = max(float(np.median(np.abs(durations - median))), ANOMALY_MAD_FLOOR * median)
+    threshold = median + ANOMALY_MAD_FACTOR * mad
     slow = []
     for inc, inc_durations in zip(incs, per_incarnation, strict=True):
         for position in np.flatnonzero(inc_durations > threshold).tolist():
@@ -288,6 +307,8 @@ def _iteration_stats(incs: list[Incarnation]) -> dict[str, Any] | None:
         "max_ms": round(float(durations[-1]), 3),
         "anomalous": {
             "rule": ANOMALY_RULE,
+            "mad_ms": round(mad, 3),
+            "threshold_ms": round(threshold, 3),
             "count": len(slow),
             "slowest": [
                 {"incarnation": index, "iteration": number, "duration_ms": round(dur, 3)}
@@ -312,10 +333,14 @@ def _incarnation_entry(inc: Incarnation, wall_start: int, waste: dict[str, Any])
         "duration_s": _seconds(inc.end_ns - inc.start_ns),
         "wasted_iterations": waste["wasted_iterations"],
         "wasted_s": _seconds(waste["wasted_window_ns"]),
+        "as_of": utc_text(inc.as_of_ns) if inc.as_of_ns is not None else None,
+        "in_flight_s": _seconds(inc.in_flight["end_ns"] - inc.in_flight["start_ns"])
+        if inc.in_flight is not None
+        else 0.0,
     }
 
 
-def build_report(trace: Trace) -> dict[str, Any]:
+def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, Any]:
     """The goodput report as one JSON-able dict (see the module docstring and README).
 
     Keys: ``wall_s``, ``goodput_s``, ``goodput_fraction``, ``badput_s``
@@ -328,7 +353,12 @@ def build_report(trace: Trace) -> dict[str, Any]:
     ``max_ms``, ``anomalous``; None without per-iteration spans), ``rank``
     (the rank the job figures come from), ``ranks`` (per-rank summaries),
     ``spans``, ``torn_lines``, ``not_computed`` (figures the trace could not
-    give, with the reason).
+    give, with the reason); ``running`` (whether the job rank's last
+    incarnation is still running) and ``as_of`` (then: the time of its newest
+    record, which the figures are as of); with ``liveness``
+    (:func:`megatron.trace.liveness.judge` applied to ``trace``) also
+    ``as_of_age_s`` and ``liveness`` (``rule``, ``now``, ``stale_after_s``,
+    ``heartbeat_files``, ``notes``).
     """
     not_computed: list[str] = []
     if not trace.ranks:
@@ -396,12 +426,41 @@ def build_report(trace: Trace) -> dict[str, Any]:
         "spans": trace.span_count,
         "torn_lines": len(trace.stats.torn),
         "not_computed": not_computed,
+        **_liveness_entry(incs, liveness),
     }
 
 
-def report_files(paths: Iterable[Path | str], jobs: int | None = None) -> dict[str, Any]:
+def _liveness_entry(incs: list[Incarnation], liveness: Liveness | None) -> dict[str, Any]:
+    last = incs[-1]
+    running = last.ended == "running" and last.as_of_ns is not None
+    entry: dict[str, Any] = {
+        "running": running,
+        "as_of": utc_text(last.as_of_ns) if running else None,
+    }
+    if liveness is not None:
+        clock = liveness.clock
+        entry["liveness"] = {
+            "rule": liveness.rule,
+            "now": utc_text(clock.now_ns),
+            "stale_after_s": clock.stale_after_ns / 1e9,
+            "heartbeat_files": [str(path) for path in liveness.metrics_files],
+            "notes": list(liveness.notes),
+        }
+        if running:
+            entry["as_of_age_s"] = _seconds(clock.now_ns - last.as_of_ns)
+    return entry
+
+
+def report_files(
+    paths: Iterable[Path | str], clock: Clock | None = None, jobs: int | None = None
+) -> dict[str, Any]:
     """Stream the files (several in ``jobs`` parallel processes) and build the report.
 
-    Raises ``TraceFileDamaged`` on damage.
+    Raises ``TraceFileDamaged`` on damage. Whether the job is still running
+    is judged against ``clock`` (default: the system clock and the default
+    staleness bound).
     """
-    return build_report(load_trace(paths, jobs))
+    paths = list(paths)
+    trace = load_trace(paths, jobs)
+    liveness = judge(trace, paths, clock or Clock.system())
+    return build_report(trace, liveness)

@@ -103,6 +103,7 @@ __all__ = [
     "load_trace",
     "process_key",
     "process_of",
+    "process_of_resource",
     "rank_of",
     "scan",
     "scan_file",
@@ -170,8 +171,11 @@ class Incarnation:
     """One ``pretrain()`` of one rank.
 
     ``ended`` is ``"shutdown"`` (telemetry shut down normally), ``"cut_short"``
-    (spans were still open at shutdown: SIGTERM, an exception) or
-    ``"killed"`` (SIGKILL: in-flight interval missing). ``intervals``,
+    (spans were still open at shutdown: SIGTERM, an exception),
+    ``"killed"`` (SIGKILL: in-flight interval missing) or, once
+    :mod:`megatron.trace.liveness` has judged the trace, ``"running"`` (still
+    alive: its newest record, at ``as_of_ns``, is recent and it has not shut
+    down; ``in_flight`` is the open stretch the file cannot show yet). ``intervals``,
     ``saves``, ``loads``, ``evaluations``, ``launch`` and ``pre_startup`` are
     lists of the reader's :class:`~megatron.core.telemetry.records.SpanRecord`
     in start order. ``iterations`` holds the finished (not cut short)
@@ -200,6 +204,8 @@ class Incarnation:
     start_ns: int = 0
     end_ns: int = 0
     ended: str = "shutdown"
+    as_of_ns: int | None = None  # running: the time of the newest record seen
+    in_flight: SpanRecord | None = None  # running: the open interval (or startup) so far
 
     @property
     def label(self) -> str:
@@ -356,6 +362,11 @@ def rank_of(span: Mapping[str, Any]) -> str:
 def process_of(span: Mapping[str, Any]) -> tuple[Any, ...]:
     """The process that wrote a span: :func:`process_key` of its resource."""
     return process_key(span["resource"], span["file"])
+
+
+def process_of_resource(resource: Mapping[str, Any], file: Any) -> tuple[Any, ...]:
+    """:func:`process_of` for anything carrying this resource (the metrics' heartbeat too)."""
+    return process_of({"resource": resource, "file": file})
 
 
 def slot_of(boundaries: Sequence[int], name: str, start_ns: int, end_ns: int) -> int:

@@ -46,6 +46,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from megatron.trace.chrome_trace import running_lanes
 from megatron.trace.lanes import Lane, LaneIndex
 
 __all__ = ["MAX_HELD", "PerfettoPart", "PerfettoWriter", "varint", "varints"]
@@ -308,13 +309,14 @@ class PerfettoWriter:
                     )
                 )
             )
+        running = running_lanes(self.lanes)
         for lane, position in self.order.items():
             packets.append(
                 TracePacket(
                     track_descriptor=TrackDescriptor(
                         uuid=self._uuid(lane),
                         parent_uuid=0x100 + lane.incarnation,
-                        name=f"rank {lane.rank}",
+                        name=f"rank {lane.rank}{running.get(lane, '')}",
                         sibling_order_rank=position,
                     )
                 )

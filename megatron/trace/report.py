@@ -15,9 +15,12 @@ from typing import Any
 
 from megatron.trace.command import add_command
 from megatron.trace.goodput import build_report
+from megatron.trace.liveness import Clock, judge
 from megatron.trace.model import load_trace
 
 __all__ = ["add_parser", "format_report", "run"]
+
+_PRINTED_ANOMALIES = 5  # the slowest iterations the text names (the JSON lists 20)
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -27,7 +30,14 @@ def format_report(report: dict[str, Any]) -> str:
     def share(seconds: float) -> str:
         return f"{seconds:10.3f} s  {100 * seconds / wall if wall else 0:5.1f} %"
 
-    lines = [
+    lines = []
+    if report.get("running"):
+        age = report.get("as_of_age_s")
+        lines.append(
+            f"running: figures as of {report['as_of']} (the newest record"
+            + (f", {age:.1f} s before now)" if age is not None else ")")
+        )
+    lines += [
         f"wall clock      {share(wall)}   (rank {report['rank']}, {report['spans']} spans)",
         f"goodput         {share(report['goodput_s'])}",
         "badput:",
@@ -48,13 +58,26 @@ def format_report(report: dict[str, Any]) -> str:
             f"  startup {startup}  intervals {inc['intervals']}"
             f"  wasted {inc['wasted_iterations']} it / {inc['wasted_s']:.3f} s"
         )
+        if inc.get("as_of"):
+            lines.append(
+                f"     as of {inc['as_of']}; in flight {inc['in_flight_s']:.3f} s since the last "
+                "span written (not in the file yet)"
+            )
     stats = report["iterations"]
     if stats:
+        anomalous = stats["anomalous"]
         lines.append(
             f"iterations: {stats['count']}  median {stats['median_ms']} ms  "
-            f"p90 {stats['p90_ms']} ms  max {stats['max_ms']} ms  anomalous "
-            f"({stats['anomalous']['rule']}): {stats['anomalous']['count']}"
+            f"p90 {stats['p90_ms']} ms  max {stats['max_ms']} ms  "
+            f"anomalous: {anomalous['count']} over {anomalous['threshold_ms']} ms"
         )
+        lines.append(f"  anomaly rule: {anomalous['rule']}")
+        if anomalous["slowest"]:
+            slowest = ", ".join(
+                f"{a['iteration']} ({a['duration_ms']} ms)"
+                for a in anomalous["slowest"][:_PRINTED_ANOMALIES]
+            )
+            lines.append(f"  slowest: {slowest}")
     if len(report["ranks"]) > 1:
         lines.append("ranks:")
         lines += [
@@ -65,6 +88,10 @@ def format_report(report: dict[str, Any]) -> str:
     if report["torn_lines"]:
         lines.append(f"torn lines skipped: {report['torn_lines']}")
     lines += [f"not computed: {reason}" for reason in report["not_computed"]]
+    liveness = report.get("liveness")
+    if liveness is not None and (report.get("running") or liveness["notes"]):
+        lines.append(f"liveness rule: {liveness['rule']}")
+        lines += [f"liveness: {note}" for note in liveness["notes"]]
     return "\n".join(lines)
 
 
@@ -73,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if not trace.ranks:
         print(f"megatron-trace: no spans in {', '.join(map(str, args.files))}", file=sys.stderr)
         return 2
-    report = build_report(trace)
+    report = build_report(trace, judge(trace, args.files, Clock.from_args(args)))
     print(format_report(report))
     if args.json:
         print(json.dumps(report, sort_keys=True))

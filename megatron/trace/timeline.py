@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace.command import add_command
+from megatron.trace.liveness import Clock
 from megatron.trace.output import replacing
 from megatron.trace.spans import TraceInputError, span_source
 from megatron.trace.timeline_data import Bar, Timeline, collect
@@ -72,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
         print(PLOTLY_MISSING, file=sys.stderr)
         return 2
     try:
-        timeline = collect(span_source(args.files), [str(path) for path in args.files])
+        timeline = collect(
+            span_source(args.files), [str(path) for path in args.files], Clock.from_args(args)
+        )
     except TraceInputError as exc:
         print(f"megatron-trace timeline: error: {exc}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from megatron.core.telemetry.records import SpanRecord
@@ -25,15 +26,18 @@ from megatron.core.telemetry.semconv import (
     ITERATION,
     SPAN_CATEGORY,
     STARTUP_PHASE_PREFIX,
+    STARTUP_SPAN,
 )
 from megatron.trace.goodput import build_report, rank_accounting
 from megatron.trace.intervals import IntervalFacts
 from megatron.trace.lanes import Lane, LaneIndex
+from megatron.trace.liveness import Clock, judge, utc_text
 from megatron.trace.model import Incarnation, TraceBuilder
 from megatron.trace.spans import SpanSource
 
 __all__ = [
     "BAR_INTERVAL",
+    "BAR_IN_FLIGHT",
     "BAR_STARTUP_PHASE",
     "BAR_WASTED",
     "ENDED_TEXT",
@@ -43,12 +47,18 @@ __all__ = [
     "collect",
 ]
 
-ENDED_TEXT = {"shutdown": "shut down", "cut_short": "cut short", "killed": "killed"}
+ENDED_TEXT = {
+    "shutdown": "shut down",
+    "cut_short": "cut short",
+    "killed": "killed",
+    "running": "running",
+}
 # A bar's category is its span's report category (semconv's CATEGORY_*), or
 # one of these, the picture's own:
 BAR_INTERVAL = "interval"  # a training interval: the report's goodput
 BAR_STARTUP_PHASE = "startup_phase"  # a child of startup that is no launch span
 BAR_WASTED = "wasted"  # the wasted progress, drawn over the intervals it lost
+BAR_IN_FLIGHT = "in_flight"  # a running incarnation's open interval (or startup) so far
 _MAX_ATTRIBUTES = 16
 
 
@@ -72,8 +82,9 @@ class LaneSummary:
     lane: Lane
     start_ns: int
     end_ns: int
-    ended: str = "shutdown"  # the model's: shutdown, cut_short, killed
+    ended: str = "shutdown"  # the model's: shutdown, cut_short, killed, running
     cut_short: list[str] = field(default_factory=list)  # names of the spans cut short
+    as_of_ns: int | None = None  # running: the newest record seen
 
 
 @dataclass
@@ -94,12 +105,16 @@ class Timeline:
         return max(s.end_ns for s in self.lanes) - min(s.start_ns for s in self.lanes)
 
 
-def collect(source: SpanSource, files: list[str] | None = None) -> Timeline:
+def collect(
+    source: SpanSource, files: list[str] | None = None, clock: Clock | None = None
+) -> Timeline:
     """Read the spans in one pass into the trace model, then into bars and lane summaries.
 
     The model (shared with ``check`` and ``report``) decides incarnations and
-    how each ended; the startup phases, which it does not keep, are kept here
-    (a handful per incarnation).
+    how each ended, and :func:`~megatron.trace.liveness.judge` which are still
+    running (against ``clock``, default the system clock; the heartbeat is
+    read beside ``files``); the startup phases, which the model does not
+    keep, are kept here (a handful per incarnation).
     """
     builder = TraceBuilder()
     phases = []
@@ -107,8 +122,9 @@ def collect(source: SpanSource, files: list[str] | None = None) -> Timeline:
         builder.add(span)
         if _category(span["name"]) == BAR_STARTUP_PHASE:
             phases.append(span)
-    index = LaneIndex(builder.finish())
-    trace = index.trace
+    trace = builder.finish()
+    liveness = judge(trace, [Path(f) for f in files or []], clock or Clock.system())
+    index = LaneIndex(trace)
     bars: list[Bar] = []
     summaries = []
     waste = {}  # the report's own accounting, per incarnation, with "resumed" added
@@ -127,16 +143,17 @@ def collect(source: SpanSource, files: list[str] | None = None) -> Timeline:
             bars.append(bar)
         if waste[id(inc)]["wasted_window_ns"] > 0:
             bars.append(_wasted_bar(lane, inc, waste[id(inc)]))
+        if inc.in_flight is not None:
+            bars.append(_in_flight_bar(lane, inc.in_flight))
+        cut_short = [r["name"] for r in inc.cut_short]
         summaries.append(
-            LaneSummary(
-                lane, inc.start_ns, inc.end_ns, inc.ended, [r["name"] for r in inc.cut_short]
-            )
+            LaneSummary(lane, inc.start_ns, inc.end_ns, inc.ended, cut_short, inc.as_of_ns)
         )
     for span in phases:
         bars.append(_bar(index.lane(span), BAR_STARTUP_PHASE, span))
     lanes = sorted(summaries, key=lambda s: (s.lane.incarnation, index.ranks.index(s.lane.rank)))
     bars.extend(_restart_gaps(lanes))
-    report = build_report(trace) if trace.ranks else None
+    report = build_report(trace, liveness) if trace.ranks else None
     return Timeline(bars, lanes, index.several_ranks, trace.span_count, list(files or []), report)
 
 
@@ -206,6 +223,18 @@ def _wasted_bar(lane: Lane, inc: Incarnation, waste: dict[str, Any]) -> Bar:
         inc.end_ns,
         text,
         details,
+    )
+
+
+def _in_flight_bar(lane: Lane, record: SpanRecord) -> Bar:
+    """A running incarnation's open interval (or startup) since the last span it wrote."""
+    what = "startup" if record["name"] == STARTUP_SPAN else "the open checkpoint interval"
+    details = [
+        f"running: {what}, not in the file yet",
+        f"as of {utc_text(record['end_ns'])}, the newest record seen",
+    ]
+    return Bar(
+        lane, BAR_IN_FLIGHT, "in flight", record["start_ns"], record["end_ns"], "in flight", details
     )
 
 

@@ -27,6 +27,7 @@ from megatron.core.telemetry.semconv import (
 )
 from megatron.trace.lanes import Lane
 from megatron.trace.timeline_data import (
+    BAR_IN_FLIGHT,
     BAR_INTERVAL,
     BAR_STARTUP_PHASE,
     BAR_WASTED,
@@ -54,6 +55,7 @@ CATEGORIES = (
     (CATEGORY_LAUNCH, "launch, container", _C[CATEGORY_LAUNCH]),
     (BAR_STARTUP_PHASE, "startup phase", _C[CATEGORY_STARTUP]),
     (BAR_INTERVAL, "training interval", _C[CATEGORY_GOODPUT]),
+    (BAR_IN_FLIGHT, "in flight (running; not in the file yet)", _C[CATEGORY_GOODPUT]),
     (BAR_WASTED, "wasted progress", _C[CATEGORY_WASTED_PROGRESS]),
     (CATEGORY_CHECKPOINT_LOAD, "checkpoint load", _C[CATEGORY_CHECKPOINT_LOAD]),
     (CATEGORY_CHECKPOINT_SAVE, "checkpoint save", _C[CATEGORY_CHECKPOINT_SAVE]),
@@ -67,7 +69,7 @@ _MARKER_OFFSET = {
     CATEGORY_CHECKPOINT_SAVE: -0.38,
     CATEGORY_EVALUATION: 0.38,
 }
-_PATTERNED = {CATEGORY_RESTART_GAP: "/"}
+_PATTERNED = {CATEGORY_RESTART_GAP: "/", BAR_IN_FLIGHT: "."}
 
 
 def _when(ns: int) -> str:
@@ -89,12 +91,19 @@ def _hover(bar: Bar, label: str) -> str:
     return "<br>".join(lines)
 
 
-_ENDED_COLOURS = {"shutdown": "#31a354", "cut_short": "#e6550d", "killed": "#d62728"}
+_ENDED_COLOURS = {
+    "shutdown": "#31a354",
+    "cut_short": "#e6550d",
+    "killed": "#d62728",
+    "running": "#3182bd",
+}
 
 
 def _lane_label(summary: LaneSummary, several_ranks: bool) -> str:
     colour = _ENDED_COLOURS.get(summary.ended, "#444")
     ended = ENDED_TEXT.get(summary.ended, summary.ended)
+    if summary.as_of_ns is not None:
+        ended += f" · as of {_when(summary.as_of_ns)[11:19]} UTC"
     return (
         f"<b>{summary.lane.label(several_ranks)}</b><br><span style='color:{colour}'>{ended}</span>"
     )
@@ -200,7 +209,12 @@ def _add_endings(fig: Any, timeline: Timeline, rows: dict[Lane, int]) -> None:
     """A mark where each incarnation stopped that was not a clean shutdown."""
     import plotly.graph_objects as go
 
-    for ended, symbol, colour in (("cut_short", "x", "#e6550d"), ("killed", "x", "#d62728")):
+    endings = (
+        ("cut_short", "x", "#e6550d"),
+        ("killed", "x", "#d62728"),
+        ("running", "triangle-right", _ENDED_COLOURS["running"]),
+    )
+    for ended, symbol, colour in endings:
         lanes = [s for s in timeline.lanes if s.ended == ended]
         if not lanes:
             continue
@@ -212,6 +226,10 @@ def _add_endings(fig: Any, timeline: Timeline, rows: dict[Lane, int]) -> None:
             ]
             if ended == "killed":
                 lines.append("its interval in flight was never written (SIGKILL)")
+            elif ended == "running":
+                assert summary.as_of_ns is not None
+                lines.append(f"still running as of {_when(summary.as_of_ns)[:19]} UTC,")
+                lines.append("its newest record: the figures stop there")
             else:
                 lines.append("spans still open at shutdown (SIGTERM or an exception):")
             lines += [f"{html.escape(name)}" for name in summary.cut_short[:8]]
@@ -266,6 +284,7 @@ def render_html(timeline: Timeline) -> str:
     )
     ended = ", ".join(
         f"{s.lane.label(timeline.several_ranks)}: {ENDED_TEXT.get(s.ended, s.ended)}"
+        + (f" as of {_when(s.as_of_ns)[:19]} UTC" if s.as_of_ns is not None else "")
         for s in timeline.lanes
     )
     summary = [

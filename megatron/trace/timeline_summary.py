@@ -95,7 +95,10 @@ def summary_html(report: dict[str, Any]) -> str:
     def percent(seconds: float) -> str:
         return f"{100 * seconds / wall:.1f} %" if wall else "-"
 
-    items = [
+    items = []
+    if report.get("running"):
+        items.append(f"<b>running</b>: figures as of {html.escape(str(report['as_of']))}")
+    items += [
         f"wall clock <b>{duration_text(wall)}</b>",
         f"goodput <b>{percent(report['goodput_s'])}</b> ({duration_text(report['goodput_s'])})",
     ]

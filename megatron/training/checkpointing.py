@@ -30,6 +30,7 @@ run repeat the ids its predecessor wrote into the same trace file.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import shutil
@@ -55,14 +56,20 @@ __all__ = [
     "remove_stale_temporaries",
     "save_checkpoint",
     "save_directory_problem",
+    "sidecar_path",
 ]
 
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
 CHECKPOINT_FILENAME = "model_optim_rng.pt"
+#: Small per-rank files a save may write beside the checkpoint (the live
+#: goodput metrics' carry-forward record): ``goodput_rank<R>.json``.
+SIDECAR_PATTERN = r"goodput_rank\d+\.json"
+
+_log = logging.getLogger(__name__)
 
 # What _write_atomically's mkstemp names its temporaries: a dot, the final
 # name, a dot, mkstemp's eight random characters, ".tmp".
-_FINAL_NAMES = "|".join(map(re.escape, (CHECKPOINT_FILENAME, TRACKER_FILENAME)))
+_FINAL_NAMES = "|".join([*map(re.escape, (CHECKPOINT_FILENAME, TRACKER_FILENAME)), SIDECAR_PATTERN])
 _TEMPORARY = re.compile(rf"\.(?:{_FINAL_NAMES})\.[a-z0-9_]{{8}}\.tmp")
 _ITERATION_DIR = re.compile(r"iter_\d{7,}")
 
@@ -98,10 +105,22 @@ def checkpoint_path(directory: str | os.PathLike[str], iteration: int) -> Path:
 
 
 def save_checkpoint(
-    directory: str | os.PathLike[str], state: TrainState, config: JobConfig, is_rank_0: bool
+    directory: str | os.PathLike[str],
+    state: TrainState,
+    config: JobConfig,
+    is_rank_0: bool,
+    sidecar: tuple[str, bytes] | None = None,
 ) -> None:
-    """Write the checkpoint for ``state.iteration`` (rank 0 writes; every rank waits for it)."""
+    """Write the checkpoint for ``state.iteration`` (rank 0 writes; every rank waits for it).
+
+    ``sidecar`` (name, bytes): a small file this rank writes beside the
+    checkpoint, whatever its rank (the exporting rank's goodput record), before
+    the tracker names the checkpoint. It is telemetry's: failing to write it
+    is logged, never raised.
+    """
     barrier()
+    if sidecar is not None:
+        _write_sidecar(checkpoint_path(directory, state.iteration).parent, *sidecar)
     if is_rank_0:
         path = checkpoint_path(directory, state.iteration)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -139,6 +158,21 @@ def _saved_args(config: JobConfig) -> dict[str, Any]:
         "lr": config.optimizer.lr,
         "seed": training.seed,
     }
+
+
+def _write_sidecar(folder: Path, name: str, payload: bytes) -> None:
+    if not re.fullmatch(SIDECAR_PATTERN, name):
+        raise ValueError(f"sidecar name {name!r} does not match {SIDECAR_PATTERN}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_atomically(folder / name, lambda f: f.write(payload))
+    except OSError as exc:
+        _log.warning("could not write %s beside the checkpoint: %s", folder / name, exc)
+
+
+def sidecar_path(directory: str | os.PathLike[str], iteration: int, name: str) -> Path:
+    """Where the sidecar ``name`` of the checkpoint of ``iteration`` is (it may not exist)."""
+    return checkpoint_path(directory, iteration).parent / name
 
 
 def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:

@@ -91,6 +91,11 @@ from megatron.training.distributed import (
 )
 from megatron.training.early_exit import ExitConditions
 from megatron.training.fault_injection import FaultInjection
+from megatron.training.goodput_metrics import (
+    LiveGoodput,
+    checkpoint_sidecar,
+    start_live_goodput,
+)
 from megatron.training.job_config import (
     EvalConfig,
     JobConfig,
@@ -194,6 +199,9 @@ def _run_job(
                 ) as span:
                     load_checkpoint(checkpoint.load, state, config.model)
                     safe_set_span_attributes(span, {"megatron.iteration": state.iteration})
+        goodput = start_live_goodput(telemetry, checkpoint.load, state.iteration)
+        if goodput is not None:
+            goodput.follow_iteration(lambda: state.iteration)
 
         with managed_span(SpanGroup.JOB, "megatron.startup.dataloader"):
             train_data, valid_data = build_train_valid_datasets(
@@ -206,7 +214,9 @@ def _run_job(
         train_iters = config.training.train_iters
         if state.iteration < train_iters:
             phases.start_train()
-            exit_reason = train(config, env, phases, state, train_batches, valid_data, log, exits)
+            exit_reason = train(
+                config, env, phases, state, train_batches, valid_data, log, exits, goodput
+            )
             if exit_reason is None:
                 phases.end_train()
         else:
@@ -248,9 +258,12 @@ def train(
     valid_data: Any,
     log: TrainingLog,
     exits: ExitConditions,
+    goodput: LiveGoodput | None = None,
 ) -> str | None:
     """Train from ``state.iteration`` to ``--train-iters``.
 
+    ``goodput`` (the live goodput metrics, when telemetry records them) gets
+    its figures saved beside each checkpoint, for a resumed run to carry on.
     Returns why it stopped early, or None when it ran to the end.
     """
     hooks = FaultInjection.from_env()
@@ -275,11 +288,11 @@ def train(
         if evaluation.eval_interval and state.iteration % evaluation.eval_interval == 0:
             evaluate_and_print(evaluation, training, env, state, valid_data)
         if checkpoint.is_save_iteration(state.iteration):
-            _save(config, env, state)
+            _save(config, env, state, goodput)
         exit_reason = exits.check(state.iteration)
 
     if checkpoint.save and not checkpoint.is_save_iteration(state.iteration):
-        _save(config, env, state)
+        _save(config, env, state, goodput)
     if exit_reason is not None:
         print_rank_0(f"exiting program at iteration {state.iteration}: {exit_reason}")
     return exit_reason
@@ -386,8 +399,14 @@ def _first_iteration_span(is_first: bool) -> Any:
     return managed_span(MegatronSpanGroup.FIRST_ITERATION, "megatron.train.first_iteration")
 
 
-def _save(config: JobConfig, env: DistributedEnv, state: TrainState) -> None:
+def _save(
+    config: JobConfig,
+    env: DistributedEnv,
+    state: TrainState,
+    goodput: LiveGoodput | None = None,
+) -> None:
     with managed_span(
         SpanGroup.CHECKPOINT, "megatron.checkpoint.save", **{"megatron.iteration": state.iteration}
     ):
-        save_checkpoint(config.checkpoint.save, state, config, env.is_rank_0)
+        sidecar = checkpoint_sidecar(goodput, state.iteration)
+        save_checkpoint(config.checkpoint.save, state, config, env.is_rank_0, sidecar)

@@ -19,6 +19,7 @@ from megatron.core.telemetry import (
     record_training_metrics,
 )
 from megatron.core.telemetry import training_metrics as tm
+from megatron.core.telemetry.heartbeat import HEARTBEAT_METRIC
 from megatron.core.telemetry.jsonl import JsonlFile, metrics_file_for
 from megatron.core.telemetry.reader import ReadStats, iter_metrics, iter_spans
 
@@ -223,6 +224,7 @@ def test_metrics_jsonl_gets_training_metrics(make_handle: Make, tmp_path: Path) 
         tm.MEGATRON_TRAINING_LEARNING_RATE,
         tm.MEGATRON_TRAINING_TOKENS_PER_SEC,
         tm.MEGATRON_TRAINING_MEMORY_ALLOCATED_GB,
+        HEARTBEAT_METRIC,
     }
     (step,) = found[tm.MEGATRON_TRAINING_STEP_DURATION_MS]["histogram"]["dataPoints"]
     assert step["count"] == "1" and step["sum"] == 250.0

@@ -218,7 +218,9 @@ def test_without_msgspec_the_fallback_gives_the_same_report(tmp_path: Path) -> N
         "if sys.argv[1] == 'without': sys.modules['msgspec'] = None  # as if not installed\n"
         "from megatron.core.telemetry import otlp_decode\n"
         "from megatron.trace.goodput import report_files\n"
-        "print(otlp_decode.FAST, json.dumps(report_files([sys.argv[2]]), sort_keys=True))\n"
+        "from megatron.trace.liveness import Clock\n"
+        "clock = Clock(now_ns=2_000_000_000 * 10**9)  # one now for both processes\n"
+        "print(otlp_decode.FAST, json.dumps(report_files([sys.argv[2]], clock), sort_keys=True))\n"
     )
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     outputs = {

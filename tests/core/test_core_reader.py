@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from megatron.core.telemetry.reader import (
     ReadStats,
     TraceFileDamaged,
+    iter_requests_backwards,
     iter_spans,
     read_spans,
 )
@@ -106,3 +107,33 @@ def test_damage_raises_naming_file_and_line(tmp_path: Path, bad: str) -> None:
     assert caught.value.line == 2
     assert str(caught.value).startswith(f"{path}: line 2 ")
     assert isinstance(caught.value, ValueError)
+
+
+def test_backwards_reader_yields_newest_first_across_blocks(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"n": n, "pad": "x" * (n % 7) * 10}) for n in range(200)]
+    path.write_text("\n".join(lines[:120]) + "\n\n" + "\n".join(lines[120:]) + "\n")
+    for block in (7, 64, 1 << 16):  # lines longer and shorter than a block
+        found = [r["n"] for r in iter_requests_backwards(path, block_size=block)]
+        assert found == list(range(199, -1, -1))
+
+
+def test_backwards_reader_skips_a_torn_last_line_and_names_damage(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"n": 0}\n{"n": 1}\n{"n": 2, "cut')
+    assert [r["n"] for r in iter_requests_backwards(path, block_size=5)] == [1, 0]
+    path.write_text('{"n": 0}\ngarbage}\n{"n": 2}\n')
+    found = iter_requests_backwards(path, block_size=4)
+    assert next(found) == {"n": 2}
+    with pytest.raises(TraceFileDamaged) as damaged:
+        next(found)
+    assert damaged.value.line == 2 and damaged.value.path == path
+
+
+def test_backwards_reader_reads_a_compressed_file_too(tmp_path: Path) -> None:
+    import gzip
+
+    path = tmp_path / "metrics.jsonl"
+    with gzip.open(path, "wt") as file:  # a rotated copy compressed under the live name
+        file.write("".join(json.dumps({"n": n}) + "\n" for n in range(5)))
+    assert [r["n"] for r in iter_requests_backwards(path)] == [4, 3, 2, 1, 0]

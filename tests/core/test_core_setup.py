@@ -186,12 +186,18 @@ def test_two_setups_with_in_memory_exporters(make_handle: Make) -> None:
     record_training_metrics(h1.meter, loss=1.0)
     assert [s.name for s in one.get_finished_spans()] == ["one"]
     assert [s.name for s in two.get_finished_spans()] == ["two"]
-    assert reader_one.get_metrics_data().resource_metrics
-    assert reader_two.get_metrics_data() is None or not any(
-        sm.metrics
-        for rm in reader_two.get_metrics_data().resource_metrics
-        for sm in rm.scope_metrics
-    )
+
+    def names(reader: InMemoryMetricReader) -> set[str]:
+        return {
+            metric.name
+            for rm in reader.get_metrics_data().resource_metrics
+            for sm in rm.scope_metrics
+            for metric in sm.metrics
+        }
+
+    # each handle's meter records into its own reader; both carry their heartbeat
+    assert names(reader_one) == {"megatron.training.loss", "megatron.training.running"}
+    assert names(reader_two) == {"megatron.training.running"}
 
 
 def test_shutdown_is_idempotent_and_stops_threads(make_handle: Make, tmp_path: Path) -> None:

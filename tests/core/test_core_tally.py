@@ -108,3 +108,31 @@ def test_kept_records_have_the_readers_shape(make_handle: Make, tmp_path: Path) 
         assert (mine["status_code"], mine["kind"]) == (theirs["status_code"], theirs["kind"])
         assert mine["resource"] == theirs["resource"]
         assert (mine["file"], mine["line"]) == (None, 0)
+
+
+def test_structural_snapshot_holds_the_open_interval_and_what_ended(
+    make_handle: Make, tmp_path: Path
+) -> None:
+    handle = make_handle(
+        TelemetryConfig(enabled=True, exporter="jsonl", trace_file=tmp_path / "t.jsonl")
+    )
+    tally = handle.tally
+    startup = handle.tracer.start_span("megatron.startup", start_time=1_000)
+    handle.tracer.start_span("megatron.train.iteration").end()  # not structural: not kept
+    kept, still_open = tally.structural_snapshot()
+    assert kept == [] and [(s["name"], s["end_ns"]) for s in still_open] == [
+        ("megatron.startup", 0)
+    ]
+    startup.end(end_time=2_000)
+    interval = handle.tracer.start_span("megatron.train", start_time=2_000)
+    interval.set_attribute("megatron.interval.index", 0)
+    kept, still_open = tally.structural_snapshot()
+    assert [(s["name"], s["start_ns"], s["end_ns"]) for s in kept] == [
+        ("megatron.startup", 1_000, 2_000)
+    ]
+    assert [(s["name"], s["attributes"]) for s in still_open] == [
+        ("megatron.train", {"megatron.interval.index": 0})
+    ]
+    interval.end(end_time=3_000)
+    kept, still_open = tally.structural_snapshot(since=1)  # only what came since
+    assert [s["name"] for s in kept] == ["megatron.train"] and still_open == []

@@ -191,3 +191,36 @@ def write(path: Path, *incarnations: list[dict], rank: int = 0, per_line: int = 
             for i in range(0, len(spans), per_line):
                 file.write(line(spans[i : i + per_line], rank=rank, pid=pid) + "\n")
     return path
+
+
+def heartbeat_line(time_s: float, running: bool = True, rank: int = 0, pid: int = 100) -> str:
+    """One ``metrics.jsonl`` line as the job's metrics export writes it: the heartbeat gauge
+    (and a training metric beside it), for the process ``line`` names by ``rank``/``pid``."""
+    resource = json.loads(line([], rank=rank, pid=pid))["resourceSpans"][0]["resource"]
+    at = str(round(time_s * SECOND))
+    metrics = [
+        {"name": "megatron.training.loss", "unit": "1",
+         "gauge": {"dataPoints": [{"timeUnixNano": at, "asDouble": 2.5}]}},
+        {"name": "megatron.training.running", "unit": "1",
+         "gauge": {"dataPoints": [{"timeUnixNano": at, "asInt": "1" if running else "0"}]}},
+    ]  # fmt: skip
+    request = {
+        "resourceMetrics": [
+            {
+                "resource": resource,
+                "scopeMetrics": [{"scope": {"name": "megatron"}, "metrics": metrics}],
+            }
+        ]
+    }
+    return json.dumps(request)
+
+
+def beat(
+    trace_path: Path, *times_s: float, running: bool = True, rank: int = 0, pid: int = 100
+) -> Path:
+    """Append heartbeats at ``times_s`` to the ``metrics.jsonl`` beside ``trace_path``."""
+    path = trace_path.with_name("metrics.jsonl")
+    with path.open("a") as file:
+        for time_s in times_s:
+            file.write(heartbeat_line(time_s, running, rank, pid) + "\n")
+    return path

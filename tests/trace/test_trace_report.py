@@ -3,34 +3,21 @@
 from __future__ import annotations
 
 import json
-import math
+import random
 from pathlib import Path
 
 import pytest
 import tracegen as g
+from report_checks import assert_accounted, nonzero
 
 from megatron.trace.cli import main
-from megatron.trace.goodput import BADPUT_CATEGORIES, report_files
-
-
-def assert_accounted(report: dict) -> None:
-    """goodput + badput == wall: exactly in ns, and in seconds up to float rounding."""
-    exact = report["accounting_ns"]
-    assert exact["goodput"] + sum(exact[c] for c in BADPUT_CATEGORIES) == exact["wall"]
-    assert all(exact[c] >= 0 for c in (*BADPUT_CATEGORIES, "goodput"))
-    total = report["goodput_s"] + sum(report["badput_s"].values())
-    assert math.isclose(total, report["wall_s"], abs_tol=1e-6)
-    assert set(report["badput_s"]) == set(BADPUT_CATEGORIES)
+from megatron.trace.goodput import ANOMALY_RULE, report_files
 
 
 def report_of(tmp_path: Path, *incarnations: list[dict]) -> dict:
     report = report_files([g.write(tmp_path / "t.jsonl", *incarnations)])
     assert_accounted(report)
     return report
-
-
-def nonzero(report: dict) -> dict[str, float]:
-    return {k: v for k, v in report["badput_s"].items() if v}
 
 
 def test_clean_run(tmp_path: Path) -> None:
@@ -54,7 +41,10 @@ def test_clean_run(tmp_path: Path) -> None:
         "duration_s": 8.75,
         "wasted_iterations": 0,
         "wasted_s": 0.0,
+        "as_of": None,
+        "in_flight_s": 0.0,
     }
+    assert (report["running"], report["as_of"]) == (False, None)
     assert report["iterations"]["count"] == 6
     assert report["iterations"]["median_ms"] == 1000.0
     assert report["not_computed"] == []
@@ -155,16 +145,63 @@ def test_precedence_where_spans_overlap(tmp_path: Path) -> None:
     assert report["goodput_s"] == 2.0
 
 
-def test_anomalous_iterations_by_the_stated_rule(tmp_path: Path) -> None:
+def _jittered(planted: set[int]) -> list[dict]:
+    """200 iterations of 0.9 s with a steady jitter of up to 5 % (a clean run's spread),
+    the ``planted`` ones (by position) slowed down 1.5 x."""
+    spans = g.lifecycle(0, intervals=10, per=20)
+    jitter = random.Random(16)
+    iterations = [s for s in spans if s["name"] == "megatron.train.iteration"]
+    for position, iteration in enumerate(iterations):
+        factor = 1.5 if position in planted else 1 + jitter.uniform(-0.05, 0.05)
+        start = int(iteration["startTimeUnixNano"])
+        iteration["endTimeUnixNano"] = str(start + round(0.9 * g.SECOND * factor))
+    return spans
+
+
+def test_anomalies_find_a_planted_moderate_slowdown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 1.5 x slowdown of 5 % of the iterations: median + 3 MAD finds exactly them
+    (3 x median, the rule this replaced, found none of them)."""
+    planted = set(random.Random(5).sample(range(200), 10))
+    stats = report_of(tmp_path, _jittered(planted))["iterations"]
+    anomalous = stats["anomalous"]
+    assert anomalous["rule"] == ANOMALY_RULE
+    assert anomalous["rule"].startswith("duration > median + 3 x MAD")
+    assert anomalous["count"] == len(planted)
+    assert sorted(a["iteration"] for a in anomalous["slowest"]) == sorted(planted)
+    assert all(a["duration_ms"] == 1350.0 for a in anomalous["slowest"])
+    assert stats["median_ms"] * 1.05 < anomalous["threshold_ms"] < 1350.0 < 3 * stats["median_ms"]
+    # the rule and the slowest are in the text too
+    assert main(["report", str(tmp_path / "t.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert f"  anomaly rule: {ANOMALY_RULE}\n" in out
+    assert "anomalous: 10 over " in out
+    slowest = next(line for line in out.splitlines() if line.startswith("  slowest: "))
+    assert slowest.count("(1350.0 ms)") == 5
+
+
+def test_anomalies_flag_nothing_in_a_clean_run(tmp_path: Path) -> None:
+    stats = report_of(tmp_path, _jittered(set()))["iterations"]
+    assert stats["anomalous"]["count"] == 0
+    assert stats["anomalous"]["slowest"] == []
+    assert 1.04 * 900 < stats["max_ms"] <= 1.05 * 900  # the jitter is there, and is not flagged
+
+
+def test_anomalies_of_identical_durations_use_the_mad_floor(tmp_path: Path) -> None:
+    """Every iteration 1 s but one 1 ms longer: a MAD of 0 would flag it; the floor does not."""
     spans = g.lifecycle(0)
+    longer = [s for s in spans if s["name"] == "megatron.train.iteration"][2]
+    longer["endTimeUnixNano"] = str(int(longer["endTimeUnixNano"]) + 1_000_000)
     slow = [s for s in spans if s["name"] == "megatron.train.iteration"][3]
-    slow["endTimeUnixNano"] = str(int(slow["startTimeUnixNano"]) + 3_500_000_000)
+    slow["endTimeUnixNano"] = str(int(slow["startTimeUnixNano"]) + 1_500_000_000)
     stats = report_of(tmp_path, spans)["iterations"]
-    assert stats["anomalous"]["rule"] == "duration > 3 x median iteration duration"
+    assert stats["anomalous"]["mad_ms"] == 10.0  # 1 % of the 1000 ms median
+    assert stats["anomalous"]["threshold_ms"] == 1030.0
     assert stats["anomalous"]["slowest"] == [
-        {"incarnation": 0, "iteration": 3, "duration_ms": 3500.0}
+        {"incarnation": 0, "iteration": 3, "duration_ms": 1500.0}
     ]
-    assert (stats["max_ms"], stats["p90_ms"]) == (3500.0, 3500.0)
+    assert (stats["max_ms"], stats["p90_ms"]) == (1500.0, 1500.0)
 
 
 def test_several_ranks(tmp_path: Path) -> None:

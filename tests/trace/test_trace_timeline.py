@@ -19,6 +19,7 @@ from pictures_helpers import T0, S, Span, incarnation, resource, run_command, wr
 from megatron.trace import timeline
 from megatron.trace.goodput import report_files
 from megatron.trace.lanes import Lane
+from megatron.trace.liveness import Clock
 from megatron.trace.spans import span_source
 from megatron.trace.timeline_summary import summary_figure
 
@@ -159,8 +160,9 @@ def test_the_figure_has_a_row_per_lane(tmp_path: Path, several_ranks: bool) -> N
 
 def test_the_goodput_summary_is_the_report(tmp_path: Path) -> None:
     path = killed_then_resumed(tmp_path)
-    tl = timeline.collect(span_source([path]), [str(path)])
-    report = report_files([path])
+    clock = Clock.system()
+    tl = timeline.collect(span_source([path]), [str(path)], clock)
+    report = report_files([path], clock)
     assert tl.report == report
     page = timeline.render_html(tl)
     fraction = 100 * report["goodput_s"] / report["wall_s"]

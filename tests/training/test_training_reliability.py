@@ -200,11 +200,13 @@ def test_stale_save_temporaries_are_removed_and_nothing_else(tmp_path):
     stale = [
         iteration / ".model_optim_rng.pt.k2j4_x9q.tmp",
         save / ".latest_checkpointed_iteration.txt.a1b2c3d4.tmp",
+        iteration / ".goodput_rank3.json.zz99aa11.tmp",  # the goodput record's
     ]
     kept = [
         iteration / "model_optim_rng.pt",
         iteration / ".model_optim_rng.pt.notes",
         iteration / "model_optim_rng.pt.abcdefgh.tmp",  # not ours: no leading dot
+        iteration / "goodput_rank3.json",
         save / "notes.tmp",
         save / "other" / ".model_optim_rng.pt.k2j4_x9q.tmp",  # not a checkpoint directory
     ]
@@ -215,6 +217,28 @@ def test_stale_save_temporaries_are_removed_and_nothing_else(tmp_path):
     assert sorted(removed) == sorted(stale)
     assert not any(p.exists() for p in stale)
     assert all(p.exists() for p in kept)
+
+
+def test_a_save_writes_a_sidecar_from_any_rank_and_survives_failing_to(tmp_path, caplog):
+    """The exporting rank's goodput record: written beside the checkpoint even where that
+    rank does not write the checkpoint; a failure to write it is a warning, not a failed save."""
+    import torch
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    state = checkpointing.TrainState(model, optimizer, scheduler, iteration=4)
+    args = parse_args(["--mock-data"])
+    checkpointing.save_checkpoint(tmp_path, state, args, False, ("goodput_rank1.json", b"{}"))
+    assert sorted(p.name for p in (tmp_path / "iter_0000004").iterdir()) == ["goodput_rank1.json"]
+    assert checkpointing.sidecar_path(tmp_path, 4, "goodput_rank1.json").read_bytes() == b"{}"
+    with pytest.raises(ValueError, match="does not match"):
+        checkpointing.save_checkpoint(tmp_path, state, args, False, ("../escape.json", b"{}"))
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "iter_0000004").write_text("a file where the directory should be")
+    checkpointing.save_checkpoint(blocked, state, args, False, ("goodput_rank1.json", b"{}"))
+    assert "could not write" in caplog.text and "goodput_rank1.json" in caplog.text
 
 
 @pytest.mark.slow

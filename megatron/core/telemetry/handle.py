@@ -105,6 +105,11 @@ class TelemetryHandle:
             f"span_groups={sorted(self.span_groups)}, trace_file={self.trace_file})"
         )
 
+    @property
+    def is_shut_down(self) -> bool:
+        """Whether :meth:`shutdown` has begun (the heartbeat then reads 0)."""
+        return self._is_shut_down
+
     def _owns_pipeline(self) -> bool:
         # A forked child inherits the handle but not the right to export:
         # its parent flushes and shuts down the shared sinks.
@@ -160,15 +165,25 @@ class TelemetryHandle:
         def remaining_ms() -> int:
             return max(0, int((deadline - time.monotonic()) * 1000))
 
+        spans_ended = threading.Event()
+        if tracer_provider is None:
+            spans_ended.set()
+
         def stop_tracing() -> None:
             # End, then flush, then shut down: the ended spans must be in the
             # queue before the final flush drains it.
-            tracker.end_open_spans()
+            try:
+                tracker.end_open_spans()
+            finally:
+                spans_ended.set()
             tracer_provider.force_flush(remaining_ms())
             tracer_provider.shutdown()
 
         def stop_metrics() -> None:
-            # Shutting a periodic reader down collects and exports once more.
+            # Shutting a periodic reader down collects and exports once more;
+            # after the open spans were ended, so the live goodput figures of
+            # that last export count them as a reader of the file will.
+            spans_ended.wait(remaining_ms() / 1000)
             meter_provider.shutdown(timeout_millis=remaining_ms())
 
         tasks: dict[str, Callable[[], Any]] = {}

@@ -41,6 +41,7 @@ from megatron.core.telemetry.config import (
     TelemetryConfigError,
 )
 from megatron.core.telemetry.handle import TelemetryHandle
+from megatron.core.telemetry.heartbeat import register_heartbeat
 from megatron.core.telemetry.jsonl import ExportFailures
 from megatron.core.telemetry.processors import OpenSpanTracker
 from megatron.core.telemetry.resources import SLURM_RESOURCE_ATTRIBUTES, build_resource
@@ -214,6 +215,8 @@ def setup_telemetry(
         logs_file=sinks.logs_file,
         tally=tally,
     )
+    if meter_provider is not None:
+        register_heartbeat(meter, lambda: not handle.is_shut_down)
     # The providers do not register their own (unbounded) exit hooks; this
     # bounded one exports what a caller forgot to shut down.
     atexit.register(handle._shutdown_at_exit)

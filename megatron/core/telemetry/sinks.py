@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk._logs.export import LogRecordExporter
 
 from megatron.core.telemetry.config import ENV_TRACE_FILE, TelemetryConfig, TelemetryConfigError
+from megatron.core.telemetry.heartbeat import HEARTBEAT_PERIOD_S
 from megatron.core.telemetry.jsonl import (
     JsonlFile,
     JsonlMetricExporter,
@@ -39,9 +40,10 @@ from megatron.core.telemetry.processors import RootFlushingBatchSpanProcessor
 
 __all__ = ["JSONL_METRIC_EXPORT_INTERVAL_MILLIS", "Sinks", "prepare_sinks", "start_processing"]
 
-#: How often the jsonl sink appends a metrics line. Metrics are also
-#: collected once more at shutdown.
-JSONL_METRIC_EXPORT_INTERVAL_MILLIS = 10_000
+#: How often the jsonl sink appends a metrics line (each one carries the
+#: heartbeat, see :mod:`.heartbeat`). Metrics are also collected once more at
+#: shutdown.
+JSONL_METRIC_EXPORT_INTERVAL_MILLIS = int(HEARTBEAT_PERIOD_S * 1000)
 
 _OTLP_PROTOCOL_VARS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 _OTLP_LOGS_PROTOCOL_VARS = ("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")

@@ -8,13 +8,16 @@ minute or a week: spans and traces by count, spans by name, cut-short and
 ERROR spans, the torn line of a killed predecessor the sink sealed, and a
 flat record (:class:`~megatron.core.telemetry.records.SpanRecord`, what the
 reader yields) of the few structural spans the goodput line needs, a handful
-per checkpoint interval.
+per checkpoint interval. It also knows which structural spans are open
+(the interval in flight), so the live goodput metrics can count a run's
+accounting so far at any moment (:meth:`SpanTally.structural_snapshot`).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
+from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -42,9 +45,12 @@ class SpanTally(SpanProcessor):
         # The spans themselves (immutable once ended); flattened only when read,
         # so an interval's end pays an append, not a dict build.
         self._kept: list[ReadableSpan] = []
+        self._open: dict[int, Span] = {}  # structural spans started, not ended: a handful
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        pass
+        if span.name in STRUCTURAL_SPAN_NAMES:
+            with self._lock:
+                self._open[span.context.span_id] = span
 
     def on_end(self, span: ReadableSpan) -> None:
         attributes = span.attributes or {}
@@ -59,6 +65,7 @@ class SpanTally(SpanProcessor):
                 self.errors += 1
             if span.name in STRUCTURAL_SPAN_NAMES or cut_short:
                 self._kept.append(span)
+                self._open.pop(span.context.span_id, None)
 
     @property
     def kept(self) -> list[SpanRecord]:
@@ -66,6 +73,18 @@ class SpanTally(SpanProcessor):
         with self._lock:
             spans = list(self._kept)
         return [_flat(span) for span in spans]
+
+    def structural_snapshot(self, since: int = 0) -> tuple[list[SpanRecord], list[SpanRecord]]:
+        """``(kept[since:], open)`` at one instant, as the reader's flat records.
+
+        ``kept`` only grows, so a caller that polls keeps what it flattened
+        before and asks only for what came since. An open span's ``end_ns`` is
+        0 (it has not ended; the caller decides what "so far" means).
+        """
+        with self._lock:
+            kept = self._kept[since:]
+            still_open = list(self._open.values())
+        return [_flat(span) for span in kept], [_flat(span) for span in still_open]
 
     @property
     def span_count(self) -> int:
@@ -83,6 +102,16 @@ class SpanTally(SpanProcessor):
         return True
 
 
+def _attributes(span: ReadableSpan) -> dict[str, Any]:
+    """A copy of the attributes; an open span's may change under the copy (then retried)."""
+    for _ in range(3):
+        try:
+            return dict(span.attributes or {})
+        except RuntimeError:  # "dictionary changed size during iteration"
+            continue
+    return {}
+
+
 def _flat(span: ReadableSpan) -> SpanRecord:
     """The span as :func:`megatron.core.telemetry.reader.iter_spans` would read it back.
 
@@ -96,7 +125,7 @@ def _flat(span: ReadableSpan) -> SpanRecord:
         f"{parent.span_id:016x}" if parent is not None else None,
         span.start_time or 0,
         span.end_time or 0,
-        dict(span.attributes or {}),
+        _attributes(span),
         [(f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}") for link in span.links],
         [dict(link.attributes or {}) for link in span.links],
         [],

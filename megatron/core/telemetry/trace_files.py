@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["CompressedTraceError", "iter_lines", "open_trace_file"]
+__all__ = ["CompressedTraceError", "is_compressed", "iter_lines", "open_trace_file"]
 
 _GZIP = b"\x1f\x8b"
 _ZSTD = b"\x28\xb5\x2f\xfd"
@@ -30,6 +30,11 @@ _ZSTD = b"\x28\xb5\x2f\xfd"
 
 class CompressedTraceError(ValueError):
     """A compressed trace file that cannot be decompressed here (the message says why)."""
+
+
+def is_compressed(head: bytes) -> bool:
+    """Whether a file starting with ``head`` (its first 4 bytes) is gzip or zstd."""
+    return head.startswith(_GZIP) or head[:4] == _ZSTD
 
 
 def open_trace_file(path: Path) -> IO[bytes]:
