@@ -144,11 +144,15 @@ class HangWatchdog:
 
     def start(self, next_iteration: int) -> None:
         """The loop starts at ``next_iteration``: arm, and start the thread."""
+        self.arm(next_iteration)
+        self._stop.clear()
+        self._thread = start_daemon_thread(self._run, "megatron-telemetry-hang-watchdog")
+
+    def arm(self, next_iteration: int) -> None:
+        """Watch the calling thread from now on (``start`` without the thread)."""
         self._thread_ident = threading.get_ident()
         self._next_iteration = next_iteration
         self._beat = self._clock()
-        self._stop.clear()
-        self._thread = start_daemon_thread(self._run, "megatron-telemetry-hang-watchdog")
 
     def progress(self, finished_iteration: int) -> None:
         """A loop pass finished ``finished_iteration`` (its save and evaluation included)."""
