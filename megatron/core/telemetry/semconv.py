@@ -25,6 +25,7 @@ __all__ = [
     "CATEGORY_CHECKPOINT_SAVE",
     "CATEGORY_EVALUATION",
     "CATEGORY_GOODPUT",
+    "CATEGORY_HANG",
     "CATEGORY_LAUNCH",
     "CATEGORY_OTHER",
     "CATEGORY_QUEUE",
@@ -218,6 +219,8 @@ CATEGORY_CHECKPOINT_SAVE = "checkpoint_save"
 CATEGORY_EVALUATION = "evaluation"
 #: Training whose results were lost: past the progress that survived an incarnation.
 CATEGORY_WASTED_PROGRESS = "wasted_progress"
+#: An incarnation's unrecovered stall: from its last progress to its end.
+CATEGORY_HANG = "hang"
 #: Between one incarnation's last span and the next one's first.
 CATEGORY_RESTART_GAP = "restart_gap"
 #: Time no category covers.
@@ -231,6 +234,7 @@ BADPUT_CATEGORIES = (
     CATEGORY_CHECKPOINT_LOAD,
     CATEGORY_CHECKPOINT_SAVE,
     CATEGORY_EVALUATION,
+    CATEGORY_HANG,
     CATEGORY_WASTED_PROGRESS,
     CATEGORY_RESTART_GAP,
     CATEGORY_OTHER,
