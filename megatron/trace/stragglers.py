@@ -18,14 +18,19 @@ the ``megatron.train.iteration`` span. A rank's own speed is its median work.
   iteration had every rank been as fast as that iteration's fastest: the
   waiting that slower ranks imposed, whoever was slow that time.
 
-Not computed (every figure ``None``, and said why): with fewer than two
-ranks in the files, or without the per-iteration and gradient-sync spans.
-Iterations are matched across ranks by incarnation index and iteration
-number. Memory: one number per finished iteration and rank while it runs.
+The first :data:`WARMUP_ITERATIONS` iterations each incarnation finished are
+warm-up and left out of all three (the first pays for lazy initialisation,
+the second for DDP rebuilding its gradient buckets, which waits for the other
+ranks outside the timed all-reduce). Not computed (every figure ``None``, and
+said why): with fewer than two ranks in the files, or without the
+per-iteration and gradient-sync spans. Iterations are matched across ranks
+by incarnation index and iteration number. Memory: one number per finished
+iteration and rank while it runs.
 """
 
 from __future__ import annotations
 
+import itertools
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,13 +40,22 @@ from typing import Any
 from megatron.core.telemetry.semconv import GRAD_SYNC_FINISH_SPAN, ITERATION_SPAN
 from megatron.trace.model import Incarnation, Trace
 
-__all__ = ["SCORE_THRESHOLD", "STRAGGLER_RULE", "RankWork", "Stragglers", "find_stragglers"]
+__all__ = [
+    "SCORE_THRESHOLD",
+    "STRAGGLER_RULE",
+    "WARMUP_ITERATIONS",
+    "RankWork",
+    "Stragglers",
+    "find_stragglers",
+]
 
 SCORE_THRESHOLD = 0.75
+WARMUP_ITERATIONS = 2
 STRAGGLER_RULE = (
     f"score < {SCORE_THRESHOLD:g}; score = the fastest rank's median work per iteration / "
     "this rank's, work = iteration duration - its gradient all-reduce wait "
-    f"({GRAD_SYNC_FINISH_SPAN})"
+    f"({GRAD_SYNC_FINISH_SPAN}), over each incarnation's iterations after its first "
+    f"{WARMUP_ITERATIONS}"
 )
 
 
@@ -101,9 +115,10 @@ def _split(incs: Iterable[Incarnation]) -> tuple[dict[tuple[int, int], int], arr
             inc.waits.numbers, inc.waits.starts, inc.waits.ends, strict=True
         ):
             wait_of[number] = wait_of.get(number, 0) + (end - start)
-        for number, start, end in zip(
+        finished = zip(
             inc.iterations.numbers, inc.iterations.starts, inc.iterations.ends, strict=True
-        ):
+        )
+        for number, start, end in itertools.islice(finished, WARMUP_ITERATIONS, None):
             wait = wait_of.get(number)
             if wait is None:
                 continue

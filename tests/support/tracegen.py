@@ -274,3 +274,14 @@ def hang_record(
     if last_iteration is not None:
         attributes["megatron.hang.last_iteration"] = last_iteration
     return span("megatron.hang", at_s, at_s, parent=parent, **attributes)
+
+
+def hung(at: float, *, waiting: bool, end: float = 9.25) -> list[dict]:
+    """SIGTERM at ``end`` after a stall in iteration 3, which started at 5.25 s."""
+    spans = lifecycle(0, intervals=1, cut_short_after=1)
+    in_flight = next(s for s in spans if "megatron.span.cut_short" in str(s["attributes"]))
+    interval = spans[-1]
+    for record in (in_flight, interval):
+        record["endTimeUnixNano"] = str(round(end * SECOND))
+    hang = hang_record(in_flight, at, 5.25, iteration=3, waiting=waiting, last_iteration=2)
+    return [*spans[:-2], hang, *spans[-2:]]
