@@ -10,8 +10,9 @@ line.
 Telemetry appears here only as call sites, as the upstream issue asks of
 Megatron-LM's ``training.py``: named transitions fired on the span lifecycle
 (``phases.start_job``, ``record_phase``, ``start_train``, ``step``,
-``end_train``, ``shutdown``), ``managed_span`` blocks, one group gate and a few
-attribute stamps. Which spans are open, when a trace is cut, what happens on
+``end_train``, ``shutdown``), ``managed_span`` blocks, one group gate, a few
+attribute stamps, and the hang watchdog's heartbeat (one ``progress`` call per
+loop pass; :mod:`megatron.core.telemetry.watchdog`). Which spans are open, when a trace is cut, what happens on
 SIGTERM: all of that is :mod:`megatron.training.telemetry_spans`. With telemetry
 off every call site is a no-op and the job behaves exactly as it would without
 them.
@@ -45,8 +46,9 @@ Two choices worth knowing:
   first completed step is a goodput number worth having in every trace.
 
 Test hooks (``MEGATRON_TEST_FAULT_AT_ITERATION``,
-``MEGATRON_TEST_ITERATION_SLEEP``): see :mod:`megatron.training.fault_injection`;
-checked at startup, read again when ``train()`` starts.
+``MEGATRON_TEST_ITERATION_SLEEP``, ``MEGATRON_TEST_HANG_AT_ITERATION``): see
+:mod:`megatron.training.fault_injection`; checked at startup, read again when
+``train()`` starts.
 """
 
 from __future__ import annotations
