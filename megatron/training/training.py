@@ -12,8 +12,9 @@ Megatron-LM's ``training.py``: named transitions fired on the span lifecycle
 (``phases.start_job``, ``record_phase``, ``start_train``, ``step``,
 ``end_train``, ``shutdown``), ``managed_span`` blocks, one group gate, a few
 attribute stamps, and the hang watchdog's heartbeat (one ``progress`` call per
-loop pass; :mod:`megatron.core.telemetry.watchdog`). Which spans are open, when a trace is cut, what happens on
-SIGTERM: all of that is :mod:`megatron.training.telemetry_spans`. With telemetry
+loop pass; :mod:`megatron.core.telemetry.watchdog`). Which spans are open,
+when a trace is cut, what happens on SIGTERM: all of that is
+:mod:`megatron.training.telemetry_spans`. With telemetry
 off every call site is a no-op and the job behaves exactly as it would without
 them.
 

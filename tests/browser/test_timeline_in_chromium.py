@@ -93,3 +93,28 @@ def test_hovering_an_interval_shows_its_span(browser, tmp_path) -> None:
     text = page.locator("#timeline .hoverlayer .hovertext").first.text_content()
     assert "megatron.train" in text and "iterations" in text
     assert errors == []
+
+
+def test_the_iteration_panel_draws_each_ranks_work_and_the_hang(browser, tmp_path) -> None:
+    import tracegen as g
+
+    trace = tmp_path / "traces.jsonl"
+    g.write(trace, g.with_waits(g.hung(6.25, waiting=True), 0.6), rank=0)
+    g.write(trace, g.with_waits(g.hung(6.26, waiting=False), 0.1), rank=1)
+    out = tmp_path / "timeline.html"
+    timeline.write_page(timeline.collect(span_source([trace]), [str(trace)]), out)
+    page, errors = load(browser, out)
+    # attached, not "visible": a flat line has no height
+    page.wait_for_selector("#iterations .scatterlayer .trace", state="attached", timeout=30_000)
+    lines = page.locator("#iterations .scatterlayer .trace .js-line").count()
+    assert lines == 4  # work and whole iteration, per rank
+    legend = page.locator("#iterations .legend .legendtext").all_text_contents()
+    assert "rank 1 work (score 0.44 · straggler)" in legend
+    title = page.locator("#iterations .gtitle").text_content()
+    assert "stragglers: rank 1" in title
+    hang = page.evaluate(
+        "() => document.getElementById('timeline').data"
+        ".filter(t => t.name === 'hang (no progress)').map(t => t.y.length)"
+    )
+    assert hang == [2]  # one hang bar per rank
+    assert errors == []
