@@ -43,22 +43,21 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from megatron.core.telemetry.semconv import (
+    GRAD_SYNC_BUCKETS,
+    GRAD_SYNC_FINISH_SPAN,
+    GRAD_SYNC_START_SPAN,
+    ITERATION,
+)
 from megatron.core.telemetry.span_groups import MegatronSpanGroup
 from megatron.core.telemetry.state import get_active_tracer, is_span_group_enabled
 
 __all__ = [
-    "GRAD_SYNC_FINISH",
-    "GRAD_SYNC_START",
     "GradSyncSpans",
     "attach_grad_sync_spans",
     "grad_sync_window",
     "wait_markers",
 ]
-
-GRAD_SYNC_START = "megatron.grad_sync.start"
-GRAD_SYNC_FINISH = "megatron.grad_sync.finish"
-ITERATION = "megatron.iteration"
-BUCKETS = "megatron.grad_sync.buckets"
 
 _log = logging.getLogger(__name__)
 
@@ -120,14 +119,17 @@ class GradSyncSpans:
         tracer = get_active_tracer()
         attributes = {} if self._iteration is None else {ITERATION: self._iteration}
         start = tracer.start_span(
-            GRAD_SYNC_START,
+            GRAD_SYNC_START_SPAN,
             context=self._parent,
             start_time=self._first_ns,
-            attributes={**attributes, BUCKETS: self._buckets},
+            attributes={**attributes, GRAD_SYNC_BUCKETS: self._buckets},
         )
         start.end(end_time=dispatched_ns)
         self._finish = tracer.start_span(
-            GRAD_SYNC_FINISH, context=self._parent, start_time=dispatched_ns, attributes=attributes
+            GRAD_SYNC_FINISH_SPAN,
+            context=self._parent,
+            start_time=dispatched_ns,
+            attributes=attributes,
         )
 
     def _guarded(self, call: Any, *args: Any) -> None:
@@ -168,5 +170,5 @@ def wait_markers(model: nn.Module) -> tuple[frozenset[str], bool]:
     a model that is not DDP waits for nobody.
     """
     if model in _ATTACHED:
-        return frozenset({GRAD_SYNC_FINISH}), False
+        return frozenset({GRAD_SYNC_FINISH_SPAN}), False
     return frozenset(), isinstance(model, DistributedDataParallel)

@@ -19,8 +19,6 @@ from megatron.core.telemetry.reader import decode_attributes, iter_logs, iter_sp
 from megatron.core.telemetry.watchdog import (
     DEFAULT_FACTOR,
     DEFAULT_FLOOR_S,
-    HANG_RECOVERED_SPAN,
-    HANG_SPAN,
     NO_WATCHDOG,
     HangWatchdog,
     hang_watchdog,
@@ -131,7 +129,7 @@ def test_a_stall_is_reported_once_with_where_and_how_long(memory_handle):
         assert not watchdog.check()  # once per stall
         clock.now += 100
         assert not watchdog.check()
-    (hang,) = spans_named(exporter, HANG_SPAN)
+    (hang,) = spans_named(exporter, "megatron.hang")
     (open_fb,) = spans_named(exporter, "megatron.train.forward_backward")
     assert hang.parent.span_id == open_fb.context.span_id  # under the span it stalled in
     attributes = dict(hang.attributes)
@@ -163,7 +161,7 @@ def test_progress_after_a_stall_is_recorded_and_rearms(memory_handle):
     assert watchdog.check()
     clock.now += 4
     watchdog.progress(0)  # recovered, 15 s after the last progress
-    (recovered,) = spans_named(exporter, HANG_RECOVERED_SPAN)
+    (recovered,) = spans_named(exporter, "megatron.hang.recovered")
     assert dict(recovered.attributes) == {"megatron.hang.stalled_s": 15.0, "megatron.iteration": 0}
     assert "progressing again: iteration 0 finished after 15.0 s" in out.getvalue()
     clock.now += 9
@@ -171,10 +169,10 @@ def test_progress_after_a_stall_is_recorded_and_rearms(memory_handle):
     assert not watchdog.check()
     clock.now += 10
     assert watchdog.check()  # a new stall: reported again
-    hangs = spans_named(exporter, HANG_SPAN)
+    hangs = spans_named(exporter, "megatron.hang")
     assert [dict(h.attributes)["megatron.iteration"] for h in hangs] == [0, 2]
     assert dict(hangs[1].attributes)["megatron.hang.last_iteration"] == 1
-    assert len(spans_named(exporter, HANG_RECOVERED_SPAN)) == 1
+    assert len(spans_named(exporter, "megatron.hang.recovered")) == 1
 
 
 def test_waiting_for_the_others(memory_handle):
@@ -196,7 +194,7 @@ def test_waiting_for_the_others(memory_handle):
             clock.now += 2
             assert watchdog.check()
     waiting = [
-        dict(h.attributes)["megatron.hang.waiting"] for h in spans_named(exporter, HANG_SPAN)
+        dict(h.attributes)["megatron.hang.waiting"] for h in spans_named(exporter, "megatron.hang")
     ]
     assert waiting == [True, False, True]
 
@@ -222,7 +220,7 @@ def test_the_record_is_in_the_files_at_once(make_handle, tmp_path, monkeypatch):
     with Stuck(watchdog):
         clock.now += 6
         assert watchdog.check()
-        spans = [s for s in iter_spans(tmp_path / "traces.jsonl") if s["name"] == HANG_SPAN]
+        spans = [s for s in iter_spans(tmp_path / "traces.jsonl") if s["name"] == "megatron.hang"]
         logs = list(iter_logs(tmp_path / "logs.jsonl"))
     (hang,) = spans
     assert hang["attributes"]["megatron.iteration"] == 7
@@ -243,10 +241,10 @@ def test_the_thread_watches_and_stops(memory_handle):
     with watchdog.watching(0):
         assert "megatron-telemetry-hang-watchdog" in {t.name for t in threading.enumerate()}
         deadline = time.monotonic() + 5
-        while not spans_named(exporter, HANG_SPAN) and time.monotonic() < deadline:
+        while not spans_named(exporter, "megatron.hang") and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.5)  # a further look must not report the same stall again
-    assert len(spans_named(exporter, HANG_SPAN)) == 1
+    assert len(spans_named(exporter, "megatron.hang")) == 1
     assert {t.name for t in threading.enumerate()} == before
 
 
@@ -258,7 +256,7 @@ def test_no_record_after_telemetry_shut_down(memory_handle):
     handle.shutdown()
     clock.now += 5
     assert not watchdog.check()
-    assert not spans_named(exporter, HANG_SPAN)
+    assert not spans_named(exporter, "megatron.hang")
 
 
 @pytest.fixture(autouse=True)

@@ -19,8 +19,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from megatron.core.telemetry import TelemetryConfig, managed_span, setup_telemetry, state
 from megatron.training.grad_sync_spans import (
-    GRAD_SYNC_FINISH,
-    GRAD_SYNC_START,
     attach_grad_sync_spans,
     grad_sync_window,
     wait_markers,
@@ -79,7 +77,7 @@ def test_the_spans_time_the_all_reduce_under_the_current_span(process_group, tel
     plain = _model()
     hooked = _model()
     assert attach_grad_sync_spans(hooked) is not None
-    assert wait_markers(hooked) == (frozenset({GRAD_SYNC_FINISH}), False)
+    assert wait_markers(hooked) == (frozenset({"megatron.grad_sync.finish"}), False)
     # DDP reduces everything as one bucket the first time, then rebuilds its buckets.
     for iteration in (6, 7):
         expected = _backward(plain, None)
@@ -88,7 +86,7 @@ def test_the_spans_time_the_all_reduce_under_the_current_span(process_group, tel
         for got, want in zip(grads, expected, strict=True):
             assert torch.equal(got, want)  # reduced exactly as DDP's own reduction
     spans = {s.name: s for s in exporter.get_finished_spans()}
-    start, finish = spans[GRAD_SYNC_START], spans[GRAD_SYNC_FINISH]
+    start, finish = spans["megatron.grad_sync.start"], spans["megatron.grad_sync.finish"]
     parent = spans["megatron.train.forward_backward"]
     for span in (start, finish):
         assert span.parent.span_id == parent.context.span_id

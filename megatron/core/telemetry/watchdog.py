@@ -57,32 +57,29 @@ from opentelemetry import trace as otel_trace
 
 from megatron.core.telemetry._signals import start_daemon_thread
 from megatron.core.telemetry.logs import console_logger
+from megatron.core.telemetry.semconv import (
+    HANG_FRAME,
+    HANG_LAST_ITERATION,
+    HANG_LAST_PROGRESS,
+    HANG_RECOVERED_SPAN,
+    HANG_SPAN,
+    HANG_STACKS,
+    HANG_STALLED_S,
+    HANG_STALLED_SPAN,
+    HANG_STALLED_SPAN_ID,
+    HANG_TIMEOUT_S,
+    HANG_WAITING,
+    ITERATION,
+)
 
 __all__ = [
     "DEFAULT_FACTOR",
     "DEFAULT_FLOOR_S",
-    "HANG_RECOVERED_SPAN",
-    "HANG_SPAN",
     "NO_WATCHDOG",
     "HangWatchdog",
     "Watchdog",
     "hang_watchdog",
 ]
-
-HANG_SPAN = "megatron.hang"
-HANG_RECOVERED_SPAN = "megatron.hang.recovered"
-
-# Attributes of the two spans (``megatron.iteration`` is the iteration in flight).
-ITERATION = "megatron.iteration"
-LAST_ITERATION = "megatron.hang.last_iteration"
-STALLED_S = "megatron.hang.stalled_s"
-TIMEOUT_S = "megatron.hang.timeout_s"
-LAST_PROGRESS = "megatron.hang.last_progress_unix_nano"
-STALLED_SPAN = "megatron.hang.span"
-STALLED_SPAN_ID = "megatron.hang.span_id"
-FRAME = "megatron.hang.frame"
-WAITING = "megatron.hang.waiting"
-STACKS = "megatron.hang.stacks"
 
 DEFAULT_FLOOR_S = 300.0
 DEFAULT_FACTOR = 10.0
@@ -241,20 +238,20 @@ class HangWatchdog:
         rank = getattr(self.telemetry, "rank", "?")
         iteration = self._next_iteration
         attributes: dict[str, Any] = {
-            STALLED_S: round(stalled, 3),
-            TIMEOUT_S: round(timeout, 3),
-            LAST_PROGRESS: last_progress_ns,
-            STALLED_SPAN: span_name,
-            FRAME: where,
-            WAITING: waiting,
-            STACKS: _all_stacks(frames, self._thread_ident),
+            HANG_STALLED_S: round(stalled, 3),
+            HANG_TIMEOUT_S: round(timeout, 3),
+            HANG_LAST_PROGRESS: last_progress_ns,
+            HANG_STALLED_SPAN: span_name,
+            HANG_FRAME: where,
+            HANG_WAITING: waiting,
+            HANG_STACKS: _all_stacks(frames, self._thread_ident),
         }
         if iteration is not None:
             attributes[ITERATION] = iteration
         if self._last_iteration is not None:
-            attributes[LAST_ITERATION] = self._last_iteration
+            attributes[HANG_LAST_ITERATION] = self._last_iteration
         if innermost is not None:
-            attributes[STALLED_SPAN_ID] = f"{innermost.get_span_context().span_id:016x}"
+            attributes[HANG_STALLED_SPAN_ID] = f"{innermost.get_span_context().span_id:016x}"
         line = (
             f"telemetry: rank {rank} stalled: no iteration finished for {stalled:.1f} s "
             f"(hang timeout {timeout:g} s); iteration {iteration} in flight"
@@ -280,7 +277,7 @@ class HangWatchdog:
                 f"finished after {stalled:.1f} s without progress"
             )
             print(line, file=self._out or sys.stderr, flush=True)
-            attributes = {STALLED_S: round(stalled, 3), ITERATION: self._last_iteration}
+            attributes = {HANG_STALLED_S: round(stalled, 3), ITERATION: self._last_iteration}
             parent = otel_trace.get_current_span()
             self._emit(HANG_RECOVERED_SPAN, parent, self._wall_ns(), attributes, None)
         except Exception:  # noqa: BLE001 -- a watchdog must never hurt the job
