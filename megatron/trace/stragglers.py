@@ -22,9 +22,11 @@ The first :data:`WARMUP_ITERATIONS` iterations each incarnation finished are
 warm-up and left out of all three (the first pays for lazy initialisation,
 the second for DDP rebuilding its gradient buckets, which waits for the other
 ranks outside the timed all-reduce). Not computed (every figure ``None``, and
-said why): with fewer than two ranks in the files, or without the
-per-iteration and gradient-sync spans. Iterations are matched across ranks
-by incarnation index and iteration number. Memory: one number per finished
+said why): with fewer than two ranks in the files, without the
+per-iteration and gradient-sync spans, or with fewer than
+:data:`MIN_ITERATIONS` iterations after the warm-up on two ranks (a median
+of a handful of iterations is noise, not a verdict). Iterations are matched
+across ranks by incarnation index and iteration number. Memory: one number per finished
 iteration and rank while it runs.
 """
 
@@ -41,6 +43,7 @@ from megatron.core.telemetry.semconv import GRAD_SYNC_FINISH_SPAN, ITERATION_SPA
 from megatron.trace.model import Incarnation, Trace
 
 __all__ = [
+    "MIN_ITERATIONS",
     "SCORE_THRESHOLD",
     "STRAGGLER_RULE",
     "WARMUP_ITERATIONS",
@@ -51,6 +54,7 @@ __all__ = [
 
 SCORE_THRESHOLD = 0.75
 WARMUP_ITERATIONS = 2
+MIN_ITERATIONS = 10
 STRAGGLER_RULE = (
     f"score < {SCORE_THRESHOLD:g}; score = the fastest rank's median work per iteration / "
     "this rank's, work = iteration duration - its gradient all-reduce wait "
@@ -135,11 +139,16 @@ def find_stragglers(trace: Trace) -> Stragglers:
         return Stragglers({}, None, ["stragglers: the files hold one rank (export every rank: "
                                      "MEGATRON_OTEL_RANK_STRATEGY=all_ranks)"])  # fmt: skip
     split = {rank: _split(incs) for rank, incs in trace.ranks.items()}
-    measured = {rank: parts for rank, parts in split.items() if parts[1]}
-    if len(measured) < 2:
+    timed = {rank: parts for rank, parts in split.items() if parts[1]}
+    if len(timed) < 2:
         return Stragglers({}, None, ["stragglers: fewer than two ranks have both "
                                      f"{ITERATION_SPAN} and {GRAD_SYNC_FINISH_SPAN} "
                                      "spans (enable the per_step span groups)"])  # fmt: skip
+    measured = {rank: parts for rank, parts in timed.items() if len(parts[1]) >= MIN_ITERATIONS}
+    if len(measured) < 2:
+        return Stragglers({}, None, [f"stragglers: fewer than {MIN_ITERATIONS} iterations after "
+                                     f"the first {WARMUP_ITERATIONS} on two ranks, too few to "
+                                     "compare"])  # fmt: skip
     medians = {rank: (median(works), median(waits)) for rank, (_, works, waits) in measured.items()}
     best = min(work for work, _ in medians.values())
     ranks = {}

@@ -145,8 +145,15 @@ def ranks_figure(series: list[RankSeries], report: dict[str, Any] | None) -> Any
         legend={"orientation": "h", "yref": "container", "yanchor": "bottom", "y": 0, "x": 0},
         hovermode="closest",
     )
+    numbers = [n for one in series for n in one.iteration if n is not None]
+    few = bool(numbers) and max(numbers) - min(numbers) <= 12
     fig.update_xaxes(
-        title={"text": "iteration"}, tickformat="d", showgrid=True, gridcolor="#eee", zeroline=False
+        title={"text": "iteration"},
+        tickformat="d",
+        dtick=1 if few else None,  # whole iterations only, never 0.5
+        showgrid=True,
+        gridcolor="#eee",
+        zeroline=False,
     )
     fig.update_yaxes(
         title={"text": "ms"}, showgrid=True, gridcolor="#eee", rangemode="tozero", zeroline=False

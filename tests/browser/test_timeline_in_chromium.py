@@ -99,15 +99,18 @@ def test_the_iteration_panel_draws_each_ranks_work_and_the_hang(browser, tmp_pat
     import tracegen as g
 
     trace = tmp_path / "traces.jsonl"
-    g.write(trace, g.with_waits(g.hung(6.25, waiting=True), 0.6), rank=0)
-    g.write(trace, g.with_waits(g.hung(6.26, waiting=False), 0.1), rank=1)
+    # a long first incarnation with a straggler, then a second one that hangs
+    for rank, wait_s in ((0, 0.6), (1, 0.1)):
+        first = g.with_waits(g.lifecycle(0, intervals=4, per=3), wait_s)
+        g.write(trace, first, g.hung(6.25, waiting=rank == 0, start=25), rank=rank)
     out = tmp_path / "timeline.html"
     timeline.write_page(timeline.collect(span_source([trace]), [str(trace)]), out)
     page, errors = load(browser, out)
     # attached, not "visible": a flat line has no height
     page.wait_for_selector("#iterations .scatterlayer .trace", state="attached", timeout=30_000)
-    lines = page.locator("#iterations .scatterlayer .trace .js-line").count()
-    assert lines == 4  # work and whole iteration, per rank
+    assert page.locator("#iterations .scatterlayer .trace").count() == 4  # work, iteration
+    # the work lines: one stretch; the iteration lines: one per incarnation
+    assert page.locator("#iterations .scatterlayer .trace .js-line").count() == 2 + 2 * 2
     legend = page.locator("#iterations .legend .legendtext").all_text_contents()
     assert "rank 1 work (score 0.44 · straggler)" in legend
     title = page.locator("#iterations .gtitle").text_content()

@@ -276,12 +276,17 @@ def hang_record(
     return span("megatron.hang", at_s, at_s, parent=parent, **attributes)
 
 
-def hung(at: float, *, waiting: bool, end: float = 9.25) -> list[dict]:
-    """SIGTERM at ``end`` after a stall in iteration 3, which started at 5.25 s."""
-    spans = lifecycle(0, intervals=1, cut_short_after=1)
+def hung(at: float, *, waiting: bool, end: float = 9.25, start: float = 0) -> list[dict]:
+    """SIGTERM at ``end`` after a stall in iteration 3, which started at 5.25 s.
+
+    Times are seconds from ``start`` (where the incarnation's startup begins).
+    """
+    spans = lifecycle(start, intervals=1, cut_short_after=1)
     in_flight = next(s for s in spans if "megatron.span.cut_short" in str(s["attributes"]))
     interval = spans[-1]
     for record in (in_flight, interval):
-        record["endTimeUnixNano"] = str(round(end * SECOND))
-    hang = hang_record(in_flight, at, 5.25, iteration=3, waiting=waiting, last_iteration=2)
+        record["endTimeUnixNano"] = str(round((start + end) * SECOND))
+    hang = hang_record(
+        in_flight, start + at, start + 5.25, iteration=3, waiting=waiting, last_iteration=2
+    )
     return [*spans[:-2], hang, *spans[-2:]]

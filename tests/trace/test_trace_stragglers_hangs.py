@@ -27,17 +27,21 @@ def by_rank(report: dict) -> dict[str, dict]:
     return {entry["rank"]: entry for entry in report["ranks"]}
 
 
+def long_run(wait_s: float, intervals: int = 4) -> list[dict]:
+    """Intervals of three 1 s iterations (12 by default: 10 after the warm-up), each
+    ending with a gradient all-reduce wait of ``wait_s``."""
+    return g.with_waits(g.lifecycle(0, intervals=intervals, per=3), wait_s)
+
+
 def test_the_slow_rank_is_named_with_its_score_and_the_time_it_cost(tmp_path: Path) -> None:
     # Every iteration lasts 1 s on both ranks; rank 0 waits 0.6 s of it, rank 1 0.1 s.
-    report = two_ranks(
-        tmp_path, g.with_waits(g.lifecycle(0), 0.6), g.with_waits(g.lifecycle(0), 0.1)
-    )
+    report = two_ranks(tmp_path, long_run(0.6), long_run(0.1))
     ranks = by_rank(report)
     assert ranks["0"] | {"wall_s": 0} == {
         "rank": "0",
         "wall_s": 0,
-        "goodput_s": 6.0,
-        "goodput_fraction": round(6 / 8.75, 6),
+        "goodput_s": 12.0,
+        "goodput_fraction": round(12 / 15, 6),
         "wasted_iterations": 0,
         "incarnations": 1,
         "work_ms_median": 400.0,
@@ -49,19 +53,17 @@ def test_the_slow_rank_is_named_with_its_score_and_the_time_it_cost(tmp_path: Pa
     assert ranks["1"]["score"] == round(400 / 900, 3)
     assert ranks["1"]["straggler"] is True
     assert report["stragglers"] == {"rule": STRAGGLER_RULE, "ranks": ["1"]}
-    # iterations 2-5: the first two are warm-up
-    assert report["straggler_s"] == pytest.approx(4 * 0.5)
+    # iterations 2-11: the first two are warm-up
+    assert report["straggler_s"] == pytest.approx(10 * 0.5)
     assert not [note for note in report["not_computed"] if note.startswith("stragglers")]
 
 
 def test_balanced_ranks_name_no_straggler(tmp_path: Path) -> None:
-    report = two_ranks(
-        tmp_path, g.with_waits(g.lifecycle(0), 0.12), g.with_waits(g.lifecycle(0), 0.1)
-    )
+    report = two_ranks(tmp_path, long_run(0.12), long_run(0.1))
     assert report["stragglers"] == {"rule": STRAGGLER_RULE, "ranks": []}
     assert [r["straggler"] for r in report["ranks"]] == [False, False]
     assert by_rank(report)["1"]["score"] == round(0.88 / 0.9, 3)
-    assert report["straggler_s"] == pytest.approx(4 * 0.02)
+    assert report["straggler_s"] == pytest.approx(10 * 0.02)
 
 
 def test_without_grad_sync_spans_stragglers_are_not_computed(tmp_path: Path) -> None:
@@ -73,10 +75,19 @@ def test_without_grad_sync_spans_stragglers_are_not_computed(tmp_path: Path) -> 
 
 
 def test_straggler_s_counts_only_iterations_every_rank_finished(tmp_path: Path) -> None:
-    rank0 = g.with_waits(g.lifecycle(0), 0.6)
-    rank1 = g.with_waits(g.lifecycle(0, intervals=2), 0.1)  # iterations 0-3 only
+    rank0 = long_run(0.6, intervals=5)  # iterations 0-14
+    rank1 = long_run(0.1)  # iterations 0-11 only
     report = two_ranks(tmp_path, rank0, rank1)
-    assert report["straggler_s"] == pytest.approx(2 * 0.5)  # 2 and 3, after the warm-up
+    assert report["straggler_s"] == pytest.approx(10 * 0.5)  # 2-11, after the warm-up
+
+
+def test_a_handful_of_iterations_names_no_straggler(tmp_path: Path) -> None:
+    report = two_ranks(tmp_path, long_run(0.6, intervals=3), long_run(0.1, intervals=3))
+    assert (report["stragglers"], report["straggler_s"]) == (None, None)
+    (note,) = [n for n in report["not_computed"] if n.startswith("stragglers")]
+    assert note == (
+        "stragglers: fewer than 10 iterations after the first 2 on two ranks, too few to compare"
+    )
 
 
 def test_a_hang_is_badput_from_the_last_progress_and_the_stopped_rank_is_the_culprit(
@@ -150,18 +161,28 @@ def test_a_stall_in_a_run_that_shut_down_cleanly_is_no_hang(tmp_path: Path) -> N
     assert report["badput_s"]["hang"] == 0.0 and report["hangs"] == []
 
 
-def test_text_report_names_stragglers_and_hangs(tmp_path: Path, capsys) -> None:
-    path = tmp_path / "t.jsonl"
-    g.write(path, g.with_waits(g.hung(6.25, waiting=True), 0.6), rank=0)
-    g.write(path, g.with_waits(g.hung(6.26, waiting=False), 0.1), rank=1)
+def _text_report(path: Path, capsys) -> tuple[dict, str]:
     assert main(["report", str(path), "--json"]) == 0
     out = capsys.readouterr().out.splitlines()
-    report = json.loads(out[-1])
-    text = "\n".join(out[:-1])
-    assert "  rank 1: wall 9.250 s  goodput 21.6 %  work 900.0 ms  wait 100.0 ms" in text
+    return json.loads(out[-1]), "\n".join(out[:-1])
+
+
+def test_text_report_names_stragglers(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "t.jsonl"
+    g.write(path, long_run(0.6), rank=0)
+    g.write(path, long_run(0.1), rank=1)
+    report, text = _text_report(path, capsys)
+    assert "  rank 1: wall 15.000 s  goodput 80.0 %  work 900.0 ms  wait 100.0 ms" in text
     assert "score 0.44  STRAGGLER" in text
     assert "stragglers: rank 1  (rule: score < 0.75; " in text
     assert f"time lost waiting for slower ranks: {report['straggler_s']:.3f} s" in text
+
+
+def test_text_report_names_hangs(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "t.jsonl"
+    g.write(path, g.hung(6.25, waiting=True), rank=0)
+    g.write(path, g.hung(6.26, waiting=False), rank=1)
+    _, text = _text_report(path, capsys)
     assert (
         "hang: rank 1 incarnation 0: 4.000 s without progress after iteration 2, in "
         "megatron.train.iteration at /x/fault_injection.py:70 in _hang "
@@ -169,3 +190,4 @@ def test_text_report_names_stragglers_and_hangs(tmp_path: Path, capsys) -> None:
     ) in text
     assert "hang: rank 0 incarnation 0: 4.000 s" in text and "(waiting for others;" in text
     assert "  hang                4.000 s   43.2 %" in text
+    assert "\nstragglers:" not in text  # not computed: no gradient-sync spans

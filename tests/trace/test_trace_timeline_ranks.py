@@ -36,13 +36,17 @@ def test_a_hang_is_drawn_as_the_report_counts_it(tmp_path: Path) -> None:
 
 
 def test_the_panel_splits_each_ranks_iterations_into_work_and_wait(tmp_path: Path) -> None:
-    path = two_ranks(tmp_path, g.with_waits(g.lifecycle(0), 0.6), g.with_waits(g.lifecycle(0), 0.1))
+    path = two_ranks(
+        tmp_path,
+        g.with_waits(g.lifecycle(0, intervals=4, per=3), 0.6),
+        g.with_waits(g.lifecycle(0, intervals=4, per=3), 0.1),
+    )
     tl = timeline.collect(span_source([path]))
     assert [(s.rank, s.iteration, s.per_point) for s in tl.series] == [
-        (rank, [0, 1, 2, 3, 4, 5], 1) for rank in ("0", "1")
+        (rank, list(range(12)), 1) for rank in ("0", "1")
     ]
-    assert [s.work_ms for s in tl.series] == [[400.0] * 6, [900.0] * 6]
-    assert [s.total_ms for s in tl.series] == [[1000.0] * 6] * 2
+    assert [s.work_ms for s in tl.series] == [[400.0] * 12, [900.0] * 12]
+    assert [s.total_ms for s in tl.series] == [[1000.0] * 12] * 2
     fig = timeline_ranks.ranks_figure(tl.series, tl.report)
     names = [trace.name for trace in fig.data]
     assert names == [
@@ -51,7 +55,7 @@ def test_the_panel_splits_each_ranks_iterations_into_work_and_wait(tmp_path: Pat
         "rank 1 work (score 0.44 · straggler)",
         "rank 1 iteration",
     ]
-    assert "stragglers: rank 1; time lost waiting for slower ranks 2.00 s" in fig.layout.title.text
+    assert "stragglers: rank 1; time lost waiting for slower ranks 5.00 s" in fig.layout.title.text
     assert 'id="iterations"' in timeline.render_html(tl)
 
 
