@@ -6,10 +6,11 @@ the file even when the rank is later killed while blocked), and a
 ``megatron.hang.recovered`` span if a pass finishes after all. A *hang* is
 an incarnation's last stall when no recovery followed it and the
 incarnation did not shut down cleanly: it ended by a signal, a kill or an
-exception, stuck. Its time, from the last progress the record names to the
-incarnation's end as far as the file can tell (the spans a SIGTERM's
-shutdown ended; for a SIGKILL, the last record written, at the latest the
-stall report itself), is the ``hang`` badput category.
+exception, stuck (or it is still running, stuck so far). Its time, from the
+last progress the record names to the incarnation's end as far as the file
+can tell (the spans a SIGTERM's shutdown ended; for a SIGKILL, the last
+record written, at the latest the stall report itself), is the ``hang``
+badput category.
 
 ``culprit``: the stalled rank was not waiting for the others (the watchdog's
 ``megatron.hang.waiting``: not inside the gradient all-reduce or another

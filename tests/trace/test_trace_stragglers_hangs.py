@@ -11,6 +11,7 @@ from report_checks import assert_accounted
 
 from megatron.trace.cli import main
 from megatron.trace.goodput import PRECEDENCE, report_files
+from megatron.trace.liveness import Clock
 from megatron.trace.stragglers import STRAGGLER_RULE
 
 
@@ -191,3 +192,17 @@ def test_text_report_names_hangs(tmp_path: Path, capsys) -> None:
     assert "hang: rank 0 incarnation 0: 4.000 s" in text and "(waiting for others;" in text
     assert "  hang                4.000 s   43.2 %" in text
     assert "\nstragglers:" not in text  # not computed: no gradient-sync spans
+
+
+def test_a_rank_still_running_but_stuck_counts_its_hang_so_far(tmp_path: Path) -> None:
+    spans = g.lifecycle(0, kill_after=1)  # the in-flight iteration 7 began at 9.75 s
+    batch = spans[-1]
+    spans.append(g.hang_record(batch, 11.0, 9.75, iteration=7, waiting=False, last_iteration=6))
+    path = g.write(tmp_path / "traces.jsonl", spans)
+    g.beat(path, 10, 20, 30)  # the process lives on: its heartbeat still beats
+    report = report_files([path], Clock(now_ns=35 * g.SECOND))
+    assert_accounted(report)
+    assert report["incarnations"][0]["ended"] == "running"
+    assert report["badput_s"]["hang"] == 30 - 9.75  # to the newest record, so far
+    (hang,) = report["hangs"]
+    assert (hang["ended"], hang["culprit"], hang["stalled_s"]) == ("running", True, 20.25)
