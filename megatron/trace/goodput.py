@@ -19,7 +19,9 @@ saves and evaluations are badput); Megatron-LM's other checkpoint spans
 kept by the model as the union of the time they cover) count as
 ``checkpoint_save``; the wasted window (below) is
 ``wasted_progress``; the time between one incarnation's last span and the
-next one's first is ``restart_gap``.
+next one's first is ``restart_gap``; a hang (an unrecovered stall the
+watchdog recorded, :mod:`megatron.trace.hangs`), from the last progress to
+the incarnation's end, is ``hang``, first of all.
 
 Wasted progress: an incarnation's progress survives up to its *horizon*, the
 iteration the next incarnation of the rank resumed from (its checkpoint
@@ -39,7 +41,9 @@ the wasted window.
 
 Several ranks: each rank is accounted on its own (``ranks`` in the JSON);
 the job-level figures are those of the lowest rank, since every rank lives
-through the same lifecycle.
+through the same lifecycle. Each rank's own work and its wait for the others
+name the stragglers (:mod:`megatron.trace.stragglers`); ``hangs`` lists each
+hung incarnation of each rank and whether that rank was the culprit.
 
 Memory: :func:`~megatron.trace.model.load_trace` streams; iteration
 durations are kept in compact arrays and sorted once, in numpy, for the
@@ -60,6 +64,7 @@ from megatron.core.telemetry.semconv import (
     CATEGORY_CHECKPOINT_SAVE,
     CATEGORY_EVALUATION,
     CATEGORY_GOODPUT,
+    CATEGORY_HANG,
     CATEGORY_LAUNCH,
     CATEGORY_OTHER,
     CATEGORY_QUEUE,
@@ -69,8 +74,10 @@ from megatron.core.telemetry.semconv import (
     ITERATION_SPAN,
     SPAN_CATEGORY,
 )
+from megatron.trace.hangs import find_hang, hang_entries, recovered_stalls
 from megatron.trace.liveness import Clock, Liveness, judge, utc_text
 from megatron.trace.model import Incarnation, Trace, load_trace
+from megatron.trace.stragglers import find_stragglers
 from megatron.trace.stretches import Stretches
 
 __all__ = [
@@ -84,8 +91,11 @@ __all__ = [
 ]
 
 # Highest first. Checkpoint loads nest in startup, saves and evaluations in
-# intervals, so the nested category must win over its parent's.
+# intervals, so the nested category must win over its parent's. A hang wins
+# over everything: whatever span it stalled in (a save, an iteration whose
+# progress is also wasted), that time was lost to the hang.
 PRECEDENCE = (
+    CATEGORY_HANG,
     CATEGORY_CHECKPOINT_LOAD,
     CATEGORY_CHECKPOINT_SAVE,
     CATEGORY_EVALUATION,
@@ -115,12 +125,16 @@ def _seconds(ns: int) -> float:
 
 
 def _segments(inc: Incarnation) -> list[tuple[int, int, str]]:
-    """(start, end, category) for the incarnation's structural spans.
+    """(start, end, category) for the incarnation's structural spans, and its hang.
 
     A running incarnation's open interval (or startup) so far counts too.
     """
     records = [*inc.records, *([inc.in_flight] if inc.in_flight is not None else [])]
-    return [(r["start_ns"], r["end_ns"], SPAN_CATEGORY[r["name"]]) for r in records]
+    segments = [(r["start_ns"], r["end_ns"], SPAN_CATEGORY[r["name"]]) for r in records]
+    hang = find_hang(inc)
+    if hang is not None:
+        segments.append((hang.start_ns, hang.end_ns, CATEGORY_HANG))
+    return segments
 
 
 def _horizon(inc: Incarnation, later: list[Incarnation]) -> int | None:
@@ -358,7 +372,16 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, An
     record, which the figures are as of); with ``liveness``
     (:func:`megatron.trace.liveness.judge` applied to ``trace``) also
     ``as_of_age_s`` and ``liveness`` (``rule``, ``now``, ``stale_after_s``,
-    ``heartbeat_files``, ``notes``).
+    ``heartbeat_files``, ``notes``);
+    ``stragglers`` (``rule``, ``ranks``: the ranks
+    flagged; None when not computed) and ``straggler_s`` (see
+    :mod:`~megatron.trace.stragglers`; each ``ranks`` entry adds
+    ``work_ms_median``, ``wait_ms_median``, ``score`` and ``straggler``);
+    ``hangs`` (per hung incarnation and rank: ``rank``, ``incarnation``,
+    ``ended``, ``last_iteration``, ``iteration``, ``span``, ``frame``,
+    ``stalled_s``, ``detected_after_s``, ``waiting``, ``culprit``) and
+    ``recovered_stalls`` (``rank``, ``incarnation``, ``iteration``,
+    ``stalled_s``).
     """
     not_computed: list[str] = []
     if not trace.ranks:
@@ -387,6 +410,8 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, An
                 f"interval iteration ranges: incarnation {inc.index} intervals {unknown}: no "
                 "interval attributes, iteration spans or checkpoint saves to derive them from"
             )
+    stragglers = find_stragglers(trace)
+    not_computed += stragglers.not_computed
     if not accounting["wasted_exact"]:
         not_computed.append(
             "wasted_iterations: a killed incarnation's in-flight interval is missing and there "
@@ -420,9 +445,14 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, An
                 else 0.0,
                 "wasted_iterations": acc["wasted_iterations"],
                 "incarnations": len(rank_incs),
+                **stragglers.rank_entry(rank),
             }
             for rank, (rank_incs, acc) in ranks.items()
         ],
+        "stragglers": stragglers.summary(),
+        "straggler_s": stragglers.straggler_s,
+        "hangs": hang_entries(trace),
+        "recovered_stalls": recovered_stalls(trace),
         "spans": trace.span_count,
         "torn_lines": len(trace.stats.torn),
         "not_computed": not_computed,

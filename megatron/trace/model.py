@@ -21,12 +21,15 @@ file name).
 Grouping by process rather than by following links keeps a broken link a
 finding of ``check`` instead of silently making a new incarnation.
 
-Memory: only the structural spans (a few per checkpoint interval) are kept, as
-the reader's :class:`~megatron.core.telemetry.records.SpanRecord`; iterations
-are kept as three compact integer arrays per process (number, start, end: 24
-bytes each), Megatron-LM's per-pass checkpoint bookkeeping spans as the union
-of the time they cover (:mod:`megatron.trace.stretches`) and one start per
-async-save finalize, everything else as running aggregates.
+Memory: only the structural spans (a few per checkpoint interval) and the
+hang watchdog's records are kept, as the reader's
+:class:`~megatron.core.telemetry.records.SpanRecord`; iterations are kept as
+three compact integer arrays per process (number, start, end: 24 bytes
+each), and so are the gradient all-reduce waits (``megatron.grad_sync.finish``
+with ``megatron.iteration``: the ``communication`` span group), Megatron-LM's
+per-pass checkpoint bookkeeping spans as the union of the time they cover
+(:mod:`megatron.trace.stretches`) and one start per async-save finalize,
+everything else as running aggregates.
 A million-span file therefore costs a few tens of MB, whatever its size on
 disk.
 
@@ -75,6 +78,9 @@ from megatron.core.telemetry.semconv import (
     CHECKPOINT_LOAD_SPAN,
     CHECKPOINT_SPAN_PREFIX,
     DL_RANK,
+    GRAD_SYNC_FINISH_SPAN,
+    HANG_RECOVERED_SPAN,
+    HANG_SPAN,
     HOST_NAME,
     INTERVAL_REROOTED,
     ITERATION,
@@ -122,12 +128,14 @@ PROCESS_KEYS = (
     NVRX_CYCLE,
 )
 _FINALIZE_NAMES = frozenset({CHECKPOINT_FINALIZE_SPAN, CHECKPOINT_EXIT_FINALIZE_SPAN})
+# What the model keeps as records: the structural spans and the hang watchdog's.
+_KEPT_NAMES = STRUCTURAL_SPAN_NAMES | {HANG_SPAN, HANG_RECOVERED_SPAN}
 _CUT_SHORT_KEY = SPAN_CUT_SHORT.encode()
-_MISSING = object()
 # What TraceBuilder.add does with a span, by its name (the fast path looks it up once):
-# keep it as a record; keep it as an iteration; add its time to the checkpoint
-# bookkeeping (and, for a finalize, its start); note a finalize's start only; nothing.
-_STRUCTURAL, _ITERATION, _CHECKPOINT, _FINALIZE, _FINALIZE_ONLY, _IGNORED = range(6)
+# keep it as a record; keep it as an iteration; as a gradient all-reduce wait; add its
+# time to the checkpoint bookkeeping (and, for a finalize, its start); note a
+# finalize's start only; nothing.
+_STRUCTURAL, _ITERATION, _WAIT, _CHECKPOINT, _FINALIZE, _FINALIZE_ONLY, _IGNORED = range(7)
 
 
 class Iterations:
@@ -185,6 +193,11 @@ class Incarnation:
     and iteration range (:mod:`megatron.trace.intervals`: its attributes, else
     derived); ``checkpoint_time`` the time Megatron-LM's other checkpoint
     spans cover; ``finalize_starts`` the starts of its async-save finalizes.
+    ``waits`` holds the finished ``megatron.grad_sync.finish`` spans, numbered
+    by their ``megatron.iteration``, as :class:`Iterations` (empty without the
+    ``communication`` group or with one rank). ``hangs`` and ``recoveries``
+    are the hang watchdog's ``megatron.hang`` and ``megatron.hang.recovered``
+    records.
     """
 
     rank: str
@@ -202,6 +215,9 @@ class Incarnation:
     interval_facts: list[IntervalFacts] = field(default_factory=list)
     checkpoint_time: Stretches = field(default_factory=lambda: Stretches())
     finalize_starts: array = field(default_factory=lambda: array("q"))
+    waits: Iterations = field(default_factory=lambda: Iterations())
+    hangs: list[SpanRecord] = field(default_factory=list)
+    recoveries: list[SpanRecord] = field(default_factory=list)
     start_ns: int = 0
     end_ns: int = 0
     ended: str = "shutdown"
@@ -311,6 +327,7 @@ class _Process:
         "min_start",
         "rank",
         "records",
+        "waits",
     )
 
     def __init__(self, rank: str, file: Path) -> None:
@@ -320,6 +337,7 @@ class _Process:
         self.iterations = Iterations()
         self.checkpoint_time = Stretches()
         self.finalize_starts = array("q")
+        self.waits = Iterations()
         self.min_start: int | None = None
         self.max_end = 0
         self.max_end_root = 0
@@ -329,6 +347,7 @@ class _Process:
         """Add what ``other`` (the same process, read later) learnt."""
         self.records.extend(other.records)
         self.iterations.extend(other.iterations)
+        self.waits.extend(other.waits)
         for start, end in other.checkpoint_time:
             self.checkpoint_time.add(start, end)
         self.finalize_starts.extend(other.finalize_starts)
@@ -443,10 +462,12 @@ class TraceBuilder:
         """What add() does with a span of this name (:data:`_KINDS`), worked out once."""
         kind = self._kinds.get(name)
         if kind is None:
-            if name in STRUCTURAL_SPAN_NAMES:
+            if name in _KEPT_NAMES:
                 kind = _STRUCTURAL
             elif name == ITERATION_SPAN:
                 kind = _ITERATION
+            elif name == GRAD_SYNC_FINISH_SPAN:
+                kind = _WAIT
             elif name.startswith(CHECKPOINT_SPAN_PREFIX):
                 kind = _FINALIZE if name in _FINALIZE_NAMES else _CHECKPOINT
                 if name.startswith(CHECKPOINT_LOAD_SPAN):  # a load's children lie inside it
@@ -506,11 +527,18 @@ class TraceBuilder:
                         continue
                 if kind == _ITERATION:
                     if id(span) not in cut:
-                        value = span.attribute(ITERATION, _MISSING)
-                        if value is not _MISSING:
+                        value = span.attribute(ITERATION)
+                        if value is not None:
                             numbers.append(int(value))
                             starts.append(span.start_time_unix_nano)
                             ends.append(span.end_time_unix_nano)
+                    continue
+                if kind == _WAIT:
+                    value = span.attribute(ITERATION)
+                    if value is not None and id(span) not in cut:
+                        proc.waits.append(
+                            int(value), span.start_time_unix_nano, span.end_time_unix_nano
+                        )
                     continue
                 start, end = span.start_time_unix_nano, span.end_time_unix_nano
                 if kind in (_CHECKPOINT, _FINALIZE):
@@ -551,10 +579,13 @@ class TraceBuilder:
         elif not cut_short:
             proc.max_end_child = max(proc.max_end_child, end)
         name = span["name"]
-        if name in STRUCTURAL_SPAN_NAMES or cut_short:
+        if name in _KEPT_NAMES or cut_short:
             proc.records.append(span)
-        if name == ITERATION_SPAN and ITERATION in span["attributes"] and not cut_short:
-            proc.iterations.append(int(span["attributes"][ITERATION]), start, end)
+        if name in (ITERATION_SPAN, GRAD_SYNC_FINISH_SPAN):
+            number = span["attributes"].get(ITERATION)
+            if number is not None and not cut_short:
+                target = proc.iterations if name == ITERATION_SPAN else proc.waits
+                target.append(int(number), start, end)
         elif name.startswith(CHECKPOINT_SPAN_PREFIX) and name not in STRUCTURAL_SPAN_NAMES:
             if not name.startswith(CHECKPOINT_LOAD_SPAN):  # a load's children lie inside it
                 proc.checkpoint_time.add(start, end)
@@ -607,7 +638,12 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], lis
             inc.startup = record
         elif category is not None:
             _records_of_category(inc, category).append(record)
+        elif record["name"] == HANG_SPAN:
+            inc.hangs.append(record)
+        elif record["name"] == HANG_RECOVERED_SPAN:
+            inc.recoveries.append(record)
     _distribute_iterations(proc.iterations, incs, boundaries)
+    _distribute_iterations(proc.waits, incs, boundaries, "waits")
     for position, inc in enumerate(incs):
         lo = boundaries[position - 1] if position else -(2**63)
         hi = boundaries[position] if position < len(boundaries) else 2**63 - 1
@@ -657,17 +693,20 @@ def _lost_next(inc: Incarnation) -> bool:
 
 
 def _distribute_iterations(
-    iterations: Iterations, incs: list[Incarnation], boundaries: list[int]
+    iterations: Iterations,
+    incs: list[Incarnation],
+    boundaries: list[int],
+    attribute: str = "iterations",
 ) -> None:
-    """Hand a process's iterations to its incarnations, in start order."""
+    """Hand a process's iterations (or waits) to its incarnations, in start order."""
     starts = iterations.starts
     if len(incs) == 1 and all(a <= b for a, b in itertools.pairwise(starts)):
-        incs[0].iterations = iterations  # the usual case: already in order, no copy
+        setattr(incs[0], attribute, iterations)  # the usual case: in order, no copy
         return
     for i in sorted(range(len(starts)), key=starts.__getitem__):
         start, end = starts[i], iterations.ends[i]
         slot = slot_of(boundaries, ITERATION_SPAN, start, end)
-        incs[slot].iterations.append(iterations.numbers[i], start, end)
+        getattr(incs[slot], attribute).append(iterations.numbers[i], start, end)
 
 
 def scan_file(path: Path | str) -> TraceBuilder:

@@ -80,11 +80,9 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"  slowest: {slowest}")
     if len(report["ranks"]) > 1:
         lines.append("ranks:")
-        lines += [
-            f"  rank {r['rank']}: wall {r['wall_s']:.3f} s  "
-            f"goodput {100 * r['goodput_fraction']:.1f} %"
-            for r in report["ranks"]
-        ]
+        lines += [_rank_line(r) for r in report["ranks"]]
+    lines += _straggler_lines(report)
+    lines += _hang_lines(report)
     if report["torn_lines"]:
         lines.append(f"torn lines skipped: {report['torn_lines']}")
     lines += [f"not computed: {reason}" for reason in report["not_computed"]]
@@ -93,6 +91,49 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"liveness rule: {liveness['rule']}")
         lines += [f"liveness: {note}" for note in liveness["notes"]]
     return "\n".join(lines)
+
+
+def _rank_line(entry: dict[str, Any]) -> str:
+    line = (
+        f"  rank {entry['rank']}: wall {entry['wall_s']:.3f} s  "
+        f"goodput {100 * entry['goodput_fraction']:.1f} %"
+    )
+    if entry.get("score") is not None:
+        line += (
+            f"  work {entry['work_ms_median']:.1f} ms  wait {entry['wait_ms_median']:.1f} ms"
+            f"  score {entry['score']:.2f}{'  STRAGGLER' if entry['straggler'] else ''}"
+        )
+    return line
+
+
+def _straggler_lines(report: dict[str, Any]) -> list[str]:
+    found = report.get("stragglers")
+    if found is None:
+        return []
+    names = ", ".join(f"rank {rank}" for rank in found["ranks"]) or "none"
+    return [
+        f"stragglers: {names}  (rule: {found['rule']})",
+        f"time lost waiting for slower ranks: {report['straggler_s']:.3f} s",
+    ]
+
+
+def _hang_lines(report: dict[str, Any]) -> list[str]:
+    lines = []
+    for hang in report.get("hangs", []):
+        role = "culprit, stopped in its own work" if hang["culprit"] else "waiting for others"
+        last = hang["last_iteration"]
+        lines.append(
+            f"hang: rank {hang['rank']} incarnation {hang['incarnation']}: "
+            f"{hang['stalled_s']:.3f} s without progress after iteration "
+            f"{'(none)' if last is None else last}, in {hang['span'] or '?'} at "
+            f"{hang['frame']} ({role}; ended {hang['ended']})"
+        )
+    for stall in report.get("recovered_stalls", []):
+        lines.append(
+            f"recovered stall: rank {stall['rank']} incarnation {stall['incarnation']}: "
+            f"{stall['stalled_s']} s before iteration {stall['iteration']} finished"
+        )
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,7 +7,10 @@ decides incarnations and how each ended; wasted progress is the goodput
 accounting's own (:mod:`megatron.trace.goodput`, as ``report`` prints it);
 a bar's category is its span's report category, named for the picture;
 only the startup phases, which the model does not keep, are gathered here
-(a handful per incarnation). Per-step spans are never kept.
+(a handful per incarnation). Per-step spans are never kept; the per-rank
+iteration times come from the model's compact arrays
+(:mod:`megatron.trace.timeline_ranks`). A hang (the accounting's own,
+:mod:`megatron.trace.hangs`) is a bar from the last progress to the end.
 """
 
 from __future__ import annotations
@@ -20,20 +23,27 @@ from typing import Any
 from megatron.core.telemetry.records import SpanRecord
 from megatron.core.telemetry.semconv import (
     CATEGORY_GOODPUT,
+    CATEGORY_HANG,
     CATEGORY_LAUNCH,
     CATEGORY_OTHER,
     CATEGORY_RESTART_GAP,
+    HANG_FRAME,
+    HANG_LAST_ITERATION,
+    HANG_STALLED_S,
+    HANG_STALLED_SPAN,
     ITERATION,
     SPAN_CATEGORY,
     STARTUP_PHASE_PREFIX,
     STARTUP_SPAN,
 )
 from megatron.trace.goodput import build_report, rank_accounting
+from megatron.trace.hangs import Hang, find_hang
 from megatron.trace.intervals import IntervalFacts
 from megatron.trace.lanes import Lane, LaneIndex
 from megatron.trace.liveness import Clock, judge, utc_text
 from megatron.trace.model import Incarnation, TraceBuilder
 from megatron.trace.spans import SpanSource
+from megatron.trace.timeline_ranks import RankSeries, rank_series
 
 __all__ = [
     "BAR_INTERVAL",
@@ -97,6 +107,7 @@ class Timeline:
     spans: int
     files: list[str]
     report: dict[str, Any] | None = None  # build_report's dict: the summary at the top
+    series: list[RankSeries] = field(default_factory=list)  # the per-rank iteration panel
 
     @property
     def wall_ns(self) -> int:
@@ -143,6 +154,9 @@ def collect(
             bars.append(bar)
         if waste[id(inc)]["wasted_window_ns"] > 0:
             bars.append(_wasted_bar(lane, inc, waste[id(inc)]))
+        hang = find_hang(inc)
+        if hang is not None:
+            bars.append(_hang_bar(lane, hang))
         if inc.in_flight is not None:
             bars.append(_in_flight_bar(lane, inc.in_flight))
         cut_short = [r["name"] for r in inc.cut_short]
@@ -154,7 +168,15 @@ def collect(
     lanes = sorted(summaries, key=lambda s: (s.lane.incarnation, index.ranks.index(s.lane.rank)))
     bars.extend(_restart_gaps(lanes))
     report = build_report(trace, liveness) if trace.ranks else None
-    return Timeline(bars, lanes, index.several_ranks, trace.span_count, list(files or []), report)
+    return Timeline(
+        bars,
+        lanes,
+        index.several_ranks,
+        trace.span_count,
+        list(files or []),
+        report,
+        rank_series(trace),
+    )
 
 
 def _category(name: str) -> str | None:
@@ -236,6 +258,21 @@ def _in_flight_bar(lane: Lane, record: SpanRecord) -> Bar:
     return Bar(
         lane, BAR_IN_FLIGHT, "in flight", record["start_ns"], record["end_ns"], "in flight", details
     )
+
+
+def _hang_bar(lane: Lane, hang: Hang) -> Bar:
+    """From the last progress to the end of an incarnation that never recovered."""
+    attributes = hang.record["attributes"]
+    last = attributes.get(HANG_LAST_ITERATION)
+    details = [
+        f"no progress after iteration {'(none)' if last is None else last}; "
+        f"iteration {attributes.get(ITERATION)} in flight",
+        f"stalled in {attributes.get(HANG_STALLED_SPAN) or '?'}",
+        f"at {attributes.get(HANG_FRAME, '?')}",
+        "waiting for other ranks" if hang.waiting else "stopped in its own work: the culprit",
+        f"reported by the watchdog after {attributes.get(HANG_STALLED_S)} s",
+    ]
+    return Bar(lane, CATEGORY_HANG, "hang", hang.start_ns, hang.end_ns, "hang", details)
 
 
 def _restart_gaps(lanes: list[LaneSummary]) -> Iterable[Bar]:

@@ -19,11 +19,13 @@ from megatron.core.telemetry.semconv import (
     CATEGORY_CHECKPOINT_SAVE,
     CATEGORY_EVALUATION,
     CATEGORY_GOODPUT,
+    CATEGORY_HANG,
     CATEGORY_LAUNCH,
     CATEGORY_QUEUE,
     CATEGORY_RESTART_GAP,
     CATEGORY_STARTUP,
     CATEGORY_WASTED_PROGRESS,
+    GRAD_SYNC_FINISH_SPAN,
 )
 from megatron.trace.lanes import Lane
 from megatron.trace.timeline_data import (
@@ -36,6 +38,7 @@ from megatron.trace.timeline_data import (
     LaneSummary,
     Timeline,
 )
+from megatron.trace.timeline_ranks import ranks_figure
 from megatron.trace.timeline_summary import (
     CATEGORY_COLOURS,
     duration_text,
@@ -57,6 +60,7 @@ CATEGORIES = (
     (BAR_INTERVAL, "training interval", _C[CATEGORY_GOODPUT]),
     (BAR_IN_FLIGHT, "in flight (running; not in the file yet)", _C[CATEGORY_GOODPUT]),
     (BAR_WASTED, "wasted progress", _C[CATEGORY_WASTED_PROGRESS]),
+    (CATEGORY_HANG, "hang (no progress)", _C[CATEGORY_HANG]),
     (CATEGORY_CHECKPOINT_LOAD, "checkpoint load", _C[CATEGORY_CHECKPOINT_LOAD]),
     (CATEGORY_CHECKPOINT_SAVE, "checkpoint save", _C[CATEGORY_CHECKPOINT_SAVE]),
     (CATEGORY_EVALUATION, "evaluation", _C[CATEGORY_EVALUATION]),
@@ -272,6 +276,7 @@ h1 {{ font-size: 20px; margin: 0 0 4px 0; }}
 duration, iterations and attributes; drag to zoom, double-click to reset. Triangles mark
 checkpoint loads, saves and evaluations, which are too short to see at full scale. Lanes are
 incarnations (one per launch of the job){ranks}.</p>
+{iterations}
 </body>
 </html>
 """
@@ -299,6 +304,17 @@ def render_html(timeline: Timeline) -> str:
             config={"displayModeBar": False},
         )  # fmt: skip
         goodput = summary_html(timeline.report) + bar
+    iterations = ""
+    if timeline.series:
+        iterations = ranks_figure(timeline.series, timeline.report).to_html(
+            full_html=False, include_plotlyjs=False, div_id="iterations",
+            config={"displaylogo": False},
+        )  # fmt: skip
+        iterations += (
+            "<p class='note'>Solid: a rank's own work per iteration (the iteration minus its "
+            f"gradient all-reduce wait, {GRAD_SYNC_FINISH_SPAN}); dotted: the whole "
+            "iteration. A rank whose work line sits high is the one the others wait for.</p>"
+        )
     from plotly.offline import get_plotlyjs
 
     return _PAGE.format(
@@ -309,4 +325,5 @@ def render_html(timeline: Timeline) -> str:
         goodput=goodput,
         plot=plot,
         ranks=" and ranks" if timeline.several_ranks else "",
+        iterations=iterations,
     )

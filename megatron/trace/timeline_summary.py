@@ -18,6 +18,7 @@ from megatron.core.telemetry.semconv import (
     CATEGORY_CHECKPOINT_SAVE,
     CATEGORY_EVALUATION,
     CATEGORY_GOODPUT,
+    CATEGORY_HANG,
     CATEGORY_LAUNCH,
     CATEGORY_OTHER,
     CATEGORY_QUEUE,
@@ -38,6 +39,7 @@ CATEGORY_COLOURS = {
     CATEGORY_CHECKPOINT_SAVE: "#ff7f0e",
     CATEGORY_EVALUATION: "#9467bd",
     CATEGORY_WASTED_PROGRESS: "#d62728",
+    CATEGORY_HANG: "#7b3294",
     CATEGORY_RESTART_GAP: "#cfcfcf",
     CATEGORY_OTHER: "#f0f0f0",
 }
@@ -117,6 +119,23 @@ def summary_html(report: dict[str, Any]) -> str:
             f"iteration median {stats['median_ms']:.1f} ms, p90 {stats['p90_ms']:.1f} ms, "
             f"max {stats['max_ms']:.1f} ms; {anomalous['count']} anomalous "
             f"({html.escape(anomalous['rule'])})"
+        )
+    found = report.get("stragglers")
+    if found is not None:
+        names = ", ".join(
+            f"rank {html.escape(str(entry['rank']))} (score {entry['score']:.2f})"
+            for entry in report["ranks"]
+            if entry.get("straggler")
+        )
+        items.append(
+            f"stragglers <b>{names or 'none'}</b>, "
+            f"{duration_text(report['straggler_s'])} lost waiting for them"
+        )
+    for hang in report.get("hangs", []):
+        role = "culprit" if hang["culprit"] else "waiting"
+        items.append(
+            f"hang: rank {html.escape(str(hang['rank']))} ({role}) "
+            f"<b>{duration_text(hang['stalled_s'])}</b> after iteration {hang['last_iteration']}"
         )
     if len(report.get("ranks", [])) > 1:
         items.append(f"figures of rank {html.escape(str(report['rank']))}")

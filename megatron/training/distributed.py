@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from megatron.core.telemetry.logs import console_logger
+from megatron.training.grad_sync_spans import attach_grad_sync_spans, grad_sync_window
 
 __all__ = [
     "DistributedEnv",
@@ -101,22 +102,36 @@ def teardown_distributed() -> None:
 
 
 def wrap_model(model: nn.Module, env: DistributedEnv) -> nn.Module:
-    """DDP when there is more than one rank, the bare module otherwise."""
+    """DDP when there is more than one rank, the bare module otherwise.
+
+    With the ``communication`` span group on, the DDP model gets the hook
+    that times its gradient all-reduce (:mod:`~megatron.training.grad_sync_spans`).
+    """
     model = model.to(env.device)
     if env.world_size == 1:
         return model
     device_ids = [env.device.index] if env.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids)
+    ddp = DistributedDataParallel(model, device_ids=device_ids)
+    attach_grad_sync_spans(ddp)
+    return ddp
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
-def grad_sync(model: nn.Module, enabled: bool) -> AbstractContextManager[object]:
-    """Gradient accumulation: let DDP all-reduce only when ``enabled`` (the last micro-batch)."""
-    if enabled or not isinstance(model, DistributedDataParallel):
+def grad_sync(
+    model: nn.Module, enabled: bool, iteration: int | None = None
+) -> AbstractContextManager[object]:
+    """Gradient accumulation: let DDP all-reduce only when ``enabled`` (the last micro-batch).
+
+    The reducing pass is also the window the gradient-sync spans of
+    ``iteration`` are timed in (when the model has the hook).
+    """
+    if not isinstance(model, DistributedDataParallel):
         return nullcontext()
+    if enabled:
+        return grad_sync_window(model, iteration)
     return model.no_sync()
 
 

@@ -1,10 +1,15 @@
-"""Fault and delay injection for tests, from two environment variables.
+"""Fault, delay and hang injection for tests, from three environment variables.
 
 * ``MEGATRON_TEST_FAULT_AT_ITERATION=N``: the forward step of iteration ``N``
   (the span with ``megatron.iteration == N``) raises
   ``RuntimeError("injected fault at iteration N")``.
 * ``MEGATRON_TEST_ITERATION_SLEEP=S``: sleep ``S`` seconds before each forward
   step, so a test can land a signal in the middle of an iteration.
+* ``MEGATRON_TEST_HANG_AT_ITERATION=N``: the forward step of iteration ``N``
+  blocks until the process is signalled (a signal whose handler raises or
+  ends the process; one that returns lets the block go on). Set on one rank
+  of a torchrun job, it is a hung rank: the others block in the next
+  collective, waiting for it.
 
 They are test hooks, but a typo in one is still bad input: the arguments
 check reads them at startup (exit 2, one line naming the variable), not the
@@ -18,29 +23,51 @@ import os
 import time
 from dataclasses import dataclass
 
-__all__ = ["FAULT_ENV", "SLEEP_ENV", "FaultInjection"]
+__all__ = ["FAULT_ENV", "HANG_ENV", "SLEEP_ENV", "FaultInjection"]
 
 FAULT_ENV = "MEGATRON_TEST_FAULT_AT_ITERATION"
 SLEEP_ENV = "MEGATRON_TEST_ITERATION_SLEEP"
+HANG_ENV = "MEGATRON_TEST_HANG_AT_ITERATION"
+
+# How long each wait of the hang lasts: any signal interrupts it, so this only
+# bounds how often the loop wakes to wait again.
+_HANG_NAP_S = 3600.0
 
 
 @dataclass(frozen=True)
 class FaultInjection:
-    """What the two variables ask for; the default injects nothing."""
+    """What the three variables ask for; the default injects nothing."""
 
     fault_at_iteration: int | None = None
     sleep_s: float = 0.0
+    hang_at_iteration: int | None = None
 
     @classmethod
     def from_env(cls) -> FaultInjection:
-        """Read both variables; ``ValueError`` with one line naming a bad one."""
-        return cls(fault_at_iteration=_iteration(FAULT_ENV), sleep_s=_seconds(SLEEP_ENV))
+        """Read the variables; ``ValueError`` with one line naming a bad one."""
+        return cls(
+            fault_at_iteration=_iteration(FAULT_ENV),
+            sleep_s=_seconds(SLEEP_ENV),
+            hang_at_iteration=_iteration(HANG_ENV),
+        )
 
     def before_forward(self, iteration: int) -> None:
         if self.sleep_s:
             time.sleep(self.sleep_s)
         if iteration == self.fault_at_iteration:
             raise RuntimeError(f"injected fault at iteration {iteration}")
+        if iteration == self.hang_at_iteration:
+            _hang()
+
+
+def _hang() -> None:
+    """Block until a signal ends the process or its handler raises.
+
+    ``time.sleep`` lets Python run signal handlers (the telemetry exit hook,
+    ``KeyboardInterrupt``) and, when one returns, sleeps on (PEP 475).
+    """
+    while True:
+        time.sleep(_HANG_NAP_S)
 
 
 def _iteration(variable: str) -> int | None:

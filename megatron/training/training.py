@@ -10,9 +10,11 @@ line.
 Telemetry appears here only as call sites, as the upstream issue asks of
 Megatron-LM's ``training.py``: named transitions fired on the span lifecycle
 (``phases.start_job``, ``record_phase``, ``start_train``, ``step``,
-``end_train``, ``shutdown``), ``managed_span`` blocks, one group gate and a few
-attribute stamps. Which spans are open, when a trace is cut, what happens on
-SIGTERM: all of that is :mod:`megatron.training.telemetry_spans`. With telemetry
+``end_train``, ``shutdown``), ``managed_span`` blocks, one group gate, a few
+attribute stamps, and the hang watchdog's heartbeat (one ``progress`` call per
+loop pass; :mod:`megatron.core.telemetry.watchdog`). Which spans are open,
+when a trace is cut, what happens on SIGTERM: all of that is
+:mod:`megatron.training.telemetry_spans`. With telemetry
 off every call site is a no-op and the job behaves exactly as it would without
 them.
 
@@ -45,8 +47,9 @@ Two choices worth knowing:
   first completed step is a goodput number worth having in every trace.
 
 Test hooks (``MEGATRON_TEST_FAULT_AT_ITERATION``,
-``MEGATRON_TEST_ITERATION_SLEEP``): see :mod:`megatron.training.fault_injection`;
-checked at startup, read again when ``train()`` starts.
+``MEGATRON_TEST_ITERATION_SLEEP``, ``MEGATRON_TEST_HANG_AT_ITERATION``): see
+:mod:`megatron.training.fault_injection`; checked at startup, read again when
+``train()`` starts.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from megatron.core.telemetry import (
     safe_set_span_attributes,
     setup_telemetry,
 )
+from megatron.core.telemetry.watchdog import NO_WATCHDOG, Watchdog, hang_watchdog
 from megatron.training.arguments import parse_args
 from megatron.training.checkpointing import (
     TrainState,
@@ -96,6 +100,7 @@ from megatron.training.goodput_metrics import (
     checkpoint_sidecar,
     start_live_goodput,
 )
+from megatron.training.grad_sync_spans import wait_markers
 from megatron.training.job_config import (
     EvalConfig,
     JobConfig,
@@ -211,11 +216,27 @@ def _run_job(
 
         log = TrainingLog(config.logging, config.training, config.model, telemetry.meter)
         exits = ExitConditions(config.exit, pretrain_entry, exit_signal)
+        wait_spans, autograd_waits = wait_markers(state.model)
+        watchdog = hang_watchdog(
+            telemetry,
+            config.telemetry.hang_timeout_s,
+            wait_spans=wait_spans,
+            autograd_waits=autograd_waits,
+        )
         train_iters = config.training.train_iters
         if state.iteration < train_iters:
             phases.start_train()
             exit_reason = train(
-                config, env, phases, state, train_batches, valid_data, log, exits, goodput
+                config,
+                env,
+                phases,
+                state,
+                train_batches,
+                valid_data,
+                log,
+                exits,
+                goodput,
+                watchdog,
             )
             if exit_reason is None:
                 phases.end_train()
@@ -259,12 +280,14 @@ def train(
     log: TrainingLog,
     exits: ExitConditions,
     goodput: LiveGoodput | None = None,
+    watchdog: Watchdog = NO_WATCHDOG,
 ) -> str | None:
     """Train from ``state.iteration`` to ``--train-iters``.
 
     ``goodput`` (the live goodput metrics, when telemetry records them) gets
     its figures saved beside each checkpoint, for a resumed run to carry on.
-    Returns why it stopped early, or None when it ran to the end.
+    The hang ``watchdog`` (if any) watches the loop and hears once per
+    finished pass. Returns why it stopped early, or None when it ran to the end.
     """
     hooks = FaultInjection.from_env()
     first_iteration = state.iteration
@@ -272,24 +295,29 @@ def train(
     state.model.train()
 
     training, evaluation, checkpoint = config.training, config.eval, config.checkpoint
-    while state.iteration < training.train_iters and exit_reason is None:
-        phases.step(state.iteration)
-        with managed_span(
-            SpanGroup.STEP, "megatron.train.iteration", **{"megatron.iteration": state.iteration}
-        ) as span:
-            with _first_iteration_span(state.iteration == first_iteration):
-                step = train_step(training, config.optimizer, state, train_batches, hooks)
-            if is_span_group_enabled(SpanGroup.STEP):  # the stamps cost a host sync
-                safe_set_span_attributes(span, step.span_attributes())
-            state.iteration += 1
-            state.consumed_samples += training.global_batch_size
-            # Inside the iteration span, so the iteration's log line carries it.
-            log.record(state.iteration, state.consumed_samples, step)
-        if evaluation.eval_interval and state.iteration % evaluation.eval_interval == 0:
-            evaluate_and_print(evaluation, training, env, state, valid_data)
-        if checkpoint.is_save_iteration(state.iteration):
-            _save(config, env, state, goodput)
-        exit_reason = exits.check(state.iteration)
+    with watchdog.watching(state.iteration):
+        while state.iteration < training.train_iters and exit_reason is None:
+            phases.step(state.iteration)
+            with managed_span(
+                SpanGroup.STEP,
+                "megatron.train.iteration",
+                **{"megatron.iteration": state.iteration},
+            ) as span:
+                with _first_iteration_span(state.iteration == first_iteration):
+                    step = train_step(training, config.optimizer, state, train_batches, hooks)
+                if is_span_group_enabled(SpanGroup.STEP):  # the stamps cost a host sync
+                    safe_set_span_attributes(span, step.span_attributes())
+                state.iteration += 1
+                state.consumed_samples += training.global_batch_size
+                # Inside the iteration span, so the iteration's log line carries it.
+                log.record(state.iteration, state.consumed_samples, step)
+            if evaluation.eval_interval and state.iteration % evaluation.eval_interval == 0:
+                evaluate_and_print(evaluation, training, env, state, valid_data)
+            if checkpoint.is_save_iteration(state.iteration):
+                _save(config, env, state, goodput)
+            exit_reason = exits.check(state.iteration)
+            # A finished pass, its evaluation and save included: the heartbeat.
+            watchdog.progress(state.iteration - 1)
 
     if checkpoint.save and not checkpoint.is_save_iteration(state.iteration):
         _save(config, env, state, goodput)
@@ -316,7 +344,8 @@ def train_step(
             with managed_span(MegatronSpanGroup.DATA_LOADING, "megatron.train.get_batch"):
                 tokens, labels = next(train_batches)
             # DDP all-reduces gradients on the last micro-batch's backward only.
-            with grad_sync(model, enabled=microbatch == num_microbatches - 1):
+            last = microbatch == num_microbatches - 1
+            with grad_sync(model, enabled=last, iteration=state.iteration):
                 hooks.before_forward(state.iteration)
                 loss = model(tokens, labels)
                 (loss / num_microbatches).backward()

@@ -93,3 +93,31 @@ def test_hovering_an_interval_shows_its_span(browser, tmp_path) -> None:
     text = page.locator("#timeline .hoverlayer .hovertext").first.text_content()
     assert "megatron.train" in text and "iterations" in text
     assert errors == []
+
+
+def test_the_iteration_panel_draws_each_ranks_work_and_the_hang(browser, tmp_path) -> None:
+    import tracegen as g
+
+    trace = tmp_path / "traces.jsonl"
+    # a long first incarnation with a straggler, then a second one that hangs
+    for rank, wait_s in ((0, 0.6), (1, 0.1)):
+        first = g.with_waits(g.lifecycle(0, intervals=4, per=3), wait_s)
+        g.write(trace, first, g.hung(6.25, waiting=rank == 0, start=25), rank=rank)
+    out = tmp_path / "timeline.html"
+    timeline.write_page(timeline.collect(span_source([trace]), [str(trace)]), out)
+    page, errors = load(browser, out)
+    # attached, not "visible": a flat line has no height
+    page.wait_for_selector("#iterations .scatterlayer .trace", state="attached", timeout=30_000)
+    assert page.locator("#iterations .scatterlayer .trace").count() == 4  # work, iteration
+    # the work lines: one stretch; the iteration lines: one per incarnation
+    assert page.locator("#iterations .scatterlayer .trace .js-line").count() == 2 + 2 * 2
+    legend = page.locator("#iterations .legend .legendtext").all_text_contents()
+    assert "rank 1 work (score 0.44 · straggler)" in legend
+    title = page.locator("#iterations .gtitle").text_content()
+    assert "stragglers: rank 1" in title
+    hang = page.evaluate(
+        "() => document.getElementById('timeline').data"
+        ".filter(t => t.name === 'hang (no progress)').map(t => t.y.length)"
+    )
+    assert hang == [2]  # one hang bar per rank
+    assert errors == []

@@ -227,3 +227,20 @@ def test_direct_construction_is_validated() -> None:
         TelemetryConfig(exporter="nope")
     config = TelemetryConfig(span_groups_spec="per_step")
     assert config.span_groups == MegatronSpanGroup.resolve("per_step")
+
+
+def test_hang_timeout_unset_derives_zero_disables_and_seconds_are_kept() -> None:
+    assert TelemetryConfig.from_env({}).hang_timeout_s is None
+    assert TelemetryConfig.from_env({"MEGATRON_OTEL_HANG_TIMEOUT": "0"}).hang_timeout_s == 0.0
+    assert TelemetryConfig.from_env({"MEGATRON_OTEL_HANG_TIMEOUT": " 2.5 "}).hang_timeout_s == 2.5
+    assert TelemetryConfig.from_env({}, hang_timeout_s=7).hang_timeout_s == 7.0
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "nan", "inf"])
+def test_bad_hang_timeout(value: str) -> None:
+    assert message(env={"MEGATRON_OTEL_HANG_TIMEOUT": value}) == (
+        f"MEGATRON_OTEL_HANG_TIMEOUT={value!r} is not valid; expected seconds without a "
+        "finished iteration before a stall is reported (a number >= 0; 0 turns the watchdog off)"
+    )
+    with pytest.raises(TelemetryConfigError, match="hang_timeout_s=-3"):
+        TelemetryConfig(hang_timeout_s=-3)

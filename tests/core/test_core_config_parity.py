@@ -52,6 +52,7 @@ FALLBACKS: list[tuple[str, str, str, str, Any, Any]] = [
     ("metrics_enabled", "METRICS_ENABLED", "yes", "no", True, False),
     ("logs_enabled", "LOGS_ENABLED", "false", "true", False, True),
     ("run_id", "RUN_ID", "megatron-id", "lens-id", "megatron-id", "lens-id"),
+    ("hang_timeout_s", "HANG_TIMEOUT", "30", "0", 30.0, 0.0),
 ]  # fmt: skip
 
 

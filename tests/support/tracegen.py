@@ -224,3 +224,69 @@ def beat(
         for time_s in times_s:
             file.write(heartbeat_line(time_s, running, rank, pid) + "\n")
     return path
+
+
+def with_waits(spans: list[dict], wait_s: float) -> list[dict]:
+    """Add each finished iteration's gradient all-reduce wait: its last ``wait_s`` seconds."""
+    waits = []
+    for it in spans:
+        if it["name"] != "megatron.train.iteration":
+            continue
+        attributes = {kv["key"]: kv["value"] for kv in it["attributes"]}
+        if "megatron.iteration" not in attributes or "megatron.span.cut_short" in attributes:
+            continue
+        end_s = int(it["endTimeUnixNano"]) / SECOND
+        number = int(attributes["megatron.iteration"]["intValue"])
+        waits.append(
+            span(
+                "megatron.grad_sync.finish",
+                end_s - wait_s,
+                end_s,
+                parent=it,
+                **{"megatron.iteration": number},
+            )
+        )
+    return waits + spans
+
+
+def hang_record(
+    parent: dict,
+    at_s: float,
+    last_progress_s: float,
+    *,
+    iteration: int,
+    waiting: bool,
+    last_iteration: int | None = None,
+) -> dict:
+    """The watchdog's ``megatron.hang`` span, under the span the rank stalled in."""
+    attributes: dict[str, Any] = {
+        "megatron.iteration": iteration,
+        "megatron.hang.stalled_s": round(at_s - last_progress_s, 3),
+        "megatron.hang.timeout_s": 1.0,
+        "megatron.hang.last_progress_unix_nano": round(last_progress_s * SECOND),
+        "megatron.hang.span": parent["name"],
+        "megatron.hang.frame": "/x/fault_injection.py:70 in _hang"
+        if not waiting
+        else "/x/torch/autograd/graph.py:979 in _engine_run_backward",
+        "megatron.hang.waiting": waiting,
+        "megatron.hang.stacks": "Thread 1 (MainThread, the training thread) ...",
+    }
+    if last_iteration is not None:
+        attributes["megatron.hang.last_iteration"] = last_iteration
+    return span("megatron.hang", at_s, at_s, parent=parent, **attributes)
+
+
+def hung(at: float, *, waiting: bool, end: float = 9.25, start: float = 0) -> list[dict]:
+    """SIGTERM at ``end`` after a stall in iteration 3, which started at 5.25 s.
+
+    Times are seconds from ``start`` (where the incarnation's startup begins).
+    """
+    spans = lifecycle(start, intervals=1, cut_short_after=1)
+    in_flight = next(s for s in spans if "megatron.span.cut_short" in str(s["attributes"]))
+    interval = spans[-1]
+    for record in (in_flight, interval):
+        record["endTimeUnixNano"] = str(round((start + end) * SECOND))
+    hang = hang_record(
+        in_flight, start + at, start + 5.25, iteration=3, waiting=waiting, last_iteration=2
+    )
+    return [*spans[:-2], hang, *spans[-2:]]

@@ -47,7 +47,13 @@ def test_clean_run(tmp_path: Path) -> None:
     assert (report["running"], report["as_of"]) == (False, None)
     assert report["iterations"]["count"] == 6
     assert report["iterations"]["median_ms"] == 1000.0
-    assert report["not_computed"] == []
+    # one rank: nothing to compare it with
+    assert report["not_computed"] == [
+        "stragglers: the files hold one rank (export every rank: "
+        "MEGATRON_OTEL_RANK_STRATEGY=all_ranks)"
+    ]
+    assert (report["stragglers"], report["straggler_s"]) == (None, None)
+    assert (report["hangs"], report["recovered_stalls"]) == ([], [])
 
 
 def test_killed_then_resumed(tmp_path: Path) -> None:
@@ -119,9 +125,10 @@ def test_default_groups_say_what_they_cannot_compute(tmp_path: Path) -> None:
     assert report["iterations"] is None
     assert report["goodput_s"] == 12.0
     assert report["badput_s"]["wasted_progress"] == 1.5
-    assert len(report["not_computed"]) == 2
+    assert len(report["not_computed"]) == 3
     assert report["not_computed"][0].startswith("iterations:")
-    assert report["not_computed"][1].startswith("wasted_iterations:")
+    assert report["not_computed"][1].startswith("stragglers:")
+    assert report["not_computed"][2].startswith("wasted_iterations:")
 
 
 def test_precedence_where_spans_overlap(tmp_path: Path) -> None:

@@ -189,3 +189,12 @@ def test_loading_into_a_different_model_names_the_flag(training_cli, saved_check
     message = _one_error(result.stderr)
     assert "--hidden-size 48 (checkpoint: 32)" in message
     assert "iter_0000002/model_optim_rng.pt" in message
+
+
+def test_bad_hang_timeout_stops_the_job_at_startup(capsys, clean_env, monkeypatch):
+    monkeypatch.setenv("MEGATRON_OTEL_HANG_TIMEOUT", "soon")
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--mock-data"])
+    assert exc.value.code == 2
+    message = _one_error(capsys.readouterr().err)
+    assert "MEGATRON_OTEL_HANG_TIMEOUT='soon'" in message and "0 turns the watchdog off" in message

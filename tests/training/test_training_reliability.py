@@ -32,6 +32,7 @@ def clean_env(monkeypatch):
     for name in ("WORLD_SIZE", "MEGATRON_OTEL_ENABLED", "MEGATRON_TEST_FAULT_AT_ITERATION"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("MEGATRON_TEST_ITERATION_SLEEP", raising=False)
+    monkeypatch.delenv("MEGATRON_TEST_HANG_AT_ITERATION", raising=False)
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -302,6 +303,8 @@ def test_data_path_directory_is_said_to_be_a_directory(tmp_path, capsys, clean_e
         ("MEGATRON_TEST_ITERATION_SLEEP", "abc"),
         ("MEGATRON_TEST_ITERATION_SLEEP", "-1"),
         ("MEGATRON_TEST_ITERATION_SLEEP", "nan"),
+        ("MEGATRON_TEST_HANG_AT_ITERATION", "x"),
+        ("MEGATRON_TEST_HANG_AT_ITERATION", "-2"),
     ],
 )
 def test_test_hook_variables_are_validated_at_startup(

@@ -60,6 +60,7 @@ ENV_TRACES_ENABLED = "MEGATRON_OTEL_TRACES_ENABLED"
 ENV_METRICS_ENABLED = "MEGATRON_OTEL_METRICS_ENABLED"
 ENV_LOGS_ENABLED = "MEGATRON_OTEL_LOGS_ENABLED"
 ENV_RUN_ID = "MEGATRON_OTEL_RUN_ID"
+ENV_HANG_TIMEOUT = "MEGATRON_OTEL_HANG_TIMEOUT"
 
 _PREFIX = "MEGATRON_OTEL_"
 _FALLBACK_PREFIX = "NEMO_LENS_"
@@ -122,6 +123,10 @@ class TelemetryConfig:
     metrics_enabled: bool = True
     logs_enabled: bool = False
     run_id: str = field(default_factory=_generate_run_id)
+    #: Seconds without a finished iteration before the hang watchdog reports a
+    #: stall; ``None`` derives it from the run (see
+    #: :mod:`megatron.core.telemetry.watchdog`), ``0`` turns the watchdog off.
+    hang_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.span_groups is None:
@@ -138,6 +143,8 @@ class TelemetryConfig:
         _check_export_rank(self.export_rank, "export_rank")
         _check_sample_rate(self.export_sample_rate, "export_sample_rate")
         _check_choice(self.sampling_strategy, SAMPLING_STRATEGIES, "sampling_strategy")
+        if self.hang_timeout_s is not None:
+            _check_hang_timeout(self.hang_timeout_s, "hang_timeout_s")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> TelemetryConfig:
@@ -148,7 +155,7 @@ class TelemetryConfig:
         string or an iterable of names, ``service_name``, ``exporter``,
         ``trace_file``, ``rank_strategy``, ``export_rank``,
         ``export_sample_rate``, ``sampling_strategy``, ``traces_enabled``,
-        ``metrics_enabled``, ``logs_enabled``, ``run_id``), plus ``save`` for
+        ``metrics_enabled``, ``logs_enabled``, ``run_id``, ``hang_timeout_s``), plus ``save`` for
         the default trace-file location. ``None`` means "not given".
         """
         allowed = {*_FLAG_NAMES, "save"}
@@ -198,6 +205,7 @@ _FLAG_NAMES = {
     "metrics_enabled": ENV_METRICS_ENABLED,
     "logs_enabled": ENV_LOGS_ENABLED,
     "run_id": ENV_RUN_ID,
+    "hang_timeout_s": ENV_HANG_TIMEOUT,
 }
 _OVERRIDE_NAMES = {key: key for key in _FLAG_NAMES}
 
@@ -297,6 +305,11 @@ def _build(
     value, _ = _pick(given.get("run_id"), env, ENV_RUN_ID, names["run_id"])
     run_id = str(value) if value is not None else _default_run_id(env)
 
+    value, source = _pick(
+        given.get("hang_timeout_s"), env, ENV_HANG_TIMEOUT, names["hang_timeout_s"]
+    )
+    hang_timeout_s = None if value is None else _check_hang_timeout(value, source)
+
     return TelemetryConfig(
         enabled=enabled,
         span_groups=span_groups,
@@ -312,6 +325,7 @@ def _build(
         metrics_enabled=metrics_enabled,
         logs_enabled=logs_enabled,
         run_id=run_id,
+        hang_timeout_s=hang_timeout_s,
     )
 
 
@@ -380,6 +394,19 @@ def _check_sample_rate(value: Any, source: str) -> float:
             f"{source}={value!r} is not valid; expected a fraction of ranks from 0.0 to 1.0"
         )
     return rate
+
+
+def _check_hang_timeout(value: Any, source: str) -> float:
+    try:
+        seconds = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise TelemetryConfigError(
+            f"{source}={value!r} is not valid; expected seconds without a finished "
+            "iteration before a stall is reported (a number >= 0; 0 turns the watchdog off)"
+        )
+    return seconds
 
 
 def _check_export_rank(value: Any, source: str) -> int:

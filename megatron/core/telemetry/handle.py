@@ -110,6 +110,15 @@ class TelemetryHandle:
         """Whether :meth:`shutdown` has begun (the heartbeat then reads 0)."""
         return self._is_shut_down
 
+    def innermost_open_span(self) -> Any:
+        """The most recently started span that has not ended yet, or ``None``.
+
+        What the hang watchdog names as "where it stalled". ``None`` with
+        traces off, when not exporting, or when nothing is open.
+        """
+        tracker = self._tracker
+        return tracker.innermost() if tracker is not None else None
+
     def _owns_pipeline(self) -> bool:
         # A forked child inherits the handle but not the right to export:
         # its parent flushes and shuts down the shared sinks.

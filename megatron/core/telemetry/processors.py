@@ -97,6 +97,14 @@ class OpenSpanTracker(SpanProcessor):
     def open_span_count(self) -> int:
         return len(self._open)
 
+    def innermost(self) -> Span | None:
+        """The open span that started last (the innermost of the nest), or ``None``.
+
+        Safe to call from another thread: it reads a snapshot of the dict.
+        """
+        snapshot = list(self._open.values())  # atomic under the GIL
+        return max(snapshot, key=lambda span: span.start_time or 0, default=None)
+
     def end_open_spans(self) -> int:
         """End every open span, innermost first, marked as cut short.
 

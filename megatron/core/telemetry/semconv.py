@@ -25,6 +25,7 @@ __all__ = [
     "CATEGORY_CHECKPOINT_SAVE",
     "CATEGORY_EVALUATION",
     "CATEGORY_GOODPUT",
+    "CATEGORY_HANG",
     "CATEGORY_LAUNCH",
     "CATEGORY_OTHER",
     "CATEGORY_QUEUE",
@@ -40,6 +41,20 @@ __all__ = [
     "DL_RANK",
     "DL_WORLD_SIZE",
     "EVALUATE_SPAN",
+    "GRAD_SYNC_BUCKETS",
+    "GRAD_SYNC_FINISH_SPAN",
+    "GRAD_SYNC_START_SPAN",
+    "HANG_FRAME",
+    "HANG_LAST_ITERATION",
+    "HANG_LAST_PROGRESS",
+    "HANG_RECOVERED_SPAN",
+    "HANG_SPAN",
+    "HANG_STACKS",
+    "HANG_STALLED_S",
+    "HANG_STALLED_SPAN",
+    "HANG_STALLED_SPAN_ID",
+    "HANG_TIMEOUT_S",
+    "HANG_WAITING",
     "HOST_NAME",
     "INTERVAL_FIRST_ITERATION",
     "INTERVAL_INDEX",
@@ -101,6 +116,17 @@ CHECKPOINT_SPAN_PREFIX = "megatron.checkpoint."
 CHECKPOINT_FINALIZE_SPAN = "megatron.checkpoint.save.finalize"
 #: Megatron-LM, after the loop: the blocking finalize of the last async save.
 CHECKPOINT_EXIT_FINALIZE_SPAN = "megatron.checkpoint.exit_finalize"
+#: Inside ``forward_backward`` (``communication`` group, a DDP model): from the first
+#: gradient bucket DDP hands its communication hook to the dispatch of the last;
+#: Megatron-LM's name.
+GRAD_SYNC_START_SPAN = "megatron.grad_sync.start"
+#: From that dispatch until ``backward()`` has every bucket reduced: this rank's
+#: wait for the other ranks; Megatron-LM's name.
+GRAD_SYNC_FINISH_SPAN = "megatron.grad_sync.finish"
+#: The hang watchdog's record of a stall, under the innermost open span, at detection.
+HANG_SPAN = "megatron.hang"
+#: The hang watchdog's record that a loop pass finished again after a stall.
+HANG_RECOVERED_SPAN = "megatron.hang.recovered"
 
 # ---------------------------------------------------------------------------
 # Span attribute keys
@@ -127,6 +153,26 @@ ITERATION = "megatron.iteration"
 SPAN_CUT_SHORT = "megatron.span.cut_short"
 #: nemo-lens's mark for the same: a span force-ended at telemetry shutdown.
 SPAN_TRUNCATED = "nemo.span.truncated"
+#: On ``megatron.grad_sync.start``: how many gradient buckets were reduced.
+GRAD_SYNC_BUCKETS = "megatron.grad_sync.buckets"
+#: On ``megatron.hang``: the last iteration that finished (absent: none yet).
+HANG_LAST_ITERATION = "megatron.hang.last_iteration"
+#: On both hang spans: seconds without progress (at detection; at recovery, in all).
+HANG_STALLED_S = "megatron.hang.stalled_s"
+#: On ``megatron.hang``: the timeout in force, in seconds.
+HANG_TIMEOUT_S = "megatron.hang.timeout_s"
+#: On ``megatron.hang``: when the last loop pass finished, epoch ns.
+HANG_LAST_PROGRESS = "megatron.hang.last_progress_unix_nano"
+#: On ``megatron.hang``: the name of the innermost open span, where it stalled.
+HANG_STALLED_SPAN = "megatron.hang.span"
+#: On ``megatron.hang``: that span's id (16 hex digits).
+HANG_STALLED_SPAN_ID = "megatron.hang.span_id"
+#: On ``megatron.hang``: the training thread's innermost Python frame, ``file:line in function``.
+HANG_FRAME = "megatron.hang.frame"
+#: On ``megatron.hang``: True when the rank was waiting for the others (in a collective).
+HANG_WAITING = "megatron.hang.waiting"
+#: On ``megatron.hang``: every thread's Python stack, as text.
+HANG_STACKS = "megatron.hang.stacks"
 
 # ---------------------------------------------------------------------------
 # Resource attribute keys (the first three are OpenTelemetry's own names)
@@ -173,6 +219,8 @@ CATEGORY_CHECKPOINT_SAVE = "checkpoint_save"
 CATEGORY_EVALUATION = "evaluation"
 #: Training whose results were lost: past the progress that survived an incarnation.
 CATEGORY_WASTED_PROGRESS = "wasted_progress"
+#: An incarnation's unrecovered stall: from its last progress to its end.
+CATEGORY_HANG = "hang"
 #: Between one incarnation's last span and the next one's first.
 CATEGORY_RESTART_GAP = "restart_gap"
 #: Time no category covers.
@@ -186,6 +234,7 @@ BADPUT_CATEGORIES = (
     CATEGORY_CHECKPOINT_LOAD,
     CATEGORY_CHECKPOINT_SAVE,
     CATEGORY_EVALUATION,
+    CATEGORY_HANG,
     CATEGORY_WASTED_PROGRESS,
     CATEGORY_RESTART_GAP,
     CATEGORY_OTHER,

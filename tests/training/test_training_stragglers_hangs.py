@@ -1,0 +1,168 @@
+"""End-to-end on two torchrun ranks (CPU, gloo): a slowed rank is named, a hung rank is caught.
+
+Each test runs a real ``torchrun --nproc-per-node 2`` job with every rank
+exporting (``all_ranks``) the ``per_step`` span groups, and one rank set apart
+through a ``torchrun --no-python`` wrapper script that sets a test hook for
+that rank only. Then ``megatron-trace report --json`` reads the shared trace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from megatron.core.telemetry.reader import read_spans
+from megatron.trace.cli import main as trace_main
+
+pytestmark = pytest.mark.slow
+
+ITERATIONS = 60
+SLEEP_S = 0.03
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _torchrun(cli, rank1_env: dict[str, str], *args: str) -> list[str]:
+    """The torchrun command line; ``rank1_env`` is set for rank 1 only."""
+    script = cli.cwd / "rank_wrapper.sh"
+    exports = "".join(f"export {name}={value}\n" for name, value in rank1_env.items())
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$RANK" = "1" ]; then\n{exports}true\nfi\n'
+        f'exec "{sys.executable}" -m megatron.training "$@"\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "1", "--nproc-per-node", "2",
+        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+        "--no-python", str(script),
+        *cli.TINY, *cli.TELEMETRY_ON,
+        "--log-interval", "20",
+        "--global-batch-size", "4",  # one micro-batch per rank: every backward all-reduces
+        "--save", "ckpt",
+        *args,
+    ]  # fmt: skip
+
+
+ENV = {"OMP_NUM_THREADS": "1", "MEGATRON_OTEL_RANK_STRATEGY": "all_ranks"}
+
+
+def _report(cli, capsys) -> tuple[dict, str]:
+    capsys.readouterr()
+    assert trace_main(["report", str(cli.cwd / "ckpt/telemetry/traces.jsonl"), "--json"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    return json.loads(lines[-1]), "\n".join(lines[:-1])
+
+
+def _run(cli, rank1_env: dict[str, str]) -> None:
+    command = _torchrun(cli, rank1_env, "--train-iters", str(ITERATIONS))
+    result = subprocess.run(
+        command, cwd=cli.cwd, env=cli.env(ENV), capture_output=True, text=True, timeout=240
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_the_slowed_rank_is_the_straggler_with_its_slowdown_as_the_score(training_cli, capsys):
+    cli = training_cli
+    _run(cli, {"MEGATRON_TEST_ITERATION_SLEEP": str(SLEEP_S)})
+    report, text = _report(cli, capsys)
+    ranks = {entry["rank"]: entry for entry in report["ranks"]}
+    assert (ranks["0"]["straggler"], ranks["1"]["straggler"]) == (False, True)
+    assert report["stragglers"]["ranks"] == ["1"]
+    # Both ranks' iterations last as long (the all-reduce waits for rank 1) ...
+    assert report["iterations"]["median_ms"] > 1000 * SLEEP_S
+    # ... but rank 0 spends the 30 ms waiting, and rank 1 working.
+    work0, work1 = ranks["0"]["work_ms_median"], ranks["1"]["work_ms_median"]
+    assert 0.7 * 1000 * SLEEP_S < work1 - work0 < 1.5 * 1000 * SLEEP_S
+    assert ranks["0"]["wait_ms_median"] > 0.7 * 1000 * SLEEP_S > ranks["1"]["wait_ms_median"]
+    assert ranks["0"]["score"] == 1.0
+    assert ranks["1"]["score"] == pytest.approx(work0 / work1, abs=0.002)
+    # the job time lost: about 30 ms for each iteration after the two of warm-up
+    assert report["straggler_s"] == pytest.approx((ITERATIONS - 2) * SLEEP_S, rel=0.3)
+    assert "stragglers: rank 1  (rule: score < 0.75" in text
+    assert "STRAGGLER" in next(line for line in text.splitlines() if "  rank 1:" in line)
+
+
+def test_a_control_run_names_no_straggler(training_cli, capsys):
+    """Nothing slowed: no straggler, and little time lost.
+
+    On a machine shared with other work one rank can really run slower for a
+    whole run (its core is the busier one), and the rule rightly says so; a
+    run that names a straggler is therefore run once more, and that one must
+    name none. A rule that flags balanced ranks fails both.
+    """
+    for attempt in range(2):
+        cli = type(training_cli)(training_cli.cwd / f"attempt{attempt}")
+        cli.cwd.mkdir()
+        _run(cli, {})
+        report, _ = _report(cli, capsys)
+        if not report["stragglers"]["ranks"]:
+            break
+    assert report["stragglers"]["ranks"] == []
+    assert all(entry["score"] >= 0.75 for entry in report["ranks"])
+    assert report["straggler_s"] < 0.3 * (ITERATIONS - 2) * SLEEP_S
+
+
+def test_a_hung_rank_is_caught_named_and_accounted(training_cli, capsys):
+    cli = training_cli
+    command = _torchrun(
+        cli, {"MEGATRON_TEST_HANG_AT_ITERATION": "5"}, "--train-iters", "50", "--save-interval", "3"
+    )
+    env = cli.env({**ENV, "MEGATRON_OTEL_HANG_TIMEOUT": "1"})
+    stderr_path = cli.cwd / "stderr.txt"
+    with open(stderr_path, "w") as stderr:
+        job = subprocess.Popen(command, cwd=cli.cwd, env=env, stdout=subprocess.DEVNULL,
+                               stderr=stderr, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while stderr_path.read_text().count(" stalled: ") < 2:
+            assert job.poll() is None, stderr_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, stderr_path.read_text()[-3000:]
+            time.sleep(0.1)
+        time.sleep(0.5)  # the job stays up after the report: the watchdog only reports
+        assert job.poll() is None
+        terminated_ns = time.time_ns()
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=60)  # SIGTERM ends the job
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    stalls = [line for line in stderr_path.read_text().splitlines() if " stalled: " in line]
+    assert sorted(line.split(" stalled: ")[0][-6:] for line in stalls) == ["rank 0", "rank 1"]
+    assert all("iteration 5 in flight" in line for line in stalls)
+
+    spans = read_spans(cli.cwd / "ckpt/telemetry/traces.jsonl")
+    hangs = {s["resource"]["dl.rank"]: s for s in spans if s["name"] == "megatron.hang"}
+    assert sorted(hangs) == [0, 1]  # each rank reported once, and reached the file
+    capsys.readouterr()
+    assert trace_main(["check", str(cli.cwd / "ckpt/telemetry/traces.jsonl")]) == 0
+    report, text = _report(cli, capsys)
+    entries = {entry["rank"]: entry for entry in report["hangs"]}
+    assert sorted(entries) == ["0", "1"]
+    assert entries["1"]["culprit"] and not entries["0"]["culprit"]
+    assert entries["1"]["frame"].endswith("in _hang")  # rank 1 stopped in its own forward step
+    assert entries["0"]["span"] == "megatron.grad_sync.finish"  # rank 0 waited for it
+    assert {e["last_iteration"] for e in entries.values()} == {4}
+    assert {e["iteration"] for e in entries.values()} == {5}
+    # hang badput: from the last progress to the SIGTERM, as the job lived it
+    last_progress = hangs[0]["attributes"]["megatron.hang.last_progress_unix_nano"]
+    stalled_s = (terminated_ns - last_progress) / 1e9
+    assert stalled_s > 1.5
+    assert report["badput_s"]["hang"] == pytest.approx(stalled_s, abs=0.5)
+    assert entries["0"]["stalled_s"] == pytest.approx(stalled_s, abs=0.5)
+    assert "(culprit, stopped in its own work; ended cut_short)" in text
+    assert [inc["ended"] for inc in report["incarnations"]] == ["cut_short"]
