@@ -30,19 +30,35 @@ apart; the line gives the time of its newest record) and torn writes (one
 line each). Other damage exits 2 naming the line (raised by the reader,
 handled by the CLI).
 
-Memory: the span ids seen (one int each) and the children still waiting for
-their parent; ``check`` has to remember every id to find duplicates.
+Memory: ``check`` has to remember every span id to find duplicates: 8 bytes
+each, in one sorted numpy array (:mod:`megatron.trace.span_ids`), beside the
+trace model's structural spans and iterations. Spans a rule flags are looked
+up again afterwards (only their lines are decoded), so nothing is kept per
+span for the violation lines.
+
+Several files are scanned in parallel processes and their summaries merged
+(:mod:`megatron.trace.parallel`).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import math
 from collections.abc import Iterable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from megatron.core.telemetry.reader import iter_spans
+from megatron.core.telemetry.reader import (
+    DAMAGE_ERRORS,
+    damaged,
+    decode_line,
+    iter_batches,
+    iter_lines,
+    paused_gc,
+)
 from megatron.core.telemetry.records import SpanRecord
 from megatron.core.telemetry.semconv import (
     INTERVAL_FIRST_ITERATION,
@@ -53,9 +69,15 @@ from megatron.core.telemetry.semconv import (
 )
 from megatron.trace.command import add_command
 from megatron.trace.liveness import Clock, judge, utc_text
-from megatron.trace.model import Incarnation, Trace, TraceBuilder, process_of
+from megatron.trace.model import Incarnation, Trace, TraceBuilder, process_key
+from megatron.trace.parallel import map_files
+
+if TYPE_CHECKING:
+    from megatron.trace.span_ids import IdSet
 
 __all__ = ["CheckResult", "add_parser", "check_files"]
+
+_RULE_ORDER = {"duplicate-span-id": 0, "end-before-start": 1}
 
 
 @dataclass
@@ -68,15 +90,41 @@ class CheckResult:
 
 
 @dataclass(slots=True)
-class _Child:
+class _Span:
+    """What a violation line says of one span (kept only for the few a rule flags)."""
+
     name: str
     span_id: str
     trace_id: str
     parent_id: str
     file: Path
     line: int
+    index: int  # position in its line
     start_ns: int
     process: tuple[Any, ...]
+
+    @classmethod
+    def of(cls, span: Any, process: tuple[Any, ...], path: Path, line: int, index: int) -> _Span:
+        return cls(
+            span.name,
+            span.span_id,
+            span.trace_id,
+            span.parent_span_id,
+            path,
+            line,
+            index,
+            span.start_time_unix_nano,
+            process,
+        )
+
+
+@dataclass
+class _FileScan:
+    """One file's summary: the trace model's builder, its span ids, spans a rule flagged."""
+
+    builder: TraceBuilder
+    ids: IdSet
+    late: list[_Span]  # end-before-start, in file order
 
 
 def _where(name: str, span_id: str, trace_id: str, label: str, file: Path, line: int) -> str:
@@ -94,60 +142,159 @@ def _record_where(record: SpanRecord, inc: Incarnation) -> str:
     )
 
 
-def check_files(paths: Iterable[Path | str], clock: Clock | None = None) -> CheckResult:
+def _scan(path: Path) -> _FileScan:
+    """The map step: one pass over one file (parallel across files)."""
+    from megatron.trace.span_ids import IdCollector  # numpy: imported when it is needed
+
+    builder, ids, late = TraceBuilder(), IdCollector(), []
+    with paused_gc():
+        for line in iter_batches(path, builder.stats):
+            builder.add_line(line)
+            try:
+                batches = line.batches
+                spans = [span for batch in batches for span in batch.spans]
+                ids.add(line.number, spans)
+                if any(s.end_time_unix_nano < s.start_time_unix_nano for s in spans):
+                    late.extend(_flagged(line.path, line.number, batches, _ends_early))
+            except DAMAGE_ERRORS as error:
+                raise damaged(line.path, line.number, error) from error
+    return _FileScan(builder, ids.finish(path), late)
+
+
+def _ends_early(span: Any) -> bool:
+    return span.end_time_unix_nano < span.start_time_unix_nano
+
+
+def _flagged(path: Path, number: int, batches: list[Any], rule: Any) -> list[_Span]:
+    """The spans of one line for which ``rule(span)`` holds, with their positions."""
+    found, index = [], 0
+    for batch in batches:
+        process = None
+        for span in batch.spans:
+            if rule(span):
+                process = process or process_key(batch.resource, path)
+                found.append(_Span.of(span, process, path, number, index))
+            index += 1
+    return found
+
+
+def _parent_in(parents: set[str]) -> Any:
+    return lambda span: span.parent_span_id.lower() in parents
+
+
+def _id_in(ids: frozenset[str]) -> Any:
+    return lambda span: span.span_id.lower() in ids
+
+
+def _details(
+    wanted: dict[int, set[str]], dups: frozenset[str], path: Path
+) -> tuple[list[_Span], list[_Span]]:
+    """Re-read one file for the spans the ids flagged: (orphans, duplicate occurrences).
+
+    Only the lines holding an orphan are decoded, unless there are duplicate
+    ids (a broken file): then every line, to find each occurrence.
+    """
+    orphans: list[_Span] = []
+    copies: list[_Span] = []
+    with paused_gc():
+        for _, number, raw in iter_lines(path):
+            parents = wanted.get(number)
+            if parents is None and not dups:
+                continue
+            line = decode_line(path, number, raw)
+            if line is None:
+                continue
+            if parents:
+                orphans.extend(_flagged(path, number, line.batches, _parent_in(parents)))
+            if dups:
+                copies.extend(_flagged(path, number, line.batches, _id_in(dups)))
+    return orphans, copies
+
+
+def check_files(
+    paths: Iterable[Path | str],
+    clock: Clock | None = None,
+    jobs: int | None = None,
+    executor: Executor | None = None,
+) -> CheckResult:
     """Check the files; raises ``TraceFileDamaged`` on damage (exit 2).
 
     Whether the last incarnations are still running is judged against
     ``clock`` (default: the system clock and the default staleness bound).
+    Several files are scanned in ``jobs`` parallel processes (default: one
+    per file, up to the cores) or on ``executor``, and merged in file order.
     """
+    from megatron.trace.span_ids import IdSet, ids_hex
+
     paths = list(paths)
     clock = clock or Clock.system()
-    builder = TraceBuilder()
+    files = [Path(path) for path in paths]
+    scans = map_files(_scan, files, jobs, executor)
+    builder = functools.reduce(TraceBuilder.merge, (scan.builder for scan in scans))
+    ids = functools.reduce(IdSet.merge, (scan.ids for scan in scans))
     result = CheckResult()
-    seen: set[int] = set()
-    waiting: dict[int, list[_Child]] = {}  # parent id -> children read before it
-    per_span: list[tuple[str, dict[str, Any]]] = []
-    for span in iter_spans(paths, builder.stats):
-        builder.add(span)
-        span_id = int(span["span_id"], 16)
-        if span_id in seen:
-            per_span.append(("duplicate-span-id", span))
-        seen.add(span_id)
-        waiting.pop(span_id, None)
-        if span["end_ns"] < span["start_ns"]:
-            per_span.append(("end-before-start", span))
-        parent = span["parent_id"]
-        if parent is not None and int(parent, 16) not in seen:
-            child = _Child(
-                span["name"],
-                span["span_id"],
-                span["trace_id"],
-                parent,
-                span["file"],
-                span["line"],
-                span["start_ns"],
-                process_of(span),
-            )
-            waiting.setdefault(int(parent, 16), []).append(child)
     trace = builder.finish()
     liveness = judge(trace, paths, clock)
     result.trace = trace
     labels = _process_labels(trace)
+    order = {path: position for position, path in enumerate(files)}
+    dups = frozenset(ids_hex(ids.dups))
+    lookups = [
+        (path, ids.unresolved_lines(path)) for path in dict.fromkeys(files)
+    ]  # each file once
+    lookups = [(path, wanted) for path, wanted in lookups if wanted or dups]
+    found = map_files(
+        _DetailsOf(dups, dict(lookups)), [path for path, _ in lookups], jobs, executor
+    )
+    orphans = [span for file_orphans, _ in found for span in file_orphans]
+    copies = [span for _, file_copies in found for span in file_copies]
+    per_span = [("end-before-start", span) for scan in scans for span in scan.late]
+    per_span += [("duplicate-span-id", span) for span in _repeats(copies, order)]
+    per_span.sort(key=lambda item: (*_read_order(item[1], order), _RULE_ORDER[item[0]]))
     for rule, span in per_span:
-        label = labels.get(process_of(span), ("?", None))[0]
-        where = _where(
-            span["name"], span["span_id"], span["trace_id"], label, span["file"], span["line"]
-        )
+        label = labels.get(span.process, ("?", None))[0]
+        where = _where(span.name, span.span_id, span.trace_id, label, span.file, span.line)
         result.violations.append(f"{rule}: {where}")
-    orphans = _missing_parents(waiting, builder, labels, result)
+    orphans.sort(key=lambda span: _read_order(span, order))
+    explained = _missing_parents(orphans, builder, labels, result)
+    first_saved = _first_saved(trace)
+    first_start = min((inc.start_ns for inc in trace.incarnations), default=0)
     for inc in trace.incarnations:
-        _check_incarnation(inc, trace, result, orphans.get(id(inc), 0), clock)
+        _check_incarnation(inc, first_saved, first_start, result, explained.get(id(inc), 0), clock)
     result.notes.extend(f"liveness: {note}" for note in liveness.notes)
     result.notes.extend(
         f"torn write: {torn.path}:{torn.line} (a write cut short by a killed process), skipped"
         for torn in trace.stats.torn
     )
     return result
+
+
+class _DetailsOf:
+    """:func:`_details` for one file, as a picklable callable (for the process pool)."""
+
+    def __init__(self, dups: frozenset[str], wanted: dict[Path, dict[int, set[str]]]) -> None:
+        self.dups = dups
+        self.wanted = wanted
+
+    def __call__(self, path: Path) -> tuple[list[_Span], list[_Span]]:
+        return _details(self.wanted.get(path, {}), self.dups, path)
+
+
+def _read_order(span: _Span, order: dict[Path, int]) -> tuple[int, int, int]:
+    return order[span.file], span.line, span.index
+
+
+def _repeats(copies: list[_Span], order: dict[Path, int]) -> list[_Span]:
+    """Every occurrence of a duplicated id but its first, in read order."""
+    copies.sort(key=lambda span: _read_order(span, order))
+    seen: set[str] = set()
+    repeats = []
+    for span in copies:
+        key = span.span_id.lower()
+        if key in seen:
+            repeats.append(span)
+        seen.add(key)
+    return repeats
 
 
 def _process_labels(trace: Trace) -> dict[tuple[Any, ...], tuple[str, Incarnation]]:
@@ -159,14 +306,20 @@ def _process_labels(trace: Trace) -> dict[tuple[Any, ...], tuple[str, Incarnatio
 
 
 def _missing_parents(
-    waiting: dict[int, list[_Child]],
+    orphans: list[_Span],
     builder: TraceBuilder,
     labels: dict[tuple[Any, ...], tuple[str, Incarnation]],
     result: CheckResult,
 ) -> dict[int, int]:
-    """Report children whose parent never appeared; count those a kill explains."""
+    """Report children whose parent never appeared; count those a kill explains.
+
+    Grouped by parent, parents in the order their first child was read.
+    """
+    by_parent: dict[str, list[_Span]] = {}
+    for child in orphans:
+        by_parent.setdefault(child.parent_id.lower(), []).append(child)
     explained: dict[int, int] = {}
-    for children in waiting.values():
+    for children in by_parent.values():
         for child in children:
             label, inc = labels.get(child.process, ("?", None))
             root_end = builder.root_end(child.process)
@@ -179,8 +332,24 @@ def _missing_parents(
     return explained
 
 
+def _first_saved(trace: Trace) -> dict[Any, int]:
+    """Iteration a checkpoint save recorded -> start of the first incarnation that saved it."""
+    first: dict[Any, int] = {}
+    for inc in trace.incarnations:
+        for save in inc.saves:
+            iteration = save["attributes"].get(ITERATION)
+            if inc.start_ns < first.get(iteration, math.inf):
+                first[iteration] = inc.start_ns
+    return first
+
+
 def _check_incarnation(
-    inc: Incarnation, trace: Trace, result: CheckResult, orphans: int, clock: Clock
+    inc: Incarnation,
+    first_saved: dict[Any, int],
+    first_start: int,
+    result: CheckResult,
+    orphans: int,
+    clock: Clock,
 ) -> None:
     violations = result.violations
     open_part = "its startup" if inc.startup is None else "its in-flight interval"
@@ -229,7 +398,7 @@ def _check_incarnation(
                 )
         previous = interval
     _check_cut_short(inc, violations)
-    _check_resume(inc, trace, violations)
+    _check_resume(inc, first_saved, first_start, violations)
 
 
 def _check_cut_short(inc: Incarnation, violations: list[str]) -> None:
@@ -245,23 +414,26 @@ def _check_cut_short(inc: Incarnation, violations: list[str]) -> None:
             )
 
 
-def _check_resume(inc: Incarnation, trace: Trace, violations: list[str]) -> None:
-    earlier = [other for other in trace.incarnations if other.start_ns < inc.start_ns]
+def _check_resume(
+    inc: Incarnation, first_saved: dict[Any, int], first_start: int, violations: list[str]
+) -> None:
+    """The saves of the incarnations that started before this one: is its start among them?"""
     start = inc.resumed_from if inc.resumed_from is not None else inc.first_iteration
-    if not earlier or not start:
+    if inc.start_ns <= first_start or not start:
+        return  # nothing started earlier, or it started afresh
+    if first_saved.get(start, math.inf) < inc.start_ns:
         return
-    saved = {save["attributes"].get(ITERATION) for other in earlier for save in other.saves}
-    if start not in saved:
-        record = (inc.loads or inc.intervals or [inc.startup])[0]
-        where = _record_where(record, inc) if record is not None else inc.label
-        violations.append(
-            f"resume: starts at iteration {start}, which no earlier checkpoint save "
-            f"recorded (saved: {sorted(i for i in saved if i is not None)}): {where}"
-        )
+    saved = sorted(i for i, at in first_saved.items() if at < inc.start_ns and i is not None)
+    record = (inc.loads or inc.intervals or [inc.startup])[0]
+    where = _record_where(record, inc) if record is not None else inc.label
+    violations.append(
+        f"resume: starts at iteration {start}, which no earlier checkpoint save "
+        f"recorded (saved: {saved}): {where}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    result = check_files(args.files, Clock.from_args(args))
+    result = check_files(args.files, Clock.from_args(args), args.jobs)
     for line in result.notes:
         print(line)
     for line in result.violations:

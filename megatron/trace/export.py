@@ -1,61 +1,67 @@
-"""``megatron-trace export --format chrome``: a trace as Chrome trace-event JSON.
+"""``megatron-trace export``: a trace as Chrome trace-event JSON or Perfetto's protobuf.
 
-The Chrome trace-event format is what Perfetto UI and ``chrome://tracing``
-open and what PyTorch profiler users already read, so a job's trace can be
-looked at with nothing but a browser. The mapping:
+``--format chrome`` (:mod:`megatron.trace.chrome_trace`) is what Perfetto UI,
+``chrome://tracing`` and PyTorch profiler users read; ``--format perfetto``
+(:mod:`megatron.trace.perfetto_trace`) is Perfetto's native trace, a fraction
+of the size, which its UI loads without the JSON importer's limits. Both put
+a track (a thread) per incarnation and rank, spans as nested slices, links as
+flow arrows.
 
-* a process per incarnation and a thread per (incarnation, rank), named,
-  with ids no importer reinterprets (:mod:`megatron.trace.tracks`);
-* every span a complete event (``"ph": "X"``) on its lane's thread, so
-  children nest under their parents by time; attributes, ids and status go
-  to ``args``;
-* every link a flow arrow from the linked span to the linking one
-  (:mod:`megatron.trace.flows`): startup -> C0 -> C1 -> ... joins the
-  per-interval traces;
-* a lane still running (:mod:`megatron.trace.liveness`) says so in its
-  thread's name ("rank 0 (running as of …)"), and ``otherData.incarnations``
-  gives, per lane, how the incarnation ended and, when running, the time of
-  its newest record.
+Two passes over the files keep memory independent of their size: the first
+builds the trace model (which incarnation and rank each span belongs to) and
+collects the links; the second writes each span as it is read. Several files
+are read in parallel processes in both passes (each file's events go to a
+part, the parts are joined in file order). ``--since``/``--until``/
+``--ranks`` (:mod:`megatron.trace.window`) cut a window out of a big trace;
+an output bigger than a browser tab loads gets a warning that suggests one.
+A lane still running (:mod:`megatron.trace.liveness`) says so in its
+track's name ("rank 0 (running as of …)").
 
-Time: ``ts`` and ``dur`` are microseconds, as the format counts, written as
-decimal text with exactly three fractional digits computed from the integer
-nanoseconds, so every span keeps its nanosecond start and end and phases
-that tile in nanoseconds still tile. They count from the **time origin**:
-the earliest span start in the files, rounded down to a whole second, stated
-in the file as ``otherData.time_origin_unix_ns`` (and as UTC text). Epoch
-microseconds would not survive: near 1.8e15 a double, which is what viewers
-parse numbers into, resolves a quarter of a microsecond, and Perfetto drops
-the slices that rounding makes overlap. Relative to the origin a double
-resolves a nanosecond for about 50 days of wall clock.
-
-Events are written as the spans are read, in file order (the viewers sort by
-time themselves). Two passes over the files keep memory independent of their
-size: the first learns the lanes, the time origin and the links, the second
-writes.
+The file is written beside ``-o`` and renamed over it at the end, so a failure
+(a damaged input line) never leaves a half-written output.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
+import functools
+import shutil
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from megatron.core.telemetry.otlp_decode import spans_with_links
+from megatron.core.telemetry.reader import iter_batches, paused_gc
+from megatron.trace.chrome_trace import ChromePart, ChromeWriter
 from megatron.trace.command import add_command
 from megatron.trace.flows import FlowPlan
 from megatron.trace.lanes import LaneIndex
-from megatron.trace.liveness import Clock, judge, utc_text
-from megatron.trace.model import TraceBuilder
+from megatron.trace.liveness import Clock, judge
+from megatron.trace.model import Trace, TraceBuilder, process_key
 from megatron.trace.output import replacing
-from megatron.trace.spans import SpanSource, TraceInputError, span_source
-from megatron.trace.tracks import Tracks
+from megatron.trace.parallel import map_files
+from megatron.trace.spans import FileSpans, TraceInputError, reading, span_source
+from megatron.trace.window import (
+    Window,
+    WindowError,
+    format_offset,
+    resolve_window,
+    trace_start,
+)
 
-__all__ = ["add_parser", "export_chrome", "run"]
+__all__ = ["FORMATS", "SIZE_LIMITS", "add_parser", "export_chrome", "export_files", "run"]
 
-FORMATS = ("chrome",)
+FORMATS = ("chrome", "perfetto")
+#: Output sizes Perfetto UI can still load in a browser tab (about 2 GB of tab
+#: memory; its JSON importer needs 2-4x the file, the protobuf one far less).
+SIZE_LIMITS = {"chrome": 256 * 2**20, "perfetto": 1024 * 2**20}
+_LINKS_KEY = b'"links"'
+PERFETTO_MISSING = (
+    "--format perfetto needs the perfetto package (its trace protos): "
+    "pip install 'megatron-telemetry-spans[trace]'"
+)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -63,191 +69,262 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = add_command(
         subparsers,
         "export",
-        help="write the trace in another format (chrome: Perfetto / chrome://tracing)",
-        description="Write trace files as Chrome trace-event JSON, for Perfetto UI "
-        "(ui.perfetto.dev) and chrome://tracing: a process per incarnation, a thread per "
-        "rank in it, spans as complete events (microseconds from a whole-second origin, "
-        "nanosecond-exact), links as flow arrows.",
+        help="write the trace for Perfetto UI (chrome: trace-event JSON; perfetto: protobuf)",
+        description="Write trace files for Perfetto UI (ui.perfetto.dev): as Chrome "
+        "trace-event JSON (also chrome://tracing) or as Perfetto's native protobuf trace. "
+        "A track per incarnation and rank, spans as nested slices, links as flow arrows.",
         run=run,
     )
     parser.add_argument("--format", choices=FORMATS, default="chrome", help="output format")
-    parser.add_argument("-o", "--output", type=Path, required=True, help="the JSON file to write")
+    parser.add_argument("-o", "--output", type=Path, required=True, help="the file to write")
+    parser.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only spans that end at or after WHEN: an ISO 8601 time (2026-12-01T10:00:00Z), "
+        "a time from the trace's start (+90s, +1.5h, +2d) or an iteration (iteration:1200)",
+    )
+    parser.add_argument("--until", metavar="WHEN", help="only spans that start at or before WHEN")
+    parser.add_argument("--ranks", metavar="RANKS", help="only these ranks, e.g. 0,2,4-7")
     return parser
+
+
+@dataclass
+class ExportResult:
+    """What ``export`` wrote: ``events`` (records), ``size`` (bytes), the window, the trace."""
+
+    events: int
+    size: int
+    window: Window
+    trace: Trace
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``export`` for parsed arguments; returns the exit status."""
     files = ", ".join(map(str, args.files))
     try:
-        events = export_chrome(
-            span_source(args.files), args.output, args.files, Clock.from_args(args)
+        result = export_files(
+            args.files,
+            args.output,
+            args.format,
+            args.since,
+            args.until,
+            args.ranks,
+            args.jobs,
+            Clock.from_args(args),
         )
-    except TraceInputError as exc:
-        if not str(exc).startswith(tuple(map(str, args.files))):
+    except (TraceInputError, WindowError) as exc:
+        if isinstance(exc, TraceInputError) and not str(exc).startswith(
+            tuple(map(str, args.files))
+        ):
             exc = TraceInputError(f"{files}: {exc}")
         print(f"megatron-trace export: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # reading errors arrive as TraceInputError: this is the output
-        print(f"megatron-trace export: error: cannot write {args.output}: {exc.strerror}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"megatron-trace export: error: cannot write {args.output}: {exc.strerror}",
+            file=sys.stderr,
+        )
         return 2
-    print(f"wrote {args.output} ({events} events); open it in https://ui.perfetto.dev")
+    print(
+        f"wrote {args.output} ({result.events} events, {_mb(result.size)}); "
+        "open it in https://ui.perfetto.dev"
+    )
+    warning = size_warning(result, args.format, args.output)
+    if warning:
+        print(f"megatron-trace export: warning: {warning}", file=sys.stderr)
     return 0
 
 
+def _mb(size: float) -> str:
+    return f"{size / 2**20:.1f} MB" if size < 2**30 else f"{size / 2**30:.2f} GB"
+
+
+def size_warning(result: ExportResult, fmt: str, output: Path) -> str | None:
+    """What to say when the output is too big for Perfetto UI: the cut that would fit."""
+    limit = SIZE_LIMITS[fmt]
+    if result.size <= limit:
+        return None
+    trace, window = result.trace, result.window
+    start = window.since_ns if window.since_ns is not None else trace_start(trace)
+    end = (
+        window.until_ns
+        if window.until_ns is not None
+        else max(inc.end_ns for inc in trace.incarnations)
+    )
+    fraction = limit / result.size
+    offset = start - trace_start(trace) + (end - start) * fraction * 0.9
+    hints = [
+        f"--since {format_offset(start - trace_start(trace))} --until {format_offset(offset)}"
+        if window.since_ns is not None
+        else f"--until {format_offset(offset)}"
+    ]
+    ranks = [r for r in trace.ranks if window.ranks is None or r in window.ranks]
+    if len(ranks) > 1:
+        hints.append(f"--ranks {ranks[0]}")
+    other = " (or --format perfetto, a fraction of the size)" if fmt == "chrome" else ""
+    return (
+        f"{output} is {_mb(result.size)}; Perfetto UI loads about {_mb(limit)} of "
+        f"{'JSON' if fmt == 'chrome' else 'protobuf'} trace in a browser tab: cut a window, "
+        f"e.g. {' or '.join(hints)}{other}"
+    )
+
+
+# -- pass 1: the model and the links ------------------------------------------
+
+
+@dataclass
+class _Plan:
+    """What the first pass learnt: the lanes, the links and the time origin."""
+
+    lanes: LaneIndex
+    flows: FlowPlan  # the Chrome export's drawing of each link
+    links: list[tuple[str, str]] = field(default_factory=list)  # (linking, linked-to), in order
+    origin: int = 0  # the earliest start, rounded down to a whole second (ns)
+
+
+def _learn(path: Path) -> tuple[TraceBuilder, list[tuple[str, str]]]:
+    """The first pass over one file: its model summary and its links (linking, linked-to)."""
+    builder, links = TraceBuilder(), []
+    with reading(path), paused_gc():
+        for line in iter_batches(path, builder.stats):
+            builder.add_line(line)
+            if line.may_hold(_LINKS_KEY):
+                for batch in line.batches:
+                    for span in spans_with_links(batch.spans):
+                        links.extend((span.span_id, target) for _, target in span.link_pairs())
+    return builder, links
+
+
+def _plan(paths: Sequence[Path], jobs: int | None, clock: Clock) -> tuple[_Plan, Trace]:
+    learnt = map_files(_learn, paths, jobs)
+    builder = functools.reduce(TraceBuilder.merge, (b for b, _ in learnt))
+    earliest = builder.earliest_start()
+    if earliest is None:
+        raise TraceInputError("no spans in the trace files")
+    trace = builder.finish()
+    judge(trace, paths, clock)  # which last incarnations are still running
+    links = [link for _, file_links in learnt for link in file_links]
+    flows = FlowPlan()
+    for linking, target in links:
+        flows.add(linking, target)
+    flows.plan()
+    origin = earliest - earliest % 1_000_000_000
+    return _Plan(LaneIndex(trace), flows, links, origin), trace
+
+
+def _writer(fmt: str, plan: _Plan, part: int) -> Any:
+    if fmt == "perfetto":
+        from megatron.trace.perfetto_trace import PerfettoWriter
+
+        return PerfettoWriter(plan.lanes, plan.links, part)
+    return ChromeWriter(plan.lanes, plan.flows, plan.origin)
+
+
+def _write_spans(path: Path, writer: Any, out: IO[bytes], window: Window, lanes: LaneIndex) -> None:
+    ranks, cuts = window.ranks, window.cuts_time
+    since = window.since_ns if window.since_ns is not None else -(2**63)
+    until = window.until_ns if window.until_ns is not None else 2**64
+    with reading(path), paused_gc():
+        for line in iter_batches(path):
+            for batch in line.batches:
+                process = process_key(batch.resource, line.path)
+                if ranks is not None and process[0] not in ranks:
+                    continue
+                spans = batch.spans
+                if cuts:
+                    spans = [
+                        s
+                        for s in spans
+                        if s.end_time_unix_nano >= since and s.start_time_unix_nano <= until
+                    ]
+                for lane, group in lanes.split(process, spans):
+                    writer.spans(out, lane, group)
+
+
+@dataclass
+class _Part:
+    """Pass 2 over one file into its own part file (picklable, for the process pool)."""
+
+    fmt: str
+    plan: _Plan
+    window: Window
+    parts: dict[Path, tuple[int, Path]]  # input -> (part number, part file)
+
+    def __call__(self, path: Path) -> Any:
+        number, part_file = self.parts[path]
+        writer = _writer(self.fmt, self.plan, number)
+        with open(part_file, "wb") as out:
+            _write_spans(path, writer, out, self.window, self.plan.lanes)
+            writer.finish_part(out)
+        return writer.part
+
+
+def export_files(
+    paths: Sequence[Path | str],
+    output: Path,
+    fmt: str = "chrome",
+    since: str | None = None,
+    until: str | None = None,
+    ranks: str | None = None,
+    jobs: int | None = None,
+    clock: Clock | None = None,
+) -> ExportResult:
+    """Write the spans of ``paths`` to ``output`` in ``fmt``; returns what was written.
+
+    Raises :class:`TraceInputError` (a file missing or damaged, no spans) or
+    :class:`WindowError` (a bound that names nothing); ``output`` is then
+    untouched.
+    """
+    files = span_source([Path(p) for p in paths]).paths
+    if fmt == "perfetto":
+        try:
+            import perfetto.protos.perfetto.trace.perfetto_trace_pb2  # noqa: F401
+        except ImportError:
+            raise TraceInputError(PERFETTO_MISSING) from None
+    plan, trace = _plan(files, jobs, clock or Clock.system())
+    window = resolve_window(trace, since, until, ranks)
+    part_files: list[Path] = []
+    try:
+        with replacing(output, binary=True) as out:
+            writer = _writer(fmt, plan, 0)
+            count = writer.header(out)
+            if len(files) == 1 or jobs == 1:
+                for path in files:
+                    _write_spans(path, writer, out, window, plan.lanes)
+                writer.finish_part(out)
+                parts = [writer.part]
+            else:
+                # each file's events to a part of its own, in parallel; joined in file order
+                numbered = {
+                    path: (n + 1, output.with_name(f".{output.name}.part{n}"))
+                    for n, path in enumerate(dict.fromkeys(files))
+                }
+                part_files = [part for _, part in numbered.values()]
+                written = map_files(_Part(fmt, plan, window, numbered), list(numbered), jobs)
+                by_file = dict(zip(numbered, written, strict=True))
+                parts = []
+                for path in files:
+                    with open(numbered[path][1], "rb") as part:
+                        shutil.copyfileobj(part, out, 1 << 20)
+                    parts.append(by_file[path])
+            count += sum(part.events for part in parts)
+            count += writer.footer(out, parts)
+    finally:
+        for part in part_files:
+            part.unlink(missing_ok=True)
+    return ExportResult(count, output.stat().st_size, window, trace)
+
+
 def export_chrome(
-    source: SpanSource,
+    source: FileSpans,
     output: Path,
     files: Sequence[Path | str] = (),
     clock: Clock | None = None,
 ) -> int:
-    """Write the spans of ``source`` to ``output`` as Chrome trace JSON; returns the event count.
-
-    ``files`` are the trace files behind ``source``, where the heartbeat is
-    looked up; ``clock`` is what running is judged against (default: the
-    system clock). The file is written beside ``output`` and renamed over it
-    at the end, so a failure (a damaged input line) never leaves a
-    half-written ``output``.
-    """
-    flows = FlowPlan()
-    builder = TraceBuilder()
-    earliest: int | None = None
-    for span in flows.collect(source()):
-        builder.add(span)
-        if earliest is None or span["start_ns"] < earliest:
-            earliest = span["start_ns"]
-    if earliest is None:
-        raise TraceInputError("no spans in the trace files")
-    flows.plan()
-    trace = builder.finish()
-    judge(trace, files, clock or Clock.system())
-    lanes = LaneIndex(trace)
-    origin = earliest - earliest % 1_000_000_000
-    with replacing(output) as out:
-        return _write(out, origin, _events(source(), lanes, flows, origin), _endings(lanes))
+    """Write the spans of ``source`` (:func:`~megatron.trace.spans.span_source`) as Chrome
+    trace JSON; returns the event count. ``files`` (where the heartbeat is looked up)
+    are ``source``'s own; ``clock`` is what running is judged against."""
+    return export_files(source.paths, output, "chrome", jobs=1, clock=clock).events
 
 
-def _events(
-    spans: Iterable[dict[str, Any]], lanes: LaneIndex, flows: FlowPlan, origin: int
-) -> Iterator[dict[str, Any]]:
-    """The events; ``ts`` and ``dur`` as integer nanoseconds after ``origin`` (see _write)."""
-    tracks = Tracks(lanes)
-    running = {
-        lanes.lane_of_incarnation(inc): inc.as_of_ns
-        for inc in lanes.trace.incarnations
-        if inc.ended == "running" and inc.as_of_ns is not None
-    }
-    named: set[int] = set()
-    for track in tracks:
-        pid, tid = track.pid, track.tid
-        if pid not in named:
-            named.add(pid)
-            yield {"ph": "M", "name": "process_name", "pid": pid,
-                   "args": {"name": track.process_name}}  # fmt: skip
-            yield {"ph": "M", "name": "process_sort_index", "pid": pid,
-                   "args": {"sort_index": pid}}  # fmt: skip
-        thread_name = track.thread_name
-        if track.lane in running:
-            thread_name += f" (running as of {utc_text(running[track.lane])})"
-        yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-               "args": {"name": thread_name}}  # fmt: skip
-        yield {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-               "args": {"sort_index": track.thread_sort_index}}  # fmt: skip
-    present: set[str] = set()
-    finishes: list[tuple[str, dict[str, Any]]] = []
-    for span in spans:
-        track = tracks.of(lanes.lane(span))
-        pid, tid = track.pid, track.tid
-        start = span["start_ns"] - origin
-        event = {
-            "ph": "X",
-            "name": span["name"],
-            "cat": "span",
-            "ts": start,
-            "dur": max(span["end_ns"] - span["start_ns"], 0),
-            "pid": pid,
-            "tid": tid,
-            "args": _args(span),
-        }
-        binding = flows.bindings.get(span["span_id"])
-        if binding is not None:
-            event.update(binding.attributes())
-        yield event
-        # Links drawn as flow-event pairs (see megatron.trace.flows): both ends at span starts.
-        for flow_id in flows.starts.get(span["span_id"], ()):
-            present.add(span["span_id"])
-            yield {"ph": "s", "name": "link", "cat": "link", "id": flow_id,
-                   "ts": start, "pid": pid, "tid": tid}  # fmt: skip
-        for flow_id, target in flows.finishes.get(span["span_id"], ()):
-            finish = {"ph": "f", "bp": "e", "name": "link", "cat": "link", "id": flow_id,
-                      "ts": start, "pid": pid, "tid": tid}  # fmt: skip
-            finishes.append((target, finish))
-    for target, event in finishes:
-        if target in present:  # its span was in the files: the arrow has both ends
-            yield event
-
-
-def _args(span: dict[str, Any]) -> dict[str, Any]:
-    args = dict(span["attributes"])
-    args["trace_id"] = span["trace_id"]
-    args["span_id"] = span["span_id"]
-    if span.get("parent_id"):
-        args["parent_id"] = span["parent_id"]
-    if span.get("status_code", "UNSET") != "UNSET":
-        args["status"] = span["status_code"]
-        if span.get("status_message"):
-            args["status_message"] = span["status_message"]
-    return args
-
-
-def _micros(ns: int) -> str:
-    """Integer nanoseconds as exact decimal microseconds ("12.345"), never through a float."""
-    sign = "-" if ns < 0 else ""
-    ns = abs(ns)
-    return f"{sign}{ns // 1000}.{ns % 1000:03d}"
-
-
-def _encode(event: dict[str, Any]) -> str:
-    """One event as JSON; ``ts`` and ``dur`` (ns) written as exact microsecond text."""
-    exact = "".join(f'"{key}":{_micros(event.pop(key))},' for key in ("ts", "dur") if key in event)
-    return "{" + exact + json.dumps(event, separators=(",", ":"), default=str)[1:]
-
-
-def _endings(lanes: LaneIndex) -> list[dict[str, Any]]:
-    """Per lane: how the incarnation ended and, when running, as of when."""
-    return [
-        {
-            "incarnation": inc.index,
-            "rank": inc.rank,
-            "ended": inc.ended,
-            "as_of": utc_text(inc.as_of_ns) if inc.as_of_ns is not None else None,
-        }
-        for inc in lanes.trace.incarnations
-    ]
-
-
-def _write(
-    out: IO[str],
-    origin: int,
-    events: Iterable[dict[str, Any]],
-    incarnations: list[dict[str, Any]] | None = None,
-) -> int:
-    """Stream ``events`` as ``{"traceEvents": [...]}``, one event per line."""
-    when = datetime.datetime.fromtimestamp(origin // 1_000_000_000, datetime.timezone.utc)
-    other: dict[str, Any] = {
-        "time_origin_unix_ns": str(origin),
-        "time_origin_utc": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "time_unit": "ts and dur are microseconds after the time origin, exact to the ns",
-    }
-    if incarnations is not None:
-        other["incarnations"] = incarnations
-    out.write('{"displayTimeUnit": "ms", "otherData": ' + json.dumps(other) + ",\n")
-    out.write('"traceEvents": [\n')
-    count = 0
-    for event in events:
-        if count:
-            out.write(",\n")
-        out.write(_encode(event))
-        count += 1
-    out.write("\n]}\n")
-    return count
+__all__ += ["ChromePart", "ExportResult", "size_warning"]

@@ -69,6 +69,10 @@ class FlowPlan:
                 self._links.append((span["span_id"], target))
             yield span
 
+    def add(self, linking: str, target: str) -> None:
+        """Remember one link (of span ``linking`` to span ``target``), in read order."""
+        self._links.append((linking, target))
+
     def plan(self) -> None:
         """Decide each link's drawing; call once, after :meth:`collect` was consumed."""
         out_degree: dict[str, int] = {}

@@ -62,6 +62,9 @@ def derive(inc: Incarnation, *, last_closed_by_reroot: bool = False) -> list[Int
     facts: list[IntervalFacts] = []
     numbers, starts = inc.iterations.numbers, inc.iterations.starts
     ordered = all(a <= b for a, b in itertools.pairwise(starts))
+    # the saves are in start order: an interval's are found by bisection, not by a scan of
+    # every save for every interval (quadratic in the intervals)
+    save_starts = [save["start_ns"] for save in inc.saves]
     previous_last: int | None = None
     for position, interval in enumerate(inc.intervals):
         attributes = interval["attributes"]
@@ -70,10 +73,13 @@ def derive(inc: Incarnation, *, last_closed_by_reroot: bool = False) -> list[Int
         derived = first is None or last is None
         lo, hi = interval["start_ns"], interval["end_ns"]
         inside = _numbers_inside(numbers, starts, ordered, lo, hi)
+        within = inc.saves[
+            bisect.bisect_left(save_starts, lo) : bisect.bisect_left(save_starts, hi)
+        ]
         saved = [
             save["attributes"][ITERATION]
-            for save in inc.saves
-            if lo <= save["start_ns"] < hi and isinstance(save["attributes"].get(ITERATION), int)
+            for save in within
+            if isinstance(save["attributes"].get(ITERATION), int)
         ]
         if first is None:
             if inside:

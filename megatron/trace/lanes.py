@@ -14,11 +14,11 @@ than once, the startup it came after), so the split is decided in one place.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from megatron.trace.model import Incarnation, Trace
+from megatron.trace.model import Incarnation, Trace, slot_of
 
 __all__ = ["Lane", "LaneIndex"]
 
@@ -56,6 +56,22 @@ class LaneIndex:
 
     def lane(self, span: Mapping[str, Any]) -> Lane:
         return self.lane_of_incarnation(self.incarnation(span))
+
+    def split(self, process: tuple[Any, ...], spans: Sequence[Any]) -> list[tuple[Lane, list[Any]]]:
+        """Decoded spans of one process, grouped by lane (the usual process has one).
+
+        The model's rule (:func:`~megatron.trace.model.slot_of`), for the span
+        objects of :mod:`~megatron.core.telemetry.otlp_decode` rather than
+        flat records.
+        """
+        boundaries, incs = self.trace.processes[process]
+        if not boundaries:
+            return [(self.lane_of_incarnation(incs[0]), list(spans))]
+        groups: dict[int, list[Any]] = {}
+        for span in spans:
+            start, end = span.start_time_unix_nano, span.end_time_unix_nano
+            groups.setdefault(slot_of(boundaries, span.name, start, end), []).append(span)
+        return [(self.lane_of_incarnation(incs[slot]), group) for slot, group in groups.items()]
 
     def lanes(self) -> list[Lane]:
         """Every lane, by incarnation then rank."""

@@ -47,13 +47,23 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import sys
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megatron.core.telemetry.reader import ReadStats, iter_spans
+from megatron.core.telemetry.reader import (
+    DAMAGE_ERRORS,
+    DecodedLine,
+    ReadStats,
+    damaged,
+    flat_span,
+    iter_batches,
+    paused_gc,
+)
 from megatron.core.telemetry.records import SpanRecord, is_cut_short
 from megatron.core.telemetry.semconv import (
     CATEGORY_CHECKPOINT_LOAD,
@@ -83,11 +93,13 @@ from megatron.core.telemetry.semconv import (
     SERVICE_INSTANCE_ID,
     SLURM_RESTART_COUNT,
     SPAN_CATEGORY,
+    SPAN_CUT_SHORT,
     STARTUP_SPAN,
     STRUCTURAL_SPAN_NAMES,
 )
 from megatron.trace import intervals
 from megatron.trace.intervals import IntervalFacts
+from megatron.trace.parallel import map_reduce
 from megatron.trace.stretches import Stretches
 
 __all__ = [
@@ -96,9 +108,12 @@ __all__ = [
     "Trace",
     "TraceBuilder",
     "load_trace",
+    "process_key",
     "process_of",
     "process_of_resource",
     "rank_of",
+    "scan",
+    "scan_file",
     "slot_of",
 ]
 
@@ -115,6 +130,12 @@ PROCESS_KEYS = (
 _FINALIZE_NAMES = frozenset({CHECKPOINT_FINALIZE_SPAN, CHECKPOINT_EXIT_FINALIZE_SPAN})
 # What the model keeps as records: the structural spans and the hang watchdog's.
 _KEPT_NAMES = STRUCTURAL_SPAN_NAMES | {HANG_SPAN, HANG_RECOVERED_SPAN}
+_CUT_SHORT_KEY = SPAN_CUT_SHORT.encode()
+# What TraceBuilder.add does with a span, by its name (the fast path looks it up once):
+# keep it as a record; keep it as an iteration; as a gradient all-reduce wait; add its
+# time to the checkpoint bookkeeping (and, for a finalize, its start); note a
+# finalize's start only; nothing.
+_STRUCTURAL, _ITERATION, _WAIT, _CHECKPOINT, _FINALIZE, _FINALIZE_ONLY, _IGNORED = range(7)
 
 
 class Iterations:
@@ -134,6 +155,15 @@ class Iterations:
         self.numbers.append(number)
         self.starts.append(start_ns)
         self.ends.append(end_ns)
+
+    def arrays(self) -> tuple[array, array, array]:
+        """The three arrays (numbers, starts, ends), for appending in a hot loop."""
+        return self.numbers, self.starts, self.ends
+
+    def extend(self, other: Iterations) -> None:
+        self.numbers.extend(other.numbers)
+        self.starts.extend(other.starts)
+        self.ends.extend(other.ends)
 
     def start_of(self, number: int) -> int | None:
         """Start of the first finished iteration numbered ``number`` or higher."""
@@ -313,21 +343,73 @@ class _Process:
         self.max_end_root = 0
         self.max_end_child = 0
 
+    def merge(self, other: _Process) -> None:
+        """Add what ``other`` (the same process, read later) learnt."""
+        self.records.extend(other.records)
+        self.iterations.extend(other.iterations)
+        self.waits.extend(other.waits)
+        for start, end in other.checkpoint_time:
+            self.checkpoint_time.add(start, end)
+        self.finalize_starts.extend(other.finalize_starts)
+        if other.min_start is not None and (
+            self.min_start is None or other.min_start < self.min_start
+        ):
+            self.min_start = other.min_start
+        self.max_end = max(self.max_end, other.max_end)
+        self.max_end_root = max(self.max_end_root, other.max_end_root)
+        self.max_end_child = max(self.max_end_child, other.max_end_child)
 
-def rank_of(span: Mapping[str, Any]) -> str:
-    """The rank a span's writer ran as (``dl.rank``, else instance id, else file)."""
-    resource = span["resource"]
+
+def _compact(record: SpanRecord) -> SpanRecord:
+    """A record to keep, holding the one copy of each of its strings.
+
+    A decoded line makes new strings for every span; a week's trace keeps
+    hundreds of thousands of structural records, whose names and keys are a
+    handful of distinct strings, and whose ids repeat: a save's parent is its
+    interval, an interval links to the one before, they share a trace id.
+    """
+    intern = sys.intern
+    record["name"] = intern(record["name"])
+    record["trace_id"] = intern(record["trace_id"])
+    record["span_id"] = intern(record["span_id"])
+    if record["parent_id"]:
+        record["parent_id"] = intern(record["parent_id"])
+    record["links"] = [(intern(trace), intern(span)) for trace, span in record["links"]]
+    record["attributes"] = {intern(key): value for key, value in record["attributes"].items()}
+    if not record["events"]:
+        record["events"] = _NONE
+    if not record["link_attributes"]:
+        record["link_attributes"] = _NONE
+    return record
+
+
+# The empty list the kept records share for "no events", "no link attributes"
+# (56 bytes each otherwise): nothing appends to a kept record's lists.
+_NONE: list[Any] = []
+
+
+def _rank(resource: Mapping[str, Any], path: Path | str | None) -> str:
     if DL_RANK in resource:
         return str(resource[DL_RANK])
     if SERVICE_INSTANCE_ID in resource:
         return str(resource[SERVICE_INSTANCE_ID])
-    return str(span["file"])
+    return str(path)
+
+
+def process_key(resource: Mapping[str, Any], path: Path | str | None) -> tuple[Any, ...]:
+    """The process that wrote the spans of ``resource``, read from ``path``: its rank and
+    every identity the resource carries (:data:`PROCESS_KEYS`)."""
+    return (_rank(resource, path), *map(resource.get, PROCESS_KEYS))
+
+
+def rank_of(span: Mapping[str, Any]) -> str:
+    """The rank a span's writer ran as (``dl.rank``, else instance id, else file)."""
+    return _rank(span["resource"], span["file"])
 
 
 def process_of(span: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The process that wrote a span: its rank and every identity its resource carries
-    (:data:`PROCESS_KEYS`)."""
-    return (rank_of(span), *map(span["resource"].get, PROCESS_KEYS))
+    """The process that wrote a span: :func:`process_key` of its resource."""
+    return process_key(span["resource"], span["file"])
 
 
 def process_of_resource(resource: Mapping[str, Any], file: Any) -> tuple[Any, ...]:
@@ -348,7 +430,13 @@ def slot_of(boundaries: Sequence[int], name: str, start_ns: int, end_ns: int) ->
 
 
 class TraceBuilder:
-    """Feed spans one at a time (:meth:`add`), then :meth:`finish` into a :class:`Trace`."""
+    """Feed spans (:meth:`add_line`, or :meth:`add` one flat record at a time), then
+    :meth:`finish` into a :class:`Trace`.
+
+    A builder is also the per-file summary of a parallel read: build one per
+    file (:func:`scan_file`), :meth:`merge` them in file order, then finish.
+    Merging is associative, so any grouping of the files gives the same trace.
+    """
 
     def __init__(self, stats: ReadStats | None = None) -> None:
         self.stats = stats if stats is not None else ReadStats()
@@ -360,6 +448,116 @@ class TraceBuilder:
         self._resource: object = None
         self._file: object = None
         self._process: _Process | None = None
+        self._kinds: dict[str, int] = {}  # span name -> what a line adds of such spans
+        self._ignored: set[str] = set()  # the names whose kind is _IGNORED
+
+    def _process_for(self, resource: dict[str, Any], path: Path) -> _Process:
+        key = process_key(resource, path)
+        proc = self._processes.get(key)
+        if proc is None:
+            proc = self._processes[key] = _Process(key[0], path)
+        return proc
+
+    def _kind(self, name: str) -> int:
+        """What add() does with a span of this name (:data:`_KINDS`), worked out once."""
+        kind = self._kinds.get(name)
+        if kind is None:
+            if name in _KEPT_NAMES:
+                kind = _STRUCTURAL
+            elif name == ITERATION_SPAN:
+                kind = _ITERATION
+            elif name == GRAD_SYNC_FINISH_SPAN:
+                kind = _WAIT
+            elif name.startswith(CHECKPOINT_SPAN_PREFIX):
+                kind = _FINALIZE if name in _FINALIZE_NAMES else _CHECKPOINT
+                if name.startswith(CHECKPOINT_LOAD_SPAN):  # a load's children lie inside it
+                    kind = _FINALIZE_ONLY if kind == _FINALIZE else _IGNORED
+            else:
+                kind = _IGNORED
+            self._kinds[name] = kind
+            if kind == _IGNORED:
+                self._ignored.add(name)
+        return kind
+
+    def add_line(self, line: DecodedLine) -> None:
+        """Add every span of one decoded line (the fast path: no dict per span)."""
+        try:
+            self._add_line(line)
+        except DAMAGE_ERRORS as error:
+            raise damaged(line.path, line.number, error) from error
+
+    def _add_line(self, line: DecodedLine) -> None:
+        # The same facts as add(), gathered per batch with comprehensions.
+        maybe_cut = line.may_hold(_CUT_SHORT_KEY)
+        path, number = line.path, line.number
+        for batch in line.batches:
+            spans = batch.spans
+            if not spans:
+                continue
+            proc = self._process_for(batch.resource, path)
+            self.span_count += len(spans)
+            kinds, ignored = self._kinds, self._ignored
+            low = min([s.start_time_unix_nano for s in spans])
+            if proc.min_start is None or low < proc.min_start:
+                proc.min_start = low
+            proc.max_end = max(proc.max_end, max([s.end_time_unix_nano for s in spans]))
+            root_ends = [s.end_time_unix_nano for s in spans if not s.parent_span_id]
+            if root_ends:
+                proc.max_end_root = max(proc.max_end_root, max(root_ends))
+            if maybe_cut:  # the rare line that may hold a span marked cut short
+                cut = {id(s) for s in spans if s.has_attributes() and s.attribute(SPAN_CUT_SHORT)}
+                child_ends = [
+                    s.end_time_unix_nano for s in spans if s.parent_span_id and id(s) not in cut
+                ]
+                kept = [s for s in spans if s.name not in ignored or id(s) in cut]
+            else:
+                cut = set()
+                child_ends = [s.end_time_unix_nano for s in spans if s.parent_span_id]
+                kept = [s for s in spans if s.name not in ignored]  # and names not seen yet
+            if child_ends:
+                proc.max_end_child = max(proc.max_end_child, max(child_ends))
+            numbers, starts, ends = proc.iterations.arrays()
+            for span in kept:
+                kind = kinds.get(span.name)
+                if kind is None:
+                    kind = self._kind(span.name)
+                if kind == _STRUCTURAL or id(span) in cut:
+                    proc.records.append(_compact(flat_span(span, batch.resource, path, number)))
+                    if kind in (_STRUCTURAL, _IGNORED):
+                        continue
+                if kind == _ITERATION:
+                    if id(span) not in cut:
+                        value = span.attribute(ITERATION)
+                        if value is not None:
+                            numbers.append(int(value))
+                            starts.append(span.start_time_unix_nano)
+                            ends.append(span.end_time_unix_nano)
+                    continue
+                if kind == _WAIT:
+                    value = span.attribute(ITERATION)
+                    if value is not None and id(span) not in cut:
+                        proc.waits.append(
+                            int(value), span.start_time_unix_nano, span.end_time_unix_nano
+                        )
+                    continue
+                start, end = span.start_time_unix_nano, span.end_time_unix_nano
+                if kind in (_CHECKPOINT, _FINALIZE):
+                    proc.checkpoint_time.add(start, end)
+                if kind in (_FINALIZE, _FINALIZE_ONLY):
+                    proc.finalize_starts.append(start)
+
+    def merge(self, other: TraceBuilder) -> TraceBuilder:
+        """Add ``other``'s spans, as if its files were read after this one's; returns self."""
+        for key, proc in other._processes.items():
+            mine = self._processes.get(key)
+            if mine is None:
+                self._processes[key] = proc
+            else:
+                mine.merge(proc)
+        self.span_count += other.span_count
+        self.stats.torn.extend(other.stats.torn)
+        self.stats.lines += other.stats.lines
+        return self
 
     def add(self, span: SpanRecord) -> None:
         self.span_count += 1
@@ -393,6 +591,11 @@ class TraceBuilder:
                 proc.checkpoint_time.add(start, end)
             if name in _FINALIZE_NAMES:
                 proc.finalize_starts.append(start)
+
+    def earliest_start(self) -> int | None:
+        """The earliest start of any span added (None: no span)."""
+        starts = [p.min_start for p in self._processes.values() if p.min_start is not None]
+        return min(starts, default=None)
 
     def root_end(self, process: tuple[Any, ...]) -> int:
         """The latest end of a root span the process wrote (0: none)."""
@@ -506,13 +709,30 @@ def _distribute_iterations(
         getattr(incs[slot], attribute).append(iterations.numbers[i], start, end)
 
 
-def load_trace(paths: Iterable[Path | str]) -> Trace:
+def scan_file(path: Path | str) -> TraceBuilder:
+    """The map step of a parallel read: one file's spans in a builder (its summary)."""
+    builder = TraceBuilder()
+    with paused_gc():
+        for line in iter_batches(path, builder.stats):
+            builder.add_line(line)
+    return builder
+
+
+def scan(
+    paths: Iterable[Path | str], jobs: int | None = None, executor: Executor | None = None
+) -> TraceBuilder:
+    """Every file scanned (in parallel processes when there are several) and merged in order."""
+    return map_reduce(scan_file, TraceBuilder.merge, paths, jobs, executor)
+
+
+def load_trace(
+    paths: Iterable[Path | str], jobs: int | None = None, executor: Executor | None = None
+) -> Trace:
     """Read the files once, streaming, into a :class:`Trace`.
 
-    Raises :class:`~megatron.core.telemetry.reader.TraceFileDamaged` on damage;
-    torn writes are in ``trace.stats.torn``.
+    Several files are read in ``jobs`` parallel processes (default: one per
+    file, up to the cores), or on ``executor``. Raises
+    :class:`~megatron.core.telemetry.reader.TraceFileDamaged` on damage; torn
+    writes are in ``trace.stats.torn``.
     """
-    builder = TraceBuilder()
-    for span in iter_spans(list(paths), builder.stats):
-        builder.add(span)
-    return builder.finish()
+    return scan(paths, jobs, executor).finish()

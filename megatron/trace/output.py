@@ -12,23 +12,24 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 __all__ = ["replacing"]
 
 
 @contextmanager
-def replacing(output: Path) -> Iterator[IO[str]]:
-    """A text file to write ``output``'s new content to; renamed over ``output`` on success.
+def replacing(output: Path, binary: bool = False) -> Iterator[IO[Any]]:
+    """A file to write ``output``'s new content to; renamed over ``output`` on success.
 
     The file is ``.<name>.tmp`` in ``output``'s directory (created if need
-    be), so the rename stays within one file system. If the block raises,
-    the temporary file is removed and ``output`` is left as it was.
+    be), so the rename stays within one file system; text (UTF-8), or bytes
+    when ``binary``. If the block raises, the temporary file is removed and
+    ``output`` is left as it was.
     """
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as out:
+        with open(tmp, "wb") if binary else open(tmp, "w", encoding="utf-8") as out:
             yield out
         os.replace(tmp, output)
     except BaseException:

@@ -137,7 +137,7 @@ def _hang_lines(report: dict[str, Any]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    trace = load_trace(args.files)
+    trace = load_trace(args.files, args.jobs)
     if not trace.ranks:
         print(f"megatron-trace: no spans in {', '.join(map(str, args.files))}", file=sys.stderr)
         return 2

@@ -7,13 +7,14 @@ fresh pass over the files: memory stays independent of the files' size.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from megatron.core.telemetry.reader import iter_spans
 
-__all__ = ["SpanSource", "TraceInputError", "span_source"]
+__all__ = ["FileSpans", "SpanSource", "TraceInputError", "reading", "span_source"]
 
 SpanSource = Callable[[], Iterator[dict[str, Any]]]
 
@@ -22,20 +23,33 @@ class TraceInputError(ValueError):
     """A trace file that cannot be read: the message names it (exit status 2)."""
 
 
-def span_source(paths: Sequence[Path]) -> SpanSource:
+class FileSpans:
+    """The spans of some trace files: call it for a fresh pass; ``paths`` for the fast readers."""
+
+    def __init__(self, paths: Sequence[Path | str]) -> None:
+        self.paths = [Path(path) for path in paths]
+
+    def __call__(self) -> Iterator[dict[str, Any]]:
+        # The base layer's streaming reader: torn writes skipped, damage raised by line.
+        for path in self.paths:
+            with reading(path):
+                yield from iter_spans(path)
+
+
+@contextlib.contextmanager
+def reading(path: Path) -> Iterator[None]:
+    """Turn the errors of reading ``path`` into :class:`TraceInputError` (one line, exit 2)."""
+    try:
+        yield
+    except OSError as exc:
+        raise TraceInputError(f"{path}: cannot read it: {exc}") from exc
+    except ValueError as exc:  # TraceFileDamaged names the file and line
+        raise TraceInputError(str(exc)) from exc
+
+
+def span_source(paths: Sequence[Path]) -> FileSpans:
     """A re-startable pass over the spans of ``paths``, in order; checks the files exist."""
     for path in paths:
         if not Path(path).is_file():
             raise TraceInputError(f"{path}: no such trace file (give a run's traces.jsonl)")
-
-    def spans() -> Iterator[dict[str, Any]]:
-        # The base layer's streaming reader: torn writes skipped, damage raised by line.
-        for path in paths:
-            try:
-                yield from iter_spans(path)
-            except OSError as exc:
-                raise TraceInputError(f"{path}: cannot read it: {exc}") from exc
-            except ValueError as exc:  # TraceFileDamaged names the file and line
-                raise TraceInputError(str(exc)) from exc
-
-    return spans
+    return FileSpans(paths)

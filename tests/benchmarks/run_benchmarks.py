@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
@@ -63,6 +64,14 @@ TARGETS = {
     "pipeline_cpu_ratio": 0.8,
     "report_s_per_million_spans": 30.0,
     "report_peak_mb_1m_spans": 200.0,
+    "report_floor_ratio": 1.0,
+    "check_floor_ratio": 1.2,
+    "export_floor_ratio": 2.0,
+    "export_perfetto_floor_ratio": 2.0,
+    "report_fallback_floor_ratio": float("nan"),  # measured, no target
+    "export_many_intervals_floor_ratio": 2.0,
+    "check_peak_mb_1m_spans": 300.0,
+    "export_perfetto_size_ratio": 1.0,
 }
 
 
@@ -749,6 +758,152 @@ def section_report(run: Run) -> None:
     run.record("report_peak_mb_1m_spans", peak_mb, "peak RSS", f"{imports_mb:.1f} MB imports")
 
 
+# -- reading a week of many ranks: each command against the stdlib floor --------
+
+# Every process reports its own peak RSS (VmHWM, which starts afresh at exec:
+# a child's ru_maxrss would start at this big process's) on stderr, last line.
+_PEAK = (
+    "import atexit, sys\n"
+    "def _peak():\n"
+    "    with open('/proc/self/status') as status:\n"
+    "        kb = next(int(l.split()[1]) for l in status if l.startswith('VmHWM:'))\n"
+    "    print(f'peak_kb {kb}', file=sys.stderr)\n"
+    "atexit.register(_peak)\n"
+)
+_FLOOR = _PEAK + (
+    "import json\n"
+    "with open(sys.argv[1], 'rb') as file:\n"
+    "    for line in file:\n"
+    "        json.loads(line)\n"
+)
+_TRACE = _PEAK + (
+    "import runpy\n"
+    "if sys.argv[1] == 'stdlib':\n"
+    "    sys.modules['msgspec'] = None  # as if it were not installed\n"
+    "sys.argv = ['megatron-trace', *sys.argv[2:]]\n"
+    "runpy.run_module('megatron.trace', run_name='__main__')\n"
+)
+
+
+def _process(argv: list[str]) -> tuple[float, float, float]:
+    """(wall s, CPU s, peak RSS MB) of one whole process (CPU from its own ``wait4``)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    with tempfile.TemporaryFile() as errors:
+        started = time.perf_counter()
+        child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=errors)
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - started
+        errors.seek(0)
+        said = errors.read().decode()
+    code = os.waitstatus_to_exitcode(status)
+    if code not in (0, 1):  # check exits 1 on a violation; none is expected
+        raise RuntimeError(f"{' '.join(argv)}: exit {code}: {said[-500:]}")
+    peak_kb = int(said.rsplit("peak_kb ", 1)[1].split()[0])
+    return wall, usage.ru_utime + usage.ru_stime, peak_kb / 1024
+
+
+def _trace_file(directory: Path, name: str, **shape: Any) -> tuple[Path, int, float]:
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "support"))
+    import synthetic
+
+    (path,) = synthetic.write_per_step(directory / name, synthetic.Shape(**shape))
+    with path.open("rb") as file:
+        spans = sum(line.count(b'"spanId"') - line.count(b'"links":[{') for line in file)
+    return path, spans, path.stat().st_size / 2**20
+
+
+def bench_trace_commands(repeats: int, spans: int = 1_000_000) -> dict[str, Any]:
+    """Every ``megatron-trace`` reader as a whole process against the floor, interleaved.
+
+    The floor is what any pure-Python reader must pay: ``json.loads`` of every
+    line of the same file, in a process of its own. The file is a synthetic
+    two-rank ``per_step`` trace (a SIGKILL and a resume on each rank, 100
+    iterations an interval), written as the sink writes. A second, smaller
+    file with an interval every 4 iterations (thousands of intervals) checks
+    that ``export`` stays linear in spans, whatever the file's shape.
+    """
+    py = sys.executable
+    directory = Path(tempfile.mkdtemp(prefix="bench-trace-"))
+    try:
+        path, count, size_mb = _trace_file(
+            directory, "traces.jsonl", ranks=2, spans=spans, incarnations=2
+        )
+        many, many_count, _ = _trace_file(
+            directory, "many.jsonl", ranks=2, spans=spans // 4, save_interval=4
+        )
+        out = directory / "out"
+
+        def trace(*args: str) -> list[str]:
+            return [py, "-c", _TRACE, "msgspec", *args]
+
+        commands = {
+            "floor": [py, "-c", _FLOOR, str(path)],
+            "report": trace("report", str(path)),
+            "check": trace("check", str(path)),
+            "export": trace("export", str(path), "-o", f"{out}.json"),
+            "export_perfetto": trace(
+                "export", str(path), "--format", "perfetto", "-o", f"{out}.pftrace"
+            ),
+            "report_fallback": [py, "-c", _TRACE, "stdlib", "report", str(path)],
+            "many_floor": [py, "-c", _FLOOR, str(many)],
+            "many_export": trace("export", str(many), "-o", f"{out}-many.json"),
+        }
+        measured: dict[str, list[tuple[float, float, float]]] = {name: [] for name in commands}
+        for _ in range(repeats):
+            for name, argv in commands.items():
+                measured[name].append(_process(argv))
+        sizes = {
+            "json": Path(f"{out}.json").stat().st_size / 2**20,
+            "perfetto": Path(f"{out}.pftrace").stat().st_size / 2**20,
+        }
+    finally:
+        for child in directory.iterdir():
+            child.unlink()
+        directory.rmdir()
+
+    def median(name: str, field: int) -> float:
+        return statistics.median(sample[field] for sample in measured[name])
+
+    return {
+        "spans": count,
+        "size_mb": size_mb,
+        "many_spans": many_count,
+        "sizes": sizes,
+        "wall": {name: median(name, 0) for name in commands},
+        "cpu": {name: median(name, 1) for name in commands},
+        "peak_mb": {name: median(name, 2) for name in commands},
+    }
+
+
+def section_trace(run: Run) -> None:
+    figures = bench_trace_commands(1 if run.quick else 5)
+    wall, cpu, peak = figures["wall"], figures["cpu"], figures["peak_mb"]
+    per_million = 1e6 / figures["spans"]
+    for name in ("report", "check", "export", "export_perfetto", "report_fallback"):
+        run.record(
+            f"{name}_floor_ratio",
+            wall[name] / wall["floor"],
+            f"{wall[name] * per_million:.2f} s/M spans, cpu {cpu[name] / cpu['floor']:.2f}x",
+            f"floor {wall['floor'] * per_million:.2f} s/M spans ({figures['spans']} spans, "
+            f"{figures['size_mb']:.0f} MB)",
+        )
+    run.record(
+        "export_many_intervals_floor_ratio",
+        wall["many_export"] / wall["many_floor"],
+        f"{wall['many_export'] * 1e6 / figures['many_spans']:.2f} s/M spans",
+        f"an interval every 4 iterations ({figures['many_spans']} spans)",
+    )
+    run.record(
+        "check_peak_mb_1m_spans", peak["check"], "peak RSS", f"floor process {peak['floor']:.1f} MB"
+    )
+    run.record(
+        "export_perfetto_size_ratio",
+        figures["sizes"]["perfetto"] / figures["sizes"]["json"],
+        f"{figures['sizes']['perfetto']:.0f} MB",
+        f"chrome JSON {figures['sizes']['json']:.0f} MB",
+    )
+
+
 #: Section name -> the function that runs it, in run order. Keep the cheap
 #: sections first so a broken expensive one does not hide their figures.
 SECTIONS: dict[str, Callable[[Run], None]] = {
@@ -760,6 +915,7 @@ SECTIONS: dict[str, Callable[[Run], None]] = {
     "training": section_training,
     "sigterm": section_sigterm,
     "report": section_report,
+    "trace": section_trace,
 }
 
 

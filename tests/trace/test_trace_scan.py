@@ -1,0 +1,174 @@
+"""Reading at scale: the fast per-line path, per-file summaries, their merge, parallel files.
+
+``report`` and ``check`` read through :meth:`TraceBuilder.add_line` (no dict
+per span) and, for several files, map each file to a summary in its own
+process and merge the summaries in file order. Each of those steps must give
+exactly what the plain span-by-span reading gives.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import synthetic
+import tracegen as g
+
+from megatron.core.telemetry.reader import iter_spans
+from megatron.trace import check, model
+from megatron.trace.model import TraceBuilder
+from megatron.trace.report import build_report
+from megatron.trace.span_ids import IdCollector, IdSet
+
+
+def _slow_trace(paths: list[Path]) -> model.Trace:
+    builder = TraceBuilder()
+    for span in iter_spans(paths, builder.stats):
+        builder.add(span)
+    return builder.finish()
+
+
+def _shape(trace: model.Trace) -> list[tuple]:
+    """What the model learnt, incarnation by incarnation, in comparable form."""
+    return [
+        (
+            inc.rank,
+            inc.index,
+            inc.process,
+            inc.start_ns,
+            inc.end_ns,
+            inc.ended,
+            inc.startup,
+            inc.pre_startup,
+            inc.launch,
+            inc.intervals,
+            inc.saves,
+            inc.loads,
+            inc.evaluations,
+            inc.cut_short,
+            list(inc.iterations.numbers),
+            list(inc.iterations.starts),
+            list(inc.iterations.ends),
+        )
+        for inc in trace.incarnations
+    ]
+
+
+def _messy(tmp_path: Path) -> Path:
+    """Kills, a resume, a cut-short end, a torn line and two ranks in one file."""
+    path = tmp_path / "t.jsonl"
+    g.write(path, g.lifecycle(0, kill_after=1), g.lifecycle(20, first=6, load=6, cut_short_after=1))
+    with path.open("a") as file:
+        file.write(g.line(g.lifecycle(50, intervals=1), rank=1)[:-30] + "\n")  # torn
+    g.write(path, g.lifecycle(60), rank=1)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["messy", "synthetic"])
+def test_the_fast_path_builds_the_same_trace_as_span_by_span(tmp_path: Path, kind: str) -> None:
+    if kind == "messy":
+        paths = [_messy(tmp_path)]
+    else:
+        shape = synthetic.Shape(spans=4000, ranks=2, save_interval=7, incarnations=3)
+        paths = synthetic.write_per_step(tmp_path / "t.jsonl", shape)
+    fast = model.load_trace(paths)
+    slow = _slow_trace(paths)
+    assert _shape(fast) == _shape(slow)
+    assert fast.span_count == slow.span_count and fast.stats == slow.stats
+    assert build_report(fast) == build_report(slow)
+    assert any(inc.ended == "killed" for inc in fast.incarnations)
+
+
+def _split(path: Path, parts: int) -> list[Path]:
+    lines = path.read_text().splitlines(keepends=True)
+    size = -(-len(lines) // parts)
+    out = []
+    for index in range(parts):
+        part = path.with_name(f"part{index}.jsonl")
+        part.write_text("".join(lines[index * size : (index + 1) * size]))
+        out.append(part)
+    return out
+
+
+def test_merging_file_summaries_is_associative(tmp_path: Path) -> None:
+    shape = synthetic.Shape(spans=3000, ranks=2, save_interval=10, incarnations=2)
+    (whole,) = synthetic.write_per_step(tmp_path / "t.jsonl", shape)
+    a, b, c = _split(whole, 3)
+    left = model.scan_file(a).merge(model.scan_file(b)).merge(model.scan_file(c))
+    right = model.scan_file(a).merge(model.scan_file(b).merge(model.scan_file(c)))
+    assert _shape(left.finish()) == _shape(right.finish())
+    # the same figures as reading the one file (only the records' file:line differ)
+    assert build_report(left.finish()) == build_report(model.load_trace([whole]))
+
+
+def _ids(path: Path) -> IdSet:
+    collector = IdCollector()
+    with path.open() as file:
+        for number, text in enumerate(file, 1):
+            spans = [
+                s
+                for r in json.loads(text)["resourceSpans"]
+                for sc in r["scopeSpans"]
+                for s in sc["spans"]
+            ]
+
+            class _S:
+                def __init__(self, s):
+                    self.span_id, self.parent_span_id = s["spanId"], s.get("parentSpanId", "")
+
+            collector.add(number, [_S(s) for s in spans])
+    return collector.finish(path)
+
+
+def test_id_sets_merge_associatively_and_find_cross_file_duplicates(tmp_path: Path) -> None:
+    spans = g.lifecycle(0, kill_after=1)
+    spans[3]["spanId"] = spans[0]["spanId"]  # a duplicate, in the first part
+    path = g.write(tmp_path / "t.jsonl", spans, per_line=2)
+    extra = g.write(tmp_path / "x.jsonl", [dict(spans[-1], parentSpanId="")], per_line=1)
+    a, b, c = _split(path, 3)
+    sets = [_ids(p) for p in (a, b, c, extra)]
+    left = functools.reduce(IdSet.merge, sets)
+    right = sets[0].merge(sets[1].merge(sets[2].merge(sets[3])))
+    for merged in (left, right):
+        assert np.array_equal(merged.ids, left.ids)
+        assert np.all(merged.ids[1:] > merged.ids[:-1])  # sorted, unique
+    assert len(left.dups) == 2  # the planted one, and the span copied into extra
+    unresolved = {p: sorted(left.unresolved_lines(p)) for p in left.unresolved}
+    assert unresolved == {q: sorted(right.unresolved_lines(q)) for q in right.unresolved}
+    # the killed interval's children miss their parent, wherever the parts were cut
+    assert sum(len(lines) for lines in unresolved.values()) >= 1
+
+
+def test_several_files_read_in_parallel_give_what_one_process_gives(tmp_path: Path) -> None:
+    shape = synthetic.Shape(
+        spans=6000, ranks=3, save_interval=9, incarnations=2, per_rank_files=True
+    )
+    files = synthetic.write_per_step(tmp_path / "t.jsonl", shape)
+    serial = model.load_trace(files, jobs=1)
+    parallel = model.load_trace(files, jobs=3)
+    assert _shape(parallel) == _shape(serial)
+    assert build_report(parallel) == build_report(serial)
+    assert [inc.rank for inc in parallel.incarnations] == ["0", "0", "1", "1", "2", "2"]
+    one, many = check.check_files(files, jobs=1), check.check_files(files, jobs=3)
+    assert (one.violations, one.notes) == (many.violations, many.notes)
+    assert sum(note.startswith("killed:") for note in many.notes) == 3
+
+
+def test_check_sees_ids_across_files(tmp_path: Path, capsys) -> None:
+    """A parent in another file is no missing parent; an id in two files is a duplicate."""
+    spans = g.lifecycle(0)
+    startup = next(s for s in spans if s["name"] == "megatron.startup")
+    rest = [s for s in spans if s is not startup]
+    first = g.write(tmp_path / "a.jsonl", rest)
+    second = g.write(tmp_path / "b.jsonl", [startup])
+    result = check.check_files([first, second], jobs=2)
+    assert result.violations == []
+    imports = next(s for s in spans if s["name"] == "megatron.startup.imports")
+    copy = g.write(tmp_path / "c.jsonl", [dict(imports)])
+    result = check.check_files([first, second, copy], jobs=2)
+    assert len(result.violations) == 1, result.violations
+    assert result.violations[0].startswith("duplicate-span-id: span megatron.startup.imports ")
+    assert f"({copy}:1)" in result.violations[0]  # the second occurrence, in read order
