@@ -209,7 +209,8 @@ def test_timeline_and_export_say_running(tmp_path: Path) -> None:
     assert (in_flight.start_ns, in_flight.end_ns) == (8_750_000_000, 20 * g.SECOND)
     assert not [bar for bar in tl.bars if bar.category == "wasted"]
     page = timeline.render_html(tl)
-    assert "running · as of 00:00:20 UTC" in page
+    # plotly escapes non-ASCII in its figure JSON unless orjson is installed
+    assert "running · as of 00:00:20 UTC" in page.replace("\\u00b7", "·")
     assert "<b>running</b>: figures as of 1970-01-01T00:00:20.000Z" in page
 
     out = tmp_path / "chrome.json"
