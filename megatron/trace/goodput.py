@@ -29,7 +29,7 @@ load, else its first iteration; 0 when it started afresh). A final
 incarnation that shut down normally loses nothing, nor does one still
 running (:mod:`megatron.trace.liveness`: its figures are as of its newest
 record, its open interval so far counted as goodput); a final one that was
-killed or cut short keeps only what its last durable checkpoint save
+killed, cut short, failed or interrupted keeps only what its last durable checkpoint save
 recorded (nothing, without one; an async save is durable once a finalize
 after it ended). Interval iteration ranges come from the intervals' own
 attributes or are derived (:mod:`megatron.trace.intervals`); a range that
@@ -338,6 +338,7 @@ def _incarnation_entry(inc: Incarnation, wall_start: int, waste: dict[str, Any])
         "rank": inc.rank,
         "index": inc.index,
         "ended": inc.ended,
+        "error_type": inc.error_type,
         "first_iteration": inc.first_iteration,
         "last_iteration": inc.last_iteration,
         "resumed_from": inc.resumed_from,
@@ -361,6 +362,7 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, An
     (category -> s), ``accounting_ns`` (the same in exact integer ns, with
     ``wall`` and ``goodput``), ``wasted_iterations`` (int, or None when
     unknown), ``incarnations`` (list of dicts: ``rank``, ``index``, ``ended``,
+    ``error_type``,
     ``first_iteration``, ``last_iteration``, ``resumed_from``, ``startup_s``,
     ``intervals``, ``start_s``, ``duration_s``, ``wasted_iterations``,
     ``wasted_s``), ``iterations`` (``count``, ``median_ms``, ``p90_ms``,

@@ -53,8 +53,9 @@ def format_report(report: dict[str, Any]) -> str:
         else:  # a bound the spans could not give is "?" (see not computed)
             bounds = ["?" if bound is None else str(bound) for bound in (first, last)]
             trained = f"iterations {bounds[0]}..{bounds[1]}"
+        ended = inc["ended"] + (f" ({inc['error_type']})" if inc.get("error_type") else "")
         lines.append(
-            f"  {inc['index']}: {inc['ended']:<9} {trained}"
+            f"  {inc['index']}: {ended:<9} {trained}"
             f"  startup {startup}  intervals {inc['intervals']}"
             f"  wasted {inc['wasted_iterations']} it / {inc['wasted_s']:.3f} s"
         )

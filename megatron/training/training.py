@@ -244,8 +244,8 @@ def _run_job(
             print_rank_0(
                 f"nothing to train: iteration {state.iteration} >= --train-iters {train_iters}"
             )
-    except BaseException:
-        _shutdown_if_allowed(phases)
+    except BaseException as exc:
+        _shutdown_if_allowed(phases, exc)  # the trace records how the run ended
         raise
     _shutdown_if_allowed(phases)
 
@@ -255,8 +255,10 @@ def _run_job(
     )
 
 
-def _shutdown_if_allowed(phases: SpanPhases) -> None:
+def _shutdown_if_allowed(phases: SpanPhases, cause: BaseException | None = None) -> None:
     """Fire ``shutdown`` if the table still allows it, never masking the exception in flight.
+
+    ``cause`` is that exception: the lifecycle records it on the spans it ends.
 
     A hard-signal hook may already have shut the lifecycle down before a
     user's handler raised ``SystemExit``; that ``SystemExit`` is what must
@@ -265,7 +267,7 @@ def _shutdown_if_allowed(phases: SpanPhases) -> None:
     if not phases.may_shutdown():
         return
     try:
-        phases.shutdown()
+        phases.shutdown(cause)
     except Exception:  # noqa: BLE001 -- never replace the exception that ended the run
         _log.warning("telemetry shutdown failed; the run's own outcome stands", exc_info=True)
 

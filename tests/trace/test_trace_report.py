@@ -32,6 +32,7 @@ def test_clean_run(tmp_path: Path) -> None:
         "rank": "0",
         "index": 0,
         "ended": "shutdown",
+        "error_type": None,
         "first_iteration": 0,
         "last_iteration": 5,
         "resumed_from": None,
@@ -114,6 +115,49 @@ def test_cut_short_final_incarnation(tmp_path: Path) -> None:
     assert report["wasted_iterations"] == 1  # iteration 6; the cut-short 7th never finished
     assert report["badput_s"]["wasted_progress"] == 1.5
     assert report["iterations"]["count"] == 7
+
+
+@pytest.mark.parametrize(
+    ("reason", "error_type", "ended"),
+    [("exception", "RuntimeError", "failed"), ("interrupt", "KeyboardInterrupt", "interrupted")],
+)
+def test_failed_or_interrupted_final_incarnation_wastes_what_it_did_not_save(
+    tmp_path: Path, reason: str, error_type: str, ended: str
+) -> None:
+    """How the lifecycle's shutdown said it ended is read back, and waste counts as for a kill."""
+    report = report_of(tmp_path, g.lifecycle(0, fail_after=2, reason=reason, error_type=error_type))
+    (inc,) = report["incarnations"]
+    assert (inc["ended"], inc["error_type"]) == (ended, error_type)
+    # iterations 6 and 7 finished after the last save (6); the 8th raised: not finished
+    assert report["wasted_iterations"] == inc["wasted_iterations"] == 2
+    assert report["badput_s"]["wasted_progress"] == 2.5
+    assert report["iterations"]["count"] == 8
+
+
+def test_failed_then_resumed(tmp_path: Path) -> None:
+    report = report_of(tmp_path, g.lifecycle(0, fail_after=1), g.lifecycle(20, first=6, load=6))
+    assert [(i["ended"], i["error_type"]) for i in report["incarnations"]] == [
+        ("failed", "RuntimeError"),
+        ("shutdown", None),
+    ]
+    assert report["wasted_iterations"] == 1
+
+
+def test_text_report_names_how_each_incarnation_ended(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = g.write(
+        tmp_path / "t.jsonl",
+        g.lifecycle(0, fail_after=1),
+        g.lifecycle(20, first=6, load=6, fail_after=0, reason="interrupt",
+                    error_type="KeyboardInterrupt"),
+    )  # fmt: skip
+    assert main(["report", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("  0: failed (RuntimeError) iterations 0..7  ") for line in lines)
+    assert any(
+        line.startswith("  1: interrupted (KeyboardInterrupt) iterations 6..") for line in lines
+    ), lines
 
 
 def test_default_groups_say_what_they_cannot_compute(tmp_path: Path) -> None:
