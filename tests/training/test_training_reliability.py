@@ -13,6 +13,7 @@ import errno
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -352,6 +353,33 @@ def test_sigint_ends_with_one_line_status_130_and_a_complete_trace(training_cli)
     in_flight = max(iterations, key=lambda s: s["attributes"]["megatron.iteration"])
     assert in_flight["status_code"] == "ERROR"
     assert {s["name"] for s in spans} >= {"megatron.startup", "megatron.train"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("second", ["during-exit", 0.005, 0.01])
+def test_a_second_ctrl_c_adds_no_traceback(training_cli, second):
+    """Two Ctrl-Cs close together: still one line, no traceback, death by SIGINT.
+
+    ``during-exit`` lands the second one once the first's line is printed,
+    in the exit path where atexit callbacks run (where it used to raise a
+    ``KeyboardInterrupt`` of its own inside one of them).
+    """
+    cli = training_cli
+    trainer = cli.start(*_long_run(cli, *cli.TELEMETRY_ON), env=SLOW)
+    trainer.wait_until(lambda: len(parse_log_losses(trainer.stdout)) >= 3)
+    trainer.signal(signal.SIGINT)
+    if second == "during-exit":
+        deadline = time.monotonic() + 60
+        while "interrupted" not in trainer.stderr and time.monotonic() < deadline:
+            time.sleep(0.001)
+    else:
+        time.sleep(second)
+    if trainer.process.poll() is None:
+        trainer.signal(signal.SIGINT)
+    assert trainer.wait() == -signal.SIGINT
+    stderr = trainer.stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert stderr.count("interrupted (SIGINT)") == 1, stderr
 
 
 @pytest.mark.slow
