@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -147,21 +146,6 @@ def test_read_only_save_directory_is_refused_naming_save(tmp_path, capsys, clean
     message = _one_error(capsys.readouterr().err)
     assert "--save" in message and "Read-only file system" in message
     assert list((tmp_path / "ro").iterdir()) == []  # the directory it made is gone again
-
-
-@pytest.fixture
-def read_only_mount(tmp_path):
-    """A real read-only filesystem (tmpfs mounted ro), where this process may mount one."""
-    mount_point = tmp_path / "ro-mount"
-    mount_point.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount_point)],
-        capture_output=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip("cannot mount here; the simulated EROFS test covers the check")
-    yield mount_point
-    subprocess.run(["umount", str(mount_point)], check=True)
 
 
 @pytest.mark.slow
