@@ -115,6 +115,7 @@ from megatron.training.job_telemetry import (
 )
 from megatron.training.model import GPTConfig, GPTModel
 from megatron.training.optimizer import build_optimizer
+from megatron.training.start_footprint import StartFootprint, telemetry_files
 from megatron.training.telemetry_spans import SpanPhases, install_exit_hooks
 from megatron.training.training_log import StepResult, TrainingLog
 
@@ -173,6 +174,8 @@ def _run_job(
     elif checkpoint.save and env.is_rank_0:
         remove_stale_temporaries(checkpoint.save)
 
+    # Taken before anything is created: a start that fails removes what it made.
+    footprint = StartFootprint.before([checkpoint.save, *telemetry_files(config.telemetry)])
     telemetry = setup_telemetry(
         config.telemetry,
         rank=env.rank,
@@ -245,7 +248,10 @@ def _run_job(
                 f"nothing to train: iteration {state.iteration} >= --train-iters {train_iters}"
             )
     except BaseException as exc:
+        never_trained = phases.state in ("job", "startup")
         _shutdown_if_allowed(phases, exc)  # the trace records how the run ended
+        if never_trained:
+            footprint.undo()  # a failed start leaves the disk as it found it
         raise
     _shutdown_if_allowed(phases)
 

@@ -171,9 +171,15 @@ def test_save_in_a_directory_without_write_permission_is_refused(tmp_path, capsy
     assert "--save" in _one_error(capsys.readouterr().err)
 
 
-def test_writable_save_is_created_and_left_without_a_probe(tmp_path, clean_env):
+def test_writable_save_check_leaves_nothing_behind(tmp_path, clean_env):
+    # The check creates and probes --save, then removes what it created: the
+    # first save (or the telemetry files under it) creates it for real, and a
+    # start refused later leaves the disk as it was.
+    (tmp_path / "kept").mkdir()
     parse_args(["--mock-data", "--save", str(tmp_path / "new" / "ckpt")])
-    assert list((tmp_path / "new" / "ckpt").iterdir()) == []
+    parse_args(["--mock-data", "--save", str(tmp_path / "kept")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+    assert list((tmp_path / "kept").iterdir()) == []  # no probe left
 
 
 # -- stale temporaries of a killed save -------------------------------------
