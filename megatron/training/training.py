@@ -354,9 +354,11 @@ def train_step(
             # DDP all-reduces gradients on the last micro-batch's backward only.
             last = microbatch == num_microbatches - 1
             with grad_sync(model, enabled=last, iteration=state.iteration):
-                hooks.before_forward(state.iteration)
-                loss = model(tokens, labels)
-                (loss / num_microbatches).backward()
+                with managed_span(MegatronSpanGroup.MICROBATCH, "megatron.microbatch.forward"):
+                    hooks.before_forward(state.iteration)
+                    loss = model(tokens, labels)
+                with managed_span(MegatronSpanGroup.MICROBATCH, "megatron.microbatch.backward"):
+                    (loss / num_microbatches).backward()
             losses.append(loss.detach())
 
     with managed_span(SpanGroup.OPTIMIZER, "megatron.train.optimizer"):
