@@ -197,12 +197,13 @@ def _run_job(
     phases.record_phase("megatron.startup.initialize_megatron", pretrain_entry, initialized)
     exit_reason = None
     try:
-        with managed_span(SpanGroup.JOB, "megatron.startup.model_init"):
+        with managed_span(SpanGroup.JOB, "megatron.startup.model_init", is_goodput_span=True):
             state = setup_model_and_optimizer(config.model, config.optimizer, env)
             if checkpoint.load:
                 with managed_span(
                     SpanGroup.LOAD_CHECKPOINT,
                     "megatron.checkpoint.load",
+                    is_goodput_span=True,
                     **{"megatron.checkpoint.dir": checkpoint.load},
                 ) as span:
                     load_checkpoint(checkpoint.load, state, config.model)
@@ -211,7 +212,7 @@ def _run_job(
         if goodput is not None:
             goodput.follow_iteration(lambda: state.iteration)
 
-        with managed_span(SpanGroup.JOB, "megatron.startup.dataloader"):
+        with managed_span(SpanGroup.JOB, "megatron.startup.dataloader", is_goodput_span=True):
             train_data, valid_data = build_train_valid_datasets(
                 config.data, config.model.seq_length, config.training.seed
             )
@@ -309,6 +310,7 @@ def train(
             with managed_span(
                 SpanGroup.STEP,
                 "megatron.train.iteration",
+                is_goodput_span=True,
                 **{"megatron.iteration": state.iteration},
             ) as span:
                 with _first_iteration_span(state.iteration == first_iteration):
@@ -435,7 +437,9 @@ def setup_model_and_optimizer(
 def _first_iteration_span(is_first: bool) -> Any:
     if not is_first:
         return nullcontext()
-    return managed_span(MegatronSpanGroup.FIRST_ITERATION, "megatron.train.first_iteration")
+    return managed_span(
+        MegatronSpanGroup.FIRST_ITERATION, "megatron.train.first_iteration", is_goodput_span=True
+    )
 
 
 def _save(
@@ -445,7 +449,10 @@ def _save(
     goodput: LiveGoodput | None = None,
 ) -> None:
     with managed_span(
-        SpanGroup.CHECKPOINT, "megatron.checkpoint.save", **{"megatron.iteration": state.iteration}
+        SpanGroup.CHECKPOINT,
+        "megatron.checkpoint.save",
+        is_goodput_span=True,
+        **{"megatron.iteration": state.iteration},
     ):
         sidecar = checkpoint_sidecar(goodput, state.iteration)
         save_checkpoint(config.checkpoint.save, state, config, env.is_rank_0, sidecar)

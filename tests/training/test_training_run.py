@@ -151,6 +151,35 @@ def test_iterations_saves_and_evaluations_nest_under_their_interval(reference_ru
     assert ancestor_names(first, spans) == ["megatron.train.iteration", "megatron.train"]
 
 
+# The spans Megatron-LM marks is_goodput_span (training.py, checkpointing.py) that
+# this job emits too: every structural span of the lifecycle and each call site's.
+GOODPUT_SPANS = {
+    "megatron.startup",
+    "megatron.startup.launch_script",
+    "megatron.startup.container_load",
+    "megatron.startup.imports",
+    "megatron.startup.arg_parse",
+    "megatron.startup.initialize_megatron",
+    "megatron.startup.model_init",
+    "megatron.startup.dataloader",
+    "megatron.train",
+    "megatron.train.iteration",
+    "megatron.train.first_iteration",
+    "megatron.checkpoint.save",
+    "megatron.checkpoint.load",
+}
+
+
+def test_is_goodput_span_is_on_the_spans_megatron_lm_marks(reference_run, resumed_run):
+    spans = read_spans(reference_run[1] / "telemetry" / "traces.jsonl")
+    spans += read_spans(resumed_run[2] / "telemetry" / "traces.jsonl")  # with a load
+    marked = {s["name"] for s in spans if s["attributes"].get("is_goodput_span") is True}
+    unmarked = {s["name"] for s in spans} - marked
+    assert marked == GOODPUT_SPANS
+    assert not any(s["name"] in unmarked for s in spans if s["name"] in GOODPUT_SPANS)
+    assert unmarked >= {"megatron.evaluate", "megatron.train.forward_backward"}
+
+
 def test_per_step_groups_record_no_microbatch_or_layer_span(reference_run):
     spans = read_spans(reference_run[1] / "telemetry" / "traces.jsonl")
     assert not [
