@@ -34,6 +34,7 @@ import dataclasses
 import logging
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -68,8 +69,8 @@ SIDECAR_PATTERN = r"goodput_rank\d+\.json"
 
 _log = logging.getLogger(__name__)
 
-# What _write_atomically's mkstemp names its temporaries: a dot, the final
-# name, a dot, mkstemp's eight random characters, ".tmp".
+# What _create_temporary names its temporaries: a dot, the final name, a dot,
+# eight random characters, ".tmp".
 _FINAL_NAMES = "|".join([*map(re.escape, (CHECKPOINT_FILENAME, TRACKER_FILENAME)), SIDECAR_PATTERN])
 _TEMPORARY = re.compile(rf"\.(?:{_FINAL_NAMES})\.[a-z0-9_]{{8}}\.tmp")
 _ITERATION_DIR = re.compile(r"iter_\d{7,}")
@@ -179,7 +180,7 @@ def sidecar_path(directory: str | os.PathLike[str], iteration: int, name: str) -
 
 
 def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp_name = _create_temporary(path)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -190,6 +191,22 @@ def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
         Path(tmp_name).unlink(missing_ok=True)
         raise
     _fsync_directory(path.parent)
+
+
+def _create_temporary(path: Path) -> tuple[int, str]:
+    """A new file beside ``path`` named ``.<name>.<8 random>.tmp``, open for writing.
+
+    Created with mode 0o666 less the umask, as ``open(path, "wb")`` (and so
+    ``torch.save`` to a path) would: ``mkstemp``'s 0o600 would make every
+    checkpoint unreadable to the rest of a team sharing the directory.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        name = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(name, flags, 0o666), name
+        except FileExistsError:
+            continue
 
 
 def _fsync_directory(directory: Path) -> None:

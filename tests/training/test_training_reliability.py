@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from trace_helpers import incarnations
 
 from megatron.core.telemetry.reader import read_spans
@@ -231,6 +232,33 @@ def test_a_save_writes_a_sidecar_from_any_rank_and_survives_failing_to(tmp_path,
     (blocked / "iter_0000004").write_text("a file where the directory should be")
     checkpointing.save_checkpoint(blocked, state, args, False, ("goodput_rank1.json", b"{}"))
     assert "could not write" in caplog.text and "goodput_rank1.json" in caplog.text
+
+
+@pytest.fixture
+def umask():
+    """Set the process umask for one test, and restore it after."""
+    previous = os.umask(0o022)
+    os.umask(previous)
+    yield lambda mask: os.umask(mask)
+    os.umask(previous)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002, 0o077])
+def test_checkpoint_files_follow_the_umask(tmp_path, umask, mask, clean_env):
+    """As torch.save to a path would: a team sharing --save can read each other's checkpoints."""
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    state = checkpointing.TrainState(model, optimizer, scheduler, iteration=3)
+    config = parse_args(["--mock-data", "--train-iters", "3"])
+    umask(mask)
+    checkpointing.save_checkpoint(tmp_path / "ckpt", state, config, is_rank_0=True)
+    written = [
+        tmp_path / "ckpt" / "iter_0000003" / "model_optim_rng.pt",
+        tmp_path / "ckpt" / "latest_checkpointed_iteration.txt",
+    ]
+    assert {oct(p.stat().st_mode & 0o777) for p in written} == {oct(0o666 & ~mask)}
+    assert not list((tmp_path / "ckpt").rglob("*.tmp"))
 
 
 @pytest.mark.slow
