@@ -24,11 +24,12 @@ Rules (each violation is one line naming the rule, span, trace and incarnation):
 
 Facts, not violations (exit status stays 0): an incarnation killed by SIGKILL
 (its in-flight interval is missing and its finished children have no parent
-in the file; one line per incarnation), one still running (the same, because
-its interval is still open: :mod:`megatron.trace.liveness` tells the two
-apart; the line gives the time of its newest record) and torn writes (one
-line each). Other damage exits 2 naming the line (raised by the reader,
-handled by the CLI).
+in the file; one line per incarnation; an export that failed, on a full disk,
+looks the same), one still running (the same, because its interval is still
+open: :mod:`megatron.trace.liveness` tells the two apart; the line gives the
+time of its newest record) and torn writes (one line each). Other damage
+exits 2 naming the line (raised by the reader, handled by the CLI), and so do
+files without a single span: nothing to check is not a whole trace.
 
 Memory: ``check`` has to remember every span id to find duplicates: 8 bytes
 each, in one sorted numpy array (:mod:`megatron.trace.span_ids`), beside the
@@ -45,6 +46,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import sys
 from collections.abc import Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -263,7 +265,8 @@ def check_files(
         _check_incarnation(inc, first_saved, first_start, result, explained.get(id(inc), 0), clock)
     result.notes.extend(f"liveness: {note}" for note in liveness.notes)
     result.notes.extend(
-        f"torn write: {torn.path}:{torn.line} (a write cut short by a killed process), skipped"
+        f"torn write: {torn.path}:{torn.line} (a write cut short: a killed process, or a "
+        "failed write such as on a full disk), skipped"
         for torn in trace.stats.torn
     )
     return result
@@ -355,8 +358,9 @@ def _check_incarnation(
     open_part = "its startup" if inc.startup is None else "its in-flight interval"
     if inc.ended == "killed":
         result.notes.append(
-            f"killed: {inc.label}: {open_part} is missing (SIGKILL); "
-            f"{orphans} finished spans have no parent in the file"
+            f"killed: {inc.label}: {open_part} is missing (SIGKILL); {orphans} finished spans "
+            "have no parent in the file (an export that failed, e.g. on a full disk, looks the "
+            "same)"
         )
     if inc.ended == "running" and inc.as_of_ns is not None:
         age = (clock.now_ns - inc.as_of_ns) / 1e9
@@ -434,12 +438,15 @@ def _check_resume(
 
 def run(args: argparse.Namespace) -> int:
     result = check_files(args.files, Clock.from_args(args), args.jobs)
+    trace = result.trace
+    assert trace is not None
+    if not trace.span_count:  # nothing to check is not a whole trace
+        print(f"megatron-trace: no spans in {', '.join(map(str, args.files))}", file=sys.stderr)
+        return 2
     for line in result.notes:
         print(line)
     for line in result.violations:
         print(line)
-    trace = result.trace
-    assert trace is not None
     print(
         f"{'FAILED' if result.violations else 'ok'}: {trace.span_count} spans, "
         f"{len(trace.incarnations)} incarnations on {len(trace.ranks)} ranks, "

@@ -48,3 +48,18 @@ def read_only_mount(tmp_path):
         pytest.skip("cannot mount here; the simulated EROFS test covers the check")
     yield mount_point
     subprocess.run(["umount", str(mount_point)], check=True)
+
+
+@pytest.fixture
+def small_mount(tmp_path):
+    """A 96 KiB tmpfs, where this process may mount one: a disk that fills up mid-run."""
+    mount_point = tmp_path / "small-mount"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(mount_point)],
+        capture_output=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount here; the simulated ENOSPC test covers the sink")
+    yield mount_point
+    subprocess.run(["umount", str(mount_point)], check=True)

@@ -234,6 +234,23 @@ def test_a_save_writes_a_sidecar_from_any_rank_and_survives_failing_to(tmp_path,
     assert "could not write" in caplog.text and "goodput_rank1.json" in caplog.text
 
 
+@pytest.mark.slow
+def test_a_trace_disk_that_fills_up_leaves_whole_lines_only(training_cli, small_mount):
+    """The run says the disk was full; check and the summary never call it a killed write."""
+    cli = training_cli
+    trace = small_mount / "traces.jsonl"
+    result = cli.run(
+        *cli.TINY, *cli.TELEMETRY_ON, "--train-iters", "200", "--save-interval", "50",
+        "--otel-trace-file", str(trace),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "span exports failed" in result.stdout and "No space left on device" in result.stdout
+    assert "torn lines" not in result.stdout
+    assert trace.read_bytes().endswith(b"\n")
+    check = cli.run("check", str(trace), module=("-m", "megatron.trace"))
+    assert "torn write" not in check.stdout, check.stdout
+
+
 @pytest.fixture
 def umask():
     """Set the process umask for one test, and restore it after."""
