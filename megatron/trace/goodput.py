@@ -71,6 +71,7 @@ from megatron.core.telemetry.semconv import (
     CATEGORY_RESTART_GAP,
     CATEGORY_STARTUP,
     CATEGORY_WASTED_PROGRESS,
+    CHECKPOINT_LOAD_SPAN,
     ITERATION_SPAN,
     SPAN_CATEGORY,
 )
@@ -355,6 +356,11 @@ def _incarnation_entry(inc: Incarnation, wall_start: int, waste: dict[str, Any])
     }
 
 
+def _loads_unrecorded(incs: list[Incarnation]) -> bool:
+    """Whether an incarnation resumed from a checkpoint whose load left no span."""
+    return any(not inc.loads and (inc.first_iteration or 0) > 0 for inc in incs)
+
+
 def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, Any]:
     """The goodput report as one JSON-able dict (see the module docstring and README).
 
@@ -383,7 +389,10 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, An
     ``ended``, ``last_iteration``, ``iteration``, ``span``, ``frame``,
     ``stalled_s``, ``detected_after_s``, ``waiting``, ``culprit``) and
     ``recovered_stalls`` (``rank``, ``incarnation``, ``iteration``,
-    ``stalled_s``).
+    ``stalled_s``). A badput
+    category named in ``not_computed`` is None in ``badput_s``
+    (``checkpoint_load`` of a resume without load spans); its time is in
+    another category of ``accounting_ns``, which still adds up.
     """
     not_computed: list[str] = []
     if not trace.ranks:
@@ -414,17 +423,27 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, An
             )
     stragglers = find_stragglers(trace)
     not_computed += stragglers.not_computed
+    if _loads_unrecorded(incs):
+        not_computed.append(
+            f"{CATEGORY_CHECKPOINT_LOAD}: an incarnation resumed past iteration 0 but the trace "
+            f"holds no {CHECKPOINT_LOAD_SPAN} span (the load_checkpoint span group is off, as in "
+            "the default groups); its load time is counted in startup"
+        )
     if not accounting["wasted_exact"]:
         not_computed.append(
             "wasted_iterations: a killed incarnation's in-flight interval is missing and there "
             "are no per-iteration spans, or an interval's iteration range is not known, so the "
             "figure is a lower bound"
         )
+    not_computed_categories = {reason.split(":")[0] for reason in not_computed}
     return {
         "wall_s": _seconds(wall),
         "goodput_s": _seconds(totals[CATEGORY_GOODPUT]),
         "goodput_fraction": round(totals[CATEGORY_GOODPUT] / wall, 6) if wall else 0.0,
-        "badput_s": {category: _seconds(totals[category]) for category in BADPUT_CATEGORIES},
+        "badput_s": {
+            category: None if category in not_computed_categories else _seconds(totals[category])
+            for category in BADPUT_CATEGORIES
+        },
         "accounting_ns": {
             "wall": wall,
             CATEGORY_GOODPUT: totals[CATEGORY_GOODPUT],

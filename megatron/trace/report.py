@@ -42,7 +42,10 @@ def format_report(report: dict[str, Any]) -> str:
         f"goodput         {share(report['goodput_s'])}",
         "badput:",
     ]
-    lines += [f"  {name:<15}{share(s)}" for name, s in report["badput_s"].items()]
+    lines += [
+        f"  {name:<15}{share(s) if s is not None else '  not computed (see below)'}"
+        for name, s in report["badput_s"].items()
+    ]
     lines.append(f"wasted iterations: {report['wasted_iterations']}")
     lines.append("incarnations:")
     for inc in report["incarnations"]:

@@ -175,6 +175,32 @@ def test_default_groups_say_what_they_cannot_compute(tmp_path: Path) -> None:
     assert report["not_computed"][2].startswith("wasted_iterations:")
 
 
+def test_a_resume_without_load_spans_says_checkpoint_load_is_not_computed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The default groups have no load_checkpoint: the load's time is in startup, not zero."""
+    resumed = [
+        s for s in g.lifecycle(20, first=6, load=6) if s["name"] != "megatron.checkpoint.load"
+    ]
+    path = g.write(tmp_path / "t.jsonl", g.lifecycle(0), resumed)
+    report = report_files([path])
+    assert_accounted(report)
+    assert report["badput_s"]["checkpoint_load"] is None
+    assert report["accounting_ns"]["checkpoint_load"] == 0
+    (reason,) = [r for r in report["not_computed"] if r.startswith("checkpoint_load:")]
+    assert "load_checkpoint" in reason and "startup" in reason
+    assert main(["report", str(path)]) == 0
+    (line,) = [
+        x for x in capsys.readouterr().out.splitlines() if "checkpoint_load" in x.split()[:1]
+    ]
+    assert line == "  checkpoint_load  not computed (see below)"
+    # with the load span (per_step groups) it is a figure again
+    (tmp_path / "m").mkdir()
+    measured = report_of(tmp_path / "m", g.lifecycle(0), g.lifecycle(20, first=6, load=6))
+    assert measured["badput_s"]["checkpoint_load"] == 0.5
+    assert not [r for r in measured["not_computed"] if r.startswith("checkpoint_load")]
+
+
 def test_precedence_where_spans_overlap(tmp_path: Path) -> None:
     spans = g.lifecycle(0, intervals=1, per=4, save=False)
     interval = next(s for s in spans if s["name"] == "megatron.train")
