@@ -3,7 +3,9 @@
 Rules (each violation is one line naming the rule, span, trace and incarnation):
 
 * ``startup``: every incarnation has exactly one ``megatron.startup`` (one
-  killed before its startup span ended is reported as killed instead).
+  killed before its startup span ended is reported as killed instead; one
+  with no lifecycle span at all, the ``job`` group off, is a note saying
+  which rules it could not check).
 * ``interval-index``: its ``megatron.train`` intervals carry
   ``megatron.interval.index`` 0, 1, ... n in start order, without gaps.
 * ``iteration-range``: ``first_iteration`` of C(k+1) is ``last_iteration``
@@ -66,6 +68,7 @@ from megatron.core.telemetry.semconv import (
     INTERVAL_FIRST_ITERATION,
     INTERVAL_INDEX,
     INTERVAL_LAST_ITERATION,
+    INTERVAL_SPAN,
     ITERATION,
     STARTUP_SPAN,
 )
@@ -371,6 +374,13 @@ def _check_incarnation(
             f"{orphans} finished spans wait for their parent"
         )
     still_open = inc.ended in ("killed", "running") and not inc.intervals
+    if inc.startup is None and not inc.intervals and not still_open:
+        # Nothing of the lifecycle: the job span group was off. Say what is not checked.
+        result.notes.append(
+            f"not checked: {inc.label} has no {STARTUP_SPAN} or {INTERVAL_SPAN} span (the job "
+            "span group was off), so the startup, interval and resume rules do not apply"
+        )
+        return
     if inc.startup is None and not still_open:
         first = min(
             (*inc.intervals, *inc.saves, *inc.loads, *inc.evaluations, *inc.launch),

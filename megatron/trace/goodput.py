@@ -72,8 +72,10 @@ from megatron.core.telemetry.semconv import (
     CATEGORY_STARTUP,
     CATEGORY_WASTED_PROGRESS,
     CHECKPOINT_LOAD_SPAN,
+    INTERVAL_SPAN,
     ITERATION_SPAN,
     SPAN_CATEGORY,
+    STARTUP_SPAN,
 )
 from megatron.trace.hangs import find_hang, hang_entries, recovered_stalls
 from megatron.trace.liveness import Clock, Liveness, judge, utc_text
@@ -423,6 +425,11 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, An
             )
     stragglers = find_stragglers(trace)
     not_computed += stragglers.not_computed
+    if not any(inc.startup or inc.intervals for inc in incs):
+        not_computed.append(
+            f"{CATEGORY_GOODPUT}: no {STARTUP_SPAN} or {INTERVAL_SPAN} span (the job span group "
+            "was off): only the other spans' time is accounted, the rest is other"
+        )
     if _loads_unrecorded(incs):
         not_computed.append(
             f"{CATEGORY_CHECKPOINT_LOAD}: an incarnation resumed past iteration 0 but the trace "

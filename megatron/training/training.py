@@ -256,7 +256,7 @@ def _run_job(
         raise
     _shutdown_if_allowed(phases)
 
-    print_telemetry_summary(telemetry)
+    print_telemetry_summary(telemetry, config.telemetry)
     return TrainingResult(
         state.iteration, state.consumed_samples, log.reported, telemetry.trace_file, exit_reason
     )

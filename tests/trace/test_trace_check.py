@@ -199,6 +199,23 @@ def test_torn_write_is_reported_with_its_line_and_skipped(
     ) in lines
 
 
+def test_with_the_job_group_off_check_says_what_it_cannot_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No startup, no interval, nothing killed: a note, not a startup violation."""
+    spans = [s for s in g.lifecycle(0) if s["name"] not in ("megatron.startup", "megatron.train")]
+    for span in spans:
+        span["parentSpanId"] = ""  # their parents were never recorded
+    path = g.write(tmp_path / "t.jsonl", spans)
+    status, lines = run_check(capsys, path)
+    assert status == 0, lines
+    assert lines[0] == (
+        "not checked: rank 0 incarnation 0 has no megatron.startup or megatron.train span "
+        "(the job span group was off), so the startup, interval and resume rules do not apply"
+    )
+    assert lines[-1].startswith("ok: ")
+
+
 @pytest.mark.parametrize("content", ["", "\n\n", '{"resourceSpans": []}\n', '{"resourceSp'])
 def test_a_file_without_spans_is_not_a_whole_trace(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str

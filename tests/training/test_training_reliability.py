@@ -89,7 +89,7 @@ FAILING_SUMMARY = """
 import megatron.training.job_telemetry as job_telemetry
 from megatron.training.__main__ import main
 
-def broken_summary(path, tally):
+def broken_summary(path, tally, **kwargs):
     raise ValueError(f"{{path}}: line 5 is not valid JSON")
 
 job_telemetry.summarize = broken_summary
