@@ -470,7 +470,10 @@ def add_parser(subparsers: Any) -> None:
         subparsers,
         "check",
         "verify the span lifecycle's invariants (exit 1 on a violation)",
-        # not __doc__, which python -OO strips
-        "``megatron-trace check``: is this trace whole, and does it obey the span lifecycle?",
+        # not __doc__, which python -OO strips; plain text, no markup
+        "Check that the trace is whole and obeys the span lifecycle: one startup per "
+        "incarnation, intervals indexed, ranged and linked in order, no duplicate or "
+        "orphaned span, a resume at a saved iteration. Exit 1 with one line per violation; "
+        "a killed incarnation or a torn write is a note, not a violation.",
         run,
     )

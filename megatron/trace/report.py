@@ -157,8 +157,11 @@ def add_parser(subparsers: Any) -> None:
         subparsers,
         "report",
         "the goodput report: wall clock, goodput, badput by category, iterations",
-        # not __doc__, which python -OO strips
-        "``megatron-trace report``: where the job's wall-clock time went (goodput and badput).",
+        # not __doc__, which python -OO strips; plain text, no markup
+        "Where the job's wall-clock time went: goodput and badput by category (queue, "
+        "launch, startup, checkpoint load and save, evaluation, wasted progress, restart "
+        "gap, other), per incarnation how it ended and what it wasted, and iteration "
+        "statistics. Figures the trace cannot give are listed as not computed.",
         run,
     )
     parser.add_argument(
