@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         result = pretrain(config, program_start=PROGRAM_START, main_entry=main_entry)
     except (CheckpointError, TelemetryConfigError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+        # As the argument errors say it (arguments._Parser.error): one line, and the pointer.
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(f"See '{PROG} --help' for every flag.", file=sys.stderr, flush=True)
         sys.exit(2)
     except KeyboardInterrupt:
         _quiet_keyboard_interrupt()  # first: a second Ctrl-C must not interrupt the line

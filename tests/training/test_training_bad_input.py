@@ -287,3 +287,31 @@ def test_a_start_that_fails_leaves_the_disk_as_it_found_it(
     message = _one_error(result.stderr)
     assert message.startswith("megatron-pretrain: error:") and named in message, message
     assert _listing(cli.cwd) == before  # no fresh/, no telemetry files, nothing run
+
+
+WITHOUT_OTLP_EXTRA = """
+import sys
+for name in list(sys.modules):
+    if name.startswith("opentelemetry.exporter.otlp"):
+        del sys.modules[name]
+sys.modules["opentelemetry.exporter.otlp"] = None  # as if the extra were not installed
+from megatron.training.__main__ import main
+main([{args}])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["otlp-without-the-extra", "export-rank-past-the-world"])
+def test_setup_time_errors_point_to_help_like_argument_errors(training_cli, case):
+    cli = training_cli
+    argv = (*cli.TINY, "--train-iters", "1", "--otel-enabled")
+    if case == "otlp-without-the-extra":
+        args = ", ".join(repr(a) for a in (*argv, "--otel-exporter", "otlp"))
+        result = cli.run_script(WITHOUT_OTLP_EXTRA.format(args=args))
+        named = "megatron-telemetry-spans[otlp]"
+    else:
+        result = cli.run(*argv, env={"MEGATRON_OTEL_EXPORT_RANK": "1"})
+        named = "MEGATRON_OTEL_EXPORT_RANK=1"
+    assert result.returncode == 2, result.stderr
+    assert named in _one_error(result.stderr)
+    assert result.stderr.splitlines()[-1] == "See 'megatron-pretrain --help' for every flag."
