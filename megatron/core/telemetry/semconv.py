@@ -135,7 +135,8 @@ HANG_RECOVERED_SPAN = "megatron.hang.recovered"
 # ---------------------------------------------------------------------------
 
 #: True on every span the lifecycle opens (pre_startup, startup and its backdated
-#: phases, the intervals); Megatron-LM's name.
+#: phases, the intervals) and on the trainer's spans Megatron-LM marks too (model
+#: init, data loader, checkpoint load and save, the iteration spans); its name.
 IS_GOODPUT_SPAN = "is_goodput_span"
 #: On ``megatron.startup``: the model type the trainer was started with; Megatron-LM's name.
 MODEL_TYPE = "megatron.model_type"
