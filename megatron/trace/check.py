@@ -3,7 +3,9 @@
 Rules (each violation is one line naming the rule, span, trace and incarnation):
 
 * ``startup``: every incarnation has exactly one ``megatron.startup`` (one
-  killed before its startup span ended is reported as killed instead).
+  killed before its startup span ended is reported as killed instead; one
+  with no lifecycle span at all, the ``job`` group off, is a note saying
+  which rules it could not check).
 * ``interval-index``: its ``megatron.train`` intervals carry
   ``megatron.interval.index`` 0, 1, ... n in start order, without gaps.
 * ``iteration-range``: ``first_iteration`` of C(k+1) is ``last_iteration``
@@ -24,11 +26,12 @@ Rules (each violation is one line naming the rule, span, trace and incarnation):
 
 Facts, not violations (exit status stays 0): an incarnation killed by SIGKILL
 (its in-flight interval is missing and its finished children have no parent
-in the file; one line per incarnation), one still running (the same, because
-its interval is still open: :mod:`megatron.trace.liveness` tells the two
-apart; the line gives the time of its newest record) and torn writes (one
-line each). Other damage exits 2 naming the line (raised by the reader,
-handled by the CLI).
+in the file; one line per incarnation; an export that failed, on a full disk,
+looks the same), one still running (the same, because its interval is still
+open: :mod:`megatron.trace.liveness` tells the two apart; the line gives the
+time of its newest record) and torn writes (one line each). Other damage
+exits 2 naming the line (raised by the reader, handled by the CLI), and so do
+files without a single span: nothing to check is not a whole trace.
 
 Memory: ``check`` has to remember every span id to find duplicates: 8 bytes
 each, in one sorted numpy array (:mod:`megatron.trace.span_ids`), beside the
@@ -45,6 +48,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import sys
 from collections.abc import Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -64,6 +68,7 @@ from megatron.core.telemetry.semconv import (
     INTERVAL_FIRST_ITERATION,
     INTERVAL_INDEX,
     INTERVAL_LAST_ITERATION,
+    INTERVAL_SPAN,
     ITERATION,
     STARTUP_SPAN,
 )
@@ -263,7 +268,8 @@ def check_files(
         _check_incarnation(inc, first_saved, first_start, result, explained.get(id(inc), 0), clock)
     result.notes.extend(f"liveness: {note}" for note in liveness.notes)
     result.notes.extend(
-        f"torn write: {torn.path}:{torn.line} (a write cut short by a killed process), skipped"
+        f"torn write: {torn.path}:{torn.line} (a write cut short: a killed process, or a "
+        "failed write such as on a full disk), skipped"
         for torn in trace.stats.torn
     )
     return result
@@ -355,8 +361,9 @@ def _check_incarnation(
     open_part = "its startup" if inc.startup is None else "its in-flight interval"
     if inc.ended == "killed":
         result.notes.append(
-            f"killed: {inc.label}: {open_part} is missing (SIGKILL); "
-            f"{orphans} finished spans have no parent in the file"
+            f"killed: {inc.label}: {open_part} is missing (SIGKILL); {orphans} finished spans "
+            "have no parent in the file (an export that failed, e.g. on a full disk, looks the "
+            "same)"
         )
     if inc.ended == "running" and inc.as_of_ns is not None:
         age = (clock.now_ns - inc.as_of_ns) / 1e9
@@ -367,6 +374,13 @@ def _check_incarnation(
             f"{orphans} finished spans wait for their parent"
         )
     still_open = inc.ended in ("killed", "running") and not inc.intervals
+    if inc.startup is None and not inc.intervals and not still_open:
+        # Nothing of the lifecycle: the job span group was off. Say what is not checked.
+        result.notes.append(
+            f"not checked: {inc.label} has no {STARTUP_SPAN} or {INTERVAL_SPAN} span (the job "
+            "span group was off), so the startup, interval and resume rules do not apply"
+        )
+        return
     if inc.startup is None and not still_open:
         first = min(
             (*inc.intervals, *inc.saves, *inc.loads, *inc.evaluations, *inc.launch),
@@ -434,12 +448,15 @@ def _check_resume(
 
 def run(args: argparse.Namespace) -> int:
     result = check_files(args.files, Clock.from_args(args), args.jobs)
+    trace = result.trace
+    assert trace is not None
+    if not trace.span_count:  # nothing to check is not a whole trace
+        print(f"megatron-trace: no spans in {', '.join(map(str, args.files))}", file=sys.stderr)
+        return 2
     for line in result.notes:
         print(line)
     for line in result.violations:
         print(line)
-    trace = result.trace
-    assert trace is not None
     print(
         f"{'FAILED' if result.violations else 'ok'}: {trace.span_count} spans, "
         f"{len(trace.incarnations)} incarnations on {len(trace.ranks)} ranks, "
@@ -453,7 +470,10 @@ def add_parser(subparsers: Any) -> None:
         subparsers,
         "check",
         "verify the span lifecycle's invariants (exit 1 on a violation)",
-        # not __doc__, which python -OO strips
-        "``megatron-trace check``: is this trace whole, and does it obey the span lifecycle?",
+        # not __doc__, which python -OO strips; plain text, no markup
+        "Check that the trace is whole and obeys the span lifecycle: one startup per "
+        "incarnation, intervals indexed, ranged and linked in order, no duplicate or "
+        "orphaned span, a resume at a saved iteration. Exit 1 with one line per violation; "
+        "a killed incarnation or a torn write is a note, not a violation.",
         run,
     )

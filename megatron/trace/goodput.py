@@ -29,7 +29,7 @@ load, else its first iteration; 0 when it started afresh). A final
 incarnation that shut down normally loses nothing, nor does one still
 running (:mod:`megatron.trace.liveness`: its figures are as of its newest
 record, its open interval so far counted as goodput); a final one that was
-killed or cut short keeps only what its last durable checkpoint save
+killed, cut short, failed or interrupted keeps only what its last durable checkpoint save
 recorded (nothing, without one; an async save is durable once a finalize
 after it ended). Interval iteration ranges come from the intervals' own
 attributes or are derived (:mod:`megatron.trace.intervals`); a range that
@@ -71,8 +71,11 @@ from megatron.core.telemetry.semconv import (
     CATEGORY_RESTART_GAP,
     CATEGORY_STARTUP,
     CATEGORY_WASTED_PROGRESS,
+    CHECKPOINT_LOAD_SPAN,
+    INTERVAL_SPAN,
     ITERATION_SPAN,
     SPAN_CATEGORY,
+    STARTUP_SPAN,
 )
 from megatron.trace.hangs import find_hang, hang_entries, recovered_stalls
 from megatron.trace.liveness import Clock, Liveness, judge, utc_text
@@ -338,6 +341,7 @@ def _incarnation_entry(inc: Incarnation, wall_start: int, waste: dict[str, Any])
         "rank": inc.rank,
         "index": inc.index,
         "ended": inc.ended,
+        "error_type": inc.error_type,
         "first_iteration": inc.first_iteration,
         "last_iteration": inc.last_iteration,
         "resumed_from": inc.resumed_from,
@@ -354,6 +358,11 @@ def _incarnation_entry(inc: Incarnation, wall_start: int, waste: dict[str, Any])
     }
 
 
+def _loads_unrecorded(incs: list[Incarnation]) -> bool:
+    """Whether an incarnation resumed from a checkpoint whose load left no span."""
+    return any(not inc.loads and (inc.first_iteration or 0) > 0 for inc in incs)
+
+
 def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, Any]:
     """The goodput report as one JSON-able dict (see the module docstring and README).
 
@@ -361,6 +370,7 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, An
     (category -> s), ``accounting_ns`` (the same in exact integer ns, with
     ``wall`` and ``goodput``), ``wasted_iterations`` (int, or None when
     unknown), ``incarnations`` (list of dicts: ``rank``, ``index``, ``ended``,
+    ``error_type``,
     ``first_iteration``, ``last_iteration``, ``resumed_from``, ``startup_s``,
     ``intervals``, ``start_s``, ``duration_s``, ``wasted_iterations``,
     ``wasted_s``), ``iterations`` (``count``, ``median_ms``, ``p90_ms``,
@@ -381,7 +391,10 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, An
     ``ended``, ``last_iteration``, ``iteration``, ``span``, ``frame``,
     ``stalled_s``, ``detected_after_s``, ``waiting``, ``culprit``) and
     ``recovered_stalls`` (``rank``, ``incarnation``, ``iteration``,
-    ``stalled_s``).
+    ``stalled_s``). A badput
+    category named in ``not_computed`` is None in ``badput_s``
+    (``checkpoint_load`` of a resume without load spans); its time is in
+    another category of ``accounting_ns``, which still adds up.
     """
     not_computed: list[str] = []
     if not trace.ranks:
@@ -412,17 +425,32 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, An
             )
     stragglers = find_stragglers(trace)
     not_computed += stragglers.not_computed
+    if not any(inc.startup or inc.intervals for inc in incs):
+        not_computed.append(
+            f"{CATEGORY_GOODPUT}: no {STARTUP_SPAN} or {INTERVAL_SPAN} span (the job span group "
+            "was off): only the other spans' time is accounted, the rest is other"
+        )
+    if _loads_unrecorded(incs):
+        not_computed.append(
+            f"{CATEGORY_CHECKPOINT_LOAD}: an incarnation resumed past iteration 0 but the trace "
+            f"holds no {CHECKPOINT_LOAD_SPAN} span (the load_checkpoint span group is off, as in "
+            "the default groups); its load time is counted in startup"
+        )
     if not accounting["wasted_exact"]:
         not_computed.append(
             "wasted_iterations: a killed incarnation's in-flight interval is missing and there "
             "are no per-iteration spans, or an interval's iteration range is not known, so the "
             "figure is a lower bound"
         )
+    not_computed_categories = {reason.split(":")[0] for reason in not_computed}
     return {
         "wall_s": _seconds(wall),
         "goodput_s": _seconds(totals[CATEGORY_GOODPUT]),
         "goodput_fraction": round(totals[CATEGORY_GOODPUT] / wall, 6) if wall else 0.0,
-        "badput_s": {category: _seconds(totals[category]) for category in BADPUT_CATEGORIES},
+        "badput_s": {
+            category: None if category in not_computed_categories else _seconds(totals[category])
+            for category in BADPUT_CATEGORIES
+        },
         "accounting_ns": {
             "wall": wall,
             CATEGORY_GOODPUT: totals[CATEGORY_GOODPUT],

@@ -41,6 +41,12 @@ interval whose ``megatron.interval.rerooted`` is true (a reroot closed it, so
 the interval that followed was lost), which catches a kill that left no
 finished child behind. A kill before the first interval opened, with no
 finished child written, still looks like a clean end.
+
+Every other ending is written down by the lifecycle: its ``shutdown`` marks
+the spans it ends with ``megatron.shutdown.reason`` (``exception``,
+``interrupt``, ``signal``) and ``error.type``, read back as ``"failed"``,
+``"interrupted"`` and ``"cut_short"``. An iteration span with ERROR status
+(the step raised, or was interrupted) did not finish, like a cut-short one.
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ from megatron.core.telemetry.semconv import (
     CHECKPOINT_LOAD_SPAN,
     CHECKPOINT_SPAN_PREFIX,
     DL_RANK,
+    ERROR_TYPE,
     GRAD_SYNC_FINISH_SPAN,
     HANG_RECOVERED_SPAN,
     HANG_SPAN,
@@ -91,6 +98,7 @@ from megatron.core.telemetry.semconv import (
     PROCESS_PID,
     RUN_ID,
     SERVICE_INSTANCE_ID,
+    SHUTDOWN_REASON,
     SLURM_RESTART_COUNT,
     SPAN_CATEGORY,
     SPAN_CUT_SHORT,
@@ -136,6 +144,8 @@ _CUT_SHORT_KEY = SPAN_CUT_SHORT.encode()
 # time to the checkpoint bookkeeping (and, for a finalize, its start); note a
 # finalize's start only; nothing.
 _STRUCTURAL, _ITERATION, _WAIT, _CHECKPOINT, _FINALIZE, _FINALIZE_ONLY, _IGNORED = range(7)
+# The lifecycle's shutdown reason -> how the incarnation ended (strongest first).
+_ENDED_BY_REASON = {"exception": "failed", "interrupt": "interrupted", "signal": "cut_short"}
 
 
 class Iterations:
@@ -179,9 +189,11 @@ class Iterations:
 class Incarnation:
     """One ``pretrain()`` of one rank.
 
-    ``ended`` is ``"shutdown"`` (telemetry shut down normally), ``"cut_short"``
-    (spans were still open at shutdown: SIGTERM, an exception),
-    ``"killed"`` (SIGKILL: in-flight interval missing) or, once
+    ``ended`` is ``"shutdown"`` (telemetry shut down normally), ``"failed"``
+    (an uncaught exception; ``error_type`` names its class), ``"interrupted"``
+    (SIGINT: a ``KeyboardInterrupt``), ``"cut_short"`` (SIGTERM or SIGHUP,
+    ``error_type`` names it; or spans still open at shutdown), ``"killed"``
+    (SIGKILL: in-flight interval missing) or, once
     :mod:`megatron.trace.liveness` has judged the trace, ``"running"`` (still
     alive: its newest record, at ``as_of_ns``, is recent and it has not shut
     down; ``in_flight`` is the open stretch the file cannot show yet). ``intervals``,
@@ -223,6 +235,8 @@ class Incarnation:
     ended: str = "shutdown"
     as_of_ns: int | None = None  # running: the time of the newest record seen
     in_flight: SpanRecord | None = None  # running: the open interval (or startup) so far
+    # error.type of what ended it: the exception's class, or the signal's name
+    error_type: str | None = None
 
     @property
     def label(self) -> str:
@@ -526,7 +540,8 @@ class TraceBuilder:
                     if kind in (_STRUCTURAL, _IGNORED):
                         continue
                 if kind == _ITERATION:
-                    if id(span) not in cut:
+                    # an iteration whose step raised (ERROR status) did not finish
+                    if id(span) not in cut and span.status_code() != "ERROR":
                         value = span.attribute(ITERATION)
                         if value is not None:
                             numbers.append(int(value))
@@ -583,7 +598,11 @@ class TraceBuilder:
             proc.records.append(span)
         if name in (ITERATION_SPAN, GRAD_SYNC_FINISH_SPAN):
             number = span["attributes"].get(ITERATION)
-            if number is not None and not cut_short:
+            # an iteration whose step raised (ERROR status) did not finish
+            finished = not cut_short and not (
+                name == ITERATION_SPAN and span["status_code"] == "ERROR"
+            )
+            if number is not None and finished:
                 target = proc.iterations if name == ITERATION_SPAN else proc.waits
                 target.append(int(number), start, end)
         elif name.startswith(CHECKPOINT_SPAN_PREFIX) and name not in STRUCTURAL_SPAN_NAMES:
@@ -661,9 +680,9 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], lis
         inc.end_ns = max((e for _, e in times), default=0)
         if index > 0:
             inc.start_ns = max(inc.start_ns, boundaries[index - 1])
-        inc.ended = "cut_short" if inc.cut_short else "shutdown"
+        inc.ended, inc.error_type = _ending(inc)
     last = incs[-1]
-    if not last.cut_short and (proc.max_end_child > proc.max_end_root or _lost_next(last)):
+    if last.ended == "shutdown" and (proc.max_end_child > proc.max_end_root or _lost_next(last)):
         last.ended = "killed"
     for inc in incs:
         # a killed incarnation's last interval was closed by the reroot that opened the lost one
@@ -681,6 +700,17 @@ def _records_of_category(inc: Incarnation, category: str) -> list[SpanRecord]:
         CATEGORY_CHECKPOINT_LOAD: inc.loads,
         CATEGORY_EVALUATION: inc.evaluations,
     }[category]
+
+
+def _ending(inc: Incarnation) -> tuple[str, str | None]:
+    """How the lifecycle's shutdown said the incarnation ended, and the error type."""
+    records = (inc.startup, *inc.intervals)
+    marked = [r for r in records if r is not None and SHUTDOWN_REASON in r["attributes"]]
+    for reason, ended in _ENDED_BY_REASON.items():
+        for record in marked:
+            if record["attributes"][SHUTDOWN_REASON] == reason:
+                return ended, record["attributes"].get(ERROR_TYPE)
+    return ("cut_short" if inc.cut_short else "shutdown"), None
 
 
 def _lost_next(inc: Incarnation) -> bool:

@@ -42,7 +42,10 @@ def format_report(report: dict[str, Any]) -> str:
         f"goodput         {share(report['goodput_s'])}",
         "badput:",
     ]
-    lines += [f"  {name:<15}{share(s)}" for name, s in report["badput_s"].items()]
+    lines += [
+        f"  {name:<15}{share(s) if s is not None else '  not computed (see below)'}"
+        for name, s in report["badput_s"].items()
+    ]
     lines.append(f"wasted iterations: {report['wasted_iterations']}")
     lines.append("incarnations:")
     for inc in report["incarnations"]:
@@ -53,8 +56,9 @@ def format_report(report: dict[str, Any]) -> str:
         else:  # a bound the spans could not give is "?" (see not computed)
             bounds = ["?" if bound is None else str(bound) for bound in (first, last)]
             trained = f"iterations {bounds[0]}..{bounds[1]}"
+        ended = inc["ended"] + (f" ({inc['error_type']})" if inc.get("error_type") else "")
         lines.append(
-            f"  {inc['index']}: {inc['ended']:<9} {trained}"
+            f"  {inc['index']}: {ended:<9} {trained}"
             f"  startup {startup}  intervals {inc['intervals']}"
             f"  wasted {inc['wasted_iterations']} it / {inc['wasted_s']:.3f} s"
         )
@@ -153,8 +157,11 @@ def add_parser(subparsers: Any) -> None:
         subparsers,
         "report",
         "the goodput report: wall clock, goodput, badput by category, iterations",
-        # not __doc__, which python -OO strips
-        "``megatron-trace report``: where the job's wall-clock time went (goodput and badput).",
+        # not __doc__, which python -OO strips; plain text, no markup
+        "Where the job's wall-clock time went: goodput and badput by category (queue, "
+        "launch, startup, checkpoint load and save, evaluation, wasted progress, restart "
+        "gap, other), per incarnation how it ended and what it wasted, and iteration "
+        "statistics. Figures the trace cannot give are listed as not computed.",
         run,
     )
     parser.add_argument(

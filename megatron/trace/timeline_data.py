@@ -62,6 +62,8 @@ ENDED_TEXT = {
     "cut_short": "cut short",
     "killed": "killed",
     "running": "running",
+    "failed": "failed",
+    "interrupted": "interrupted",
 }
 # A bar's category is its span's report category (semconv's CATEGORY_*), or
 # one of these, the picture's own:
@@ -92,7 +94,7 @@ class LaneSummary:
     lane: Lane
     start_ns: int
     end_ns: int
-    ended: str = "shutdown"  # the model's: shutdown, cut_short, killed, running
+    ended: str = "shutdown"  # the model's ending (ENDED_TEXT's keys)
     cut_short: list[str] = field(default_factory=list)  # names of the spans cut short
     as_of_ns: int | None = None  # running: the newest record seen
 

@@ -100,6 +100,8 @@ _ENDED_COLOURS = {
     "cut_short": "#e6550d",
     "killed": "#d62728",
     "running": "#3182bd",
+    "failed": "#d62728",
+    "interrupted": "#e6550d",
 }
 
 
@@ -216,6 +218,8 @@ def _add_endings(fig: Any, timeline: Timeline, rows: dict[Lane, int]) -> None:
     endings = (
         ("cut_short", "x", "#e6550d"),
         ("killed", "x", "#d62728"),
+        ("failed", "x", _ENDED_COLOURS["failed"]),
+        ("interrupted", "x", _ENDED_COLOURS["interrupted"]),
         ("running", "triangle-right", _ENDED_COLOURS["running"]),
     )
     for ended, symbol, colour in endings:
@@ -234,8 +238,12 @@ def _add_endings(fig: Any, timeline: Timeline, rows: dict[Lane, int]) -> None:
                 assert summary.as_of_ns is not None
                 lines.append(f"still running as of {_when(summary.as_of_ns)[:19]} UTC,")
                 lines.append("its newest record: the figures stop there")
+            elif ended == "failed":
+                lines.append("an uncaught exception ended it")
+            elif ended == "interrupted":
+                lines.append("a Ctrl-C (SIGINT) ended it")
             else:
-                lines.append("spans still open at shutdown (SIGTERM or an exception):")
+                lines.append("spans still open at shutdown (SIGTERM or SIGHUP):")
             lines += [f"{html.escape(name)}" for name in summary.cut_short[:8]]
             hover.append("<br>".join(lines))
         fig.add_trace(

@@ -48,7 +48,7 @@ CATEGORY_COLOURS = {
 def _shares(report: dict[str, Any]) -> list[tuple[str, float]]:
     """(category, seconds) for goodput and every badput category that took time."""
     shares = [(CATEGORY_GOODPUT, report["goodput_s"])]
-    shares += [(name, seconds) for name, seconds in report["badput_s"].items() if seconds > 0]
+    shares += [(name, seconds) for name, seconds in report["badput_s"].items() if seconds]
     return shares
 
 
@@ -104,7 +104,8 @@ def summary_html(report: dict[str, Any]) -> str:
         f"wall clock <b>{duration_text(wall)}</b>",
         f"goodput <b>{percent(report['goodput_s'])}</b> ({duration_text(report['goodput_s'])})",
     ]
-    badput = sorted(report["badput_s"].items(), key=lambda item: -item[1])
+    computed = [(name, s) for name, s in report["badput_s"].items() if s is not None]
+    badput = sorted(computed, key=lambda item: -item[1])
     # the three largest that show at one decimal (0.0 % says nothing)
     shown = [(name, s) for name, s in badput if wall and 1000 * s / wall >= 0.5][:3]
     largest = [f"{name.replace('_', ' ')} {percent(s)}" for name, s in shown]

@@ -22,6 +22,7 @@ import time
 
 PROGRAM_START = time.time()
 
+import signal  # noqa: E402
 import sys  # noqa: E402
 from types import TracebackType  # noqa: E402
 
@@ -37,15 +38,17 @@ def main(argv: list[str] | None = None) -> None:
     try:
         result = pretrain(config, program_start=PROGRAM_START, main_entry=main_entry)
     except (CheckpointError, TelemetryConfigError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+        # As the argument errors say it (arguments._Parser.error): one line, and the pointer.
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(f"See '{PROG} --help' for every flag.", file=sys.stderr, flush=True)
         sys.exit(2)
     except KeyboardInterrupt:
+        _quiet_keyboard_interrupt()  # first: a second Ctrl-C must not interrupt the line
         print(
             f"{PROG}: interrupted (SIGINT); checkpoints and telemetry written so far are kept",
             file=sys.stderr,
             flush=True,
         )
-        _quiet_keyboard_interrupt()
         raise
     if config.demo:  # the demo ends by drawing its trace; never raises
         from megatron.trace.timeline import write_beside_trace
@@ -59,8 +62,13 @@ def _quiet_keyboard_interrupt() -> None:
     """Let the re-raised KeyboardInterrupt end the process without its traceback.
 
     Re-raising (rather than exiting 130) keeps Python's own ending: atexit
-    hooks run, then the interpreter kills itself with SIGINT.
+    hooks run, then the interpreter kills itself with SIGINT. A second Ctrl-C
+    meanwhile would raise a new KeyboardInterrupt inside whichever atexit
+    callback runs (a traceback of its own), so SIGINT is ignored from here
+    on: the process is already on its way to dying by it (the interpreter
+    restores the default disposition before it does).
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     previous = sys.excepthook
 
     def hook(

@@ -25,10 +25,11 @@ Notes on choices that differ from, or are not covered by, upstream:
   Megatron-LM also reads as "no periodic saves") writes only the final
   checkpoint (at the end of training or on an early exit), and the loop is one
   trace.
-* ``--save`` is created and a probe file written and removed in it at parse
-  time, so a read-only or misplaced checkpoint directory stops the job in the
-  first second instead of at its first save, hours in. It is the last check,
-  so a job refused for any other reason leaves nothing behind.
+* ``--save`` is created, a probe file written and removed in it, and what
+  the check created removed again, at parse time, so a read-only or
+  misplaced checkpoint directory stops the job in the first second instead
+  of at its first save, hours in, and a job refused later (a corrupt
+  checkpoint) leaves nothing behind (see ``start_footprint``).
 * An error is one line and a pointer to ``--help``: argparse's usage block
   (over twenty lines here) buried the one line that matters.
 * ``--exit-duration-in-mins`` takes a float (upstream: int), so a test can ask
@@ -293,7 +294,7 @@ def _job_config(
         FaultInjection.from_env()
     except ValueError as exc:
         parser.error(str(exc))
-    # Last: it creates --save, which no other bad input should leave behind.
+    # Last: the slowest check (it touches the disk); it leaves nothing behind.
     if args.save is not None and (problem := save_directory_problem(args.save)):
         parser.error(problem)
     return JobConfig(

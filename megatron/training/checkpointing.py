@@ -13,8 +13,9 @@ a stray temporary file remains, and the next run removes those
 (:func:`remove_stale_temporaries`, only names of exactly our pattern).
 
 :func:`save_directory_problem` is the startup check of ``--save``: create it,
-write and remove a probe, so an unwritable directory is reported before
-training rather than at the first save.
+write and remove a probe, and remove what it created, so an unwritable
+directory is reported before training rather than at the first save, and a
+start refused later leaves nothing behind.
 
 Loading uses ``torch.load(..., weights_only=True)``, which refuses arbitrary
 pickled objects, so a checkpoint holds only tensors and plain containers of
@@ -33,6 +34,7 @@ import dataclasses
 import logging
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -67,11 +69,13 @@ SIDECAR_PATTERN = r"goodput_rank\d+\.json"
 
 _log = logging.getLogger(__name__)
 
-# What _write_atomically's mkstemp names its temporaries: a dot, the final
-# name, a dot, mkstemp's eight random characters, ".tmp".
+# What _create_temporary names its temporaries: a dot, the final name, a dot,
+# eight random characters, ".tmp".
 _FINAL_NAMES = "|".join([*map(re.escape, (CHECKPOINT_FILENAME, TRACKER_FILENAME)), SIDECAR_PATTERN])
 _TEMPORARY = re.compile(rf"\.(?:{_FINAL_NAMES})\.[a-z0-9_]{{8}}\.tmp")
 _ITERATION_DIR = re.compile(r"iter_\d{7,}")
+# How often the --save probe retries when another rank removed the directory under it.
+_PROBE_ATTEMPTS = 5
 
 
 class CheckpointError(Exception):
@@ -176,7 +180,7 @@ def sidecar_path(directory: str | os.PathLike[str], iteration: int, name: str) -
 
 
 def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp_name = _create_temporary(path)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -187,6 +191,22 @@ def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
         Path(tmp_name).unlink(missing_ok=True)
         raise
     _fsync_directory(path.parent)
+
+
+def _create_temporary(path: Path) -> tuple[int, str]:
+    """A new file beside ``path`` named ``.<name>.<8 random>.tmp``, open for writing.
+
+    Created with mode 0o666 less the umask, as ``open(path, "wb")`` (and so
+    ``torch.save`` to a path) would: ``mkstemp``'s 0o600 would make every
+    checkpoint unreadable to the rest of a team sharing the directory.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        name = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(name, flags, 0o666), name
+        except FileExistsError:
+            continue
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -234,8 +254,11 @@ def save_directory_problem(directory: str | os.PathLike[str]) -> str | None:
     """Why checkpoints cannot be written to ``directory``, or None when they can.
 
     Creates the directory (as the first save would) and writes and removes a
-    probe file in it; on failure, directories this call created are removed
-    again. Several ranks may check at once: each probe has a name of its own.
+    probe file in it, then removes the directories this call created, so a
+    start that stops later on bad input finds the disk as it was; the first
+    save (or the telemetry files under ``--save``) creates them for real.
+    Several ranks may check at once: each probe has a name of its own, and a
+    directory another rank is probing in is not empty, so it stays.
     """
     path = Path(directory)
     missing = []
@@ -243,20 +266,29 @@ def save_directory_problem(directory: str | os.PathLike[str]) -> str | None:
         if os.path.lexists(candidate):
             break
         missing.append(candidate)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write_probe.", dir=path)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        for created in missing:  # innermost first
-            try:
-                created.rmdir()
-            except OSError:
-                break
-        cause = exc.strerror or exc
-        return f"--save {directory}: cannot create or write checkpoints there ({cause})"
-    return None
+    problem = None
+    for attempt in range(_PROBE_ATTEMPTS):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".write_probe.", dir=path)
+            os.close(fd)
+            os.unlink(probe)
+            break
+        except OSError as exc:
+            # Another rank's check may have removed the directory between our
+            # mkdir and our probe: make it again (a path that cannot exist
+            # fails every attempt).
+            if isinstance(exc, FileNotFoundError) and attempt + 1 < _PROBE_ATTEMPTS:
+                continue
+            cause = exc.strerror or exc
+            problem = f"--save {directory}: cannot create or write checkpoints there ({cause})"
+            break
+    for created in missing:  # innermost first
+        try:
+            created.rmdir()
+        except OSError:
+            break
+    return problem
 
 
 def empty_directory(directory: str | os.PathLike[str], is_rank_0: bool) -> None:

@@ -12,7 +12,7 @@ import logging
 import os
 from typing import Any
 
-from megatron.core.telemetry import TelemetryHandle
+from megatron.core.telemetry import TelemetryConfig, TelemetryHandle
 from megatron.training.distributed import DistributedEnv
 from megatron.training.job_config import JobConfig
 from megatron.training.trace_summary import summarize
@@ -70,18 +70,27 @@ def startup_timestamps(
     return timestamps
 
 
-def print_telemetry_summary(telemetry: TelemetryHandle) -> None:
+def print_telemetry_summary(telemetry: TelemetryHandle, config: TelemetryConfig) -> None:
     """What this run's telemetry wrote, printed by the rank that wrote it.
 
     After training nothing telemetry does may change the job's exit status:
-    a summary that cannot be made is one warning line.
+    a summary that cannot be made is one warning line. Spans sent to the
+    console or over OTLP are summarized too; with traces off, one line says so.
     """
     if not telemetry.is_exporting:
         return
     try:
-        trace_file, tally = telemetry.trace_file, telemetry.tally
-        if trace_file is not None and tally is not None:
-            print(summarize(trace_file, tally), flush=True)
+        tally = telemetry.tally
+        if tally is not None:
+            summary = summarize(
+                telemetry.trace_file,
+                tally,
+                exporter=config.exporter,
+                span_groups=telemetry.span_groups,
+            )
+            print(summary, flush=True)
+        else:
+            print("telemetry: traces off, so no span summary and no goodput", flush=True)
         for report in telemetry.failure_reports():
             print(f"telemetry: {report}", flush=True)
     except Exception as exc:  # noqa: BLE001 -- the run succeeded; the summary is a bonus

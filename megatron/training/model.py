@@ -10,6 +10,13 @@ dropout, no fused kernels beyond PyTorch's own ``scaled_dot_product_attention``.
 Initialization follows Megatron-LM / GPT-2: normal(0, 0.02) everywhere, with
 the projections that write into the residual stream scaled down by
 ``1/sqrt(2 * num_layers)`` so the residual's variance does not grow with depth.
+
+Each block is instrumented as Megatron-LM instruments its transformer layer,
+for the ``layer`` span group (in ``all`` / ``profiling`` only):
+``megatron.layer.forward`` (``megatron.layer_number``, 1-based) with its
+``megatron.layer.self_attention`` and ``megatron.layer.mlp`` children. The
+group is looked up once per block call; with it off the block runs its
+plain forward and opens nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from megatron.core.telemetry import MegatronSpanGroup, is_span_group_enabled, managed_span
 
 __all__ = ["GPTConfig", "GPTModel"]
 
@@ -60,17 +69,33 @@ class MLP(nn.Module):
         return self.proj(F.gelu(self.fc(x)))
 
 
+_LAYER = MegatronSpanGroup.LAYER
+
+
 class TransformerBlock(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, layer_number: int = 1) -> None:
         super().__init__()
+        self.layer_number = layer_number  # 1-based, as Megatron-LM numbers its layers
         self.ln_attn = nn.LayerNorm(config.hidden_size)
         self.attn = CausalSelfAttention(config)
         self.ln_mlp = nn.LayerNorm(config.hidden_size)
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_attn(x))
-        return x + self.mlp(self.ln_mlp(x))
+        if not is_span_group_enabled(_LAYER):
+            x = x + self.attn(self.ln_attn(x))
+            return x + self.mlp(self.ln_mlp(x))
+        return self._traced_forward(x)
+
+    def _traced_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The same computation, each part in its span (the ``layer`` group is on)."""
+        with managed_span(
+            _LAYER, "megatron.layer.forward", **{"megatron.layer_number": self.layer_number}
+        ):
+            with managed_span(_LAYER, "megatron.layer.self_attention"):
+                x = x + self.attn(self.ln_attn(x))
+            with managed_span(_LAYER, "megatron.layer.mlp"):
+                return x + self.mlp(self.ln_mlp(x))
 
 
 class GPTModel(nn.Module):
@@ -81,7 +106,9 @@ class GPTModel(nn.Module):
         self.config = config
         self.embedding = nn.Embedding(config.vocab_size, config.hidden_size)
         self.position_embedding = nn.Embedding(config.seq_length, config.hidden_size)
-        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(
+            TransformerBlock(config, number) for number in range(1, config.num_layers + 1)
+        )
         self.final_layernorm = nn.LayerNorm(config.hidden_size)
         self._init_weights()
 

@@ -44,11 +44,12 @@ from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
-from opentelemetry.trace import Link, Span, SpanContext
+from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 from transitions import Machine, MachineError
 
 from megatron.core.telemetry.semconv import (
     CONTAINER_LOAD_SPAN,
+    ERROR_TYPE,
     INTERVAL_FIRST_ITERATION,
     INTERVAL_INDEX,
     INTERVAL_LAST_ITERATION,
@@ -58,6 +59,7 @@ from megatron.core.telemetry.semconv import (
     LAUNCH_SCRIPT_SPAN,
     MODEL_TYPE,
     PRE_STARTUP_SPAN,
+    SHUTDOWN_REASON,
     STARTUP_SPAN,
 )
 from megatron.core.telemetry.span_groups import SpanGroup
@@ -302,9 +304,17 @@ class SpanPhases:
         """Force-flush the exporters without changing any span (graceful SIGTERM drain)."""
         self._fire("flush")
 
-    def shutdown(self) -> None:
-        """End what is open, innermost first, then shut telemetry down exactly once."""
-        self._fire("shutdown")
+    def shutdown(self, cause: BaseException | int | None = None) -> None:
+        """End what is open, innermost first, then shut telemetry down exactly once.
+
+        ``cause`` says why the run is ending when it is not a clean end: the
+        exception unwinding through ``pretrain()`` (a ``KeyboardInterrupt``
+        for a Ctrl-C), or the number of the signal a hard-stop hook acts on.
+        It is recorded on the spans this ends, so the trace says how the run
+        ended (see ``_mark_ending``); None (or a clean ``SystemExit``) records
+        nothing.
+        """
+        self._fire("shutdown", cause=cause)
 
     def _step_boundary(self, iteration: int | None) -> None:
         # step() is legal exactly where reroot is (train and interval), so the
@@ -384,16 +394,18 @@ class SpanPhases:
             self._backdated(name, start, end, self._startup)
 
     @_telemetry_guard
-    def _close_startup(self, *_: Any, **__: Any) -> None:
+    def _close_startup(self, *_: Any, cause: BaseException | int | None = None, **__: Any) -> None:
         """Leaving ``startup`` (``start_train`` or ``shutdown``): end B, keep its context.
 
-        The span context outlives the span: the first interval links to it.
+        The span context outlives the span: the first interval links to it. A
+        ``shutdown`` with a cause (the start failed) records it on B.
         """
         span, token = self._startup, self._startup_token
         self._startup = self._startup_token = None
         if token is not None:
             otel_context.detach(token)
         if span is not None:
+            _mark_ending(span, cause)
             span.end()
 
     def _restart_count(self, *_: Any, **__: Any) -> None:
@@ -411,25 +423,30 @@ class SpanPhases:
         if self._tracer is not None:
             self._start_interval_span()
 
-    def _close_interval(self, iteration: int | None = None) -> None:
+    def _close_interval(
+        self, iteration: int | None = None, cause: BaseException | int | None = None
+    ) -> None:
         """Leaving ``interval`` (``end_train`` or ``shutdown``): end C(k).
 
         The next step() goes to the table again: after ``end_train`` it opens a
-        new interval, after ``shutdown`` it is rejected.
+        new interval, after ``shutdown`` it is rejected. A ``shutdown`` with a
+        cause records it on C(k).
         """
-        self._finish_interval(iteration, rerooted=False)
+        self._finish_interval(iteration, rerooted=False, cause=cause)
 
     def _next_interval(self, iteration: int | None = None) -> None:
         """``reroot`` inside ``interval``: end C(k), open C(k+1) linked to it."""
         self._finish_interval(iteration, rerooted=True)
         self._open_interval(iteration)
 
-    def _finish_interval(self, iteration: int | None, *, rerooted: bool) -> None:
+    def _finish_interval(
+        self, iteration: int | None, *, rerooted: bool, cause: BaseException | int | None = None
+    ) -> None:
         last = self._last_iteration(iteration)
         self._passes.remaining = 1
         self._interval_index += 1
         if self._interval is not None:
-            self._end_interval_span(last, rerooted)
+            self._end_interval_span(last, rerooted, cause)
 
     def _last_iteration(self, boundary_iteration: int | None) -> int | None:
         """The last iteration the open interval covered, from counts, not stores.
@@ -455,7 +472,9 @@ class SpanPhases:
         self._interval_token = otel_context.attach(otel_trace.set_span_in_context(self._interval))
 
     @_telemetry_guard
-    def _end_interval_span(self, last_iteration: int | None, rerooted: bool) -> None:
+    def _end_interval_span(
+        self, last_iteration: int | None, rerooted: bool, cause: BaseException | int | None
+    ) -> None:
         """Detach and end C(k), keeping its span context for C(k+1)'s link."""
         span, token = self._interval, self._interval_token
         self._interval = self._interval_token = None
@@ -465,6 +484,7 @@ class SpanPhases:
             attributes[INTERVAL_FIRST_ITERATION] = self._first_iteration
             attributes[INTERVAL_LAST_ITERATION] = last_iteration
         span.set_attributes(attributes)
+        _mark_ending(span, cause)
         if token is not None:
             otel_context.detach(token)
         span.end()
@@ -504,6 +524,50 @@ class SpanPhases:
             name, context=context, start_time=_ns(start), attributes={IS_GOODPUT_SPAN: True}
         )
         span.end(end_time=_ns(end))
+
+
+def _is_clean_exit(cause: BaseException) -> bool:
+    """``sys.exit(0)`` (or a generator closing) unwinding through ``pretrain()`` is no failure."""
+    if isinstance(cause, GeneratorExit):
+        return True
+    return isinstance(cause, SystemExit) and cause.code in (None, 0)
+
+
+def _type_name(kind: type) -> str:
+    """An exception class as OpenTelemetry's ``error.type`` wants it: fully qualified."""
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _mark_ending(span: Span, cause: BaseException | int | None) -> None:
+    """Record on ``span`` why the run is ending, when it is not a clean end.
+
+    An exception (``reason`` ``exception``; ``interrupt`` for a
+    ``KeyboardInterrupt``): OpenTelemetry's ``exception`` event
+    (``exception.type``, ``.message``, ``.stacktrace``), ERROR status and
+    ``error.type``. A signal number (a hard SIGTERM or SIGHUP): ERROR status
+    and ``error.type`` = the signal's name. Readers (``megatron-trace``) turn
+    the reason into how the incarnation ended: ``failed``, ``interrupted``,
+    ``cut_short``.
+    """
+    if cause is None:
+        return
+    if isinstance(cause, BaseException):
+        if _is_clean_exit(cause):
+            return
+        reason = "interrupt" if isinstance(cause, KeyboardInterrupt) else "exception"
+        error_type = _type_name(type(cause))
+        span.record_exception(cause, escaped=True)
+        span.set_status(Status(StatusCode.ERROR, f"{type(cause).__name__}: {cause}"))
+    else:
+        reason = "signal"
+        try:
+            error_type = signal.Signals(cause).name
+        except ValueError:
+            error_type = f"signal {cause}"
+        span.set_status(Status(StatusCode.ERROR, f"ended by {error_type}"))
+    span.set_attributes({SHUTDOWN_REASON: reason, ERROR_TYPE: error_type})
 
 
 #: The terminating signals the exit hooks act on (those this platform has).
@@ -635,11 +699,12 @@ class ExitHooks:
         if self.target is not None and self.target.may_flush():
             self.target.flush()
 
-    def _shutdown_target(self, *_: Any) -> None:
+    def _shutdown_target(self, signum: int | None = None, *_: Any) -> None:
         # "If the table still allows it": a lifecycle that already shut down is
         # left alone rather than made to raise from inside a signal handler.
+        # A signal's number is the cause the trace records (None: atexit).
         if self.target is not None and self.target.may_shutdown():
-            self.target.shutdown()
+            self.target.shutdown(cause=signum)
 
     def _chain(self, signum: int, frame: Any) -> None:
         """Pass the signal on as if the hook had never been there."""

@@ -9,6 +9,8 @@ the one streaming reader ``megatron-trace`` and the tests share).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Set
 from pathlib import Path
 
 from megatron.core.telemetry.jsonl import metrics_file_for
@@ -19,11 +21,18 @@ from megatron.core.telemetry.semconv import (
     INTERVAL_SPAN,
     STARTUP_SPAN,
 )
+from megatron.core.telemetry.span_groups import SpanGroup
 from megatron.core.telemetry.tally import SpanTally
 from megatron.trace.goodput import rank_accounting
 from megatron.trace.model import TraceBuilder
 
-__all__ = ["goodput_line", "summarize"]
+__all__ = ["goodput_line", "summarize", "unaccounted"]
+
+# Where spans went when no file holds them, by exporter.
+_DESTINATIONS = {
+    "console": "exported to the console (MEGATRON_OTEL_EXPORTER=console)",
+    "otlp": "exported over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT)",
+}
 
 
 def goodput_line(kept: list[SpanRecord]) -> str | None:
@@ -55,27 +64,57 @@ def goodput_line(kept: list[SpanRecord]) -> str | None:
     )
 
 
-def summarize(path: str | Path, tally: SpanTally) -> str:
-    """A few human-readable lines about what this run wrote to the trace file.
+def unaccounted(tally: SpanTally, span_groups: Set[str] | None) -> str | None:
+    """Why this run's goodput cannot be accounted from its spans, or None when it can."""
+    if not tally.span_count:
+        sampler = os.environ.get("OTEL_TRACES_SAMPLER")
+        if sampler:
+            return f"no span was recorded: the sampler (OTEL_TRACES_SAMPLER={sampler}) kept none"
+        return "no span was recorded"
+    if span_groups is not None and SpanGroup.JOB not in span_groups:
+        return (
+            "the job span group is off, so there is no megatron.startup or megatron.train "
+            "span to account (only the other groups' spans are counted below)"
+        )
+    return None
+
+
+def summarize(
+    path: str | Path | None,
+    tally: SpanTally,
+    *,
+    exporter: str = "jsonl",
+    span_groups: Set[str] | None = None,
+) -> str:
+    """A few human-readable lines about what this run's telemetry wrote.
 
     Built from ``tally`` (counted as the spans ended), never by reading the
     file back: the cost is the same whether the file holds one run or a
-    week of appended incarnations.
+    week of appended incarnations. ``path`` is the trace file (None when the
+    ``exporter`` sends spans elsewhere); ``span_groups`` the groups the run
+    enabled. What the goodput line cannot account (the ``job`` group off, no
+    span sampled) it says in its place.
     """
     by_name = tally.by_name
     width = max((len(name) for name in by_name), default=0)
+    where = (
+        f"written to {path}"
+        if path is not None
+        else _DESTINATIONS.get(exporter, f"exported ({exporter})")
+    )
     lines = [
-        f"telemetry written to {path}",
+        f"telemetry {where}",
         f"  runs (pretrain calls): {by_name.get(STARTUP_SPAN, 0)}   "
         f"traces: {len(tally.trace_ids)}   spans: {tally.span_count}   "
         f"intervals ({INTERVAL_SPAN}): {by_name.get(INTERVAL_SPAN, 0)}",
     ]
-    metrics = metrics_file_for(Path(path))
-    if metrics.exists():
+    if path is not None and (metrics := metrics_file_for(Path(path))).exists():
         lines.append(f"  metrics: {metrics}")
-    goodput = goodput_line(tally.kept)
-    if goodput:
-        lines.append(goodput)
+    reason = unaccounted(tally, span_groups)
+    goodput = goodput_line(tally.kept) if reason is None else None
+    if goodput is None and reason is None:
+        reason = "no span covers any wall-clock time"
+    lines.append(goodput if goodput is not None else f"  goodput: not computed: {reason}")
     if tally.cut_short or tally.errors:
         lines.append(
             f"  spans cut short: {tally.cut_short}   spans with ERROR status: {tally.errors}"

@@ -115,6 +115,7 @@ from megatron.training.job_telemetry import (
 )
 from megatron.training.model import GPTConfig, GPTModel
 from megatron.training.optimizer import build_optimizer
+from megatron.training.start_footprint import StartFootprint, telemetry_files
 from megatron.training.telemetry_spans import SpanPhases, install_exit_hooks
 from megatron.training.training_log import StepResult, TrainingLog
 
@@ -173,6 +174,8 @@ def _run_job(
     elif checkpoint.save and env.is_rank_0:
         remove_stale_temporaries(checkpoint.save)
 
+    # Taken before anything is created: a start that fails removes what it made.
+    footprint = StartFootprint.before([checkpoint.save, *telemetry_files(config.telemetry)])
     telemetry = setup_telemetry(
         config.telemetry,
         rank=env.rank,
@@ -194,12 +197,13 @@ def _run_job(
     phases.record_phase("megatron.startup.initialize_megatron", pretrain_entry, initialized)
     exit_reason = None
     try:
-        with managed_span(SpanGroup.JOB, "megatron.startup.model_init"):
+        with managed_span(SpanGroup.JOB, "megatron.startup.model_init", is_goodput_span=True):
             state = setup_model_and_optimizer(config.model, config.optimizer, env)
             if checkpoint.load:
                 with managed_span(
                     SpanGroup.LOAD_CHECKPOINT,
                     "megatron.checkpoint.load",
+                    is_goodput_span=True,
                     **{"megatron.checkpoint.dir": checkpoint.load},
                 ) as span:
                     load_checkpoint(checkpoint.load, state, config.model)
@@ -208,7 +212,7 @@ def _run_job(
         if goodput is not None:
             goodput.follow_iteration(lambda: state.iteration)
 
-        with managed_span(SpanGroup.JOB, "megatron.startup.dataloader"):
+        with managed_span(SpanGroup.JOB, "megatron.startup.dataloader", is_goodput_span=True):
             train_data, valid_data = build_train_valid_datasets(
                 config.data, config.model.seq_length, config.training.seed
             )
@@ -244,19 +248,24 @@ def _run_job(
             print_rank_0(
                 f"nothing to train: iteration {state.iteration} >= --train-iters {train_iters}"
             )
-    except BaseException:
-        _shutdown_if_allowed(phases)
+    except BaseException as exc:
+        never_trained = phases.state in ("job", "startup")
+        _shutdown_if_allowed(phases, exc)  # the trace records how the run ended
+        if never_trained:
+            footprint.undo()  # a failed start leaves the disk as it found it
         raise
     _shutdown_if_allowed(phases)
 
-    print_telemetry_summary(telemetry)
+    print_telemetry_summary(telemetry, config.telemetry)
     return TrainingResult(
         state.iteration, state.consumed_samples, log.reported, telemetry.trace_file, exit_reason
     )
 
 
-def _shutdown_if_allowed(phases: SpanPhases) -> None:
+def _shutdown_if_allowed(phases: SpanPhases, cause: BaseException | None = None) -> None:
     """Fire ``shutdown`` if the table still allows it, never masking the exception in flight.
+
+    ``cause`` is that exception: the lifecycle records it on the spans it ends.
 
     A hard-signal hook may already have shut the lifecycle down before a
     user's handler raised ``SystemExit``; that ``SystemExit`` is what must
@@ -265,7 +274,7 @@ def _shutdown_if_allowed(phases: SpanPhases) -> None:
     if not phases.may_shutdown():
         return
     try:
-        phases.shutdown()
+        phases.shutdown(cause)
     except Exception:  # noqa: BLE001 -- never replace the exception that ended the run
         _log.warning("telemetry shutdown failed; the run's own outcome stands", exc_info=True)
 
@@ -301,6 +310,7 @@ def train(
             with managed_span(
                 SpanGroup.STEP,
                 "megatron.train.iteration",
+                is_goodput_span=True,
                 **{"megatron.iteration": state.iteration},
             ) as span:
                 with _first_iteration_span(state.iteration == first_iteration):
@@ -346,9 +356,11 @@ def train_step(
             # DDP all-reduces gradients on the last micro-batch's backward only.
             last = microbatch == num_microbatches - 1
             with grad_sync(model, enabled=last, iteration=state.iteration):
-                hooks.before_forward(state.iteration)
-                loss = model(tokens, labels)
-                (loss / num_microbatches).backward()
+                with managed_span(MegatronSpanGroup.MICROBATCH, "megatron.microbatch.forward"):
+                    hooks.before_forward(state.iteration)
+                    loss = model(tokens, labels)
+                with managed_span(MegatronSpanGroup.MICROBATCH, "megatron.microbatch.backward"):
+                    (loss / num_microbatches).backward()
             losses.append(loss.detach())
 
     with managed_span(SpanGroup.OPTIMIZER, "megatron.train.optimizer"):
@@ -425,7 +437,9 @@ def setup_model_and_optimizer(
 def _first_iteration_span(is_first: bool) -> Any:
     if not is_first:
         return nullcontext()
-    return managed_span(MegatronSpanGroup.FIRST_ITERATION, "megatron.train.first_iteration")
+    return managed_span(
+        MegatronSpanGroup.FIRST_ITERATION, "megatron.train.first_iteration", is_goodput_span=True
+    )
 
 
 def _save(
@@ -435,7 +449,10 @@ def _save(
     goodput: LiveGoodput | None = None,
 ) -> None:
     with managed_span(
-        SpanGroup.CHECKPOINT, "megatron.checkpoint.save", **{"megatron.iteration": state.iteration}
+        SpanGroup.CHECKPOINT,
+        "megatron.checkpoint.save",
+        is_goodput_span=True,
+        **{"megatron.iteration": state.iteration},
     ):
         sidecar = checkpoint_sidecar(goodput, state.iteration)
         save_checkpoint(config.checkpoint.save, state, config, env.is_rank_0, sidecar)

@@ -40,6 +40,40 @@ def _export_warnings(caplog) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == "megatron.core.telemetry.jsonl"]
 
 
+# -- a write the disk cut short leaves no torn line ---------------------------
+
+
+@pytest.mark.parametrize("predecessor_torn", [False, True])
+def test_a_write_a_full_disk_cut_short_is_cut_off_again(tmp_path, monkeypatch, predecessor_torn):
+    """Half a line from ENOSPC would read as a killed process's torn write: it is removed."""
+    import megatron.core.telemetry.jsonl as jsonl
+
+    path = tmp_path / "traces.jsonl"
+    if predecessor_torn:
+        path.write_bytes(b'{"whole": 1}\n{"torn by a ki')
+    sink = JsonlFile.open(path)
+    assert sink.write_lines([{"first": 1}])
+    before = path.read_bytes()
+    real_write, calls = os.write, []
+
+    def disk_fills_up(fd, data):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[: len(data) // 2]))  # the disk had room for half
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(jsonl.os, "write", disk_fills_up)
+    with pytest.raises(OSError):
+        sink.write_lines([{"second": "x" * 200}])
+    monkeypatch.setattr(jsonl.os, "write", real_write)
+    assert path.read_bytes() == before  # nothing of the failed line is left
+    assert sink.torn_lines_sealed == int(predecessor_torn)  # counted once, not per retry
+    assert sink.write_lines([{"third": 3}])  # space again
+    sink.close()
+    lines = path.read_text().splitlines()
+    assert [json.loads(line) for line in lines[-2:]] == [{"first": 1}, {"third": 3}]
+
+
 # -- failed exports are logged once, counted, and reported -------------------
 
 

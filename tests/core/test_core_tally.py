@@ -136,3 +136,51 @@ def test_structural_snapshot_holds_the_open_interval_and_what_ended(
     interval.end(end_time=3_000)
     kept, still_open = tally.structural_snapshot(since=1)  # only what came since
     assert [s["name"] for s in kept] == ["megatron.train"] and still_open == []
+
+
+def _goodput_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("  goodput:")]
+
+
+def test_with_the_job_group_off_the_summary_says_goodput_is_not_computed(
+    make_handle: Make, tmp_path: Path
+) -> None:
+    path = tmp_path / "traces.jsonl"
+    config = TelemetryConfig(enabled=True, trace_file=path, span_groups_spec="step,checkpoint")
+    handle = make_handle(config)
+    second = 1_000_000_000
+    save = handle.tracer.start_span("megatron.checkpoint.save", start_time=0)
+    save.end(end_time=second)
+    handle.shutdown()
+    text = summarize(path, handle.tally, span_groups=handle.span_groups)
+    (line,) = _goodput_lines(text)
+    assert line.startswith("  goodput: not computed: the job span group is off")
+    assert "100.0 %" not in text and "checkpoint_save" not in text.split("spans by name")[0]
+
+
+def test_when_no_span_was_sampled_the_summary_says_why(
+    make_handle: Make, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    path = tmp_path / "traces.jsonl"
+    handle = make_handle(TelemetryConfig(enabled=True, trace_file=path))
+    _lifecycle(handle, time.time_ns() - 7_000_000_000)
+    handle.shutdown()
+    assert handle.tally.span_count == 0
+    (line,) = _goodput_lines(summarize(path, handle.tally, span_groups=handle.span_groups))
+    assert line == (
+        "  goodput: not computed: no span was recorded: the sampler "
+        "(OTEL_TRACES_SAMPLER=always_off) kept none"
+    )
+
+
+def test_spans_sent_to_the_console_are_summarized_too(make_handle: Make, capsys) -> None:
+    handle = make_handle(TelemetryConfig(enabled=True, exporter="console"))
+    _lifecycle(handle, time.time_ns() - 7_000_000_000)
+    handle.shutdown()
+    capsys.readouterr()
+    text = summarize(handle.trace_file, handle.tally, exporter="console")
+    lines = text.splitlines()
+    assert lines[0] == "telemetry exported to the console (MEGATRON_OTEL_EXPORTER=console)"
+    (line,) = _goodput_lines(text)
+    assert line.startswith("  goodput: ") and "wall clock" in line

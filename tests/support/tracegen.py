@@ -89,6 +89,9 @@ def lifecycle(
     load: int | None = None,
     kill_after: int | None = None,
     cut_short_after: int | None = None,
+    fail_after: int | None = None,
+    reason: str = "exception",
+    error_type: str = "RuntimeError",
 ) -> list[dict]:
     """One incarnation's spans in write order (children before parents).
 
@@ -99,6 +102,10 @@ def lifecycle(
     interval and the iteration in flight are never written).
     ``cut_short_after=k``: a SIGTERM k iterations into one more interval
     (the interval and the iteration in flight are written, marked cut short).
+    ``fail_after=k``: an exception (``reason`` ``exception``; ``interrupt``
+    for a Ctrl-C) k iterations into one more interval: the iteration in
+    flight ends with ERROR status, and the lifecycle's shutdown marks the
+    interval with ``megatron.shutdown.reason`` and ``error.type``.
     """
     spans: list[dict] = []
     startup = span("megatron.startup", t0, t0 + 2, is_goodput_span=True)
@@ -152,7 +159,7 @@ def lifecycle(
             now += 0.25
         attr(interval, "megatron.interval.last_iteration", iteration - 1)
         # a reroot closed it when another interval follows (written or not)
-        followed = index < intervals - 1 or kill_after is not None or cut_short_after is not None
+        followed = index < intervals - 1 or (kill_after, cut_short_after, fail_after) != (None,) * 3
         attr(interval, "megatron.interval.rerooted", followed)
         interval["endTimeUnixNano"] = str(round(now * SECOND))
         spans.append(interval)
@@ -181,6 +188,28 @@ def lifecycle(
             doomed = span("megatron.train.iteration", now, now + 1, parent=interval)
             spans.append(span("megatron.train.get_batch", now, now + 0.5, parent=doomed))
             now += 0.5
+    if fail_after is not None:
+        interval = span("megatron.train", now, now, links=(previous,), is_goodput_span=True)
+        attr(interval, "megatron.interval.index", intervals)
+        attr(interval, "megatron.interval.first_iteration", iteration)
+        run_iterations(interval, fail_after)
+        failing = span(
+            "megatron.train.iteration",
+            now,
+            now + 0.5,
+            parent=interval,
+            **{"megatron.iteration": iteration},
+        )
+        failing["status"] = {"code": 2, "message": f"{error_type}: boom"}
+        spans.append(failing)
+        now += 0.5
+        attr(interval, "megatron.interval.last_iteration", iteration)
+        attr(interval, "megatron.interval.rerooted", False)
+        attr(interval, "megatron.shutdown.reason", reason)
+        attr(interval, "error.type", error_type)
+        interval["status"] = {"code": 2, "message": f"{error_type}: boom"}
+        interval["endTimeUnixNano"] = str(round(now * SECOND))
+        spans.append(interval)
     return spans
 
 

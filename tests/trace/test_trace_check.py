@@ -129,7 +129,8 @@ def test_killed_then_resumed_is_reported_not_a_violation(
     assert status == 0
     assert lines[0] == (
         "killed: rank 0 incarnation 0: its in-flight interval is missing (SIGKILL); "
-        "2 finished spans have no parent in the file"
+        "2 finished spans have no parent in the file (an export that failed, e.g. on a full "
+        "disk, looks the same)"
     )
     assert lines[-1] == "ok: 32 spans, 2 incarnations on 1 ranks, 0 violations"
 
@@ -193,8 +194,39 @@ def test_torn_write_is_reported_with_its_line_and_skipped(
     status, lines = run_check(capsys, path)
     assert status == 0, lines
     assert (
-        f"torn write: {path}:{torn_line} (a write cut short by a killed process), skipped" in lines
+        f"torn write: {path}:{torn_line} (a write cut short: a killed process, or a failed "
+        "write such as on a full disk), skipped"
+    ) in lines
+
+
+def test_with_the_job_group_off_check_says_what_it_cannot_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No startup, no interval, nothing killed: a note, not a startup violation."""
+    spans = [s for s in g.lifecycle(0) if s["name"] not in ("megatron.startup", "megatron.train")]
+    for span in spans:
+        span["parentSpanId"] = ""  # their parents were never recorded
+    path = g.write(tmp_path / "t.jsonl", spans)
+    status, lines = run_check(capsys, path)
+    assert status == 0, lines
+    assert lines[0] == (
+        "not checked: rank 0 incarnation 0 has no megatron.startup or megatron.train span "
+        "(the job span group was off), so the startup, interval and resume rules do not apply"
     )
+    assert lines[-1].startswith("ok: ")
+
+
+@pytest.mark.parametrize("content", ["", "\n\n", '{"resourceSpans": []}\n', '{"resourceSp'])
+def test_a_file_without_spans_is_not_a_whole_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str
+) -> None:
+    """As for report: exit 2 and one line, never 'ok: 0 spans'."""
+    path = tmp_path / "t.jsonl"
+    path.write_text(content)
+    assert main(["check", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"megatron-trace: no spans in {path}\n"
+    assert "ok:" not in captured.out
 
 
 def test_damage_exits_2_naming_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

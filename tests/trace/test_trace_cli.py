@@ -57,3 +57,13 @@ def test_help_under_python_OO_is_the_usual_help(
     assert result.stdout.startswith(usage)
     description = result.stdout.split("\n\n")[1]  # usage, description, arguments
     assert len(description) > 30 and not description.startswith(("positional", "options"))
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_help_is_plain_text_without_docstring_markup(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = _help_here([command], capsys)
+    assert "``" not in text and ":func:" not in text and ":mod:" not in text
+    description = text.split("\n\n")[1]
+    assert len(description.split()) > 8  # says what the command does

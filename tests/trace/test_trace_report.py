@@ -32,6 +32,7 @@ def test_clean_run(tmp_path: Path) -> None:
         "rank": "0",
         "index": 0,
         "ended": "shutdown",
+        "error_type": None,
         "first_iteration": 0,
         "last_iteration": 5,
         "resumed_from": None,
@@ -116,6 +117,49 @@ def test_cut_short_final_incarnation(tmp_path: Path) -> None:
     assert report["iterations"]["count"] == 7
 
 
+@pytest.mark.parametrize(
+    ("reason", "error_type", "ended"),
+    [("exception", "RuntimeError", "failed"), ("interrupt", "KeyboardInterrupt", "interrupted")],
+)
+def test_failed_or_interrupted_final_incarnation_wastes_what_it_did_not_save(
+    tmp_path: Path, reason: str, error_type: str, ended: str
+) -> None:
+    """How the lifecycle's shutdown said it ended is read back, and waste counts as for a kill."""
+    report = report_of(tmp_path, g.lifecycle(0, fail_after=2, reason=reason, error_type=error_type))
+    (inc,) = report["incarnations"]
+    assert (inc["ended"], inc["error_type"]) == (ended, error_type)
+    # iterations 6 and 7 finished after the last save (6); the 8th raised: not finished
+    assert report["wasted_iterations"] == inc["wasted_iterations"] == 2
+    assert report["badput_s"]["wasted_progress"] == 2.5
+    assert report["iterations"]["count"] == 8
+
+
+def test_failed_then_resumed(tmp_path: Path) -> None:
+    report = report_of(tmp_path, g.lifecycle(0, fail_after=1), g.lifecycle(20, first=6, load=6))
+    assert [(i["ended"], i["error_type"]) for i in report["incarnations"]] == [
+        ("failed", "RuntimeError"),
+        ("shutdown", None),
+    ]
+    assert report["wasted_iterations"] == 1
+
+
+def test_text_report_names_how_each_incarnation_ended(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = g.write(
+        tmp_path / "t.jsonl",
+        g.lifecycle(0, fail_after=1),
+        g.lifecycle(20, first=6, load=6, fail_after=0, reason="interrupt",
+                    error_type="KeyboardInterrupt"),
+    )  # fmt: skip
+    assert main(["report", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("  0: failed (RuntimeError) iterations 0..7  ") for line in lines)
+    assert any(
+        line.startswith("  1: interrupted (KeyboardInterrupt) iterations 6..") for line in lines
+    ), lines
+
+
 def test_default_groups_say_what_they_cannot_compute(tmp_path: Path) -> None:
     report = report_of(
         tmp_path,
@@ -129,6 +173,32 @@ def test_default_groups_say_what_they_cannot_compute(tmp_path: Path) -> None:
     assert report["not_computed"][0].startswith("iterations:")
     assert report["not_computed"][1].startswith("stragglers:")
     assert report["not_computed"][2].startswith("wasted_iterations:")
+
+
+def test_a_resume_without_load_spans_says_checkpoint_load_is_not_computed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The default groups have no load_checkpoint: the load's time is in startup, not zero."""
+    resumed = [
+        s for s in g.lifecycle(20, first=6, load=6) if s["name"] != "megatron.checkpoint.load"
+    ]
+    path = g.write(tmp_path / "t.jsonl", g.lifecycle(0), resumed)
+    report = report_files([path])
+    assert_accounted(report)
+    assert report["badput_s"]["checkpoint_load"] is None
+    assert report["accounting_ns"]["checkpoint_load"] == 0
+    (reason,) = [r for r in report["not_computed"] if r.startswith("checkpoint_load:")]
+    assert "load_checkpoint" in reason and "startup" in reason
+    assert main(["report", str(path)]) == 0
+    (line,) = [
+        x for x in capsys.readouterr().out.splitlines() if "checkpoint_load" in x.split()[:1]
+    ]
+    assert line == "  checkpoint_load  not computed (see below)"
+    # with the load span (per_step groups) it is a figure again
+    (tmp_path / "m").mkdir()
+    measured = report_of(tmp_path / "m", g.lifecycle(0), g.lifecycle(20, first=6, load=6))
+    assert measured["badput_s"]["checkpoint_load"] == 0.5
+    assert not [r for r in measured["not_computed"] if r.startswith("checkpoint_load")]
 
 
 def test_precedence_where_spans_overlap(tmp_path: Path) -> None:

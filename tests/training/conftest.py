@@ -8,6 +8,7 @@ the one harness, ``tests/support/processes.py``.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,3 +33,33 @@ def lifecycles() -> Iterator[Lifecycles]:
     """A factory of ``SpanPhases``, from an empty context, all shut down afterwards."""
     with Lifecycles() as made:
         yield made
+
+
+@pytest.fixture
+def read_only_mount(tmp_path):
+    """A real read-only filesystem (tmpfs mounted ro), where this process may mount one."""
+    mount_point = tmp_path / "ro-mount"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount_point)],
+        capture_output=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount here; the simulated EROFS test covers the check")
+    yield mount_point
+    subprocess.run(["umount", str(mount_point)], check=True)
+
+
+@pytest.fixture
+def small_mount(tmp_path):
+    """A 96 KiB tmpfs, where this process may mount one: a disk that fills up mid-run."""
+    mount_point = tmp_path / "small-mount"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(mount_point)],
+        capture_output=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount here; the simulated ENOSPC test covers the sink")
+    yield mount_point
+    subprocess.run(["umount", str(mount_point)], check=True)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import pickle
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from megatron.training.arguments import parse_args
 from megatron.training.training_log import parse_log_losses
@@ -198,3 +201,117 @@ def test_bad_hang_timeout_stops_the_job_at_startup(capsys, clean_env, monkeypatc
     assert exc.value.code == 2
     message = _one_error(capsys.readouterr().err)
     assert "MEGATRON_OTEL_HANG_TIMEOUT='soon'" in message and "0 turns the watchdog off" in message
+
+
+# -- a start that fails leaves the disk as it found it ------------------------
+
+
+class _Payload:
+    """Unpickling this would run a command: ``torch.load(weights_only=True)`` must refuse."""
+
+    def __reduce__(self):
+        return (os.system, ("echo pwned > pwned.txt",))
+
+
+def _damage(ckpt: Path, how: str) -> None:
+    weights = ckpt / "iter_0000002" / "model_optim_rng.pt"
+    if how == "truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif how == "corrupt":
+        weights.write_bytes(b"\x00not a checkpoint" * 100)
+    elif how == "empty":
+        weights.write_bytes(b"")
+    elif how == "pickle-payload":
+        weights.write_bytes(pickle.dumps(_Payload()))
+    elif how == "other-shape":
+        torch.save({"weights": [1, 2, 3]}, weights)
+    elif how == "tracker":
+        (ckpt / "latest_checkpointed_iteration.txt").write_text("release-candidate\n")
+
+
+def _listing(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` with its bytes (None for a directory)."""
+    return {
+        str(p.relative_to(root)): None if p.is_dir() else p.read_bytes()
+        for p in sorted(root.rglob("*"))
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("case", "extra", "env", "named"),
+    [
+        *[
+            (how, ("--load", "ckpt"), {}, name)
+            for how, name in (
+                ("corrupt", "iter_0000002/model_optim_rng.pt"),
+                ("truncated", "iter_0000002/model_optim_rng.pt"),
+                ("empty", "iter_0000002/model_optim_rng.pt"),
+                ("pickle-payload", "iter_0000002/model_optim_rng.pt"),
+                ("other-shape", "iter_0000002/model_optim_rng.pt"),
+                ("tracker", "latest_checkpointed_iteration.txt"),
+            )
+        ],
+        (
+            "otlp-protocol",
+            ("--otel-exporter", "otlp"),
+            {"OTEL_EXPORTER_OTLP_PROTOCOL": "bogus"},
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ),
+        ("export-rank", (), {"MEGATRON_OTEL_EXPORT_RANK": "3"}, "MEGATRON_OTEL_EXPORT_RANK"),
+        ("trace-file-is-a-directory", ("--otel-trace-file", "adir"), {}, "adir"),
+        ("trace-file-under-proc", ("--otel-trace-file", "/proc/x/t.jsonl"), {}, "/proc/x/t.jsonl"),
+        ("trace-file-under-a-file", ("--otel-trace-file", "afile/t.jsonl"), {}, "afile/t.jsonl"),
+        ("trace-file-read-only", ("--otel-trace-file", "{ro}/t.jsonl"), {}, "{ro}/t.jsonl"),
+    ],
+)
+def test_a_start_that_fails_leaves_the_disk_as_it_found_it(
+    training_cli, saved_checkpoint, request, case, extra, env, named
+):
+    cli = training_cli
+    shutil.copytree(saved_checkpoint, cli.cwd / "ckpt")
+    _damage(cli.cwd / "ckpt", case)
+    (cli.cwd / "adir").mkdir()
+    (cli.cwd / "afile").write_text("a file, not a directory\n")
+    if "{ro}" in named:
+        ro = request.getfixturevalue("read_only_mount")
+        extra = tuple(a.replace("{ro}", str(ro)) for a in extra)
+        named = named.replace("{ro}", str(ro))
+    before = _listing(cli.cwd)
+
+    result = cli.run(
+        *cli.TINY, "--train-iters", "4", "--save", "fresh/ckpt", *cli.TELEMETRY_ON, *extra, env=env
+    )
+
+    assert result.returncode == 2, result.stderr
+    message = _one_error(result.stderr)
+    assert message.startswith("megatron-pretrain: error:") and named in message, message
+    assert _listing(cli.cwd) == before  # no fresh/, no telemetry files, nothing run
+
+
+WITHOUT_OTLP_EXTRA = """
+import sys
+for name in list(sys.modules):
+    if name.startswith("opentelemetry.exporter.otlp"):
+        del sys.modules[name]
+sys.modules["opentelemetry.exporter.otlp"] = None  # as if the extra were not installed
+from megatron.training.__main__ import main
+main([{args}])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["otlp-without-the-extra", "export-rank-past-the-world"])
+def test_setup_time_errors_point_to_help_like_argument_errors(training_cli, case):
+    cli = training_cli
+    argv = (*cli.TINY, "--train-iters", "1", "--otel-enabled")
+    if case == "otlp-without-the-extra":
+        args = ", ".join(repr(a) for a in (*argv, "--otel-exporter", "otlp"))
+        result = cli.run_script(WITHOUT_OTLP_EXTRA.format(args=args))
+        named = "megatron-telemetry-spans[otlp]"
+    else:
+        result = cli.run(*argv, env={"MEGATRON_OTEL_EXPORT_RANK": "1"})
+        named = "MEGATRON_OTEL_EXPORT_RANK=1"
+    assert result.returncode == 2, result.stderr
+    assert named in _one_error(result.stderr)
+    assert result.stderr.splitlines()[-1] == "See 'megatron-pretrain --help' for every flag."

@@ -12,10 +12,11 @@ from __future__ import annotations
 import errno
 import os
 import signal
-import subprocess
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from trace_helpers import incarnations
 
 from megatron.core.telemetry.reader import read_spans
@@ -88,7 +89,7 @@ FAILING_SUMMARY = """
 import megatron.training.job_telemetry as job_telemetry
 from megatron.training.__main__ import main
 
-def broken_summary(path, tally):
+def broken_summary(path, tally, **kwargs):
     raise ValueError(f"{{path}}: line 5 is not valid JSON")
 
 job_telemetry.summarize = broken_summary
@@ -148,21 +149,6 @@ def test_read_only_save_directory_is_refused_naming_save(tmp_path, capsys, clean
     assert list((tmp_path / "ro").iterdir()) == []  # the directory it made is gone again
 
 
-@pytest.fixture
-def read_only_mount(tmp_path):
-    """A real read-only filesystem (tmpfs mounted ro), where this process may mount one."""
-    mount_point = tmp_path / "ro-mount"
-    mount_point.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount_point)],
-        capture_output=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip("cannot mount here; the simulated EROFS test covers the check")
-    yield mount_point
-    subprocess.run(["umount", str(mount_point)], check=True)
-
-
 @pytest.mark.slow
 def test_save_on_a_read_only_filesystem_stops_at_startup(training_cli, read_only_mount):
     cli = training_cli
@@ -186,9 +172,15 @@ def test_save_in_a_directory_without_write_permission_is_refused(tmp_path, capsy
     assert "--save" in _one_error(capsys.readouterr().err)
 
 
-def test_writable_save_is_created_and_left_without_a_probe(tmp_path, clean_env):
+def test_writable_save_check_leaves_nothing_behind(tmp_path, clean_env):
+    # The check creates and probes --save, then removes what it created: the
+    # first save (or the telemetry files under it) creates it for real, and a
+    # start refused later leaves the disk as it was.
+    (tmp_path / "kept").mkdir()
     parse_args(["--mock-data", "--save", str(tmp_path / "new" / "ckpt")])
-    assert list((tmp_path / "new" / "ckpt").iterdir()) == []
+    parse_args(["--mock-data", "--save", str(tmp_path / "kept")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+    assert list((tmp_path / "kept").iterdir()) == []  # no probe left
 
 
 # -- stale temporaries of a killed save -------------------------------------
@@ -240,6 +232,50 @@ def test_a_save_writes_a_sidecar_from_any_rank_and_survives_failing_to(tmp_path,
     (blocked / "iter_0000004").write_text("a file where the directory should be")
     checkpointing.save_checkpoint(blocked, state, args, False, ("goodput_rank1.json", b"{}"))
     assert "could not write" in caplog.text and "goodput_rank1.json" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_trace_disk_that_fills_up_leaves_whole_lines_only(training_cli, small_mount):
+    """The run says the disk was full; check and the summary never call it a killed write."""
+    cli = training_cli
+    trace = small_mount / "traces.jsonl"
+    result = cli.run(
+        *cli.TINY, *cli.TELEMETRY_ON, "--train-iters", "200", "--save-interval", "50",
+        "--otel-trace-file", str(trace),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "span exports failed" in result.stdout and "No space left on device" in result.stdout
+    assert "torn lines" not in result.stdout
+    assert trace.read_bytes().endswith(b"\n")
+    check = cli.run("check", str(trace), module=("-m", "megatron.trace"))
+    assert "torn write" not in check.stdout, check.stdout
+
+
+@pytest.fixture
+def umask():
+    """Set the process umask for one test, and restore it after."""
+    previous = os.umask(0o022)
+    os.umask(previous)
+    yield lambda mask: os.umask(mask)
+    os.umask(previous)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002, 0o077])
+def test_checkpoint_files_follow_the_umask(tmp_path, umask, mask, clean_env):
+    """As torch.save to a path would: a team sharing --save can read each other's checkpoints."""
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    state = checkpointing.TrainState(model, optimizer, scheduler, iteration=3)
+    config = parse_args(["--mock-data", "--train-iters", "3"])
+    umask(mask)
+    checkpointing.save_checkpoint(tmp_path / "ckpt", state, config, is_rank_0=True)
+    written = [
+        tmp_path / "ckpt" / "iter_0000003" / "model_optim_rng.pt",
+        tmp_path / "ckpt" / "latest_checkpointed_iteration.txt",
+    ]
+    assert {oct(p.stat().st_mode & 0o777) for p in written} == {oct(0o666 & ~mask)}
+    assert not list((tmp_path / "ckpt").rglob("*.tmp"))
 
 
 @pytest.mark.slow
@@ -352,6 +388,33 @@ def test_sigint_ends_with_one_line_status_130_and_a_complete_trace(training_cli)
     in_flight = max(iterations, key=lambda s: s["attributes"]["megatron.iteration"])
     assert in_flight["status_code"] == "ERROR"
     assert {s["name"] for s in spans} >= {"megatron.startup", "megatron.train"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("second", ["during-exit", 0.005, 0.01])
+def test_a_second_ctrl_c_adds_no_traceback(training_cli, second):
+    """Two Ctrl-Cs close together: still one line, no traceback, death by SIGINT.
+
+    ``during-exit`` lands the second one once the first's line is printed,
+    in the exit path where atexit callbacks run (where it used to raise a
+    ``KeyboardInterrupt`` of its own inside one of them).
+    """
+    cli = training_cli
+    trainer = cli.start(*_long_run(cli, *cli.TELEMETRY_ON), env=SLOW)
+    trainer.wait_until(lambda: len(parse_log_losses(trainer.stdout)) >= 3)
+    trainer.signal(signal.SIGINT)
+    if second == "during-exit":
+        deadline = time.monotonic() + 60
+        while "interrupted" not in trainer.stderr and time.monotonic() < deadline:
+            time.sleep(0.001)
+    else:
+        time.sleep(second)
+    if trainer.process.poll() is None:
+        trainer.signal(signal.SIGINT)
+    assert trainer.wait() == -signal.SIGINT
+    stderr = trainer.stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert stderr.count("interrupted (SIGINT)") == 1, stderr
 
 
 @pytest.mark.slow

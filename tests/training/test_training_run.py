@@ -149,6 +149,87 @@ def test_iterations_saves_and_evaluations_nest_under_their_interval(reference_ru
     )
     (first,) = [s for s in spans if s["name"] == "megatron.train.first_iteration"]
     assert ancestor_names(first, spans) == ["megatron.train.iteration", "megatron.train"]
+    # ...and it is the parent of that iteration's work, as the README draws it
+    under_first = {s["name"] for s in spans if s["parent_id"] == first["span_id"]}
+    assert under_first == {"megatron.train.forward_backward", "megatron.train.optimizer"}
+
+
+# The spans Megatron-LM marks is_goodput_span (training.py, checkpointing.py) that
+# this job emits too: every structural span of the lifecycle and each call site's.
+GOODPUT_SPANS = {
+    "megatron.startup",
+    "megatron.startup.launch_script",
+    "megatron.startup.container_load",
+    "megatron.startup.imports",
+    "megatron.startup.arg_parse",
+    "megatron.startup.initialize_megatron",
+    "megatron.startup.model_init",
+    "megatron.startup.dataloader",
+    "megatron.train",
+    "megatron.train.iteration",
+    "megatron.train.first_iteration",
+    "megatron.checkpoint.save",
+    "megatron.checkpoint.load",
+}
+
+
+def test_is_goodput_span_is_on_the_spans_megatron_lm_marks(reference_run, resumed_run):
+    spans = read_spans(reference_run[1] / "telemetry" / "traces.jsonl")
+    spans += read_spans(resumed_run[2] / "telemetry" / "traces.jsonl")  # with a load
+    marked = {s["name"] for s in spans if s["attributes"].get("is_goodput_span") is True}
+    unmarked = {s["name"] for s in spans} - marked
+    assert marked == GOODPUT_SPANS
+    assert not any(s["name"] in unmarked for s in spans if s["name"] in GOODPUT_SPANS)
+    assert unmarked >= {"megatron.evaluate", "megatron.train.forward_backward"}
+
+
+def test_per_step_groups_record_no_microbatch_or_layer_span(reference_run):
+    spans = read_spans(reference_run[1] / "telemetry" / "traces.jsonl")
+    assert not [
+        s for s in spans if s["name"].startswith(("megatron.layer.", "megatron.microbatch."))
+    ]
+
+
+@pytest.mark.parametrize("groups", ["all", "profiling", "per_step,microbatch,layer"])
+def test_all_groups_add_megatron_lm_s_microbatch_and_layer_spans(training_cli, groups):
+    cli = training_cli
+    result = cli.run(
+        *cli.TINY, "--global-batch-size", "4",  # two micro-batches an iteration
+        "--train-iters", "2", "--otel-enabled", "--otel-span-groups", groups,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    spans = read_spans(cli.cwd / "telemetry" / "traces.jsonl")
+    by_id = {s["span_id"]: s for s in spans}
+
+    def named(name):
+        return [s for s in spans if s["name"] == name]
+
+    def parent(span):
+        return by_id[span["parent_id"]]["name"]
+
+    forwards, backwards = (
+        named("megatron.microbatch.forward"),
+        named("megatron.microbatch.backward"),
+    )
+    assert len(forwards) == len(backwards) == 2 * 2
+    assert {parent(s) for s in forwards + backwards} == {"megatron.train.forward_backward"}
+    layers = named("megatron.layer.forward")
+    assert len(layers) == 2 * len(forwards)  # --num-layers 2, in every micro-batch's forward
+    assert {parent(s) for s in layers} == {"megatron.microbatch.forward"}
+    numbers = sorted(s["attributes"]["megatron.layer_number"] for s in layers)
+    assert numbers == [1] * 4 + [2] * 4  # 1-based, as Megatron-LM numbers layers
+    for name in ("megatron.layer.self_attention", "megatron.layer.mlp"):
+        found = named(name)
+        assert len(found) == len(layers) and {parent(s) for s in found} == {
+            "megatron.layer.forward"
+        }
+    for layer in layers:  # attention, then the MLP, inside their layer
+        (attention,) = [
+            s for s in named("megatron.layer.self_attention") if s["parent_id"] == layer["span_id"]
+        ]
+        (mlp,) = [s for s in named("megatron.layer.mlp") if s["parent_id"] == layer["span_id"]]
+        assert layer["start_ns"] <= attention["start_ns"] <= attention["end_ns"] <= mlp["start_ns"]
+        assert mlp["end_ns"] <= layer["end_ns"]
 
 
 def test_checkpoints_and_metrics_are_written(reference_run):

@@ -140,3 +140,25 @@ def test_torchrun_rank_strategies_pick_rank_0(training_cli, env: dict[str, str])
     assert {s["resource"]["dl.local_rank"] for s in spans} == {0}
     assert len({s["resource"]["nemo.run.id"] for s in spans}) == 1
     assert len([s for s in spans if s["name"] == "megatron.train.iteration"]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("extra", "env", "says"),
+    [
+        (("--otel-span-groups", "step, CHECKPOINT"), {}, "not computed: the job span group is off"),
+        ((), {"OTEL_TRACES_SAMPLER": "always_off"}, "not computed: no span was recorded"),
+        ((), {"MEGATRON_OTEL_EXPORTER": "console"}, "% of "),
+    ],
+    ids=["job-group-off", "always-off-sampler", "console-exporter"],
+)
+def test_the_summary_says_in_one_line_what_it_can_account(training_cli, extra, env, says):
+    cli = training_cli
+    result = cli.run(
+        *cli.TINY, "--train-iters", "4", "--save-interval", "2", "--save", "ckpt",
+        "--otel-enabled", *extra, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (goodput,) = [line for line in result.stdout.splitlines() if line.startswith("  goodput:")]
+    assert says in goodput, goodput
+    assert "checkpoint_save 100.0 %" not in result.stdout

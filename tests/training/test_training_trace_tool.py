@@ -105,3 +105,57 @@ def test_killed_mid_interval_then_resumed(training_cli):
     assert report["badput_s"]["wasted_progress"] > 0
     assert report["badput_s"]["restart_gap"] > 0
     assert [i["ended"] for i in report["incarnations"]] == ["killed", "shutdown"]
+
+
+def _finished_iterations(cli) -> list[int]:
+    """Iteration numbers whose span ended without ERROR (read independently of the model)."""
+    return sorted(
+        s["attributes"]["megatron.iteration"]
+        for s in read_spans(cli.cwd / TRACE)
+        if s["name"] == "megatron.train.iteration" and s["status_code"] != "ERROR"
+    )
+
+
+def test_crashed_run_reads_failed_and_wastes_what_it_did_not_save(training_cli):
+    cli = training_cli
+    run = cli.run(
+        *cli.TINY, *cli.TELEMETRY_ON,
+        "--train-iters", "20", "--save", "ckpt", "--save-interval", "5",
+        env={"MEGATRON_TEST_FAULT_AT_ITERATION": "13"},
+    )  # fmt: skip
+    assert run.returncode == 1 and "injected fault at iteration 13" in run.stderr
+
+    assert _finished_iterations(cli) == list(range(13))
+    report = _report(cli)
+    (inc,) = report["incarnations"]
+    assert (inc["ended"], inc["error_type"]) == ("failed", "RuntimeError")
+    assert report["wasted_iterations"] == inc["wasted_iterations"] == 3  # 10, 11, 12
+    assert report["badput_s"]["wasted_progress"] > 0
+    assert report["iterations"]["count"] == 13  # the failing 13th did not finish
+    text = _trace_tool(cli, "report", TRACE).stdout
+    assert "  0: failed (RuntimeError) iterations 0..13  " in text
+    check = _trace_tool(cli, "check", TRACE)
+    assert check.returncode == 0, check.stdout
+
+
+def test_interrupted_run_reads_interrupted_and_wastes_what_it_did_not_save(training_cli):
+    cli = training_cli
+    args = (*cli.TINY, *cli.TELEMETRY_ON, "--save", "ckpt", "--save-interval", "5")
+    trainer = cli.start(*args, "--train-iters", "100", env={"MEGATRON_TEST_ITERATION_SLEEP": "0.1"})
+    trainer.wait_until(lambda: "iteration        8/" in trainer.stdout)
+    trainer.signal(signal.SIGINT)
+    assert trainer.wait() == -signal.SIGINT
+    assert trainer.stderr.count("interrupted (SIGINT)") == 1
+
+    finished = _finished_iterations(cli)
+    saved = max(
+        s["attributes"]["megatron.iteration"]
+        for s in read_spans(cli.cwd / TRACE)
+        if s["name"] == "megatron.checkpoint.save" and s["status_code"] != "ERROR"
+    )
+    assert saved >= 5 and max(finished) >= saved  # interrupted after a save, past it
+    report = _report(cli)
+    (inc,) = report["incarnations"]
+    assert (inc["ended"], inc["error_type"]) == ("interrupted", "KeyboardInterrupt")
+    assert report["wasted_iterations"] == len([i for i in finished if i >= saved])
+    assert report["iterations"]["count"] == len(finished)

@@ -25,7 +25,9 @@ And three that long jobs on shared filesystems need:
   theirs, used and never removed by us.
 * A failing write (a full disk) is logged once with its cause; later ones
   are only counted (:class:`ExportFailures`), so a long run does not log a
-  traceback per export, and the totals are reported at shutdown.
+  traceback per export, and the totals are reported at shutdown. The part
+  of a line such a write left is cut off again, so readers never mistake
+  it for a killed process's torn write.
 """
 
 from __future__ import annotations
@@ -141,13 +143,39 @@ class JsonlFile:
             if fd is None:
                 return False
             fd, size = self._reopen_if_replaced(fd)
-            if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
+            sealed = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+            if sealed:
                 payload = b"\n" + payload
                 self.torn_lines_sealed += 1
             view = memoryview(payload)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            try:
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+            except OSError:
+                if self._drop_partial_write(fd, len(payload) - len(view)) and sealed:
+                    self.torn_lines_sealed -= 1  # the seal went too; the next write seals again
+                raise
+        return True
+
+    @staticmethod
+    def _drop_partial_write(fd: int, written: int) -> bool:
+        """Cut off the part of a line a failed write left (a full disk), if it is last.
+
+        A reader would take it for a torn write, a killed process's last
+        line, which is not what happened. Only done while nothing was
+        appended after it (the file ends where this descriptor's write did).
+        Returns whether the bytes were removed.
+        """
+        if not written:
+            return False
+        try:
+            end = os.lseek(fd, 0, os.SEEK_CUR)  # O_APPEND: where our last write ended
+            if os.fstat(fd).st_size != end:
+                return False
+            os.ftruncate(fd, end - written)
+        except OSError:
+            return False
         return True
 
     def _reopen_if_replaced(self, fd: int) -> tuple[int, int]:

@@ -40,6 +40,7 @@ __all__ = [
     "CONTAINER_LOAD_SPAN",
     "DL_RANK",
     "DL_WORLD_SIZE",
+    "ERROR_TYPE",
     "EVALUATE_SPAN",
     "GRAD_SYNC_BUCKETS",
     "GRAD_SYNC_FINISH_SPAN",
@@ -73,6 +74,7 @@ __all__ = [
     "RUN_ID",
     "SERVICE_INSTANCE_ID",
     "SERVICE_NAME",
+    "SHUTDOWN_REASON",
     "SLURM_RESTART_COUNT",
     "SPAN_CATEGORY",
     "SPAN_CUT_SHORT",
@@ -133,7 +135,8 @@ HANG_RECOVERED_SPAN = "megatron.hang.recovered"
 # ---------------------------------------------------------------------------
 
 #: True on every span the lifecycle opens (pre_startup, startup and its backdated
-#: phases, the intervals); Megatron-LM's name.
+#: phases, the intervals) and on the trainer's spans Megatron-LM marks too (model
+#: init, data loader, checkpoint load and save, the iteration spans); its name.
 IS_GOODPUT_SPAN = "is_goodput_span"
 #: On ``megatron.startup``: the model type the trainer was started with; Megatron-LM's name.
 MODEL_TYPE = "megatron.model_type"
@@ -173,6 +176,14 @@ HANG_FRAME = "megatron.hang.frame"
 HANG_WAITING = "megatron.hang.waiting"
 #: On ``megatron.hang``: every thread's Python stack, as text.
 HANG_STACKS = "megatron.hang.stacks"
+#: On the spans ``shutdown`` ended when the run did not end cleanly (the open
+#: interval, or ``megatron.startup`` of a start that failed): why, as
+#: ``exception``, ``interrupt`` (a ``KeyboardInterrupt``: Ctrl-C) or ``signal``
+#: (a hard SIGTERM or SIGHUP). Ours.
+SHUTDOWN_REASON = "megatron.shutdown.reason"
+#: Beside it: OpenTelemetry's ``error.type``, the exception's class (as the SDK's
+#: ``exception.type`` names it) or the signal's name (``SIGTERM``).
+ERROR_TYPE = "error.type"
 
 # ---------------------------------------------------------------------------
 # Resource attribute keys (the first three are OpenTelemetry's own names)

@@ -1,0 +1,53 @@
+"""The README says what the code does: the metrics it lists, the trace tree it draws."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from megatron.core.telemetry import training_metrics
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+
+
+def _paragraph(containing: str) -> str:
+    (found,) = [p for p in README.split("\n\n") if containing in p]
+    return found
+
+
+def test_every_training_metric_is_listed_and_nothing_else():
+    written = {
+        value.removeprefix("megatron.training.")
+        for name, value in vars(training_metrics).items()
+        if name.startswith("MEGATRON_TRAINING_")
+    }
+    paragraph = _paragraph("`metrics.jsonl` beside it holds")
+    listed = set(re.findall(r"`(?:megatron\.training)?\.(\w+)`", paragraph))
+    assert listed == written
+    # written only once positive, as Megatron-LM adds it: the README must say so
+    assert re.search(r"once an\s+iteration\s+was\s+skipped", paragraph)
+
+
+def _tree() -> list[tuple[int, str]]:
+    """(depth, span name) for each line of the per_step trace tree."""
+    block = README.split("### What the trace looks like", 1)[1].split("```", 2)[1]
+    lines = []
+    for line in block.splitlines():
+        found = re.search(r"(megatron\.[\w.]+|pre_startup)", line)
+        if found:
+            lines.append((found.start() // 4, found.group(1)))
+    return lines
+
+
+def test_the_trace_tree_nests_the_first_iteration_s_work_under_it():
+    tree = _tree()
+    first = next(i for i, (_, name) in enumerate(tree) if name == "megatron.train.first_iteration")
+    depth = tree[first][0]
+    assert tree[first - 1] == (depth - 1, "megatron.train.iteration")
+    children = []
+    for child_depth, name in tree[first + 1 :]:
+        if child_depth <= depth:
+            break
+        if child_depth == depth + 1:
+            children.append(name)
+    assert children == ["megatron.train.forward_backward", "megatron.train.optimizer"]
