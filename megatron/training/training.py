@@ -71,6 +71,7 @@ from megatron.core.telemetry import (
     is_span_group_enabled,
     managed_span,
     safe_set_span_attributes,
+    semconv,
     setup_telemetry,
 )
 from megatron.core.telemetry.watchdog import NO_WATCHDOG, Watchdog, hang_watchdog
@@ -202,12 +203,12 @@ def _run_job(
             if checkpoint.load:
                 with managed_span(
                     SpanGroup.LOAD_CHECKPOINT,
-                    "megatron.checkpoint.load",
+                    semconv.CHECKPOINT_LOAD_SPAN,
                     is_goodput_span=True,
                     **{"megatron.checkpoint.dir": checkpoint.load},
                 ) as span:
                     load_checkpoint(checkpoint.load, state, config.model)
-                    safe_set_span_attributes(span, {"megatron.iteration": state.iteration})
+                    safe_set_span_attributes(span, {semconv.ITERATION: state.iteration})
         goodput = start_live_goodput(telemetry, checkpoint.load, state.iteration)
         if goodput is not None:
             goodput.follow_iteration(lambda: state.iteration)
@@ -309,9 +310,9 @@ def train(
             phases.step(state.iteration)
             with managed_span(
                 SpanGroup.STEP,
-                "megatron.train.iteration",
+                semconv.ITERATION_SPAN,
                 is_goodput_span=True,
-                **{"megatron.iteration": state.iteration},
+                **{semconv.ITERATION: state.iteration},
             ) as span:
                 with _first_iteration_span(state.iteration == first_iteration):
                     step = train_step(training, config.optimizer, state, train_batches, hooks)
@@ -396,7 +397,7 @@ def evaluate_and_print(
     batches = micro_batches(valid_data, 0, training, env)
     model.eval()
     with managed_span(
-        SpanGroup.EVALUATE, "megatron.evaluate", **{"megatron.iteration": state.iteration}
+        SpanGroup.EVALUATE, semconv.EVALUATE_SPAN, **{semconv.ITERATION: state.iteration}
     ) as span:
         total = torch.zeros((), device=env.device)
         with torch.no_grad():
@@ -450,9 +451,9 @@ def _save(
 ) -> None:
     with managed_span(
         SpanGroup.CHECKPOINT,
-        "megatron.checkpoint.save",
+        semconv.CHECKPOINT_SAVE_SPAN,
         is_goodput_span=True,
-        **{"megatron.iteration": state.iteration},
+        **{semconv.ITERATION: state.iteration},
     ):
         sidecar = checkpoint_sidecar(goodput, state.iteration)
         save_checkpoint(config.checkpoint.save, state, config, env.is_rank_0, sidecar)
