@@ -7,7 +7,6 @@ tests check what a user's export of a real run looks like in Perfetto.
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -15,9 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+from processes import subprocess_env
+
 from megatron.core.telemetry.reader import read_spans
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY = (
     "--mock-data",
     "--num-layers", "2",
@@ -32,16 +32,7 @@ TINY = (
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("MEGATRON_", "NEMO_LENS_", "OTEL_", "SLURM_"))
-        and key not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
-    }
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    env["OMP_NUM_THREADS"] = "1"
-    env.update(extra or {})
-    return env
+    return subprocess_env({"OMP_NUM_THREADS": "1", **(extra or {})})
 
 
 def _run(cwd: Path, args: tuple[str, ...], env: dict[str, str] | None = None, **kw) -> None:
