@@ -54,15 +54,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.metrics import CallbackOptions, Observation
+
 from megatron.core.telemetry.semconv import BADPUT_CATEGORIES, CATEGORY_GOODPUT
 from megatron.trace.goodput import rank_accounting
 from megatron.trace.model import TraceBuilder
 from megatron.training.checkpointing import sidecar_path
-
-try:
-    from opentelemetry.metrics import CallbackOptions, Observation
-except ImportError:  # pragma: no cover - exercised only without opentelemetry
-    CallbackOptions = Observation = None  # type: ignore[assignment,misc]
 
 __all__ = [
     "CATEGORY_ATTRIBUTE",

@@ -26,10 +26,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-try:
-    from opentelemetry.metrics import CallbackOptions, Observation
-except ImportError:  # pragma: no cover - exercised only without opentelemetry
-    CallbackOptions = Observation = None  # type: ignore[assignment,misc]
+from opentelemetry.metrics import CallbackOptions, Observation
 
 __all__ = [
     "HEARTBEAT_METRIC",
