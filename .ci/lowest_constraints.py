@@ -100,6 +100,11 @@ def main(argv: list[str]) -> int:
             print(f"{path} is stale: run python .ci/lowest_constraints.py {path}")
             return 1
         return 0
+    if argv and (argv[0].startswith("-") or len(argv) > 1):
+        raise SystemExit(
+            "usage: lowest_constraints.py [OUTPUT] | --check OUTPUT "
+            f"(got {' '.join(argv)!r}; OUTPUT is a file path, not an option)"
+        )
     if argv:
         Path(argv[0]).write_text(text)
     else:
