@@ -75,7 +75,7 @@ from megatron.core.telemetry.semconv import (
 from megatron.trace.command import add_command
 from megatron.trace.liveness import Clock, judge, utc_text
 from megatron.trace.model import Incarnation, Trace, TraceBuilder, process_key
-from megatron.trace.parallel import map_files
+from megatron.trace.parallel import FilePiece, map_files, pieces
 
 if TYPE_CHECKING:
     from megatron.trace.span_ids import IdSet
@@ -147,8 +147,8 @@ def _record_where(record: SpanRecord, inc: Incarnation) -> str:
     )
 
 
-def _scan(path: Path) -> _FileScan:
-    """The map step: one pass over one file (parallel across files)."""
+def _scan(path: Path | FilePiece) -> _FileScan:
+    """The map step: one pass over one file or piece of a file (in parallel)."""
     from megatron.trace.span_ids import IdCollector  # numpy: imported when it is needed
 
     builder, ids, late = TraceBuilder(), IdCollector(), []
@@ -163,7 +163,7 @@ def _scan(path: Path) -> _FileScan:
                     late.extend(_flagged(line.path, line.number, batches, _ends_early))
             except DAMAGE_ERRORS as error:
                 raise damaged(line.path, line.number, error) from error
-    return _FileScan(builder, ids.finish(path), late)
+    return _FileScan(builder, ids.finish(path.path if isinstance(path, FilePiece) else path), late)
 
 
 def _ends_early(span: Any) -> bool:
@@ -234,7 +234,7 @@ def check_files(
     paths = list(paths)
     clock = clock or Clock.system()
     files = [Path(path) for path in paths]
-    scans = map_files(_scan, files, jobs, executor)
+    scans = map_files(_scan, pieces(files, jobs), jobs, executor)
     builder = functools.reduce(TraceBuilder.merge, (scan.builder for scan in scans))
     ids = functools.reduce(IdSet.merge, (scan.ids for scan in scans))
     result = CheckResult()

@@ -39,11 +39,13 @@ import datetime
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 from megatron.trace.flows import FlowPlan
 from megatron.trace.lanes import Lane, LaneIndex
 from megatron.trace.liveness import utc_text
+from megatron.trace.output import append_file
 from megatron.trace.tracks import Tracks
 
 __all__ = ["ChromePart", "ChromeWriter", "micros"]
@@ -327,6 +329,11 @@ class ChromeWriter:
 
     def finish_part(self, out: IO[bytes]) -> None:
         """The end of one input file (every event is already written)."""
+
+    def join(self, out: IO[bytes], parts: Sequence[ChromePart], files: Sequence[Path]) -> None:
+        """The parts other writers wrote (a piece of the input each), in input order."""
+        for path in files:
+            append_file(out, path)
 
     def footer(self, out: IO[bytes], parts: Sequence[ChromePart]) -> int:
         """The flow finishes whose start was written (a lost target draws no arrow), and the end."""

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import argparse
 import functools
-import shutil
 import sys
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -41,7 +41,7 @@ from megatron.trace.lanes import LaneIndex
 from megatron.trace.liveness import Clock, judge
 from megatron.trace.model import Trace, TraceBuilder, process_key
 from megatron.trace.output import replacing
-from megatron.trace.parallel import map_files
+from megatron.trace.parallel import FilePiece, map_files, pieces
 from megatron.trace.spans import FileSpans, TraceInputError, reading, span_source
 from megatron.trace.window import (
     Window,
@@ -182,10 +182,11 @@ class _Plan:
     origin: int = 0  # the earliest start, rounded down to a whole second (ns)
 
 
-def _learn(path: Path) -> tuple[TraceBuilder, list[tuple[str, str]]]:
-    """The first pass over one file: its model summary and its links (linking, linked-to)."""
+def _learn(path: FilePiece) -> tuple[TraceBuilder, list[tuple[str, str]]]:
+    """The first pass over one piece of a file: its model summary and its links
+    (linking, linked-to)."""
     builder, links = TraceBuilder(), []
-    with reading(path), paused_gc():
+    with reading(path.path), paused_gc():
         for line in iter_batches(path, builder.stats):
             builder.add_line(line)
             if line.may_hold(_LINKS_KEY):
@@ -195,8 +196,14 @@ def _learn(path: Path) -> tuple[TraceBuilder, list[tuple[str, str]]]:
     return builder, links
 
 
-def _plan(paths: Sequence[Path], jobs: int | None, clock: Clock) -> tuple[_Plan, Trace]:
-    learnt = map_files(_learn, paths, jobs)
+def _plan(
+    paths: Sequence[Path],
+    work: Sequence[FilePiece],
+    jobs: int | None,
+    clock: Clock,
+    executor: Executor | None,
+) -> tuple[_Plan, Trace]:
+    learnt = map_files(_learn, work, jobs, executor)
     builder = functools.reduce(TraceBuilder.merge, (b for b, _ in learnt))
     earliest = builder.earliest_start()
     if earliest is None:
@@ -216,15 +223,17 @@ def _writer(fmt: str, plan: _Plan, part: int) -> Any:
     if fmt == "perfetto":
         from megatron.trace.perfetto_trace import PerfettoWriter
 
-        return PerfettoWriter(plan.lanes, plan.links, part)
+        return PerfettoWriter(plan.lanes, plan.links, part, seams=part > 0)
     return ChromeWriter(plan.lanes, plan.flows, plan.origin)
 
 
-def _write_spans(path: Path, writer: Any, out: IO[bytes], window: Window, lanes: LaneIndex) -> None:
+def _write_spans(
+    path: FilePiece, writer: Any, out: IO[bytes], window: Window, lanes: LaneIndex
+) -> None:
     ranks, cuts = window.ranks, window.cuts_time
     since = window.since_ns if window.since_ns is not None else -(2**63)
     until = window.until_ns if window.until_ns is not None else 2**64
-    with reading(path), paused_gc():
+    with reading(path.path), paused_gc():
         for line in iter_batches(path):
             for batch in line.batches:
                 process = process_key(batch.resource, line.path)
@@ -243,14 +252,14 @@ def _write_spans(path: Path, writer: Any, out: IO[bytes], window: Window, lanes:
 
 @dataclass
 class _Part:
-    """Pass 2 over one file into its own part file (picklable, for the process pool)."""
+    """Pass 2 over one piece of a file into its own part file (picklable, for the pool)."""
 
     fmt: str
     plan: _Plan
     window: Window
-    parts: dict[Path, tuple[int, Path]]  # input -> (part number, part file)
+    parts: dict[FilePiece, tuple[int, Path]]  # input -> (part number, part file)
 
-    def __call__(self, path: Path) -> Any:
+    def __call__(self, path: FilePiece) -> Any:
         number, part_file = self.parts[path]
         writer = _writer(self.fmt, self.plan, number)
         with open(part_file, "wb") as out:
@@ -268,12 +277,14 @@ def export_files(
     ranks: str | None = None,
     jobs: int | None = None,
     clock: Clock | None = None,
+    executor: Executor | None = None,
 ) -> ExportResult:
     """Write the spans of ``paths`` to ``output`` in ``fmt``; returns what was written.
 
     Raises :class:`TraceInputError` (a file missing or damaged, no spans) or
     :class:`WindowError` (a bound that names nothing); ``output`` is then
-    untouched.
+    untouched. The files are read in pieces (:func:`~megatron.trace.parallel.pieces`)
+    in ``jobs`` processes, or on ``executor``.
     """
     files = span_source([Path(p) for p in paths]).paths
     if fmt == "perfetto":
@@ -281,32 +292,31 @@ def export_files(
             import perfetto.protos.perfetto.trace.perfetto_trace_pb2  # noqa: F401
         except ImportError:
             raise TraceInputError(PERFETTO_MISSING) from None
-    plan, trace = _plan(files, jobs, clock or Clock.system())
+    work = pieces(files, jobs)
+    plan, trace = _plan(files, work, jobs, clock or Clock.system(), executor)
     window = resolve_window(trace, since, until, ranks)
     part_files: list[Path] = []
     try:
         with replacing(output, binary=True) as out:
             writer = _writer(fmt, plan, 0)
             count = writer.header(out)
-            if len(files) == 1 or jobs == 1:
-                for path in files:
-                    _write_spans(path, writer, out, window, plan.lanes)
+            if len(work) == 1 or (jobs == 1 and executor is None):
+                for piece in work:
+                    _write_spans(piece, writer, out, window, plan.lanes)
                 writer.finish_part(out)
                 parts = [writer.part]
             else:
-                # each file's events to a part of its own, in parallel; joined in file order
+                # each piece's events to a part of its own, in parallel; joined in file order
                 numbered = {
-                    path: (n + 1, output.with_name(f".{output.name}.part{n}"))
-                    for n, path in enumerate(dict.fromkeys(files))
+                    piece: (n + 1, output.with_name(f".{output.name}.part{n}"))
+                    for n, piece in enumerate(dict.fromkeys(work))
                 }
                 part_files = [part for _, part in numbered.values()]
-                written = map_files(_Part(fmt, plan, window, numbered), list(numbered), jobs)
-                by_file = dict(zip(numbered, written, strict=True))
-                parts = []
-                for path in files:
-                    with open(numbered[path][1], "rb") as part:
-                        shutil.copyfileobj(part, out, 1 << 20)
-                    parts.append(by_file[path])
+                write = _Part(fmt, plan, window, numbered)
+                written = map_files(write, list(numbered), jobs, executor)
+                by_piece = dict(zip(numbered, written, strict=True))
+                parts = [by_piece[piece] for piece in work]  # a file given twice: twice
+                writer.join(out, parts, [numbered[piece][1] for piece in work])
             count += sum(part.events for part in parts)
             count += writer.footer(out, parts)
     finally:

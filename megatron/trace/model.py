@@ -107,7 +107,7 @@ from megatron.core.telemetry.semconv import (
 )
 from megatron.trace import intervals
 from megatron.trace.intervals import IntervalFacts
-from megatron.trace.parallel import map_reduce
+from megatron.trace.parallel import FilePiece, map_reduce, pieces
 from megatron.trace.stretches import Stretches
 
 __all__ = [
@@ -739,8 +739,8 @@ def _distribute_iterations(
         getattr(incs[slot], attribute).append(iterations.numbers[i], start, end)
 
 
-def scan_file(path: Path | str) -> TraceBuilder:
-    """The map step of a parallel read: one file's spans in a builder (its summary)."""
+def scan_file(path: Path | str | FilePiece) -> TraceBuilder:
+    """The map step of a parallel read: one file's (or piece's) spans in a builder."""
     builder = TraceBuilder()
     with paused_gc():
         for line in iter_batches(path, builder.stats):
@@ -752,7 +752,8 @@ def scan(
     paths: Iterable[Path | str], jobs: int | None = None, executor: Executor | None = None
 ) -> TraceBuilder:
     """Every file scanned (in parallel processes when there are several) and merged in order."""
-    return map_reduce(scan_file, TraceBuilder.merge, paths, jobs, executor)
+    work = pieces(list(paths), jobs)
+    return map_reduce(scan_file, TraceBuilder.merge, work, jobs, executor)
 
 
 def load_trace(

@@ -9,12 +9,13 @@ a torn one, and no temporary file behind.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["replacing"]
+__all__ = ["append_file", "replacing"]
 
 
 @contextmanager
@@ -35,3 +36,9 @@ def replacing(output: Path, binary: bool = False) -> Iterator[IO[Any]]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def append_file(out: IO[bytes], part: Path) -> None:
+    """Copy the whole of ``part`` (a part an export worker wrote) to the end of ``out``."""
+    with open(part, "rb") as source:
+        shutil.copyfileobj(source, out, 1 << 20)

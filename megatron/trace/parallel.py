@@ -10,7 +10,12 @@ pool here, or a cluster's (Dask's ``Client.get_executor()``, Ray's, an MPI
 pool) — and the merge is a fold (:func:`functools.reduce`) wherever the
 results land. The README says how.
 
-One file, one core or ``jobs=1``: everything runs in this process, no pool.
+A big plain file is cut into pieces at line ends (:func:`pieces`), each
+piece mapped like a file of its own, so one ``all_ranks`` file of many
+gigabytes uses every core too; a piece reports the line numbers of its whole
+file, and pieces merge like files (in order). Compressed files stay whole.
+
+One piece, one core or ``jobs=1``: everything runs in this process, no pool.
 """
 
 from __future__ import annotations
@@ -24,18 +29,54 @@ from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["default_jobs", "map_files", "map_reduce"]
+from megatron.core.telemetry.trace_files import FilePiece, split_file
+
+__all__ = ["MIN_PIECE_BYTES", "FilePiece", "default_jobs", "map_files", "map_reduce", "pieces"]
+
+#: A file is cut only into pieces of at least this size: below it a worker
+#: process costs more than it saves.
+MIN_PIECE_BYTES = 32 * 2**20
 
 R = TypeVar("R")
 
 
-def default_jobs(files: int) -> int:
-    """One process per file, at most one per core this process may use."""
+def _cores() -> int:
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(files, cores))
+        return os.cpu_count() or 1
+
+
+def default_jobs(files: int) -> int:
+    """One process per file (or piece), at most one per core this process may use."""
+    return max(1, min(files, _cores()))
+
+
+def pieces(
+    paths: Sequence[Path | str], jobs: int | None = None, min_bytes: int | None = None
+) -> list[FilePiece]:
+    """The files cut into about ``jobs`` (default: the cores) pieces of work, in file order.
+
+    Each file gets a share of the pieces by its size, and no piece is smaller
+    than ``min_bytes`` (default :data:`MIN_PIECE_BYTES`); with one job every file
+    is one piece.
+    """
+    min_bytes = MIN_PIECE_BYTES if min_bytes is None else min_bytes
+    files = [Path(path) for path in paths]
+    jobs = _cores() if jobs is None else max(1, jobs)
+    sizes = []
+    for path in files:
+        try:
+            sizes.append(path.stat().st_size)
+        except OSError:
+            sizes.append(0)  # the reader names the file and the error
+    total = sum(sizes)
+    result: list[FilePiece] = []
+    for path, size in zip(files, sizes, strict=True):
+        share = -(-jobs * size // total) if jobs > 1 and total else 1
+        count = min(share, size // max(min_bytes, 1))
+        result.extend(split_file(path, count) if count > 1 else [FilePiece(path)])
+    return result
 
 
 def _context() -> Any:
@@ -47,18 +88,19 @@ def _context() -> Any:
 
 
 def map_files(
-    function: Callable[[Path], R],
-    paths: Sequence[Path | str],
+    function: Callable[[Any], R],
+    paths: Sequence[Path | str | FilePiece],
     jobs: int | None = None,
     executor: Executor | None = None,
 ) -> list[R]:
-    """``function(path)`` for every path, in order; in parallel processes when it pays.
+    """``function(path)`` for every path (or piece), in order; in parallel processes when
+    it pays.
 
     ``function`` must be a module-level function (it is pickled to the
     workers) and its result picklable. ``executor``, when given, runs the
     calls instead of a local pool (and ``jobs`` is ignored).
     """
-    files = [Path(path) for path in paths]
+    files = [path if isinstance(path, FilePiece) else Path(path) for path in paths]
     if executor is not None:
         return list(executor.map(function, files))
     jobs = default_jobs(len(files)) if jobs is None else max(1, jobs)
@@ -69,9 +111,9 @@ def map_files(
 
 
 def map_reduce(
-    function: Callable[[Path], R],
+    function: Callable[[Any], R],
     merge: Callable[[R, R], R],
-    paths: Iterable[Path | str],
+    paths: Iterable[Path | str | FilePiece],
     jobs: int | None = None,
     executor: Executor | None = None,
 ) -> R:

@@ -41,20 +41,21 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
 from megatron.trace.chrome_trace import running_lanes
 from megatron.trace.lanes import Lane, LaneIndex
+from megatron.trace.output import append_file
 
 __all__ = ["MAX_HELD", "PerfettoPart", "PerfettoWriter", "varint", "varints"]
 
 #: Spans a track holds back at most before writing them (see the module docstring).
 MAX_HELD = 50_000
 _ROOT_UUID = 1
-_SEQUENCE_STRIDE = 1 << 16  # sequence ids: part * stride + track position + 1
 
 _SMALL = [bytes([n]) for n in range(128)]
 _TWO = [bytes([(n & 0x7F) | 0x80, n >> 7]) for n in range(1 << 14)]  # 128 .. 16383
@@ -154,9 +155,22 @@ def _annotation_value(value: Any) -> bytes:
 
 @dataclass
 class PerfettoPart:
-    """What writing one input file produced (the event count; the Chrome part's shape)."""
+    """What writing one piece of the input produced: the event count, and, when pieces are
+    written in parallel, the spans of each track the piece could not place on its own.
+
+    ``heads``: lane -> (preamble, spans, closed): the spans before the track's first
+    root span in the piece, and that root; their subtree may have begun in the
+    pieces before. ``closed``: that root arrived (else the piece held no root for
+    the track, and these spans join the next piece's). ``tails``: lane ->
+    (preamble, spans): the spans still held at the piece's end, whose root is in
+    a later piece. The preambles make the spans' packet sequences readable
+    wherever they are written. :meth:`PerfettoWriter.join` writes both where
+    they belong.
+    """
 
     events: int = 0
+    heads: dict[Any, tuple[bytes, list[Any], bool]] = field(default_factory=dict)
+    tails: dict[Any, tuple[bytes, list[Any]]] = field(default_factory=dict)
 
 
 #: A span held back: start, end, its begin and end packets (framed as ``Trace.packet``
@@ -174,6 +188,7 @@ class _Sequence:
         "head",
         "held",
         "id",
+        "is_head",
         "name_iids",
         "new_annotations",
         "new_names",
@@ -181,8 +196,9 @@ class _Sequence:
         "uuid",
     )
 
-    def __init__(self, sequence_id: int, uuid: int) -> None:
+    def __init__(self, sequence_id: int, uuid: int, is_head: bool = False) -> None:
         self.id = sequence_id
+        self.is_head = is_head
         self.uuid = uuid
         self.name_iids: dict[str, bytes] = {}  # name -> encoded name_iid field
         self.annotation_iids: dict[str, bytes] = {}  # key -> encoded DebugAnnotation.name_iid
@@ -266,6 +282,7 @@ class PerfettoWriter:
         lanes: LaneIndex,
         links: Sequence[tuple[str, str]],
         part: int = 0,
+        seams: bool = False,
     ) -> None:
         self.lanes = lanes
         self.order = {lane: position for position, lane in enumerate(lanes.lanes())}
@@ -277,6 +294,10 @@ class PerfettoWriter:
         self.part = PerfettoPart()
         self._number = part
         self._sequences: dict[Lane, _Sequence] = {}
+        # A piece written in parallel with others (seams): each track's spans up to its
+        # first root go to a sequence of their own, handed back in ``part.heads``.
+        self._seams = seams
+        self._heads: dict[Lane, _Sequence] = {}
 
     def _uuid(self, lane: Lane) -> int:
         return 0x10000 + self.order[lane]
@@ -328,9 +349,20 @@ class PerfettoWriter:
     def _sequence(self, lane: Lane) -> _Sequence:
         sequence = self._sequences.get(lane)
         if sequence is None:
-            sequence_id = self._number * _SEQUENCE_STRIDE + self.order[lane] + 1
-            sequence = self._sequences[lane] = _Sequence(sequence_id, self._uuid(lane))
+            if self._seams and lane not in self.part.heads:
+                sequence = self._heads.get(lane)
+                if sequence is None:
+                    sequence = self._heads[lane] = self._new_sequence(lane, is_head=True)
+                return sequence
+            sequence = self._sequences[lane] = self._new_sequence(lane, is_head=False)
         return sequence
+
+    def _new_sequence(self, lane: Lane, is_head: bool) -> _Sequence:
+        # Ids unique across the parts, and small: a sequence id is in every packet.
+        # Each part numbers its tracks' sequences, then their heads' (see join).
+        block = 2 * self._number + is_head
+        sequence_id = 1 + block * len(self.order) + self.order[lane]
+        return _Sequence(sequence_id, self._uuid(lane), is_head)
 
     def spans(self, out: IO[bytes], lane: Lane, spans: Sequence[Any]) -> None:
         """Slices for spans of one lane (held until their subtree is complete)."""
@@ -383,10 +415,35 @@ class PerfettoWriter:
                     span.parent_span_id,
                 )
             )
-            if not span.parent_span_id:
+            if sequence.is_head:
+                if not span.parent_span_id or len(held) > MAX_HELD:
+                    # the track's first root here (or too much held): hand the head back
+                    self._take_head(lane, sequence, closed=True)
+                    sequence = self._sequence(lane)
+                    head, end_tail, held = sequence.head, sequence.end_tail, sequence.held
+                    names, annotations = sequence.name_iids, sequence.annotations
+                    trace_head, span_head, parent_head = sequence.id_heads
+            elif not span.parent_span_id:
                 self._flush(out, sequence, _subtree(held))  # a root: its subtree is complete
             elif len(held) > MAX_HELD:
                 self._flush(out, sequence, list(held))
+
+    def _take_head(self, lane: Lane, sequence: _Sequence, closed: bool) -> None:
+        held = list(sequence.held)
+        sequence.held.clear()
+        self.part.heads[lane] = (self._preamble(sequence), held, closed)
+        self.part.events += 2 * len(held)
+
+    def _preamble(self, sequence: _Sequence) -> bytes:
+        """What a reader must see before the sequence's next packets: its first packet (if
+        not written yet) and the names interned since the last write."""
+        chunks = []
+        if not sequence.started:
+            chunks.append(self._first_packet(sequence))
+            sequence.started = True
+        if sequence.new_names or sequence.new_annotations:
+            chunks.append(self._interned(sequence))
+        return b"".join(chunks)
 
     def _flush(self, out: IO[bytes], sequence: _Sequence, held: list[_Held]) -> None:
         """Write ``held`` (taken out of the sequence's held spans), in nesting order at ties."""
@@ -397,21 +454,7 @@ class PerfettoWriter:
         else:
             written = {id(entry) for entry in held}
             sequence.held[:] = [entry for entry in sequence.held if id(entry) not in written]
-        chunks = []
-        if not sequence.started:
-            chunks.append(self._first_packet(sequence))
-            sequence.started = True
-        if sequence.new_names or sequence.new_annotations:
-            chunks.append(self._interned(sequence))
-        stamps = [entry[0] for entry in held] + [entry[1] for entry in held]
-        if len(set(stamps)) == len(stamps):
-            # no tie: the trace processor's sort by time puts everything in place
-            for entry in held:
-                chunks.append(entry[2])
-                chunks.append(entry[3])
-        else:
-            chunks += _nesting_order(held)
-        out.write(b"".join(chunks))
+        out.write(self._preamble(sequence) + b"".join(_packets(held)))
         self.part.events += 2 * len(held)
 
     def _first_packet(self, sequence: _Sequence) -> bytes:
@@ -447,13 +490,59 @@ class PerfettoWriter:
         return _length_delimited(_TRACE_PACKET, packet)
 
     def finish_part(self, out: IO[bytes]) -> None:
-        """The end of one input file: write what its tracks still hold."""
-        for sequence in self._sequences.values():
-            self._flush(out, sequence, list(sequence.held))
+        """The end of one piece of the input: write what its tracks still hold (hand it
+        back in ``part.tails`` and ``part.heads`` when pieces are written in parallel)."""
+        if not self._seams:
+            for sequence in self._sequences.values():
+                self._flush(out, sequence, list(sequence.held))
+            return
+        for lane, sequence in self._heads.items():
+            if lane not in self.part.heads:  # no root of the track in the piece
+                self._take_head(lane, sequence, closed=False)
+        for lane, sequence in self._sequences.items():
+            held = list(sequence.held)
+            sequence.held.clear()
+            if held:
+                self.part.tails[lane] = (self._preamble(sequence), held)
+                self.part.events += 2 * len(held)
+
+    def join(self, out: IO[bytes], parts: Sequence[PerfettoPart], files: Sequence[Path]) -> None:
+        """The parts other writers wrote (a piece of the input each), in input order, and
+        between them the subtrees that a cut between two pieces split.
+
+        A track's spans held at a piece's end (its tail) and those before its first
+        root in the next piece (that piece's head) are one subtree: they are written
+        together, in nesting order, between the two pieces' packets, where the
+        trace processor's order at tied timestamps needs them.
+        """
+        carried: dict[Lane, list[_Held]] = {}
+        for part, path in zip(parts, files, strict=True):
+            for lane, (preamble, held, closed) in part.heads.items():
+                out.write(preamble)
+                held = carried.pop(lane, []) + held
+                if closed or len(held) > MAX_HELD:
+                    out.write(b"".join(_packets(held)))
+                else:
+                    carried[lane] = held
+            append_file(out, path)
+            for lane, (preamble, held) in part.tails.items():
+                out.write(preamble)
+                carried.setdefault(lane, []).extend(held)
+        for held in carried.values():
+            out.write(b"".join(_packets(held)))
 
     def footer(self, out: IO[bytes], parts: Sequence[PerfettoPart]) -> int:
         """Nothing follows the packets."""
         return 0
+
+
+def _packets(held: list[_Held]) -> list[bytes]:
+    """The begin and end packets of ``held``, in an order the trace processor nests right."""
+    stamps = [entry[0] for entry in held] + [entry[1] for entry in held]
+    if len(set(stamps)) == len(stamps):
+        # no tie: the trace processor's sort by time puts everything in place
+        return [packet for entry in held for packet in (entry[2], entry[3])]
+    return _nesting_order(held)
 
 
 def _subtree(held: list[_Held]) -> list[_Held]:

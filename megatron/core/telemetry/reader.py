@@ -48,8 +48,8 @@ from megatron.core.telemetry.otlp_decode import (
     decode_python,
 )
 from megatron.core.telemetry.records import SpanRecord, span_record
-from megatron.core.telemetry.trace_files import is_compressed
-from megatron.core.telemetry.trace_files import iter_lines as file_lines
+from megatron.core.telemetry.trace_files import FilePiece, is_compressed
+from megatron.core.telemetry.trace_files import iter_piece_lines as piece_lines
 
 __all__ = [
     "DAMAGE_ERRORS",
@@ -126,18 +126,22 @@ def _is_torn(text: str, error: json.JSONDecodeError) -> bool:
 
 
 def iter_lines(
-    paths: Path | str | Iterable[Path | str], stats: ReadStats | None = None
+    paths: Path | str | FilePiece | Iterable[Path | str | FilePiece],
+    stats: ReadStats | None = None,
 ) -> Iterator[tuple[Path, int, bytes]]:
     """Yield ``(path, line number, bytes)`` for every line of the files that is not blank.
 
-    The file-opening layer: everything above it sees only lines.
+    The file-opening layer: everything above it sees only lines. A
+    :class:`~megatron.core.telemetry.trace_files.FilePiece` reads its share of
+    a file, numbered as the whole file's lines.
     """
-    if isinstance(paths, str | Path):
+    if isinstance(paths, str | Path | FilePiece):
         paths = [paths]
     for raw_path in paths:
-        path = Path(raw_path)
         # plain, gzip or zstd: trace_files opens and decompresses; decoding stays above
-        for number, raw in enumerate(file_lines(path), start=1):
+        piece = raw_path if isinstance(raw_path, FilePiece) else FilePiece(Path(raw_path))
+        path = piece.path
+        for number, raw in enumerate(piece_lines(piece), start=piece.first_line):
             if stats is not None:
                 stats.lines += 1
             if not raw or raw.isspace():

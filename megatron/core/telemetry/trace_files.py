@@ -19,10 +19,19 @@ import gzip
 import io
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-__all__ = ["CompressedTraceError", "is_compressed", "iter_lines", "open_trace_file"]
+__all__ = [
+    "CompressedTraceError",
+    "FilePiece",
+    "is_compressed",
+    "iter_lines",
+    "iter_piece_lines",
+    "open_trace_file",
+    "split_file",
+]
 
 _GZIP = b"\x1f\x8b"
 _ZSTD = b"\x28\xb5\x2f\xfd"
@@ -67,6 +76,80 @@ def iter_lines(path: Path) -> Iterator[bytes]:
             if type(exc).__module__.startswith("zstd"):  # zstandard.ZstdError, without importing it
                 raise CompressedTraceError(f"{path}: the zstd data is damaged ({exc})") from exc
             raise
+
+
+@dataclass(frozen=True)
+class FilePiece:
+    """A run of whole lines of one trace file: bytes ``start`` to ``stop`` (``None``: the
+    end), whose first line is line ``first_line`` of the file.
+
+    Reading is CPU-bound, so one big file is read faster as pieces in parallel
+    processes (:func:`split_file`); the whole file is ``FilePiece(path)``. Only
+    a plain file can be cut (a compressed stream cannot be entered midway).
+    """
+
+    path: Path
+    start: int = 0
+    stop: int | None = None
+    first_line: int = 1
+
+
+def iter_piece_lines(piece: FilePiece) -> Iterator[bytes]:
+    """The lines of ``piece`` (all of its file's, decompressed, when it is the whole file)."""
+    if piece.start == 0 and piece.stop is None:
+        yield from iter_lines(piece.path)
+        return
+    with open(piece.path, "rb") as stream:
+        stream.seek(piece.start)
+        position, stop = piece.start, piece.stop
+        for raw in stream:
+            yield raw
+            position += len(raw)
+            if stop is not None and position >= stop:
+                return
+
+
+#: Bytes per block when counting the lines before each cut of :func:`split_file`.
+_COUNT_BLOCK = 1 << 22
+
+
+def split_file(path: Path, pieces: int) -> list[FilePiece]:
+    """``path`` cut at line ends into about ``pieces`` runs of equal size, in order.
+
+    A compressed file, or a ``pieces`` under 2, is one piece. The line number of
+    each cut is counted on the way (one sequential read of the file, a memory
+    scan, a small fraction of decoding it), so every piece reports the line
+    numbers the whole file would.
+    """
+    if pieces < 2:
+        return [FilePiece(path)]
+    with open(path, "rb") as stream:
+        if is_compressed(stream.read(4)):
+            return [FilePiece(path)]
+        size = stream.seek(0, 2)
+        cuts = []
+        for k in range(1, pieces):
+            stream.seek(max(size * k // pieces - 1, 0))
+            stream.readline()  # to the start of the next whole line
+            cut = stream.tell()
+            if cut < size and (not cuts or cut > cuts[-1]):
+                cuts.append(cut)
+        if not cuts:
+            return [FilePiece(path)]
+        # the line number of each cut: the newlines before it, in big blocks
+        stream.seek(0)
+        firsts, position, newlines = [1], 0, 0
+        for cut in cuts:
+            while position < cut:
+                block = stream.read(min(_COUNT_BLOCK, cut - position))
+                newlines += block.count(b"\n")
+                position += len(block)
+            firsts.append(newlines + 1)
+    starts, stops = [0, *cuts], [*cuts, None]
+    return [
+        FilePiece(path, start, stop, first)
+        for start, stop, first in zip(starts, stops, firsts, strict=True)
+    ]
 
 
 def _zstd_lines(path: Path, raw: io.BufferedReader) -> IO[bytes]:

@@ -1,0 +1,144 @@
+"""One big file read as pieces in parallel: every command gives what reading it whole gives.
+
+A piece is a run of whole lines of one plain file (``split_file``); each is
+mapped like a file of its own and merged in order. Wherever the cuts fall,
+line numbers (of torn writes, of damage, of violations) must be the whole
+file's, ``report`` and ``check`` must say the same, the Chrome export must be
+the same bytes, and the Perfetto export the same slices at the same depths:
+a cut through a subtree, where timestamps tie, must still nest (the seams).
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import synthetic
+import tracegen
+from perfetto_reading import Slice, read_slices
+from pictures_helpers import incarnation, resource, write_trace
+
+from megatron.core.telemetry.reader import TraceFileDamaged, iter_lines
+from megatron.core.telemetry.trace_files import FilePiece, split_file
+from megatron.trace import check, export, parallel
+from megatron.trace.goodput import build_report
+from megatron.trace.model import load_trace
+from megatron.trace.report import format_report
+
+
+@pytest.fixture
+def tiny_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cut files however small they are, so a test file of a few KB has many pieces."""
+    monkeypatch.setattr(parallel, "MIN_PIECE_BYTES", 1)
+
+
+def _lines(source: Path | FilePiece) -> list[tuple[int, bytes]]:
+    return [(number, raw) for _, number, raw in iter_lines(source)]
+
+
+def _tied_job(path: Path) -> Path:
+    """Two ranks, two incarnations each, phases that tile and children that start at their
+    parents' nanosecond: where a cut splits a subtree, only the right order nests."""
+    processes = []
+    for rank in (0, 1):
+        processes += [
+            (resource("job", rank, 100 + rank), incarnation(0, 0, 6, queue=5)),
+            (resource("job", rank, 200 + rank), incarnation(60, 20, 3)),
+        ]
+    return write_trace(path, processes)
+
+
+@pytest.mark.parametrize("count", [2, 3, 7, 40])
+def test_the_pieces_hold_every_line_once_numbered_as_in_the_whole_file(
+    tmp_path: Path, count: int
+) -> None:
+    path = _tied_job(tmp_path / "traces.jsonl")
+    pieces = split_file(path, count)
+    assert 1 < len(pieces) <= count
+    assert [line for piece in pieces for line in _lines(piece)] == _lines(path)
+    assert pieces[0].start == 0 and pieces[-1].stop is None
+    assert all(a.stop == b.start for a, b in itertools.pairwise(pieces))
+
+
+def test_a_compressed_or_small_file_stays_whole(tmp_path: Path) -> None:
+    path = _tied_job(tmp_path / "traces.jsonl")
+    packed = tmp_path / "traces.jsonl.1.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    assert split_file(packed, 4) == [FilePiece(packed)]
+    assert parallel.pieces([path], jobs=4) == [FilePiece(path)]  # far under 32 MB
+    assert parallel.pieces([path], jobs=1, min_bytes=1) == [FilePiece(path)]
+
+
+def test_a_files_share_of_the_pieces_follows_its_size(tmp_path: Path, tiny_pieces: None) -> None:
+    big = _tied_job(tmp_path / "big.jsonl")
+    small = tmp_path / "small.jsonl"
+    small.write_bytes(big.read_bytes()[: big.read_bytes().index(b"\n") + 1])
+    work = parallel.pieces([big, small], jobs=4)
+    assert [piece.path for piece in work].count(small) == 1
+    assert [piece.path for piece in work].count(big) == 4
+
+
+def test_report_and_check_say_the_same_of_pieces(tmp_path: Path, tiny_pieces: None) -> None:
+    path = _tied_job(tmp_path / "traces.jsonl")
+    text = path.read_text().splitlines(keepends=True)
+    torn = tracegen.line([], rank=0, pid=100)[:-9]
+    # a torn write in the middle, as a killed incarnation leaves it
+    path.write_text("".join(text[:7]) + torn + "\n" + "".join(text[7:]))
+    whole = check.check_files([path], jobs=1)
+    with ThreadPoolExecutor(4) as pool:
+        cut = check.check_files([path], jobs=5, executor=pool)
+        report_cut = format_report(build_report(load_trace([path], jobs=5, executor=pool)))
+    assert cut.violations == whole.violations
+    assert cut.notes == whole.notes
+    assert any(f"{path}:8 " in note for note in cut.notes)  # the whole file's line number
+    assert report_cut == format_report(build_report(load_trace([path], jobs=1)))
+
+
+def test_damage_in_a_later_piece_names_the_whole_files_line(
+    tmp_path: Path, tiny_pieces: None
+) -> None:
+    path = _tied_job(tmp_path / "traces.jsonl")
+    lines = path.read_text().splitlines(keepends=True)
+    lines[-3] = "not json at all\n"
+    path.write_text("".join(lines))
+    with ThreadPoolExecutor(4) as pool, pytest.raises(TraceFileDamaged) as raised:
+        load_trace([path], jobs=4, executor=pool)
+    assert raised.value.line == len(lines) - 2
+
+
+@pytest.mark.parametrize("count", [2, 3, 5, 8, 13])
+def test_exports_of_pieces_equal_the_whole_files(
+    tmp_path: Path, tiny_pieces: None, count: int
+) -> None:
+    path = _tied_job(tmp_path / "traces.jsonl")
+    with ThreadPoolExecutor(4) as pool:
+        for fmt, suffix in (("chrome", "json"), ("perfetto", "pftrace")):
+            whole, cut = tmp_path / f"whole.{suffix}", tmp_path / f"cut.{suffix}"
+            export.export_files([path], whole, fmt, jobs=1)
+            written = export.export_files([path], cut, fmt, jobs=count, executor=pool)
+            if fmt == "chrome":
+                assert cut.read_bytes() == whole.read_bytes()
+            else:
+                slices = read_slices(cut)[0]
+                assert sorted(map(_key, slices)) == sorted(map(_key, read_slices(whole)[0]))
+                assert written.events == export.export_files([path], whole, fmt, jobs=1).events
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no part left
+
+
+def _key(s: Slice) -> tuple[object, ...]:
+    return (s.track, s.name, s.ts, s.dur, s.depth, s.parent.name if s.parent else None)
+
+
+def test_a_synthetic_week_exports_the_same_slices_in_pieces(
+    tmp_path: Path, tiny_pieces: None
+) -> None:
+    shape = synthetic.Shape(spans=6000, ranks=2, incarnations=2, save_interval=7, per_line=50)
+    (path,) = synthetic.write_per_step(tmp_path / "t.jsonl", shape)
+    whole, cut = tmp_path / "whole.pftrace", tmp_path / "cut.pftrace"
+    export.export_files([path], whole, "perfetto", jobs=1)
+    with ThreadPoolExecutor(4) as pool:
+        export.export_files([path], cut, "perfetto", jobs=6, executor=pool)
+    assert sorted(map(_key, read_slices(cut)[0])) == sorted(map(_key, read_slices(whole)[0]))
