@@ -106,8 +106,30 @@ def map_files(
     jobs = default_jobs(len(files)) if jobs is None else max(1, jobs)
     if jobs == 1 or len(files) < 2:
         return [function(path) for path in files]
-    with ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=_context()) as pool:
-        return list(pool.map(function, files))
+    context = _context()
+    if context.get_start_method() != "fork":
+        with ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=context) as pool:
+            return list(pool.map(function, files))
+    # Forked workers inherit the function: only the paths cross the pipe. (An export's
+    # function carries the whole trace model, which pickling per task cost more than
+    # the parallel read saved.)
+    global _inherited
+    _inherited = function
+    try:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=context) as pool:
+            return list(pool.map(_call_inherited, files))
+    finally:
+        _inherited = None
+
+
+#: The function forked workers of :func:`map_files` call (set before they fork).
+_inherited: Callable[[Any], Any] | None = None
+
+
+def _call_inherited(path: Any) -> Any:
+    if _inherited is None:  # only map_files forks these workers, after setting it
+        raise RuntimeError("map_files: a worker that was not forked by map_files")
+    return _inherited(path)
 
 
 def map_reduce(
