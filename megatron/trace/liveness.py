@@ -46,10 +46,10 @@ from pathlib import Path
 from typing import Any
 
 from megatron.core.telemetry.heartbeat import HEARTBEAT_METRIC, STALE_AFTER_S
-from megatron.core.telemetry.jsonl import metrics_file_for
 from megatron.core.telemetry.reader import decode_attributes, iter_requests_backwards
 from megatron.core.telemetry.records import SpanRecord, span_record
 from megatron.core.telemetry.semconv import INTERVAL_REROOTED, INTERVAL_SPAN, STARTUP_SPAN
+from megatron.core.telemetry.trace_files import metrics_file_for
 from megatron.trace.model import Incarnation, Trace, process_of_resource
 
 __all__ = [

@@ -25,8 +25,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from megatron.core.telemetry import TelemetryConfig
-from megatron.core.telemetry.jsonl import metrics_file_for
 from megatron.core.telemetry.logs import logs_file_for
+from megatron.core.telemetry.trace_files import metrics_file_for
 
 __all__ = ["StartFootprint", "telemetry_files"]
 

@@ -13,7 +13,6 @@ import os
 from collections.abc import Set
 from pathlib import Path
 
-from megatron.core.telemetry.jsonl import metrics_file_for
 from megatron.core.telemetry.records import SpanRecord
 from megatron.core.telemetry.semconv import (
     BADPUT_CATEGORIES,
@@ -23,6 +22,7 @@ from megatron.core.telemetry.semconv import (
 )
 from megatron.core.telemetry.span_groups import SpanGroup
 from megatron.core.telemetry.tally import SpanTally
+from megatron.core.telemetry.trace_files import metrics_file_for
 from megatron.trace.goodput import rank_accounting
 from megatron.trace.model import TraceBuilder
 

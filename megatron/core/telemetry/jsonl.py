@@ -50,6 +50,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from megatron.core.telemetry._otlp_json import encode_metrics, encode_spans
+from megatron.core.telemetry.trace_files import metrics_file_for
 
 __all__ = [
     "ExportFailures",
@@ -63,18 +64,6 @@ _logger = logging.getLogger(__name__)
 
 # Read access only for peeking at the last byte (a torn line); writes always append.
 _OPEN_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-
-
-def metrics_file_for(trace_file: Path) -> Path:
-    """Where metrics go for a given trace file: ``metrics.jsonl`` beside it.
-
-    A trace file that is itself called ``metrics.jsonl`` gets
-    ``metrics.metrics.jsonl`` instead, so spans and metrics never share a file.
-    """
-    candidate = trace_file.with_name("metrics.jsonl")
-    if candidate == trace_file:
-        candidate = trace_file.with_name("metrics.metrics.jsonl")
-    return candidate
 
 
 class JsonlFile:

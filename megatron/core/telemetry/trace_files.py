@@ -29,6 +29,7 @@ __all__ = [
     "is_compressed",
     "iter_lines",
     "iter_piece_lines",
+    "metrics_file_for",
     "open_trace_file",
     "split_file",
 ]
@@ -44,6 +45,18 @@ class CompressedTraceError(ValueError):
 def is_compressed(head: bytes) -> bool:
     """Whether a file starting with ``head`` (its first 4 bytes) is gzip or zstd."""
     return head.startswith(_GZIP) or head[:4] == _ZSTD
+
+
+def metrics_file_for(trace_file: Path) -> Path:
+    """Where metrics go for a given trace file: ``metrics.jsonl`` beside it.
+
+    A trace file that is itself called ``metrics.jsonl`` gets
+    ``metrics.metrics.jsonl`` instead, so spans and metrics never share a file.
+    """
+    candidate = trace_file.with_name("metrics.jsonl")
+    if candidate == trace_file:
+        candidate = trace_file.with_name("metrics.metrics.jsonl")
+    return candidate
 
 
 def open_trace_file(path: Path) -> IO[bytes]:
