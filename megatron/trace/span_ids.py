@@ -91,53 +91,81 @@ class IdCollector:
         parents = np.array(_as_ints(self._parents))
         lines = np.array(self._parent_lines, dtype=np.int64)
         missing = ~_contains(ids, parents)
-        return IdSet(ids, dups, {path: (parents[missing], lines[missing])} if missing.any() else {})
+        unresolved = {path: (parents[missing], lines[missing])} if missing.any() else {}
+        return IdSet([ids], dups.astype(np.uint64), unresolved)
+
+
+#: Values looked up at once in :func:`_contains`: its temporaries (8 + 1 bytes a
+#: value) stay a few MB however many ids a trace holds.
+_LOOKUP_CHUNK = 1 << 20
 
 
 def _contains(sorted_ids: np.ndarray, values: np.ndarray) -> np.ndarray:
     """For each value, whether it is in ``sorted_ids``."""
+    found = np.zeros(len(values), dtype=bool)
     if not len(sorted_ids) or not len(values):
-        return np.zeros(len(values), dtype=bool)
-    at = np.searchsorted(sorted_ids, values)
-    return sorted_ids[np.minimum(at, len(sorted_ids) - 1)] == values
+        return found
+    last = len(sorted_ids) - 1
+    for start in range(0, len(values), _LOOKUP_CHUNK):
+        chunk = values[start : start + _LOOKUP_CHUNK]
+        at = np.searchsorted(sorted_ids, chunk)
+        found[start : start + len(chunk)] = sorted_ids[np.minimum(at, last, out=at)] == chunk
+    return found
+
+
+def _in_any(runs: Sequence[np.ndarray], values: np.ndarray) -> np.ndarray:
+    found = np.zeros(len(values), dtype=bool)
+    for run in runs:
+        found |= _contains(run, values)
+    return found
 
 
 class IdSet:
-    """The span ids of some files: sorted unique ``ids``, ``dups`` (seen more than once),
-    and ``unresolved``: file -> (parent ids, line numbers) of parents no file here holds."""
+    """The span ids of some files (or pieces of files): ``runs``, the sorted unique ids of
+    each, ``dups`` (ids seen more than once, anywhere), and ``unresolved``: file ->
+    (parent ids, line numbers) of parents no file here holds.
 
-    __slots__ = ("dups", "ids", "unresolved")
+    The runs are kept apart rather than merged into one array: a merge would
+    hold both sides and the result at once (three times the ids), and the
+    lookups need only sorted runs. Every lookup goes in bounded chunks, so a
+    merge costs little memory beyond the 8 bytes an id the runs take.
+    """
+
+    __slots__ = ("dups", "runs", "unresolved")
 
     def __init__(
         self,
-        ids: np.ndarray,
+        runs: list[np.ndarray],
         dups: np.ndarray,
         unresolved: dict[Path, tuple[np.ndarray, np.ndarray]],
     ) -> None:
-        self.ids = ids
+        self.runs = runs
         self.dups = dups
         self.unresolved = unresolved
 
+    @property
+    def ids(self) -> np.ndarray:
+        """Every id once, sorted (a new array: for tests and small traces)."""
+        return np.unique(np.concatenate(self.runs)) if self.runs else np.empty(0, np.uint64)
+
     def merge(self, other: IdSet) -> IdSet:
         """The ids of both (associative: any grouping of files gives the same set)."""
-        at = np.searchsorted(self.ids, other.ids)
-        both = _contains(self.ids, other.ids)
-        dups = np.union1d(np.union1d(self.dups, other.dups), other.ids[both])
-        ids = np.insert(self.ids, at[~both], other.ids[~both])
+        across = [theirs[_contains(mine, theirs)] for theirs in other.runs for mine in self.runs]
+        dups = np.unique(np.concatenate([self.dups, other.dups, *across]))
         unresolved: dict[Path, tuple[np.ndarray, np.ndarray]] = {}
         for mine, theirs in ((self, other), (other, self)):
             for path, (parents, lines) in mine.unresolved.items():
-                keep = ~_contains(theirs.ids, parents)
+                keep = ~_in_any(theirs.runs, parents)
                 if keep.any():
                     kept = (parents[keep], lines[keep])
-                    if path in unresolved:  # the same file given twice
+                    if path in unresolved:  # the same file given twice, or two pieces of it
                         old = unresolved[path]
                         kept = (
                             np.concatenate((old[0], kept[0])),
                             np.concatenate((old[1], kept[1])),
                         )
                     unresolved[path] = kept
-        return IdSet(ids, dups, unresolved)
+        return IdSet(self.runs + other.runs, dups, unresolved)
 
     def unresolved_lines(self, path: Path) -> dict[int, set[str]]:
         """Line number -> hex ids of the parents missing from every file, for ``path``."""
