@@ -760,14 +760,16 @@ def section_report(run: Run) -> None:
 
 # -- reading a week of many ranks: each command against the stdlib floor --------
 
-# Every process reports its own peak RSS (VmHWM, which starts afresh at exec:
-# a child's ru_maxrss would start at this big process's) on stderr, last line.
+# Every process reports the peak RSS of its biggest process on stderr, last line:
+# its own (VmHWM, which starts afresh at exec: a child's ru_maxrss would start at
+# this big process's) or that of the biggest of the workers it forked and waited for.
 _PEAK = (
-    "import atexit, sys\n"
+    "import atexit, resource, sys\n"
     "def _peak():\n"
     "    with open('/proc/self/status') as status:\n"
     "        kb = next(int(l.split()[1]) for l in status if l.startswith('VmHWM:'))\n"
-    "    print(f'peak_kb {kb}', file=sys.stderr)\n"
+    "    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
+    "    print(f'peak_kb {max(kb, workers)}', file=sys.stderr)\n"
     "atexit.register(_peak)\n"
 )
 _FLOOR = _PEAK + (
