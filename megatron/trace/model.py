@@ -224,7 +224,9 @@ class Incarnation:
     evaluations: list[SpanRecord] = field(default_factory=list)
     cut_short: list[SpanRecord] = field(default_factory=list)
     iterations: Iterations = field(default_factory=lambda: Iterations())
-    interval_facts: list[IntervalFacts] = field(default_factory=list)
+    # interval_facts (a property): derived on first use, which export never makes
+    _facts: list[IntervalFacts] | None = field(default=None, repr=False, compare=False)
+    _facts_rerooted: bool = field(default=False, repr=False, compare=False)
     checkpoint_time: Stretches = field(default_factory=lambda: Stretches())
     finalize_starts: array = field(default_factory=lambda: array("q"))
     waits: Iterations = field(default_factory=lambda: Iterations())
@@ -237,6 +239,19 @@ class Incarnation:
     in_flight: SpanRecord | None = None  # running: the open interval (or startup) so far
     # error.type of what ended it: the exception's class, or the signal's name
     error_type: str | None = None
+
+    @property
+    def interval_facts(self) -> list[IntervalFacts]:
+        """Each interval's index and iteration range (:func:`intervals.derive`), worked out
+        when first asked for: with thousands of intervals that is a tenth of a read,
+        and only the goodput accounting and the pictures ask."""
+        if self._facts is None:
+            self._facts = intervals.derive(self, last_closed_by_reroot=self._facts_rerooted)
+        return self._facts
+
+    @interval_facts.setter
+    def interval_facts(self, facts: list[IntervalFacts]) -> None:
+        self._facts = facts
 
     @property
     def label(self) -> str:
@@ -685,8 +700,9 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], lis
     if last.ended == "shutdown" and (proc.max_end_child > proc.max_end_root or _lost_next(last)):
         last.ended = "killed"
     for inc in incs:
-        # a killed incarnation's last interval was closed by the reroot that opened the lost one
-        inc.interval_facts = intervals.derive(inc, last_closed_by_reroot=inc.ended == "killed")
+        # a killed incarnation's last interval was closed by the reroot that opened the lost
+        # one (as judged here: liveness may later call the last incarnation running)
+        inc._facts_rerooted = inc.ended == "killed"
     return boundaries, incs
 
 
