@@ -375,6 +375,9 @@ class PerfettoWriter:
         trace_head, span_head, parent_head = sequence.id_heads
         starts = [span.start_time_unix_nano for span in spans]
         ends = [span.end_time_unix_nano for span in spans]
+        # The packets are joined from their pieces once each (bytes ``+`` would copy a
+        # packet once per piece): a begin is Trace.packet{timestamp, sequence, event}.
+        event_tag, end_size = _TRACK_EVENT_TAG, 1 + len(end_tail)
         for span, start, end, start_varint, end_varint in zip(
             spans, starts, ends, varints(starts), varints(ends), strict=True
         ):
@@ -382,39 +385,39 @@ class PerfettoWriter:
             trace_id, span_id = span.trace_id.encode(), span.span_id.encode()
             parent_id = span.parent_span_id.encode()
             if len(trace_id) == 32 and len(span_id) == 16 and len(parent_id) in (0, 16):
-                event = _BEGIN + name_iid + trace_head + trace_id + span_head + span_id
+                pieces = [_BEGIN, name_iid, trace_head, trace_id, span_head, span_id]
                 if parent_id:
-                    event += parent_head + parent_id
+                    pieces += (parent_head, parent_id)
             else:
-                event = _BEGIN + name_iid + sequence.ids(span)
+                pieces = [_BEGIN, name_iid, sequence.ids(span)]
             if span.has_attributes():
-                event += annotations(span.attribute_dict())
+                pieces.append(annotations(span.attribute_dict()))
             if span.status:
-                event += sequence.status(span)
+                pieces.append(sequence.status(span))
             flow_ids = flows.get(span.span_id)
             if flow_ids:
-                event += b"".join(_FLOW_ID + struct.pack("<Q", flow) for flow in flow_ids)
+                pieces += [_FLOW_ID + struct.pack("<Q", flow) for flow in flow_ids]
+            event = b"".join(pieces)
             size = len(event)
-            begin = (
-                _TIMESTAMP
-                + start_varint
-                + head
-                + _TRACK_EVENT_TAG
-                + (_SMALL[size] if size < 0x80 else varint(size))
-                + event
-            )
-            size = len(begin)
-            finish = _TIMESTAMP + end_varint + end_tail  # always under 128 bytes
-            held.append(
+            size_varint = _SMALL[size] if size < 0x80 else varint(size)
+            size = 1 + len(start_varint) + len(head) + 1 + len(size_varint) + size
+            begin = b"".join(
                 (
-                    start,
-                    end,
-                    _PACKET_TAG + (_SMALL[size] if size < 0x80 else varint(size)) + begin,
-                    _PACKET_TAG + _SMALL[len(finish)] + finish,
-                    span.span_id,
-                    span.parent_span_id,
+                    _PACKET_TAG,
+                    _SMALL[size] if size < 0x80 else varint(size),
+                    _TIMESTAMP,
+                    start_varint,
+                    head,
+                    event_tag,
+                    size_varint,
+                    event,
                 )
             )
+            # an end is always under 128 bytes
+            finish = b"".join(
+                (_PACKET_TAG, _SMALL[end_size + len(end_varint)], _TIMESTAMP, end_varint, end_tail)
+            )
+            held.append((start, end, begin, finish, span.span_id, span.parent_span_id))
             if sequence.is_head:
                 if not span.parent_span_id or len(held) > MAX_HELD:
                     # the track's first root here (or too much held): hand the head back
@@ -550,6 +553,11 @@ def _subtree(held: list[_Held]) -> list[_Held]:
     root = held[-1]
     if len(held) == 1:
         return [root]
+    ids = {entry[4] for entry in held}
+    if all([entry[5] in ids for entry in held[:-1]]):
+        # the usual case: every other held span's parent is held, so each one's chain of
+        # parents stays among them and ends at the one span whose parent is not: the root
+        return list(held)
     children: dict[str, list[int]] = {}
     for index, entry in enumerate(held):
         children.setdefault(entry[5], []).append(index)
