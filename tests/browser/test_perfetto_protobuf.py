@@ -129,3 +129,34 @@ def test_a_cut_window_imports_without_errors(browser, perfetto, tmp_path) -> Non
     assert errors == []
     iterations = [row for row in slices if row["name"] == "megatron.train.iteration"]
     assert 20 <= len(iterations) <= 23 and {row["lane"][-6:] for row in slices} == {"rank 1"}
+
+
+def test_a_file_exported_in_pieces_imports_as_the_whole_file_and_reads_utc(
+    browser, perfetto, tmp_path, monkeypatch
+) -> None:
+    """One all-ranks file cut into pieces written in parallel (their seams split interval
+    subtrees, ties included): the real trace processor builds every slice where the
+    one-piece export puts it, and the clock snapshot maps the trace to the wall clock."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from megatron.trace import parallel
+
+    monkeypatch.setattr(parallel, "MIN_PIECE_BYTES", 1)
+    shape = synthetic.Shape(spans=3000, ranks=2, save_interval=9, incarnations=2, per_line=40)
+    (path,) = synthetic.write_per_step(tmp_path / "t.jsonl", shape)
+    whole, cut = tmp_path / "whole.pftrace", tmp_path / "cut.pftrace"
+    export.export_files([path], whole, "perfetto", jobs=1)
+    with ThreadPoolExecutor(4) as pool:
+        export.export_files([path], cut, "perfetto", jobs=7, executor=pool)
+    errors, one, _ = _load(browser, perfetto, whole, _PROTOBUF_SLICES)
+    assert errors == []
+    trace = open_trace(browser, perfetto, cut)
+    try:
+        assert trace.import_errors() == []
+        pieces = trace.query(_PROTOBUF_SLICES)
+        clocks = trace.query("select clock_id, clock_value from clock_snapshot")
+        started = trace.query("select min(ts) as ts from slice")[0]["ts"]
+    finally:
+        trace.close()
+    assert sorted(map(_key, pieces)) == sorted(map(_key, one))
+    assert {row["clock_id"]: row["clock_value"] for row in clocks} == {6: started, 1: started}

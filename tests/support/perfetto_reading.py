@@ -48,6 +48,8 @@ def read_slices(path: Path) -> tuple[list[Slice], dict[int, str]]:
             if descriptor.HasField("parent_uuid"):
                 parents[descriptor.uuid] = descriptor.parent_uuid
             continue
+        if packet.HasField("clock_snapshot"):
+            continue  # the clocks, not an event (read by clock_snapshot below)
         sequence = packet.trusted_packet_sequence_id
         if packet.sequence_flags & TracePacketFlags.CLEARED:
             state[sequence] = {"names": {}, "keys": {}, "track": None}
@@ -103,3 +105,13 @@ def read_slices(path: Path) -> tuple[list[Slice], dict[int, str]]:
 class TracePacketFlags:
     CLEARED = 1
     NEEDS_STATE = 2
+
+
+def clock_snapshots(path: Path) -> list[dict[int, int]]:
+    """Each clock snapshot of the trace: clock id -> its timestamp at the snapshot."""
+    trace = Trace.FromString(path.read_bytes())
+    return [
+        {clock.clock_id: clock.timestamp for clock in packet.clock_snapshot.clocks}
+        for packet in trace.packet
+        if packet.HasField("clock_snapshot")
+    ]

@@ -15,7 +15,7 @@ from pathlib import Path
 import chrome_helpers
 import pytest
 import synthetic
-from perfetto_reading import read_slices
+from perfetto_reading import clock_snapshots, read_slices
 from pictures_helpers import T0, S, Span, incarnation, resource, run_command, write_trace
 
 from megatron.core.telemetry.reader import read_spans
@@ -70,6 +70,16 @@ def test_every_span_is_one_slice_on_its_lane_nested_under_its_parent(tmp_path: P
             assert found.args[key] == value
         parent = found.parent.args["span_id"] if found.parent else None
         assert parent == (span.parent.span_id if span.parent else None), span.name
+
+
+def test_the_trace_clock_reads_as_the_wall_clock(tmp_path: Path) -> None:
+    path, spans = _tied_job(tmp_path)
+    out = _perfetto(tmp_path, path)
+    (snapshot,) = clock_snapshots(out)
+    boottime, realtime = 6, 1  # BUILTIN_CLOCK_BOOTTIME (the trace's), BUILTIN_CLOCK_REALTIME
+    first = T0 + int(min(span.start for span in spans) * S)
+    assert snapshot[boottime] == snapshot[realtime] == first  # at the first span's start
+    assert min(s.ts for s in read_slices(out)[0]) == first  # the spans' epoch nanoseconds
 
 
 def test_links_are_flows_with_both_ends(tmp_path: Path) -> None:
