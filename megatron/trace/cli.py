@@ -7,12 +7,15 @@ arguments and ``func``: parsed arguments in, exit status out) plus its own
 options.
 
 Exit status: whatever the subcommand returns; 2 for a file that cannot be read
-or is damaged (one line naming the file and line), as for any bad input.
+or is damaged (one line naming the file and line), as for any bad input; 141
+(128 + SIGPIPE), silently, when the output's reader closed the pipe early.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -40,7 +43,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args))
+        status = int(args.func(args))
+        sys.stdout.flush()  # here, so a reader that went away is caught below
+        return status
+    except BrokenPipeError:
+        # The output's reader stopped early (``| head``): stop quietly, as the tools a
+        # pipe usually joins do when SIGPIPE ends them, with their exit status.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except (TraceFileDamaged, CompressedTraceError) as error:
         print(f"megatron-trace: {error}", file=sys.stderr)
         return 2

@@ -67,3 +67,25 @@ def test_help_is_plain_text_without_docstring_markup(
     assert "``" not in text and ":func:" not in text and ":mod:" not in text
     description = text.split("\n\n")[1]
     assert len(description.split()) > 8  # says what the command does
+
+
+def test_a_reader_that_stops_early_ends_it_quietly(tmp_path) -> None:
+    """``megatron-trace check FILE | head``: no traceback, no message, SIGPIPE's status."""
+    import tracegen
+
+    path = tracegen.write(tmp_path / "traces.jsonl", tracegen.lifecycle(0))
+    torn = tracegen.line(tracegen.lifecycle(0)[:2], pid=99)[:-40]
+    with path.open("a") as file:
+        file.write("".join(torn + "\n" for _ in range(3000)))  # a note for each
+    child = subprocess.Popen(
+        [sys.executable, "-m", "megatron.trace", "check", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=subprocess_env(),
+    )
+    assert child.stdout is not None and child.stderr is not None
+    assert child.stdout.readline()  # the reader takes a line (the notes are 400 KB) ...
+    child.stdout.close()  # ... and goes away
+    errors = child.stderr.read().decode()
+    assert child.wait(timeout=60) == 141
+    assert errors == ""
