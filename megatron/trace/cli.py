@@ -19,7 +19,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from megatron.core.telemetry.reader import TraceFileDamaged
+from megatron.core.telemetry.reader import TraceFileDamaged, paused_gc
 from megatron.core.telemetry.trace_files import CompressedTraceError
 from megatron.trace import check, export, report, timeline
 
@@ -43,7 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        status = int(args.func(args))
+        with paused_gc():  # a command's data holds no cycles: see paused_gc
+            status = int(args.func(args))
         sys.stdout.flush()  # here, so a reader that went away is caught below
         return status
     except BrokenPipeError:

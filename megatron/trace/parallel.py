@@ -29,6 +29,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from megatron.core.telemetry.reader import paused_gc
 from megatron.core.telemetry.trace_files import FilePiece, split_file
 
 __all__ = ["MIN_PIECE_BYTES", "FilePiece", "default_jobs", "map_files", "map_reduce", "pieces"]
@@ -107,8 +108,13 @@ def map_files(
     if jobs == 1 or len(files) < 2:
         return [function(path) for path in files]
     context = _context()
+    # The results are unpickled here: with the collector paused, as when they were read
+    # (millions of small containers, no cycles; collecting would double the unpickling).
     if context.get_start_method() != "fork":
-        with ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=context) as pool:
+        with (
+            paused_gc(),
+            ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=context) as pool,
+        ):
             return list(pool.map(function, files))
     # Forked workers inherit the function: only the paths cross the pipe. (An export's
     # function carries the whole trace model, which pickling per task cost more than
@@ -116,7 +122,10 @@ def map_files(
     global _inherited
     _inherited = function
     try:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=context) as pool:
+        with (
+            paused_gc(),
+            ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=context) as pool,
+        ):
             return list(pool.map(_call_inherited, files))
     finally:
         _inherited = None
