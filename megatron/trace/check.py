@@ -46,7 +46,6 @@ Several files are scanned in parallel processes and their summaries merged
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import sys
 from collections.abc import Iterable
@@ -75,7 +74,7 @@ from megatron.core.telemetry.semconv import (
 from megatron.trace.command import add_command
 from megatron.trace.liveness import Clock, judge, utc_text
 from megatron.trace.model import Incarnation, Trace, TraceBuilder, process_key
-from megatron.trace.parallel import FilePiece, map_files, pieces
+from megatron.trace.parallel import FilePiece, imap_files, map_files, pieces
 
 if TYPE_CHECKING:
     from megatron.trace.span_ids import IdSet
@@ -229,14 +228,18 @@ def check_files(
     Several files are scanned in ``jobs`` parallel processes (default: one
     per file, up to the cores) or on ``executor``, and merged in file order.
     """
-    from megatron.trace.span_ids import IdSet, ids_hex
+    from megatron.trace.span_ids import ids_hex
 
     paths = list(paths)
     clock = clock or Clock.system()
     files = [Path(path) for path in paths]
-    scans = map_files(_scan, pieces(files, jobs), jobs, executor)
-    builder = functools.reduce(TraceBuilder.merge, (scan.builder for scan in scans))
-    ids = functools.reduce(IdSet.merge, (scan.ids for scan in scans))
+    # folded as the pieces come in: only the merged summary is held, not every piece's
+    scans = imap_files(_scan, pieces(files, jobs), jobs, executor)
+    first = next(scans)
+    builder, ids, late = first.builder, first.ids, list(first.late)
+    for scan in scans:
+        builder, ids = builder.merge(scan.builder), ids.merge(scan.ids)
+        late += scan.late
     result = CheckResult()
     trace = builder.finish()
     liveness = judge(trace, paths, clock)
@@ -253,7 +256,7 @@ def check_files(
     )
     orphans = [span for file_orphans, _ in found for span in file_orphans]
     copies = [span for _, file_copies in found for span in file_copies]
-    per_span = [("end-before-start", span) for scan in scans for span in scan.late]
+    per_span = [("end-before-start", span) for span in late]
     per_span += [("duplicate-span-id", span) for span in _repeats(copies, order)]
     per_span.sort(key=lambda item: (*_read_order(item[1], order), _RULE_ORDER[item[0]]))
     for rule, span in per_span:

@@ -24,7 +24,6 @@ The file is written beside ``-o`` and renamed over it at the end, so a failure
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 from collections.abc import Sequence
 from concurrent.futures import Executor
@@ -41,7 +40,7 @@ from megatron.trace.lanes import LaneIndex
 from megatron.trace.liveness import Clock, judge
 from megatron.trace.model import Trace, TraceBuilder, process_key
 from megatron.trace.output import replacing
-from megatron.trace.parallel import FilePiece, map_files, pieces
+from megatron.trace.parallel import FilePiece, imap_files, map_files, pieces
 from megatron.trace.spans import FileSpans, TraceInputError, reading, span_source
 from megatron.trace.window import (
     Window,
@@ -203,14 +202,15 @@ def _plan(
     clock: Clock,
     executor: Executor | None,
 ) -> tuple[_Plan, Trace]:
-    learnt = map_files(_learn, work, jobs, executor)
-    builder = functools.reduce(TraceBuilder.merge, (b for b, _ in learnt))
+    builder, links = TraceBuilder(), []
+    for piece_builder, piece_links in imap_files(_learn, work, jobs, executor):  # folded
+        builder = builder.merge(piece_builder)
+        links += piece_links
     earliest = builder.earliest_start()
     if earliest is None:
         raise TraceInputError("no spans in the trace files")
     trace = builder.finish()
     judge(trace, paths, clock)  # which last incarnations are still running
-    links = [link for _, file_links in learnt for link in file_links]
     flows = FlowPlan()
     for linking, target in links:
         flows.add(linking, target)

@@ -24,7 +24,7 @@ import functools
 import multiprocessing
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,11 +32,28 @@ from typing import Any, TypeVar
 from megatron.core.telemetry.reader import paused_gc
 from megatron.core.telemetry.trace_files import FilePiece, split_file
 
-__all__ = ["MIN_PIECE_BYTES", "FilePiece", "default_jobs", "map_files", "map_reduce", "pieces"]
+__all__ = [
+    "MAX_PIECES_PER_FILE",
+    "MAX_PIECE_BYTES",
+    "MIN_PIECE_BYTES",
+    "FilePiece",
+    "default_jobs",
+    "imap_files",
+    "map_files",
+    "map_reduce",
+    "pieces",
+]
 
 #: A file is cut only into pieces of at least this size: below it a worker
 #: process costs more than it saves.
 MIN_PIECE_BYTES = 32 * 2**20
+#: ... and, read in parallel, into pieces of at most this size: a piece's summary
+#: crosses a pipe to the merging process whole, and the smaller it is, the less
+#: that process holds twice while taking it in (a 3 GB file: 24 pieces) ...
+MAX_PIECE_BYTES = 128 * 2**20
+#: ... unless that makes more than this many (``check`` looks each piece's span ids
+#: up in every other piece's: the merge grows with the square of the count).
+MAX_PIECES_PER_FILE = 32
 
 R = TypeVar("R")
 
@@ -58,9 +75,10 @@ def pieces(
 ) -> list[FilePiece]:
     """The files cut into about ``jobs`` (default: the cores) pieces of work, in file order.
 
-    Each file gets a share of the pieces by its size, and no piece is smaller
-    than ``min_bytes`` (default :data:`MIN_PIECE_BYTES`); with one job every file
-    is one piece.
+    Each file gets a share of the pieces by its size; no piece is smaller than
+    ``min_bytes`` (default :data:`MIN_PIECE_BYTES`), nor bigger than
+    :data:`MAX_PIECE_BYTES` where a bigger one would be; with one job every
+    file is one piece (it is read in this process, nothing crosses a pipe).
     """
     min_bytes = MIN_PIECE_BYTES if min_bytes is None else min_bytes
     files = [Path(path) for path in paths]
@@ -75,6 +93,8 @@ def pieces(
     result: list[FilePiece] = []
     for path, size in zip(files, sizes, strict=True):
         share = -(-jobs * size // total) if jobs > 1 and total else 1
+        if jobs > 1:
+            share = max(share, min(-(-size // MAX_PIECE_BYTES), MAX_PIECES_PER_FILE))
         count = min(share, size // max(min_bytes, 1))
         result.extend(split_file(path, count) if count > 1 else [FilePiece(path)])
     return result
@@ -101,34 +121,45 @@ def map_files(
     workers) and its result picklable. ``executor``, when given, runs the
     calls instead of a local pool (and ``jobs`` is ignored).
     """
+    return list(imap_files(function, paths, jobs, executor))
+
+
+def imap_files(
+    function: Callable[[Any], R],
+    paths: Sequence[Path | str | FilePiece],
+    jobs: int | None = None,
+    executor: Executor | None = None,
+) -> Iterator[R]:
+    """:func:`map_files`, each result given as soon as it and those before it are in: a
+    fold over it holds the results it has not merged yet, not all of them."""
     files = [path if isinstance(path, FilePiece) else Path(path) for path in paths]
     if executor is not None:
-        return list(executor.map(function, files))
+        yield from executor.map(function, files)
+        return
     jobs = default_jobs(len(files)) if jobs is None else max(1, jobs)
     if jobs == 1 or len(files) < 2:
-        return [function(path) for path in files]
+        for path in files:
+            yield function(path)
+        return
     context = _context()
-    # The results are unpickled here: with the collector paused, as when they were read
-    # (millions of small containers, no cycles; collecting would double the unpickling).
-    if context.get_start_method() != "fork":
-        with (
-            paused_gc(),
-            ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=context) as pool,
-        ):
-            return list(pool.map(function, files))
-    # Forked workers inherit the function: only the paths cross the pipe. (An export's
-    # function carries the whole trace model, which pickling per task cost more than
-    # the parallel read saved.)
+    forked = context.get_start_method() == "fork"
     global _inherited
-    _inherited = function
+    if forked:
+        # Forked workers inherit the function: only the paths cross the pipe. (An
+        # export's function carries the whole trace model, which pickling per task
+        # cost more than the parallel read saved.)
+        _inherited = function
     try:
+        # The results are unpickled here: with the collector paused, as when they were
+        # read (millions of small containers, no cycles; collecting doubled the time).
         with (
             paused_gc(),
             ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=context) as pool,
         ):
-            return list(pool.map(_call_inherited, files))
+            yield from pool.map(_call_inherited if forked else function, files)
     finally:
-        _inherited = None
+        if forked:
+            _inherited = None
 
 
 #: The function forked workers of :func:`map_files` call (set before they fork).
@@ -148,8 +179,13 @@ def map_reduce(
     jobs: int | None = None,
     executor: Executor | None = None,
 ) -> R:
-    """:func:`map_files`, then fold the results with the associative ``merge``, in file order."""
-    results = map_files(function, list(paths), jobs, executor)
-    if not results:
+    """:func:`map_files`, then fold the results with the associative ``merge``, in file
+    order, each as it comes in (so the fold holds little more than its result)."""
+    results = imap_files(function, list(paths), jobs, executor)
+    first = next(results, _NOTHING)
+    if first is _NOTHING:
         raise ValueError("no trace files")
-    return functools.reduce(merge, results)
+    return functools.reduce(merge, results, first)
+
+
+_NOTHING: Any = object()

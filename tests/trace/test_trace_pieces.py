@@ -142,3 +142,24 @@ def test_a_synthetic_week_exports_the_same_slices_in_pieces(
     with ThreadPoolExecutor(4) as pool:
         export.export_files([path], cut, "perfetto", jobs=6, executor=pool)
     assert sorted(map(_key, read_slices(cut)[0])) == sorted(map(_key, read_slices(whole)[0]))
+
+
+def test_pieces_read_in_parallel_stay_small_and_few(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_pieces: None
+) -> None:
+    path = _tied_job(tmp_path / "traces.jsonl")
+    size = path.stat().st_size
+    monkeypatch.setattr(parallel, "MAX_PIECE_BYTES", size // 5)
+    assert 5 <= len(parallel.pieces([path], jobs=2)) <= 6  # small, though there are 2 jobs
+    monkeypatch.setattr(parallel, "MAX_PIECES_PER_FILE", 3)
+    assert len(parallel.pieces([path], jobs=2)) == 3  # and few
+    assert len(parallel.pieces([path], jobs=1)) == 1  # read here: nothing crosses a pipe
+
+
+def test_kept_records_of_a_process_share_one_resource(tmp_path: Path) -> None:
+    """Every line decodes its own copy of the resource; the model keeps one."""
+    path = _tied_job(tmp_path / "traces.jsonl")
+    trace = load_trace([path], jobs=1)
+    for inc in trace.incarnations:
+        resources = {id(record["resource"]) for record in inc.records}
+        assert len(resources) == 1, inc.label
