@@ -66,11 +66,10 @@ from megatron.core.telemetry.reader import (
     DecodedLine,
     ReadStats,
     damaged,
-    flat_span,
     iter_batches,
     paused_gc,
 )
-from megatron.core.telemetry.records import SpanRecord, is_cut_short
+from megatron.core.telemetry.records import SpanRecord, is_cut_short, span_record
 from megatron.core.telemetry.semconv import (
     CATEGORY_CHECKPOINT_LOAD,
     CATEGORY_CHECKPOINT_SAVE,
@@ -389,27 +388,38 @@ class _Process:
         self.max_end_child = max(self.max_end_child, other.max_end_child)
 
 
-def _compact(record: SpanRecord) -> SpanRecord:
-    """A record to keep, holding the one copy of each of its strings.
+def _kept(span: Any, resource: dict[str, Any], path: Path, line: int) -> SpanRecord:
+    """:func:`~megatron.core.telemetry.reader.flat_span` of a span to keep, holding the
+    one copy of each of its strings.
 
     A decoded line makes new strings for every span; a week's trace keeps
     hundreds of thousands of structural records, whose names and keys are a
     handful of distinct strings, and whose ids repeat: a save's parent is its
-    interval, an interval links to the one before, they share a trace id.
+    interval, an interval links to the one before, they share a trace id. So
+    they are interned as the record is built (not rewritten after it).
     """
     intern = sys.intern
-    record["name"] = intern(record["name"])
-    record["trace_id"] = intern(record["trace_id"])
-    record["span_id"] = intern(record["span_id"])
-    if record["parent_id"]:
-        record["parent_id"] = intern(record["parent_id"])
-    record["links"] = [(intern(trace), intern(span)) for trace, span in record["links"]]
-    record["attributes"] = {intern(key): value for key, value in record["attributes"].items()}
-    if not record["events"]:
-        record["events"] = _NONE
-    if not record["link_attributes"]:
-        record["link_attributes"] = _NONE
-    return record
+    parent = span.parent_span_id
+    attributes = span.attribute_dict() if span.has_attributes() else {}
+    links = span.link_pairs() if span.has_links() else _NONE
+    return span_record(
+        intern(span.name),
+        intern(span.trace_id),
+        intern(span.span_id),
+        intern(parent) if parent else None,
+        span.start_time_unix_nano,
+        span.end_time_unix_nano,
+        {intern(key): value for key, value in attributes.items()} if attributes else {},
+        [(intern(trace), intern(linked)) for trace, linked in links] if links else [],
+        span.link_attribute_dicts() if links else _NONE,
+        span.event_dicts() or _NONE,
+        span.status_code() if span.status else "UNSET",
+        span.status_message() if span.status else "",
+        span.kind,
+        resource,
+        path,
+        line,
+    )
 
 
 # The empty list the kept records share for "no events", "no link attributes"
@@ -560,18 +570,22 @@ class TraceBuilder:
             if child_ends:
                 proc.max_end_child = max(proc.max_end_child, max(child_ends))
             numbers, starts, ends = proc.iterations.arrays()
+            resource = None  # the batch's shared resource, looked up at its first record
             for span in kept:
                 kind = kinds.get(span.name)
                 if kind is None:
                     kind = self._kind(span.name)
                 if kind == _STRUCTURAL or id(span) in cut:
-                    resource = self._shared(batch.resource)
-                    proc.records.append(_compact(flat_span(span, resource, path, number)))
+                    if resource is None:
+                        resource = self._shared(batch.resource)
+                    proc.records.append(_kept(span, resource, path, number))
                     if kind in (_STRUCTURAL, _IGNORED):
                         continue
                 if kind == _ITERATION:
                     # an iteration whose step raised (ERROR status) did not finish
-                    if id(span) not in cut and span.status_code() != "ERROR":
+                    # (an UNSET status is usually absent or {}: no call for it)
+                    failed = span.status and span.status_code() == "ERROR"
+                    if id(span) not in cut and not failed:
                         value = span.attribute(ITERATION)
                         if value is not None:
                             numbers.append(int(value))
