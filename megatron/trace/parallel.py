@@ -94,7 +94,9 @@ def pieces(
     for path, size in zip(files, sizes, strict=True):
         share = -(-jobs * size // total) if jobs > 1 and total else 1
         if jobs > 1:
-            share = max(share, min(-(-size // MAX_PIECE_BYTES), MAX_PIECES_PER_FILE))
+            small = -(-size // MAX_PIECE_BYTES)
+            small = -(-small // jobs) * jobs  # a multiple of the jobs: none idles at the end
+            share = max(share, min(small, max(MAX_PIECES_PER_FILE, jobs)))
         count = min(share, size // max(min_bytes, 1))
         result.extend(split_file(path, count) if count > 1 else [FilePiece(path)])
     return result
