@@ -33,6 +33,7 @@ from typing import IO, Any
 
 from megatron.core.telemetry.otlp_decode import spans_with_links
 from megatron.core.telemetry.reader import iter_batches, paused_gc
+from megatron.core.telemetry.trace_files import fixed_end
 from megatron.trace.chrome_trace import ChromePart, ChromeWriter
 from megatron.trace.command import add_command
 from megatron.trace.flows import FlowPlan
@@ -292,7 +293,8 @@ def export_files(
             import perfetto.protos.perfetto.trace.perfetto_trace_pb2  # noqa: F401
         except ImportError:
             raise TraceInputError(PERFETTO_MISSING) from None
-    work = pieces(files, jobs)
+    # both passes read the same lines, however much a running job appends meanwhile
+    work = [fixed_end(piece) for piece in pieces(files, jobs)]
     plan, trace = _plan(files, work, jobs, clock or Clock.system(), executor)
     window = resolve_window(trace, since, until, ranks)
     part_files: list[Path] = []

@@ -163,3 +163,28 @@ def test_kept_records_of_a_process_share_one_resource(tmp_path: Path) -> None:
     for inc in trace.incarnations:
         resources = {id(record["resource"]) for record in inc.records}
         assert len(resources) == 1, inc.label
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_an_export_reads_the_lines_its_first_pass_read_while_a_job_appends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_pieces: None, jobs: int
+) -> None:
+    """A running job appends between the two passes (here: a restart, a process the model
+    has never seen): the export is of what the first pass read, whole."""
+    path = _tied_job(tmp_path / "traces.jsonl")
+    before = tmp_path / "before.json"
+    export.export_files([path], before, "chrome", jobs=1)
+    first_pass = export._plan
+
+    def plan_then_append(*args, **kwargs):
+        planned = first_pass(*args, **kwargs)
+        write_trace(path, [(resource("job", 0, 900), incarnation(200, 40, 2))])
+        return planned
+
+    monkeypatch.setattr(export, "_plan", plan_then_append)
+    during = tmp_path / "during.json"
+    with ThreadPoolExecutor(3) as pool:
+        export.export_files(
+            [path], during, "chrome", jobs=jobs, executor=pool if jobs > 1 else None
+        )
+    assert during.read_bytes() == before.read_bytes()

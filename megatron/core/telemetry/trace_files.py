@@ -26,6 +26,7 @@ from typing import IO
 __all__ = [
     "CompressedTraceError",
     "FilePiece",
+    "fixed_end",
     "is_compressed",
     "iter_lines",
     "iter_piece_lines",
@@ -105,6 +106,19 @@ class FilePiece:
     start: int = 0
     stop: int | None = None
     first_line: int = 1
+
+
+def fixed_end(piece: FilePiece) -> FilePiece:
+    """``piece`` ending where its file ends now, not where it will: so that two passes over
+    a file a running job still appends to read the same lines. (A compressed file is
+    never appended to: it stays as it is.)"""
+    if piece.stop is not None:
+        return piece
+    with open(piece.path, "rb") as stream:
+        if is_compressed(stream.read(4)):
+            return piece
+        size = stream.seek(0, 2)
+    return FilePiece(piece.path, piece.start, size, piece.first_line)
 
 
 def iter_piece_lines(piece: FilePiece) -> Iterator[bytes]:
