@@ -13,9 +13,12 @@ size. The mapping (``TrackEvent``):
   children nest under their parents by time; attributes, ids and status are
   debug annotations (the Chrome export's ``args``);
 * every link a flow (``flow_ids`` on both slices' begin events), so the
-  arrows startup → C0 → C1 … join the per-interval traces;
-* a clock snapshot that makes the trace's clock read as the wall clock, so
-  Perfetto UI can show UTC times (its timestamp format setting).
+  arrows startup → C0 → C1 … join the per-interval traces.
+
+The timestamps are the spans' own Unix-epoch nanoseconds, so Perfetto UI's
+"Realtime (UTC)" timestamp format shows the wall clock as it is. No clock
+snapshot is written: tried, it changed no time the UI shows and added a
+"System / Clock Snapshots" track that kept the trace's tracks folded on open.
 
 Each track is its own packet sequence, with the track as its default and
 the event names and annotation keys interned (written once, referred to by
@@ -307,27 +310,12 @@ class PerfettoWriter:
     def header(self, out: IO[bytes]) -> int:
         """The track descriptors: root, one per incarnation, one per lane."""
         from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
-            BuiltinClock,
-            ClockSnapshot,
             TracePacket,
             TrackDescriptor,
         )
 
         explicit = TrackDescriptor.ChildTracksOrdering.EXPLICIT
-        # The timestamps are the spans' own, Unix-epoch nanoseconds, in the trace's
-        # default clock (boot time): this snapshot says that clock reads as the wall
-        # clock, so Perfetto UI can show times in UTC and the trace processor can
-        # convert to REALTIME, and the times stay exactly as written.
-        now = min((inc.start_ns for inc in self.lanes.trace.incarnations), default=0)
-        snapshot = ClockSnapshot(
-            clocks=[
-                ClockSnapshot.Clock(clock_id=BuiltinClock.BUILTIN_CLOCK_BOOTTIME, timestamp=now),
-                ClockSnapshot.Clock(clock_id=BuiltinClock.BUILTIN_CLOCK_REALTIME, timestamp=now),
-            ],
-            primary_trace_clock=BuiltinClock.BUILTIN_CLOCK_BOOTTIME,
-        )
         packets = [
-            TracePacket(clock_snapshot=snapshot),
             TracePacket(
                 track_descriptor=TrackDescriptor(
                     uuid=_ROOT_UUID, name="megatron-trace", child_ordering=explicit
