@@ -429,6 +429,7 @@ class PerfettoWriter:
                     self._take_head(lane, sequence, closed=True)
                     sequence = self._sequence(lane)
                     head, end_tail, held = sequence.head, sequence.end_tail, sequence.held
+                    end_size = 1 + len(end_tail)  # the sequence ids' varints may differ
                     names, annotations = sequence.name_iids, sequence.annotations
                     trace_head, span_head, parent_head = sequence.id_heads
             elif not span.parent_span_id:

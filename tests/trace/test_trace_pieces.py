@@ -132,15 +132,18 @@ def _key(s: Slice) -> tuple[object, ...]:
     return (s.track, s.name, s.ts, s.dur, s.depth, s.parent.name if s.parent else None)
 
 
+@pytest.mark.parametrize("count", [6, 40])
 def test_a_synthetic_week_exports_the_same_slices_in_pieces(
-    tmp_path: Path, tiny_pieces: None
+    tmp_path: Path, tiny_pieces: None, count: int
 ) -> None:
-    shape = synthetic.Shape(spans=6000, ranks=2, incarnations=2, save_interval=7, per_line=50)
+    """40 pieces of 4 tracks: sequence ids pass 127 and 255, where their varints grow."""
+    shape = synthetic.Shape(spans=6000, ranks=2, incarnations=2, save_interval=7, per_line=20)
     (path,) = synthetic.write_per_step(tmp_path / "t.jsonl", shape)
     whole, cut = tmp_path / "whole.pftrace", tmp_path / "cut.pftrace"
     export.export_files([path], whole, "perfetto", jobs=1)
     with ThreadPoolExecutor(4) as pool:
-        export.export_files([path], cut, "perfetto", jobs=6, executor=pool)
+        export.export_files([path], cut, "perfetto", jobs=count, executor=pool)
+    assert len(parallel.pieces([path], jobs=count)) == count
     assert sorted(map(_key, read_slices(cut)[0])) == sorted(map(_key, read_slices(whole)[0]))
 
 
@@ -188,3 +191,19 @@ def test_an_export_reads_the_lines_its_first_pass_read_while_a_job_appends(
             [path], during, "chrome", jobs=jobs, executor=pool if jobs > 1 else None
         )
     assert during.read_bytes() == before.read_bytes()
+
+
+def test_a_piece_whose_sequence_ids_need_more_bytes_after_its_head_still_parses(
+    tmp_path: Path, tiny_pieces: None
+) -> None:
+    """One track, 80 pieces: piece 63's head sequence is id 128 (two varint bytes) and its
+    own is 127 (one). The packets after the head, in the same batch, must be framed with
+    their own sequence's length."""
+    shape = synthetic.Shape(spans=4000, ranks=1, save_interval=2, per_line=12)
+    (path,) = synthetic.write_per_step(tmp_path / "t.jsonl", shape)
+    whole, cut = tmp_path / "whole.pftrace", tmp_path / "cut.pftrace"
+    export.export_files([path], whole, "perfetto", jobs=1)
+    with ThreadPoolExecutor(4) as pool:
+        export.export_files([path], cut, "perfetto", jobs=80, executor=pool)
+    assert len(parallel.pieces([path], jobs=80)) == 80
+    assert sorted(map(_key, read_slices(cut)[0])) == sorted(map(_key, read_slices(whole)[0]))
