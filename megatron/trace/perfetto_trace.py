@@ -372,17 +372,14 @@ class PerfettoWriter:
     def spans(self, out: IO[bytes], lane: Lane, spans: Sequence[Any]) -> None:
         """Slices for spans of one lane (held until their subtree is complete)."""
         sequence = self._sequence(lane)
-        head, end_tail = sequence.head, sequence.end_tail
-        held = sequence.held
+        head, end_tail, end_size, held, names, annotations, id_heads = _hot(sequence)
+        trace_head, span_head, parent_head = id_heads
         flows = self.flows
-        names = sequence.name_iids
-        annotations = sequence.annotations
-        trace_head, span_head, parent_head = sequence.id_heads
         starts = [span.start_time_unix_nano for span in spans]
         ends = [span.end_time_unix_nano for span in spans]
         # The packets are joined from their pieces once each (bytes ``+`` would copy a
         # packet once per piece): a begin is Trace.packet{timestamp, sequence, event}.
-        event_tag, end_size = _TRACK_EVENT_TAG, 1 + len(end_tail)
+        event_tag = _TRACK_EVENT_TAG
         for span, start, end, start_varint, end_varint in zip(
             spans, starts, ends, varints(starts), varints(ends), strict=True
         ):
@@ -427,11 +424,9 @@ class PerfettoWriter:
                 if not span.parent_span_id or len(held) > MAX_HELD:
                     # the track's first root here (or too much held): hand the head back
                     self._take_head(lane, sequence, closed=True)
-                    sequence = self._sequence(lane)
-                    head, end_tail, held = sequence.head, sequence.end_tail, sequence.held
-                    end_size = 1 + len(end_tail)  # the sequence ids' varints may differ
-                    names, annotations = sequence.name_iids, sequence.annotations
-                    trace_head, span_head, parent_head = sequence.id_heads
+                    sequence = self._sequence(lane)  # ids of another length, maybe: all anew
+                    head, end_tail, end_size, held, names, annotations, id_heads = _hot(sequence)
+                    trace_head, span_head, parent_head = id_heads
             elif not span.parent_span_id:
                 self._flush(out, sequence, _subtree(held))  # a root: its subtree is complete
             elif len(held) > MAX_HELD:
@@ -543,6 +538,22 @@ class PerfettoWriter:
     def footer(self, out: IO[bytes], parts: Sequence[PerfettoPart]) -> int:
         """Nothing follows the packets."""
         return 0
+
+
+def _hot(sequence: _Sequence) -> tuple[Any, ...]:
+    """What the loop of :meth:`PerfettoWriter.spans` reads of its sequence, as locals: the
+    packet head and end tail (their lengths follow the sequence id's), the end's length
+    less its timestamp, the held spans, the interning tables, the id annotation heads."""
+    tail = sequence.end_tail
+    return (
+        sequence.head,
+        tail,
+        1 + len(tail),
+        sequence.held,
+        sequence.name_iids,
+        sequence.annotations,
+        sequence.id_heads,
+    )
 
 
 def _packets(held: list[_Held]) -> list[bytes]:
