@@ -28,15 +28,15 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # A model small enough that an iteration takes milliseconds on one CPU core.
-TINY = (
+TINY_MODEL = (
     "--mock-data",
     "--num-layers", "2",
     "--hidden-size", "32",
     "--num-attention-heads", "2",
     "--seq-length", "32",
     "--micro-batch-size", "2",
-    "--log-interval", "1",
 )  # fmt: skip
+TINY = (*TINY_MODEL, "--log-interval", "1")
 
 TELEMETRY_ON = ("--otel-enabled", "--otel-span-groups", "per_step")
 
@@ -216,6 +216,31 @@ class TrainingCLI:
         return Process(
             [sys.executable, "-m", "megatron.training", *args], cwd=self.cwd, env=self.env(env)
         )
+
+    def killed_then_resumed(
+        self, args: Sequence[str], trace: Path, *, load: str, resume_iters: int
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``args`` (which save checkpoints) towards 100 slow iterations, SIGKILL it once
+        iteration 12 is finished in ``trace``, then resume from ``load`` to ``resume_iters``."""
+        trainer = self.start(
+            *args, "--train-iters", "100", env={"MEGATRON_TEST_ITERATION_SLEEP": "0.2"}
+        )
+        trainer.wait_until(lambda: finished_iteration(trace, 12))
+        trainer.kill()
+        assert trainer.process.returncode == -signal.SIGKILL
+        return self.run(*args, "--train-iters", str(resume_iters), "--load", load)
+
+
+def finished_iteration(trace: Path, iteration: int) -> bool:
+    """Whether ``trace`` holds a finished ``megatron.train.iteration`` numbered ``iteration``
+    or later (exported: the batch that holds it is on disk)."""
+    from megatron.core.telemetry.reader import read_spans
+
+    return trace.exists() and any(
+        s["name"] == "megatron.train.iteration"
+        and s["attributes"]["megatron.iteration"] >= iteration
+        for s in read_spans(trace)
+    )
 
 
 SCRIPT_PRELUDE = textwrap.dedent(

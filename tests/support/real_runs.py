@@ -14,21 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from processes import subprocess_env
+from processes import TELEMETRY_ON, TINY_MODEL, finished_iteration, subprocess_env
 
-from megatron.core.telemetry.reader import read_spans
-
-TINY = (
-    "--mock-data",
-    "--num-layers", "2",
-    "--hidden-size", "32",
-    "--num-attention-heads", "2",
-    "--seq-length", "32",
-    "--micro-batch-size", "2",
-    "--log-interval", "5",
-    "--otel-enabled",
-    "--otel-span-groups", "per_step",
-)  # fmt: skip
+TINY = (*TINY_MODEL, "--log-interval", "5", *TELEMETRY_ON)
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -77,14 +65,7 @@ def killed_and_resumed(cwd: Path) -> Path:
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while not (
-            trace.exists()
-            and any(
-                s["name"] == "megatron.train.iteration"
-                and s["attributes"]["megatron.iteration"] >= 12
-                for s in read_spans(trace)
-            )
-        ):
+        while not finished_iteration(trace, 12):
             assert trainer.poll() is None, (cwd / "killed.log").read_text()
             assert time.monotonic() < deadline, "iteration 12 never reached the trace"
             time.sleep(0.1)

@@ -35,31 +35,32 @@ def lifecycles() -> Iterator[Lifecycles]:
         yield made
 
 
-@pytest.fixture
-def read_only_mount(tmp_path):
-    """A real read-only filesystem (tmpfs mounted ro), where this process may mount one."""
-    mount_point = tmp_path / "ro-mount"
+def _tmpfs(tmp_path, name: str, options: str, otherwise: str):
+    """A tmpfs mounted with ``options`` while the test runs, where this process may mount
+    one (else the test skips, saying which test ``otherwise`` covers the case)."""
+    mount_point = tmp_path / name
     mount_point.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount_point)],
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
         capture_output=True,
     )
     if mounted.returncode != 0:
-        pytest.skip("cannot mount here; the simulated EROFS test covers the check")
+        pytest.skip(f"cannot mount here; {otherwise}")
     yield mount_point
     subprocess.run(["umount", str(mount_point)], check=True)
+
+
+@pytest.fixture
+def read_only_mount(tmp_path):
+    """A real read-only filesystem (tmpfs mounted ro), where this process may mount one."""
+    yield from _tmpfs(
+        tmp_path, "ro-mount", "ro,size=1m", "the simulated EROFS test covers the check"
+    )
 
 
 @pytest.fixture
 def small_mount(tmp_path):
     """A 96 KiB tmpfs, where this process may mount one: a disk that fills up mid-run."""
-    mount_point = tmp_path / "small-mount"
-    mount_point.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(mount_point)],
-        capture_output=True,
+    yield from _tmpfs(
+        tmp_path, "small-mount", "size=96k", "the simulated ENOSPC test covers the sink"
     )
-    if mounted.returncode != 0:
-        pytest.skip("cannot mount here; the simulated ENOSPC test covers the sink")
-    yield mount_point
-    subprocess.run(["umount", str(mount_point)], check=True)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import signal
 
 import pytest
 
 from megatron.core.telemetry.heartbeat import HEARTBEAT_METRIC
-from megatron.core.telemetry.reader import iter_requests, read_spans
+from megatron.core.telemetry.reader import iter_requests
 from megatron.core.telemetry.semconv import BADPUT_CATEGORIES
 from megatron.training.goodput_metrics import (
     CATEGORY_ATTRIBUTE,
@@ -100,19 +99,7 @@ def test_a_finished_run_exports_what_report_says(training_cli):
 def test_a_resumed_run_carries_the_job_forward(training_cli):
     cli = training_cli
     args = (*cli.TINY, *cli.TELEMETRY_ON, "--save", "ckpt", "--save-interval", "5")
-    trainer = cli.start(*args, "--train-iters", "100", env={"MEGATRON_TEST_ITERATION_SLEEP": "0.2"})
-
-    def past_the_save() -> bool:
-        path = cli.cwd / TRACE
-        return path.exists() and any(
-            s["name"] == "megatron.train.iteration" and s["attributes"]["megatron.iteration"] >= 12
-            for s in read_spans(path)
-        )
-
-    trainer.wait_until(past_the_save)
-    trainer.kill()
-    assert trainer.process.returncode == -signal.SIGKILL
-    resumed = cli.run(*args, "--train-iters", "20", "--load", "ckpt")
+    resumed = cli.killed_then_resumed(args, cli.cwd / TRACE, load="ckpt", resume_iters=20)
     assert resumed.returncode == 0, resumed.stderr
 
     report = _report(cli)

@@ -70,21 +70,9 @@ def test_killed_mid_interval_then_resumed(training_cli):
     # Eight iterations (1.6 s) between the wait's iteration 12 and the next save at 20: the
     # kill lands inside the second interval even when polling on a loaded machine is slow
     # (with saves every 5 it could land just after the save at 15, redoing nothing).
+    # (killed once iteration 12, a few iterations into the second interval, is on disk)
     args = (*cli.TINY, *cli.TELEMETRY_ON, "--save", "ckpt", "--save-interval", "10")
-    trainer = cli.start(*args, "--train-iters", "100", env={"MEGATRON_TEST_ITERATION_SLEEP": "0.2"})
-
-    def past_the_save() -> bool:
-        # a few iterations of the second interval finished and exported
-        path = cli.cwd / TRACE
-        return path.exists() and any(
-            s["name"] == "megatron.train.iteration" and s["attributes"]["megatron.iteration"] >= 12
-            for s in read_spans(path)
-        )
-
-    trainer.wait_until(past_the_save)
-    trainer.kill()
-    assert trainer.process.returncode == -signal.SIGKILL
-    resumed = cli.run(*args, "--train-iters", "30", "--load", "ckpt")
+    resumed = cli.killed_then_resumed(args, cli.cwd / TRACE, load="ckpt", resume_iters=30)
     assert resumed.returncode == 0, resumed.stderr
 
     check = _trace_tool(cli, "check", TRACE)
