@@ -93,3 +93,19 @@ def links(spans: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return [
         (target, span["span_id"]) for span in spans for _, target in span["links"] if target in ids
     ]
+
+
+def assert_rank_0_twice(document: dict[str, Any]) -> dict[tuple[int, int | None], str]:
+    """A killed-and-resumed one-rank job's layout: a process per incarnation ("incarnation
+    0" as pid 1, "incarnation 1" as pid 2), each with one thread, "rank 0". Returns the
+    thread names."""
+    assert names(document, "process_name") == {
+        (1, None): "incarnation 0",
+        (2, None): "incarnation 1",
+    }
+    threads = names(document, "thread_name")
+    assert sorted((pid, name) for (pid, _), name in threads.items()) == [
+        (1, "rank 0"),
+        (2, "rank 0"),
+    ]
+    return threads

@@ -77,15 +77,7 @@ def two_incarnations(tmp_path: Path) -> tuple[Path, list[Span], list[Span]]:
 def test_a_process_per_incarnation_and_a_complete_event_per_span(tmp_path: Path) -> None:
     path, first, second = two_incarnations(tmp_path)
     document = chrome(tmp_path, path)
-    assert chrome_helpers.names(document, "process_name") == {
-        (1, None): "incarnation 0",
-        (2, None): "incarnation 1",
-    }
-    threads = chrome_helpers.names(document, "thread_name")
-    assert sorted((pid, name) for (pid, _), name in threads.items()) == [
-        (1, "rank 0"),
-        (2, "rank 0"),
-    ]
+    threads = chrome_helpers.assert_rank_0_twice(document)
     assert_ids_no_importer_reinterprets(document)
     tid_of = {pid: tid for pid, tid in threads}
     events = complete_events(document)

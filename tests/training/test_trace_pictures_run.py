@@ -53,15 +53,7 @@ def test_the_chrome_export_of_a_resumed_run(resumed_trace: Path, tmp_path: Path)
         assert chrome_helpers.end_ns(document, event) == span["end_ns"]
         pids.setdefault(span["resource"]["process.pid"], set()).add(event["pid"])
     assert sorted(pids.values(), key=min) == [{1}, {2}]
-    assert chrome_helpers.names(document, "process_name") == {
-        (1, None): "incarnation 0",
-        (2, None): "incarnation 1",
-    }
-    threads = chrome_helpers.names(document, "thread_name")
-    assert sorted((pid, name) for (pid, _), name in threads.items()) == [
-        (1, "rank 0"),
-        (2, "rank 0"),
-    ]
+    chrome_helpers.assert_rank_0_twice(document)
 
     # Nested by time: every span lies within its parent, on the parent's thread.
     by_id = {e["args"]["span_id"]: e for e in complete}
