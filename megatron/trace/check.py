@@ -146,13 +146,13 @@ def _record_where(record: SpanRecord, inc: Incarnation) -> str:
     )
 
 
-def _scan(path: Path | FilePiece) -> _FileScan:
-    """The map step: one pass over one file or piece of a file (in parallel)."""
+def _scan(piece: FilePiece) -> _FileScan:
+    """The map step: one pass over one piece of a file (:func:`pieces`: in parallel)."""
     from megatron.trace.span_ids import IdCollector  # numpy: imported when it is needed
 
     builder, ids, late = TraceBuilder(), IdCollector(), []
     with paused_gc():
-        for line in iter_batches(path, builder.stats):
+        for line in iter_batches(piece, builder.stats):
             builder.add_line(line)
             try:
                 batches = line.batches
@@ -162,7 +162,7 @@ def _scan(path: Path | FilePiece) -> _FileScan:
                     late.extend(_flagged(line.path, line.number, batches, _ends_early))
             except DAMAGE_ERRORS as error:
                 raise damaged(line.path, line.number, error) from error
-    return _FileScan(builder, ids.finish(path.path if isinstance(path, FilePiece) else path), late)
+    return _FileScan(builder, ids.finish(piece.path), late)
 
 
 def _ends_early(span: Any) -> bool:
