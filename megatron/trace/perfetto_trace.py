@@ -433,10 +433,15 @@ class PerfettoWriter:
                 self._flush(out, sequence, list(held))
 
     def _take_head(self, lane: Lane, sequence: _Sequence, closed: bool) -> None:
+        self.part.heads[lane] = (*self._hand_back(sequence), closed)
+
+    def _hand_back(self, sequence: _Sequence) -> tuple[bytes, list[_Held]]:
+        """The sequence's held spans, taken out for :meth:`join` to write, with the preamble
+        that makes them readable wherever it writes them (and counted as written)."""
         held = list(sequence.held)
         sequence.held.clear()
-        self.part.heads[lane] = (self._preamble(sequence), held, closed)
         self.part.events += 2 * len(held)
+        return self._preamble(sequence), held
 
     def _preamble(self, sequence: _Sequence) -> bytes:
         """What a reader must see before the sequence's next packets: its first packet (if
@@ -504,11 +509,8 @@ class PerfettoWriter:
             if lane not in self.part.heads:  # no root of the track in the piece
                 self._take_head(lane, sequence, closed=False)
         for lane, sequence in self._sequences.items():
-            held = list(sequence.held)
-            sequence.held.clear()
-            if held:
-                self.part.tails[lane] = (self._preamble(sequence), held)
-                self.part.events += 2 * len(held)
+            if sequence.held:
+                self.part.tails[lane] = self._hand_back(sequence)
 
     def join(self, out: IO[bytes], parts: Sequence[PerfettoPart], files: Sequence[Path]) -> None:
         """The parts other writers wrote (a piece of the input each), in input order, and
