@@ -15,7 +15,7 @@ from processes import subprocess_env
 
 from megatron.trace.cli import COMMANDS, build_parser
 
-SUBCOMMANDS = [module.__name__.rsplit(".", 1)[-1] for module in COMMANDS]
+SUBCOMMANDS = list(COMMANDS)
 COLUMNS = "100"  # argparse wraps to the terminal: the same width in and out of process
 
 
@@ -89,3 +89,27 @@ def test_a_reader_that_stops_early_ends_it_quietly(tmp_path) -> None:
     errors = child.stderr.read().decode()
     assert child.wait(timeout=60) == 141
     assert errors == ""
+
+
+def test_a_subcommand_imports_only_what_it_runs(tmp_path) -> None:
+    """``report`` on a small file does not wait for the exporters, the timeline or the
+    OpenTelemetry SDK to import (a third of its start once)."""
+    import tracegen
+
+    path = tracegen.write(tmp_path / "traces.jsonl", tracegen.lifecycle(0))
+    probe = (
+        "import sys\n"
+        "from megatron.trace.cli import main\n"
+        f"status = main(['report', {str(path)!r}])\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('megatron', 'opentel')))))\n"
+        "raise SystemExit(status)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=subprocess_env()
+    )
+    assert result.returncode == 0, result.stderr
+    loaded = set(result.stdout.splitlines()[-1].split())
+    assert "megatron.trace.report" in loaded
+    unused = {"megatron.trace.export", "megatron.trace.timeline", "megatron.trace.check"}
+    assert not loaded & unused
+    assert not any(name.startswith("opentelemetry") for name in loaded)

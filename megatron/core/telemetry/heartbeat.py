@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from opentelemetry.metrics import CallbackOptions, Observation
+if TYPE_CHECKING:  # imported where a job registers the gauge: readers need only the names
+    from opentelemetry.metrics import CallbackOptions, Observation
 
 __all__ = [
     "HEARTBEAT_METRIC",
@@ -53,6 +54,7 @@ def register_heartbeat(meter: Any, is_running: Callable[[], bool]) -> None:
 
     Never raises: a meter that cannot create the gauge is logged once.
     """
+    from opentelemetry.metrics import Observation
 
     def observe(_options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(1 if is_running() else 0)]
