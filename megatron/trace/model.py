@@ -692,19 +692,18 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], lis
     boundaries = [s["start_ns"] for s in startups[1:]]
     incs = [Incarnation(proc.rank, 0, key) for _ in range(len(boundaries) + 1)]
 
+    lists = [_lists_by_name(inc) for inc in incs]  # the name -> list table of each
     for record in records:
-        inc = incs[slot_of(boundaries, record["name"], record["start_ns"], record["end_ns"])]
-        if is_cut_short(record):
-            inc.cut_short.append(record)
-        category = SPAN_CATEGORY.get(record["name"])
-        if category == CATEGORY_STARTUP:
-            inc.startup = record
-        elif category is not None:
-            _records_of_category(inc, category).append(record)
-        elif record["name"] == HANG_SPAN:
-            inc.hangs.append(record)
-        elif record["name"] == HANG_RECOVERED_SPAN:
-            inc.recoveries.append(record)
+        name = record["name"]
+        slot = slot_of(boundaries, name, record["start_ns"], record["end_ns"]) if boundaries else 0
+        if record["attributes"] and is_cut_short(record):
+            incs[slot].cut_short.append(record)
+        if name == STARTUP_SPAN:
+            incs[slot].startup = record
+        else:
+            target = lists[slot].get(name)
+            if target is not None:
+                target.append(record)
     _distribute_iterations(proc.iterations, incs, boundaries)
     _distribute_iterations(proc.waits, incs, boundaries, "waits")
     for position, inc in enumerate(incs):
@@ -735,16 +734,23 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], lis
     return boundaries, incs
 
 
-def _records_of_category(inc: Incarnation, category: str) -> list[SpanRecord]:
-    """The incarnation's list for the structural spans of a report category (not startup)."""
-    return {
+def _lists_by_name(inc: Incarnation) -> dict[str, list[SpanRecord]]:
+    """Span name -> the incarnation's list for it: the structural spans of each report
+    category (but startup, a single record) and the hang watchdog's."""
+    by_category = {
         CATEGORY_QUEUE: inc.pre_startup,
         CATEGORY_LAUNCH: inc.launch,
         CATEGORY_GOODPUT: inc.intervals,
         CATEGORY_CHECKPOINT_SAVE: inc.saves,
         CATEGORY_CHECKPOINT_LOAD: inc.loads,
         CATEGORY_EVALUATION: inc.evaluations,
-    }[category]
+    }
+    lists = {
+        name: by_category[category]
+        for name, category in SPAN_CATEGORY.items()
+        if category != CATEGORY_STARTUP
+    }
+    return {**lists, HANG_SPAN: inc.hangs, HANG_RECOVERED_SPAN: inc.recoveries}
 
 
 def _ending(inc: Incarnation) -> tuple[str, str | None]:
