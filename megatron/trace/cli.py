@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from megatron.core.telemetry.reader import TraceFileDamaged, paused_gc
 from megatron.core.telemetry.trace_files import CompressedTraceError
+
 #: Subcommand -> the module that defines it, in the order the help lists them.
 COMMANDS = {
     "check": "megatron.trace.check",

@@ -123,16 +123,16 @@ def _by_length(facts: list[IntervalFacts], full_count: int) -> list[IntervalFact
     ]
 
 
-def _numbers_inside(numbers: array, starts: array, ordered: bool, lo: int, hi: int) -> Sequence[int]:
+def _numbers_inside(
+    numbers: array, starts: array, ordered: bool, lo: int, hi: int
+) -> Sequence[int]:
     """Iteration numbers whose span started in ``[lo, hi)``."""
     if ordered:
         return numbers[bisect.bisect_left(starts, lo) : bisect.bisect_left(starts, hi)]
     return [n for n, s in zip(numbers, starts, strict=True) if lo <= s < hi]
 
 
-def _saved_inside(
-    saves: list[SpanRecord], save_starts: list[int], lo: int, hi: int
-) -> list[int]:
+def _saved_inside(saves: list[SpanRecord], save_starts: list[int], lo: int, hi: int) -> list[int]:
     """The iterations of the saves that started in ``[lo, hi)`` (they are in start order:
     found by bisection, not by a scan of every save for every interval)."""
     within = saves[bisect.bisect_left(save_starts, lo) : bisect.bisect_left(save_starts, hi)]
