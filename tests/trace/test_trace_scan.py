@@ -172,3 +172,28 @@ def test_check_sees_ids_across_files(tmp_path: Path, capsys) -> None:
     assert len(result.violations) == 1, result.violations
     assert result.violations[0].startswith("duplicate-span-id: span megatron.startup.imports ")
     assert f"({copy}:1)" in result.violations[0]  # the second occurrence, in read order
+
+
+def _pid_of(path: Path) -> tuple[str, int]:
+    import os
+
+    return path.name, os.getpid()
+
+
+@pytest.mark.parametrize(("files", "jobs"), [(2, 2), (3, 3), (5, 2)])
+def test_parallel_results_come_back_in_file_order(tmp_path: Path, files: int, jobs: int) -> None:
+    """With one file per job this process reads the first itself and the workers the
+    rest; with more files than jobs the workers read them all. Either way: in order."""
+    import os
+
+    from megatron.trace.parallel import map_files
+
+    paths = [tmp_path / f"{n}.jsonl" for n in range(files)]
+    results = map_files(_pid_of, paths, jobs)
+    assert [name for name, _ in results] == [path.name for path in paths]
+    readers = [pid for _, pid in results]
+    here = os.getpid()
+    if files <= jobs:
+        assert readers[0] == here and here not in readers[1:]
+    else:
+        assert here not in readers
