@@ -394,24 +394,30 @@ def _check_incarnation(
         violations.append(f"startup: no {STARTUP_SPAN} for {where}")
     previous: SpanRecord | None = None
     for position, interval in enumerate(inc.intervals):
-        where = _record_where(interval, inc)
+        # (where a violation is, is spelled out only for a violation: thousands of
+        # intervals have none)
         index = interval["attributes"].get(INTERVAL_INDEX)
         if INTERVAL_INDEX in interval["attributes"] and index != position:
-            violations.append(f"interval-index: index {index}, expected {position}: {where}")
+            violations.append(
+                f"interval-index: index {index}, expected {position}: "
+                + _record_where(interval, inc)
+            )
         expected = previous if previous is not None else inc.startup
         if (
             expected is not None
             and (expected["trace_id"], expected["span_id"]) not in interval["links"]
         ):
             violations.append(
-                f"interval-link: not linked to {expected['name']} {expected['span_id']}: {where}"
+                f"interval-link: not linked to {expected['name']} {expected['span_id']}: "
+                + _record_where(interval, inc)
             )
         if previous is not None:
             last = previous["attributes"].get(INTERVAL_LAST_ITERATION)
             first = interval["attributes"].get(INTERVAL_FIRST_ITERATION)
             if last is not None and first is not None and first != last + 1:
                 violations.append(
-                    f"iteration-range: first_iteration {first} after last_iteration {last}: {where}"
+                    f"iteration-range: first_iteration {first} after last_iteration {last}: "
+                    + _record_where(interval, inc)
                 )
         previous = interval
     _check_cut_short(inc, violations)
