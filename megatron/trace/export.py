@@ -177,7 +177,7 @@ class _Plan:
     """What the first pass learnt: the lanes, the links and the time origin."""
 
     lanes: LaneIndex
-    flows: FlowPlan  # the Chrome export's drawing of each link
+    flows: FlowPlan | None  # the Chrome export's drawing of each link (None: Perfetto's)
     links: list[tuple[str, str]] = field(default_factory=list)  # (linking, linked-to), in order
     origin: int = 0  # the earliest start, rounded down to a whole second (ns)
 
@@ -197,6 +197,7 @@ def _learn(path: FilePiece) -> tuple[TraceBuilder, list[tuple[str, str]]]:
 
 
 def _plan(
+    fmt: str,
     paths: Sequence[Path],
     work: Sequence[FilePiece],
     jobs: int | None,
@@ -212,10 +213,12 @@ def _plan(
         raise TraceInputError("no spans in the trace files")
     trace = builder.finish()
     judge(trace, paths, clock)  # which last incarnations are still running
-    flows = FlowPlan()
-    for linking, target in links:
-        flows.add(linking, target)
-    flows.plan()
+    flows = None
+    if fmt == "chrome":  # Perfetto's flows are the links themselves: nothing to plan
+        flows = FlowPlan()
+        for linking, target in links:
+            flows.add(linking, target)
+        flows.plan()
     origin = earliest - earliest % 1_000_000_000
     return _Plan(LaneIndex(trace), flows, links, origin), trace
 
@@ -225,6 +228,7 @@ def _writer(fmt: str, plan: _Plan, part: int) -> Any:
         from megatron.trace.perfetto_trace import PerfettoWriter
 
         return PerfettoWriter(plan.lanes, plan.links, part, seams=part > 0)
+    assert plan.flows is not None  # planned for this format
     return ChromeWriter(plan.lanes, plan.flows, plan.origin)
 
 
@@ -287,6 +291,8 @@ def export_files(
     untouched. The files are read in pieces (:func:`~megatron.trace.parallel.pieces`)
     in ``jobs`` processes, or on ``executor``.
     """
+    if fmt not in FORMATS:
+        raise ValueError(f"export format {fmt!r}: valid are {', '.join(FORMATS)}")
     files = span_source([Path(p) for p in paths]).paths
     if fmt == "perfetto":
         try:
@@ -295,7 +301,7 @@ def export_files(
             raise TraceInputError(PERFETTO_MISSING) from None
     # both passes read the same lines, however much a running job appends meanwhile
     work = [fixed_end(piece) for piece in pieces(files, jobs)]
-    plan, trace = _plan(files, work, jobs, clock or Clock.system(), executor)
+    plan, trace = _plan(fmt, files, work, jobs, clock or Clock.system(), executor)
     window = resolve_window(trace, since, until, ranks)
     part_files: list[Path] = []
     try:
