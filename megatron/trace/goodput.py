@@ -53,10 +53,11 @@ statistics.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from megatron.core.telemetry.semconv import (
     BADPUT_CATEGORIES,
@@ -289,43 +290,62 @@ def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
     }
 
 
-if TYPE_CHECKING:
-    import numpy as np
+#: From this many iterations on, their statistics are computed with numpy (8 bytes an
+#: iteration, where a list of floats takes 32); below it, with a sorted list, which
+#: costs less than importing numpy (a tenth of a small report). Both give the same.
+NUMPY_FROM_ITERATIONS = 1 << 18
 
 
-def _durations_ms(inc: Incarnation) -> np.ndarray:
+def _durations_ms(inc: Incarnation, with_numpy: bool) -> Sequence[float]:
+    iterations = inc.iterations
+    if not with_numpy:
+        return [
+            (end - start) / 1e6
+            for start, end in zip(iterations.starts, iterations.ends, strict=True)
+        ]
     import numpy as np  # here, not at import: the CLI starts faster for what needs none
 
-    starts = np.frombuffer(inc.iterations.starts, dtype=np.int64)
-    ends = np.frombuffer(inc.iterations.ends, dtype=np.int64)
+    starts = np.frombuffer(iterations.starts, dtype=np.int64)
+    ends = np.frombuffer(iterations.ends, dtype=np.int64)
     return (ends - starts).astype(np.float64) / 1e6  # what (end - start) / 1e6 gives
 
 
-def _median_of_sorted(values: np.ndarray) -> float:
+def _median_of_sorted(values: Sequence[float]) -> float:
     """The median of sorted values (``np.median`` would sort them again, and its first
-    call imports ``numpy.ma``: a tenth of a small report's time)."""
+    call imports ``numpy.ma``)."""
     middle = len(values) // 2
     return float(values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2)
 
 
-def _iteration_stats(incs: list[Incarnation]) -> dict[str, Any] | None:
-    # numpy: 8 bytes an iteration, where a sorted list of floats took about 32
-    import numpy as np
-
-    per_incarnation = [_durations_ms(inc) for inc in incs]
-    durations = np.sort(np.concatenate(per_incarnation)) if per_incarnation else np.empty(0)
-    if not len(durations):
+def _iteration_stats(
+    incs: list[Incarnation], numpy_from: int = NUMPY_FROM_ITERATIONS
+) -> dict[str, Any] | None:
+    count = sum(len(inc.iterations) for inc in incs)
+    if not count:
         return None
-    count = len(durations)
-    median = _median_of_sorted(durations)
+    with_numpy = count >= numpy_from
+    per_incarnation = [_durations_ms(inc, with_numpy) for inc in incs]
+    if with_numpy:
+        import numpy as np
+
+        durations: Sequence[float] = np.sort(np.concatenate(per_incarnation))
+        median = _median_of_sorted(durations)
+        # the median absolute deviation: the median of |duration - median|
+        mad = _median_of_sorted(np.sort(np.abs(durations - median)))
+    else:
+        durations = sorted(itertools.chain.from_iterable(per_incarnation))
+        median = _median_of_sorted(durations)
+        mad = _median_of_sorted(sorted(abs(duration - median) for duration in durations))
     p90 = float(durations[max(0, math.ceil(0.9 * count) - 1)])  # nearest rank
-    # the median absolute deviation: the median of |duration - median|
-    deviations = np.sort(np.abs(durations - median))
-    mad = max(_median_of_sorted(deviations), ANOMALY_MAD_FLOOR * median)
+    mad = max(mad, ANOMALY_MAD_FLOOR * median)
     threshold = median + ANOMALY_MAD_FACTOR * mad
     slow = []
     for inc, inc_durations in zip(incs, per_incarnation, strict=True):
-        for position in np.flatnonzero(inc_durations > threshold).tolist():
+        if with_numpy:
+            over = np.flatnonzero(np.asarray(inc_durations) > threshold).tolist()
+        else:
+            over = [i for i, duration in enumerate(inc_durations) if duration > threshold]
+        for position in over:
             slow.append(
                 (float(inc_durations[position]), inc.index, inc.iterations.numbers[position])
             )

@@ -794,6 +794,8 @@ _TRACE = _PEAK + (
 def _process(argv: list[str]) -> tuple[float, float, float]:
     """(wall s, CPU s, peak RSS MB) of one whole process (CPU from its own ``wait4``)."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    # as installed: with bytecode cached (an installer writes it), not compiled at each start
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     with tempfile.TemporaryFile() as errors:
         started = time.perf_counter()
         child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=errors)

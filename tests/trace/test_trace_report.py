@@ -322,3 +322,28 @@ def test_text_report_says_when_an_incarnation_trained_nothing(
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("  0: shutdown  iterations 0..3  ") for line in lines), lines
     assert any(line.startswith("  1: shutdown  no iterations  ") for line in lines), lines
+
+
+@pytest.mark.parametrize("count", [1, 2, 7, 1000, 1001])
+def test_iteration_statistics_are_the_same_with_and_without_numpy(count: int) -> None:
+    """Few iterations are counted with the standard library, many with numpy: the same
+    figures and the same anomalies, to the bit (odd and even counts, ties, outliers,
+    several incarnations)."""
+    from megatron.trace.goodput import _iteration_stats
+    from megatron.trace.model import Incarnation
+
+    rng = random.Random(count)
+    incs = [Incarnation("0", index, ("0",)) for index in range(3)]
+    clock = 1_796_000_000_000_000_000
+    for number in range(count):
+        inc = incs[number * len(incs) // count]
+        duration = rng.choice([20_000_000, 20_000_001, rng.randrange(19_000_000, 21_000_000)])
+        if rng.random() < 0.02:
+            duration *= 3  # an outlier
+        inc.iterations.append(number, clock, clock + duration)
+        clock += duration + rng.randrange(1000)
+    incs = [inc for inc in incs if inc.iterations]
+    with_numpy = _iteration_stats(incs, numpy_from=0)
+    without = _iteration_stats(incs, numpy_from=count + 1)
+    assert with_numpy == without
+    assert with_numpy is not None and with_numpy["count"] == count
