@@ -441,9 +441,11 @@ def _check_resume(
     inc: Incarnation, first_saved: dict[Any, int], first_start: int, violations: list[str]
 ) -> None:
     """The saves of the incarnations that started before this one: is its start among them?"""
+    if inc.start_ns <= first_start:
+        return  # nothing started earlier
     start = inc.resumed_from if inc.resumed_from is not None else inc.first_iteration
-    if inc.start_ns <= first_start or not start:
-        return  # nothing started earlier, or it started afresh
+    if not start:
+        return  # it started afresh
     if first_saved.get(start, math.inf) < inc.start_ns:
         return
     saved = sorted(i for i, at in first_saved.items() if at < inc.start_ns and i is not None)

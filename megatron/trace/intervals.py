@@ -66,7 +66,7 @@ def derive(inc: Incarnation, *, last_closed_by_reroot: bool = False) -> list[Int
     """
     facts: list[IntervalFacts] = []
     numbers, starts = inc.iterations.numbers, inc.iterations.starts
-    ordered = all(a <= b for a, b in itertools.pairwise(starts))
+    ordered: bool | None = None  # whether the iterations are in start order: asked once
     save_starts = [save["start_ns"] for save in inc.saves]
     previous_last: int | None = None
     for position, interval in enumerate(inc.intervals):
@@ -76,6 +76,8 @@ def derive(inc: Incarnation, *, last_closed_by_reroot: bool = False) -> list[Int
         derived = first is None or last is None
         if derived:
             lo, hi = interval["start_ns"], interval["end_ns"]
+            if ordered is None:
+                ordered = all(a <= b for a, b in itertools.pairwise(starts))
             inside = _numbers_inside(numbers, starts, ordered, lo, hi)
             if first is None:
                 if inside:

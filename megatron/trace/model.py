@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 import sys
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
@@ -687,7 +688,7 @@ def _rank_sort_key(rank: str) -> tuple[int, int | str]:
 def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], list[Incarnation]]:
     """One incarnation per ``megatron.startup`` of the process (at least one), and the
     boundaries they were split at (:func:`slot_of`)."""
-    records = sorted(proc.records, key=lambda r: r["start_ns"])
+    records = sorted(proc.records, key=operator.itemgetter("start_ns"))
     startups = [r for r in records if r["name"] == STARTUP_SPAN]
     boundaries = [s["start_ns"] for s in startups[1:]]
     incs = [Incarnation(proc.rank, 0, key) for _ in range(len(boundaries) + 1)]
