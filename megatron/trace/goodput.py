@@ -307,7 +307,9 @@ def _durations_ms(inc: Incarnation, with_numpy: bool) -> Sequence[float]:
 
     starts = np.frombuffer(iterations.starts, dtype=np.int64)
     ends = np.frombuffer(iterations.ends, dtype=np.int64)
-    return (ends - starts).astype(np.float64) / 1e6  # what (end - start) / 1e6 gives
+    durations = (ends - starts).astype(np.float64)  # (in place from here: 8 bytes an iteration)
+    durations /= 1e6  # what (end - start) / 1e6 gives
+    return durations
 
 
 def _median_of_sorted(values: Sequence[float]) -> float:
@@ -328,10 +330,16 @@ def _iteration_stats(
     if with_numpy:
         import numpy as np
 
-        durations: Sequence[float] = np.sort(np.concatenate(per_incarnation))
-        median = _median_of_sorted(durations)
+        ordered = np.concatenate(per_incarnation)
+        ordered.sort()
+        median = _median_of_sorted(ordered)
         # the median absolute deviation: the median of |duration - median|
-        mad = _median_of_sorted(np.sort(np.abs(durations - median)))
+        deviations = ordered - median
+        np.abs(deviations, out=deviations)
+        deviations.sort()
+        mad = _median_of_sorted(deviations)
+        del deviations
+        durations: Sequence[float] = ordered
     else:
         durations = sorted(itertools.chain.from_iterable(per_incarnation))
         median = _median_of_sorted(durations)
