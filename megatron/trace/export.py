@@ -33,7 +33,7 @@ from typing import IO, Any
 
 from megatron.core.telemetry.otlp_decode import spans_with_links
 from megatron.core.telemetry.reader import iter_batches, paused_gc
-from megatron.core.telemetry.trace_files import fixed_end
+from megatron.core.telemetry.trace_files import fixed_end, numbered
 from megatron.trace.chrome_trace import ChromePart, ChromeWriter
 from megatron.trace.command import add_command
 from megatron.trace.flows import FlowPlan
@@ -262,10 +262,11 @@ class _Part:
     fmt: str
     plan: _Plan
     window: Window
-    parts: dict[FilePiece, tuple[int, Path]]  # input -> (part number, part file)
+    # (input file, start) -> (part number, part file): a piece is numbered when handed out
+    parts: dict[tuple[Path, int], tuple[int, Path]]
 
     def __call__(self, path: FilePiece) -> Any:
-        number, part_file = self.parts[path]
+        number, part_file = self.parts[path.path, path.start]
         writer = _writer(self.fmt, self.plan, number)
         with open(part_file, "wb") as out:
             _write_spans(path, writer, out, self.window, self.plan.lanes)
@@ -309,22 +310,24 @@ def export_files(
             writer = _writer(fmt, plan, 0)
             count = writer.header(out)
             if len(work) == 1 or (jobs == 1 and executor is None):
-                for piece in work:
+                for piece in numbered(work):
                     _write_spans(piece, writer, out, window, plan.lanes)
                 writer.finish_part(out)
                 parts = [writer.part]
             else:
                 # each piece's events to a part of its own, in parallel; joined in file order
-                numbered = {
-                    piece: (n + 1, output.with_name(f".{output.name}.part{n}"))
-                    for n, piece in enumerate(dict.fromkeys(work))
+                distinct = list(dict.fromkeys(work))  # a file given twice: written once
+                part_of = {
+                    (piece.path, piece.start): (n + 1, output.with_name(f".{output.name}.part{n}"))
+                    for n, piece in enumerate(distinct)
                 }
-                part_files = [part for _, part in numbered.values()]
-                write = _Part(fmt, plan, window, numbered)
-                written = map_files(write, list(numbered), jobs, executor)
-                by_piece = dict(zip(numbered, written, strict=True))
-                parts = [by_piece[piece] for piece in work]  # a file given twice: twice
-                writer.join(out, parts, [numbered[piece][1] for piece in work])
+                part_files = [part for _, part in part_of.values()]
+                write = _Part(fmt, plan, window, part_of)
+                written = map_files(write, distinct, jobs, executor)
+                by_piece = dict(zip(part_of, written, strict=True))
+                keys = [(piece.path, piece.start) for piece in work]
+                parts = [by_piece[key] for key in keys]  # ... and joined twice
+                writer.join(out, parts, [part_of[key][1] for key in keys])
             count += sum(part.events for part in parts)
             count += writer.footer(out, parts)
     finally:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from megatron.core.telemetry.reader import paused_gc
-from megatron.core.telemetry.trace_files import FilePiece, split_file
+from megatron.core.telemetry.trace_files import FilePiece, numbered, split_file
 
 __all__ = [
     "MAX_PIECES_PER_FILE",
@@ -100,7 +100,10 @@ def pieces(
             small = -(-small // jobs) * jobs  # a multiple of the jobs: none idles at the end
             share = max(share, min(small, max(MAX_PIECES_PER_FILE, jobs)))
         count = min(share, size // max(min_bytes, 1))
-        result.extend(split_file(path, count) if count > 1 else [FilePiece(path)])
+        # numbered as they are handed out (imap_files): counting lines need not wait
+        result.extend(
+            split_file(path, count, count_lines=False) if count > 1 else [FilePiece(path)]
+        )
     return result
 
 
@@ -137,12 +140,15 @@ def imap_files(
     """:func:`map_files`, each result given as soon as it and those before it are in: a
     fold over it holds the results it has not merged yet, not all of them."""
     files = [path if isinstance(path, FilePiece) else Path(path) for path in paths]
+    # a piece of :func:`pieces` is given its first line number just before it is handed
+    # out: the counting overlaps the reading of the pieces handed out before
+    work = _numbered(files)
     if executor is not None:
-        yield from executor.map(function, files)
+        yield from executor.map(function, work)
         return
     jobs = default_jobs(len(files)) if jobs is None else max(1, jobs)
     if jobs == 1 or len(files) < 2:
-        for path in files:
+        for path in work:
             yield function(path)
         return
     context = _context()
@@ -158,20 +164,28 @@ def imap_files(
         # read (millions of small containers, no cycles; collecting doubled the time).
         # One piece per job: this process reads the first itself, while the workers read
         # the rest (one process fewer to fork, one summary fewer to pickle and take in).
-        local = files[:1] if len(files) <= jobs else []
+        local = [next(work)] if len(files) <= jobs else []
         with (
             paused_gc(),
             ProcessPoolExecutor(
                 max_workers=min(jobs, len(files)) - len(local), mp_context=context
             ) as pool,
         ):
-            later = pool.map(_call_inherited if forked else function, files[len(local) :])
+            later = pool.map(_call_inherited if forked else function, work)
             for path in local:
                 yield function(path)
             yield from later
     finally:
         if forked:
             _inherited = None
+
+
+def _numbered(files: list[Path | FilePiece]) -> Iterator[Path | FilePiece]:
+    """The files and pieces in order, each piece numbered (:func:`numbered`)."""
+    pieces = (item for item in files if isinstance(item, FilePiece))
+    numbering = numbered(pieces)
+    for item in files:
+        yield next(numbering) if isinstance(item, FilePiece) else item
 
 
 #: The function forked workers of :func:`map_files` call (set before they fork).

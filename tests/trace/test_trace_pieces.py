@@ -22,7 +22,7 @@ from perfetto_reading import Slice, read_slices
 from pictures_helpers import incarnation, resource, write_trace
 
 from megatron.core.telemetry.reader import TraceFileDamaged, iter_lines
-from megatron.core.telemetry.trace_files import FilePiece, split_file
+from megatron.core.telemetry.trace_files import FilePiece, numbered, split_file
 from megatron.trace import check, export, parallel
 from megatron.trace.goodput import build_report
 from megatron.trace.model import load_trace
@@ -61,6 +61,24 @@ def test_the_pieces_hold_every_line_once_numbered_as_in_the_whole_file(
     assert [line for piece in pieces for line in _lines(piece)] == _lines(path)
     assert pieces[0].start == 0 and pieces[-1].stop is None
     assert all(a.stop == b.start for a, b in itertools.pairwise(pieces))
+
+
+@pytest.mark.parametrize("count", [2, 7])
+def test_pieces_numbered_as_they_are_handed_out_are_numbered_as_the_whole_files(
+    tmp_path: Path, count: int
+) -> None:
+    """``pieces`` leaves the counting of lines to ``numbered`` (run as the pieces go to the
+    workers): the same first lines, also for a piece handed out without its predecessor
+    and for a file given twice; a reader refuses a piece not numbered yet."""
+    path = _tied_job(tmp_path / "traces.jsonl")
+    counted = split_file(path, count)
+    uncounted = split_file(path, count, count_lines=False)
+    assert [piece.first_line for piece in uncounted] == [1] + [0] * (len(counted) - 1)
+    assert list(numbered(uncounted)) == counted
+    assert list(numbered(uncounted * 2)) == counted * 2
+    assert list(numbered(uncounted[-1:])) == counted[-1:]
+    with pytest.raises(ValueError, match="not numbered"):
+        _lines(uncounted[-1])
 
 
 def test_a_compressed_or_small_file_stays_whole(tmp_path: Path) -> None:

@@ -140,6 +140,8 @@ def iter_lines(
     for raw_path in paths:
         # plain, gzip or zstd: trace_files opens and decompresses; decoding stays above
         piece = raw_path if isinstance(raw_path, FilePiece) else FilePiece(Path(raw_path))
+        if piece.first_line == 0:  # a programming error: the lines would be misnumbered
+            raise ValueError(f"{piece}: not numbered yet (trace_files.numbered)")
         path = piece.path
         for number, raw in enumerate(piece_lines(piece), start=piece.first_line):
             if stats is not None:

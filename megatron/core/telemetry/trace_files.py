@@ -18,7 +18,7 @@ from __future__ import annotations
 import gzip
 import io
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -31,6 +31,7 @@ __all__ = [
     "iter_lines",
     "iter_piece_lines",
     "metrics_file_for",
+    "numbered",
     "open_trace_file",
     "split_file",
 ]
@@ -95,7 +96,8 @@ def iter_lines(path: Path) -> Iterator[bytes]:
 @dataclass(frozen=True)
 class FilePiece:
     """A run of whole lines of one trace file: bytes ``start`` to ``stop`` (``None``: the
-    end), whose first line is line ``first_line`` of the file.
+    end), whose first line is line ``first_line`` of the file (0: not counted yet, see
+    :func:`numbered`; a reader must be given the piece numbered).
 
     Reading is CPU-bound, so one big file is read faster as pieces in parallel
     processes (:func:`split_file`); the whole file is ``FilePiece(path)``. Only
@@ -140,13 +142,14 @@ def iter_piece_lines(piece: FilePiece) -> Iterator[bytes]:
 _COUNT_BLOCK = 1 << 22
 
 
-def split_file(path: Path, pieces: int) -> list[FilePiece]:
+def split_file(path: Path, pieces: int, count_lines: bool = True) -> list[FilePiece]:
     """``path`` cut at line ends into about ``pieces`` runs of equal size, in order.
 
     A compressed file, or a ``pieces`` under 2, is one piece. The line number of
     each cut is counted on the way (one sequential read of the file, a memory
     scan, a small fraction of decoding it), so every piece reports the line
-    numbers the whole file would.
+    numbers the whole file would; with ``count_lines=False`` the pieces but the
+    first say ``first_line=0`` (not counted yet: :func:`numbered` counts them).
     """
     if pieces < 2:
         return [FilePiece(path)]
@@ -163,20 +166,56 @@ def split_file(path: Path, pieces: int) -> list[FilePiece]:
                 cuts.append(cut)
         if not cuts:
             return [FilePiece(path)]
-        # the line number of each cut: the newlines before it, in big blocks
-        stream.seek(0)
+        # the line number of each cut: the newlines before it
         firsts, position, newlines = [1], 0, 0
         for cut in cuts:
-            while position < cut:
-                block = stream.read(min(_COUNT_BLOCK, cut - position))
-                newlines += block.count(b"\n")
-                position += len(block)
-            firsts.append(newlines + 1)
+            if count_lines:
+                newlines += _newlines(stream, position, cut)
+                position = cut
+            firsts.append(newlines + 1 if count_lines else 0)
     starts, stops = [0, *cuts], [*cuts, None]
     return [
         FilePiece(path, start, stop, first)
         for start, stop, first in zip(starts, stops, firsts, strict=True)
     ]
+
+
+def _newlines(stream: IO[bytes], start: int, stop: int) -> int:
+    """How many newlines bytes ``start`` to ``stop`` of ``stream`` hold (read in big blocks)."""
+    stream.seek(start)
+    newlines, position = 0, start
+    while position < stop:
+        block = stream.read(min(_COUNT_BLOCK, stop - position))
+        if not block:
+            break
+        newlines += block.count(b"\n")
+        position += len(block)
+    return newlines
+
+
+def numbered(pieces: Iterable[FilePiece]) -> Iterator[FilePiece]:
+    """The pieces in order, each with its ``first_line``: a piece that says 0 is numbered
+    from the one before it (of the same file, ending where it starts), whose newlines
+    are counted just then.
+
+    Consumed as pieces are handed to workers, the counting of a big file's lines
+    runs while the pieces before are already being read, instead of before any.
+    """
+    previous: FilePiece | None = None
+    for piece in pieces:
+        if piece.first_line == 0:
+            with open(piece.path, "rb") as stream:
+                if (
+                    previous is not None
+                    and previous.path == piece.path
+                    and previous.stop == piece.start
+                ):
+                    first = previous.first_line + _newlines(stream, previous.start, piece.start)
+                else:
+                    first = 1 + _newlines(stream, 0, piece.start)
+            piece = FilePiece(piece.path, piece.start, piece.stop, first)
+        previous = piece
+        yield piece
 
 
 def _zstd_lines(path: Path, raw: io.BufferedReader) -> IO[bytes]:
