@@ -234,7 +234,7 @@ def check_files(
     clock = clock or Clock.system()
     files = [Path(path) for path in paths]
     # folded as the pieces come in: only the merged summary is held, not every piece's
-    scans = imap_files(_scan, pieces(files, jobs), jobs, executor)
+    scans = imap_files(_scan, pieces(files, jobs, count_lines=False), jobs, executor)
     first = next(scans)
     builder, ids, late = first.builder, first.ids, list(first.late)
     for scan in scans:

@@ -301,7 +301,7 @@ def export_files(
         except ImportError:
             raise TraceInputError(PERFETTO_MISSING) from None
     # both passes read the same lines, however much a running job appends meanwhile
-    work = [fixed_end(piece) for piece in pieces(files, jobs)]
+    work = [fixed_end(piece) for piece in pieces(files, jobs, count_lines=False)]
     plan, trace = _plan(fmt, files, work, jobs, clock or Clock.system(), executor)
     window = resolve_window(trace, since, until, ranks)
     part_files: list[Path] = []

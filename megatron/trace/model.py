@@ -804,7 +804,7 @@ def scan(
     paths: Iterable[Path | str], jobs: int | None = None, executor: Executor | None = None
 ) -> TraceBuilder:
     """Every file scanned (in parallel processes when there are several) and merged in order."""
-    work = pieces(list(paths), jobs)
+    work = pieces(list(paths), jobs, count_lines=False)  # numbered as handed out
     return map_reduce(scan_file, TraceBuilder.merge, work, jobs, executor)
 
 

@@ -73,7 +73,10 @@ def default_jobs(files: int) -> int:
 
 
 def pieces(
-    paths: Sequence[Path | str], jobs: int | None = None, min_bytes: int | None = None
+    paths: Sequence[Path | str],
+    jobs: int | None = None,
+    min_bytes: int | None = None,
+    count_lines: bool = True,
 ) -> list[FilePiece]:
     """The files cut into about ``jobs`` (default: the cores) pieces of work, in file order.
 
@@ -81,6 +84,9 @@ def pieces(
     ``min_bytes`` (default :data:`MIN_PIECE_BYTES`), nor bigger than
     :data:`MAX_PIECE_BYTES` where a bigger one would be; with one job every
     file is one piece (it is read in this process, nothing crosses a pipe).
+    ``count_lines=False`` leaves the pieces' first line numbers to be counted as
+    :func:`imap_files` hands them out (see :func:`numbered`), where the counting
+    of a big file runs while its first pieces are read instead of before.
     """
     min_bytes = MIN_PIECE_BYTES if min_bytes is None else min_bytes
     files = [Path(path) for path in paths]
@@ -100,10 +106,8 @@ def pieces(
             small = -(-small // jobs) * jobs  # a multiple of the jobs: none idles at the end
             share = max(share, min(small, max(MAX_PIECES_PER_FILE, jobs)))
         count = min(share, size // max(min_bytes, 1))
-        # numbered as they are handed out (imap_files): counting lines need not wait
-        result.extend(
-            split_file(path, count, count_lines=False) if count > 1 else [FilePiece(path)]
-        )
+        cut = split_file(path, count, count_lines) if count > 1 else [FilePiece(path)]
+        result.extend(cut)
     return result
 
 

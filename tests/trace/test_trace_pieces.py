@@ -115,6 +115,24 @@ def test_report_and_check_say_the_same_of_pieces(tmp_path: Path, tiny_pieces: No
     assert report_cut == format_report(build_report(load_trace([path], jobs=1)))
 
 
+def test_the_readmes_cluster_recipe_reports_what_one_process_does(
+    tmp_path: Path, tiny_pieces: None
+) -> None:
+    """The README's map and merge by hand, on any executor: ``pieces`` numbers its pieces
+    (only the commands leave that to the hand-out), so ``scan_file`` reads them as is."""
+    import functools
+
+    from megatron.trace.model import TraceBuilder, scan_file
+
+    path = _tied_job(tmp_path / "traces.jsonl")
+    work = parallel.pieces([path], jobs=6)
+    assert len(work) > 2 and all(piece.first_line > 0 for piece in work)
+    with ThreadPoolExecutor(3) as executor:
+        summaries = executor.map(scan_file, work)
+        report = build_report(functools.reduce(TraceBuilder.merge, summaries).finish())
+    assert report == build_report(load_trace([path], jobs=1))
+
+
 def test_damage_in_a_later_piece_names_the_whole_files_line(
     tmp_path: Path, tiny_pieces: None
 ) -> None:
