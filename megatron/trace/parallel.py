@@ -22,7 +22,9 @@ the workers read the others.
 
 from __future__ import annotations
 
+import collections
 import functools
+import itertools
 import multiprocessing
 import os
 import threading
@@ -175,13 +177,33 @@ def imap_files(
                 max_workers=min(jobs, len(files)) - len(local), mp_context=context
             ) as pool,
         ):
-            later = pool.map(_call_inherited if forked else function, work)
+            later = _in_order(pool, _call_inherited if forked else function, work, 2 * jobs)
             for path in local:
                 yield function(path)
             yield from later
     finally:
         if forked:
             _inherited = None
+
+
+def _in_order(
+    pool: Executor, function: Callable[[Any], R], work: Iterator[Any], ahead: int
+) -> Iterator[R]:
+    """``pool.map(function, work)`` with at most ``ahead`` calls handed out and not taken
+    back: the next piece is numbered (its file's lines counted) and handed out as each
+    result is taken, so finished summaries do not pile up here meanwhile."""
+    pending = collections.deque(
+        pool.submit(function, item) for item in itertools.islice(work, ahead)
+    )
+    try:
+        while pending:
+            future = pending.popleft()
+            pending.extend(pool.submit(function, item) for item in itertools.islice(work, 1))
+            yield future.result()
+            del future  # (its result is the caller's now)
+    finally:  # an error, or a caller that stopped early: the rest need not run
+        for future in pending:
+            future.cancel()
 
 
 def _numbered(files: list[Path | FilePiece]) -> Iterator[Path | FilePiece]:
