@@ -133,15 +133,22 @@ def test_the_readmes_cluster_recipe_reports_what_one_process_does(
     assert report == build_report(load_trace([path], jobs=1))
 
 
+@pytest.mark.parametrize("where", ["executor", "processes"])
 def test_damage_in_a_later_piece_names_the_whole_files_line(
-    tmp_path: Path, tiny_pieces: None
+    tmp_path: Path, tiny_pieces: None, where: str
 ) -> None:
+    """On a cluster's executor or in this machine's worker processes (which number the
+    pieces as they hand them out, and stop handing out at the error)."""
     path = _tied_job(tmp_path / "traces.jsonl")
     lines = path.read_text().splitlines(keepends=True)
     lines[-3] = "not json at all\n"
     path.write_text("".join(lines))
-    with ThreadPoolExecutor(4) as pool, pytest.raises(TraceFileDamaged) as raised:
-        load_trace([path], jobs=4, executor=pool)
+    with pytest.raises(TraceFileDamaged) as raised:
+        if where == "executor":
+            with ThreadPoolExecutor(4) as pool:
+                load_trace([path], jobs=4, executor=pool)
+        else:
+            load_trace([path], jobs=4)
     assert raised.value.line == len(lines) - 2
 
 
