@@ -29,7 +29,7 @@ import multiprocessing
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -191,10 +191,22 @@ def _in_order(
 ) -> Iterator[R]:
     """``pool.map(function, work)`` with at most ``ahead`` calls handed out and not taken
     back: the next piece is numbered (its file's lines counted) and handed out as each
-    result is taken, so finished summaries do not pile up here meanwhile."""
+    result is taken, so finished summaries do not pile up here meanwhile.
+
+    The first ``ahead`` are handed out now, before the first result is asked for (the
+    caller may read a piece of its own meanwhile)."""
     pending = collections.deque(
         pool.submit(function, item) for item in itertools.islice(work, ahead)
     )
+    return _results(pool, function, work, pending)
+
+
+def _results(
+    pool: Executor,
+    function: Callable[[Any], R],
+    work: Iterator[Any],
+    pending: collections.deque[Future[R]],
+) -> Iterator[R]:
     try:
         while pending:
             future = pending.popleft()

@@ -174,6 +174,23 @@ def test_check_sees_ids_across_files(tmp_path: Path, capsys) -> None:
     assert f"({copy}:1)" in result.violations[0]  # the second occurrence, in read order
 
 
+def _while_sleeping(path: Path) -> tuple[float, float]:
+    import time
+
+    started = time.monotonic()
+    time.sleep(0.5)
+    return started, time.monotonic()
+
+
+def test_this_process_reads_its_piece_while_the_workers_read_theirs(tmp_path: Path) -> None:
+    """The first piece, read here, and the others, handed to the workers before it, are
+    read at once (a worker handed its piece only after this one's read doubled the time)."""
+    from megatron.trace.parallel import map_files
+
+    (here, there) = map_files(_while_sleeping, [tmp_path / "a", tmp_path / "b"], jobs=2)
+    assert here[0] < there[1] and there[0] < here[1]  # the two reads overlap in time
+
+
 def _pid_of(path: Path) -> tuple[str, int]:
     import os
 
