@@ -177,7 +177,7 @@ def imap_files(
                 max_workers=min(jobs, len(files)) - len(local), mp_context=context
             ) as pool,
         ):
-            later = _in_order(pool, _call_inherited if forked else function, work, 2 * jobs)
+            later = _in_order(pool, _call_inherited if forked else function, work, jobs + 1)
             for path in local:
                 yield function(path)
             yield from later
