@@ -102,6 +102,7 @@ from megatron.core.telemetry.semconv import (
     SLURM_RESTART_COUNT,
     SPAN_CATEGORY,
     SPAN_CUT_SHORT,
+    STARTUP_PHASE_PREFIX,
     STARTUP_SPAN,
     STRUCTURAL_SPAN_NAMES,
 )
@@ -136,8 +137,15 @@ PROCESS_KEYS = (
     NVRX_CYCLE,
 )
 _FINALIZE_NAMES = frozenset({CHECKPOINT_FINALIZE_SPAN, CHECKPOINT_EXIT_FINALIZE_SPAN})
-# What the model keeps as records: the structural spans and the hang watchdog's.
+# What the model keeps as records: the structural spans and the hang watchdog's, and
+# the startup's phases (a handful an incarnation, which the timeline draws).
 _KEPT_NAMES = STRUCTURAL_SPAN_NAMES | {HANG_SPAN, HANG_RECOVERED_SPAN}
+
+
+def _kept_name(name: str) -> bool:
+    return name in _KEPT_NAMES or name.startswith(STARTUP_PHASE_PREFIX)
+
+
 _CUT_SHORT_KEY = SPAN_CUT_SHORT.encode()
 # What TraceBuilder.add does with a span, by its name (the fast path looks it up once):
 # keep it as a record; keep it as an iteration; as a gradient all-reduce wait; add its
@@ -223,6 +231,8 @@ class Incarnation:
     loads: list[SpanRecord] = field(default_factory=list)
     evaluations: list[SpanRecord] = field(default_factory=list)
     cut_short: list[SpanRecord] = field(default_factory=list)
+    # the startup's phases (megatron.startup.*, but the launch's): not in ``records``
+    startup_phases: list[SpanRecord] = field(default_factory=list)
     iterations: Iterations = field(default_factory=lambda: Iterations())
     # interval_facts (a property): derived on first use, which export never makes
     _facts: list[IntervalFacts] | None = field(default=None, repr=False, compare=False)
@@ -529,7 +539,7 @@ class TraceBuilder:
         """What add() does with a span of this name (:data:`_KINDS`), worked out once."""
         kind = self._kinds.get(name)
         if kind is None:
-            if name in _KEPT_NAMES:
+            if _kept_name(name):
                 kind = _STRUCTURAL
             elif name == ITERATION_SPAN:
                 kind = _ITERATION
@@ -652,7 +662,7 @@ class TraceBuilder:
         elif not cut_short:
             proc.max_end_child = max(proc.max_end_child, end)
         name = span["name"]
-        if name in _KEPT_NAMES or cut_short:
+        if cut_short or _kept_name(name):
             proc.records.append(span)
         if name in (ITERATION_SPAN, GRAD_SYNC_FINISH_SPAN):
             number = span["attributes"].get(ITERATION)
@@ -718,6 +728,8 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], lis
             target = lists[slot].get(name)
             if target is not None:
                 target.append(record)
+            elif name.startswith(STARTUP_PHASE_PREFIX):
+                incs[slot].startup_phases.append(record)
     _distribute_iterations(proc.iterations, incs, boundaries)
     _distribute_iterations(proc.waits, incs, boundaries, "waits")
     for position, inc in enumerate(incs):

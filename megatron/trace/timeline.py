@@ -74,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         timeline = collect(
-            span_source(args.files), [str(path) for path in args.files], Clock.from_args(args)
+            span_source(args.files),
+            [str(path) for path in args.files],
+            Clock.from_args(args),
+            args.jobs,
         )
     except TraceInputError as exc:
         print(f"megatron-trace timeline: error: {exc}", file=sys.stderr)
@@ -115,7 +118,8 @@ def write_beside_trace(trace: Path | None) -> Path | None:
             print("timeline: not drawn; pip install 'megatron-telemetry-spans[trace]'", flush=True)
             return None
         output = trace.with_name("timeline.html")
-        write_page(collect(span_source([trace]), [str(trace)]), output)
+        # read in this process: a training process forks no readers on its way out
+        write_page(collect(span_source([trace]), [str(trace)], jobs=1), output)
     except Exception as exc:  # noqa: BLE001 -- a picture must never end a training run
         print(f"timeline: not drawn: {exc}", flush=True)
         return None

@@ -41,8 +41,8 @@ from megatron.trace.hangs import Hang, find_hang
 from megatron.trace.intervals import IntervalFacts
 from megatron.trace.lanes import Lane, LaneIndex
 from megatron.trace.liveness import Clock, judge, utc_text
-from megatron.trace.model import Incarnation, TraceBuilder
-from megatron.trace.spans import SpanSource
+from megatron.trace.model import Incarnation, Trace, load_trace
+from megatron.trace.spans import FileSpans, TraceInputError
 from megatron.trace.timeline_ranks import RankSeries, rank_series
 
 __all__ = [
@@ -119,23 +119,21 @@ class Timeline:
 
 
 def collect(
-    source: SpanSource, files: list[str] | None = None, clock: Clock | None = None
+    source: FileSpans,
+    files: list[str] | None = None,
+    clock: Clock | None = None,
+    jobs: int | None = None,
 ) -> Timeline:
     """Read the spans in one pass into the trace model, then into bars and lane summaries.
 
-    The model (shared with ``check`` and ``report``) decides incarnations and
-    how each ended, and :func:`~megatron.trace.liveness.judge` which are still
-    running (against ``clock``, default the system clock; the heartbeat is
-    read beside ``files``); the startup phases, which the model does not
-    keep, are kept here (a handful per incarnation).
+    The model (shared with ``check`` and ``report``, read as they read it: in
+    pieces, in ``jobs`` processes) decides incarnations and how each ended,
+    and :func:`~megatron.trace.liveness.judge` which are still running
+    (against ``clock``, default the system clock; the heartbeat is read
+    beside ``files``).
     """
-    builder = TraceBuilder()
-    phases = []
-    for span in source():
-        builder.add(span)
-        if _category(span["name"]) == BAR_STARTUP_PHASE:
-            phases.append(span)
-    trace = builder.finish()
+    trace = _read(source, jobs)
+    phases = [span for inc in trace.incarnations for span in inc.startup_phases]
     liveness = judge(trace, [Path(f) for f in files or []], clock or Clock.system())
     index = LaneIndex(trace)
     bars: list[Bar] = []
@@ -179,6 +177,16 @@ def collect(
         report,
         rank_series(trace),
     )
+
+
+def _read(source: FileSpans, jobs: int | None) -> Trace:
+    """The trace model of the files, their errors as :class:`TraceInputError` (exit 2)."""
+    try:
+        return load_trace(source.paths, jobs)
+    except OSError as exc:
+        raise TraceInputError(f"{exc.filename}: cannot read it: {exc.strerror}") from exc
+    except ValueError as exc:  # TraceFileDamaged names the file and line
+        raise TraceInputError(str(exc)) from exc
 
 
 def _category(name: str) -> str | None:

@@ -49,12 +49,27 @@ def _shape(trace: model.Trace) -> list[tuple]:
             inc.loads,
             inc.evaluations,
             inc.cut_short,
+            inc.startup_phases,
             list(inc.iterations.numbers),
             list(inc.iterations.starts),
             list(inc.iterations.ends),
         )
         for inc in trace.incarnations
     ]
+
+
+def test_each_incarnation_keeps_its_startup_phases(tmp_path: Path) -> None:
+    """The timeline draws them from the model: each incarnation's, in start order, and
+    none of them among the structural records the accounting sums."""
+    trace = model.load_trace([_messy(tmp_path)])
+    for inc in trace.incarnations:
+        names = [phase["name"] for phase in inc.startup_phases]
+        assert names and all(name.startswith("megatron.startup.") for name in names)
+        starts = [phase["start_ns"] for phase in inc.startup_phases]
+        assert starts == sorted(starts)
+        assert inc.startup is not None
+        assert all(inc.startup["start_ns"] <= start <= inc.startup["end_ns"] for start in starts)
+        assert not any(record in inc.records for record in inc.startup_phases)
 
 
 def _messy(tmp_path: Path) -> Path:
