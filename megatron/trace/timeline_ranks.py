@@ -15,7 +15,8 @@ iterations. Incarnations are separate segments of the line.
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable
+import itertools
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
@@ -43,23 +44,23 @@ class RankSeries:
         return sum(1 for number in self.iteration if number is not None)
 
 
-def _per_iteration(inc: Incarnation) -> list[tuple[int, float, float | None]]:
+def _per_iteration(inc: Incarnation) -> Iterator[tuple[int, float, float | None]]:
+    """(number, iteration ms, work ms or None) of each iteration, made as they are taken
+    (a list of them was a tuple and two floats per iteration: hundreds of MB in a week)."""
     wait_of: dict[int, int] = {}
     for number, start, end in zip(inc.waits.numbers, inc.waits.starts, inc.waits.ends, strict=True):
         wait_of[number] = wait_of.get(number, 0) + end - start
-    rows = []
     for number, start, end in zip(
         inc.iterations.numbers, inc.iterations.starts, inc.iterations.ends, strict=True
     ):
         wait = wait_of.get(number)
         work = None if wait is None else max(0, end - start - wait) / 1e6
-        rows.append((number, (end - start) / 1e6, work))
-    return rows
+        yield number, (end - start) / 1e6, work
 
 
-def _reduce(rows: list[tuple[int, float, float | None]], step: int) -> Iterable[tuple]:
-    for at in range(0, len(rows), step):
-        chunk = rows[at : at + step]
+def _reduce(rows: Iterator[tuple[int, float, float | None]], step: int) -> Iterable[tuple]:
+    """Each run of ``step`` rows (the last one shorter) as one: its first number, medians."""
+    while chunk := list(itertools.islice(rows, step)):
         works = [work for _, _, work in chunk if work is not None]
         yield (
             chunk[0][0],
@@ -72,22 +73,23 @@ def rank_series(trace: Trace) -> list[RankSeries]:
     """Each rank's series (ranks without finished iterations are left out)."""
     found = []
     for rank, incs in trace.ranks.items():
-        per_inc = [_per_iteration(inc) for inc in incs]
-        count = sum(len(rows) for rows in per_inc)
+        count = sum(len(inc.iterations) for inc in incs)
         if not count:
             continue
         step = max(1, -(-count // MAX_POINTS))
         series = RankSeries(rank, per_point=step)
-        has_work = any(work is not None for rows in per_inc for _, _, work in rows)
-        for rows in per_inc:
-            if not rows:
+        has_work = any(
+            work is not None for inc in incs if inc.waits for _, _, work in _per_iteration(inc)
+        )
+        for inc in incs:
+            if not inc.iterations:
                 continue
             if series.iteration:
                 series.iteration.append(None)
                 series.total_ms.append(None)
                 if has_work:
                     series.work_ms.append(None)
-            for number, total, work in _reduce(rows, step):
+            for number, total, work in _reduce(_per_iteration(inc), step):
                 series.iteration.append(number)
                 series.total_ms.append(total)
                 if has_work:
