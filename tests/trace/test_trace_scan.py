@@ -189,27 +189,15 @@ def test_check_sees_ids_across_files(tmp_path: Path, capsys) -> None:
     assert f"({copy}:1)" in result.violations[0]  # the second occurrence, in read order
 
 
-def _while_sleeping(path: Path) -> tuple[float, float]:
-    import time
-
-    started = time.monotonic()
-    time.sleep(0.5)
-    return started, time.monotonic()
-
-
 def test_this_process_reads_its_piece_while_the_workers_read_theirs(tmp_path: Path) -> None:
-    """The first piece, read here, and the others, handed to the workers before it, are
-    read at once (a worker handed its piece only after this one's read doubled the time)."""
+    """The first piece, read here, and the other, handed to a worker before it, are read
+    at once: each read waits to see the other begin (a worker handed its piece only
+    after this one's read would never be seen)."""
+    from parallel_probes import meet
+
     from megatron.trace.parallel import map_files
 
-    (here, there) = map_files(_while_sleeping, [tmp_path / "a", tmp_path / "b"], jobs=2)
-    assert here[0] < there[1] and there[0] < here[1]  # the two reads overlap in time
-
-
-def _pid_of(path: Path) -> tuple[str, int]:
-    import os
-
-    return path.name, os.getpid()
+    assert map_files(meet, [tmp_path / "a", tmp_path / "b"], jobs=2) == [True, True]
 
 
 @pytest.mark.parametrize(("files", "jobs"), [(2, 2), (3, 3), (5, 2)])
@@ -218,10 +206,12 @@ def test_parallel_results_come_back_in_file_order(tmp_path: Path, files: int, jo
     rest; with more files than jobs the workers read them all. Either way: in order."""
     import os
 
+    from parallel_probes import reader_of
+
     from megatron.trace.parallel import map_files
 
     paths = [tmp_path / f"{n}.jsonl" for n in range(files)]
-    results = map_files(_pid_of, paths, jobs)
+    results = map_files(reader_of, paths, jobs)
     assert [name for name, _ in results] == [path.name for path in paths]
     readers = [pid for _, pid in results]
     here = os.getpid()
