@@ -171,13 +171,13 @@ def imap_files(
         # One piece per job: this process reads the first itself, while the workers read
         # the rest (one process fewer to fork, one summary fewer to pickle and take in).
         local = [next(work)] if len(files) <= jobs else []
+        workers = min(jobs, len(files)) - len(local)
         with (
             paused_gc(),
-            ProcessPoolExecutor(
-                max_workers=min(jobs, len(files)) - len(local), mp_context=context
-            ) as pool,
+            ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool,
         ):
-            later = _in_order(pool, _call_inherited if forked else function, work, jobs + 1)
+            # one piece waits for the first worker to be free, so none idles
+            later = _in_order(pool, _call_inherited if forked else function, work, workers + 1)
             for path in local:
                 yield function(path)
             yield from later
