@@ -143,7 +143,6 @@ _TRACK_EVENT_TAG = _TAGS[_TRACK_EVENT]
 _PACKET_TAG = _TAGS[_TRACE_PACKET]
 _ANNOTATION_TAG = _TAGS[_ANNOTATION]
 _pack_double = struct.Struct("<d").pack
-_INT64_END = 1 << 63
 
 
 def _annotation_value(value: Any) -> bytes:
@@ -263,11 +262,8 @@ class _Sequence:
             kind = type(value)
             if kind is float:
                 body += _ANN_DOUBLE + _pack_double(value)
-            elif kind is int and 0 <= value < _INT64_END:  # an iteration, a rank, a count
-                small = value < 0x80
-                body += _ANN_INT + (
-                    _SMALL[value] if small else _TWO[value] if value < 0x4000 else varint(value)
-                )
+            elif kind is int and 0 <= value < 0x4000:
+                body += _ANN_INT + (_SMALL[value] if value < 0x80 else _TWO[value])
             else:
                 body += _annotation_value(value)
             size = len(body)
