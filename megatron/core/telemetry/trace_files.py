@@ -138,7 +138,7 @@ def iter_piece_lines(piece: FilePiece) -> Iterator[bytes]:
                 return
 
 
-#: Bytes per block when counting the lines before each cut of :func:`split_file`.
+#: Bytes per block when counting the lines before a cut (:func:`numbered`).
 _COUNT_BLOCK = 1 << 22
 
 
@@ -146,10 +146,10 @@ def split_file(path: Path, pieces: int, count_lines: bool = True) -> list[FilePi
     """``path`` cut at line ends into about ``pieces`` runs of equal size, in order.
 
     A compressed file, or a ``pieces`` under 2, is one piece. The line number of
-    each cut is counted on the way (one sequential read of the file, a memory
-    scan, a small fraction of decoding it), so every piece reports the line
+    each cut is counted by :func:`numbered` (a memory scan of the bytes before
+    it, a small fraction of decoding them), so every piece reports the line
     numbers the whole file would; with ``count_lines=False`` the pieces but the
-    first say ``first_line=0`` (not counted yet: :func:`numbered` counts them).
+    first say ``first_line=0``, for :func:`numbered` to count later.
     """
     if pieces < 2:
         return [FilePiece(path)]
@@ -166,18 +166,12 @@ def split_file(path: Path, pieces: int, count_lines: bool = True) -> list[FilePi
                 cuts.append(cut)
         if not cuts:
             return [FilePiece(path)]
-        # the line number of each cut: the newlines before it
-        firsts, position, newlines = [1], 0, 0
-        for cut in cuts:
-            if count_lines:
-                newlines += _newlines(stream, position, cut)
-                position = cut
-            firsts.append(newlines + 1 if count_lines else 0)
     starts, stops = [0, *cuts], [*cuts, None]
-    return [
-        FilePiece(path, start, stop, first)
-        for start, stop, first in zip(starts, stops, firsts, strict=True)
+    uncounted = [
+        FilePiece(path, start, stop, 1 if start == 0 else 0)
+        for start, stop in zip(starts, stops, strict=True)
     ]
+    return list(numbered(uncounted)) if count_lines else uncounted
 
 
 def _newlines(stream: IO[bytes], start: int, stop: int) -> int:
