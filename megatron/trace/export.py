@@ -33,7 +33,7 @@ from typing import IO, Any
 
 from megatron.core.telemetry.otlp_decode import spans_with_links
 from megatron.core.telemetry.reader import iter_batches, paused_gc
-from megatron.core.telemetry.trace_files import fixed_end, numbered
+from megatron.core.telemetry.trace_files import fixed_end
 from megatron.trace.chrome_trace import ChromePart, ChromeWriter
 from megatron.trace.command import add_command
 from megatron.trace.flows import FlowPlan
@@ -174,17 +174,19 @@ def size_warning(result: ExportResult, fmt: str, output: Path) -> str | None:
 
 @dataclass
 class _Plan:
-    """What the first pass learnt: the lanes, the links and the time origin."""
+    """What the first pass learnt: the pieces it read, the lanes, the links and the time
+    origin."""
 
+    pieces: list[FilePiece]  # as the first pass read them: numbered, for the second
     lanes: LaneIndex
     flows: FlowPlan | None  # the Chrome export's drawing of each link (None: Perfetto's)
     links: list[tuple[str, str]] = field(default_factory=list)  # (linking, linked-to), in order
     origin: int = 0  # the earliest start, rounded down to a whole second (ns)
 
 
-def _learn(path: FilePiece) -> tuple[TraceBuilder, list[tuple[str, str]]]:
-    """The first pass over one piece of a file: its model summary and its links
-    (linking, linked-to)."""
+def _learn(path: FilePiece) -> tuple[FilePiece, TraceBuilder, list[tuple[str, str]]]:
+    """The first pass over one piece of a file: the piece (numbered as it was handed out),
+    its model summary and its links (linking, linked-to)."""
     builder, links = TraceBuilder(), []
     with reading(path.path), paused_gc():
         for line in iter_batches(path, builder.stats):
@@ -193,7 +195,7 @@ def _learn(path: FilePiece) -> tuple[TraceBuilder, list[tuple[str, str]]]:
                 for batch in line.batches:
                     for span in spans_with_links(batch.spans):
                         links.extend((span.span_id, target) for _, target in span.link_pairs())
-    return builder, links
+    return path, builder, links
 
 
 def _plan(
@@ -204,8 +206,9 @@ def _plan(
     clock: Clock,
     executor: Executor | None,
 ) -> tuple[_Plan, Trace]:
-    builder, links = TraceBuilder(), []
-    for piece_builder, piece_links in imap_files(_learn, work, jobs, executor):  # folded
+    read, builder, links = [], TraceBuilder(), []
+    for piece, piece_builder, piece_links in imap_files(_learn, work, jobs, executor):  # folded
+        read.append(piece)
         builder = builder.merge(piece_builder)
         links += piece_links
     earliest = builder.earliest_start()
@@ -220,7 +223,7 @@ def _plan(
             flows.add(linking, target)
         flows.plan()
     origin = earliest - earliest % 1_000_000_000
-    return _Plan(LaneIndex(trace), flows, links, origin), trace
+    return _Plan(read, LaneIndex(trace), flows, links, origin), trace
 
 
 def _writer(fmt: str, plan: _Plan, part: int) -> Any:
@@ -262,11 +265,10 @@ class _Part:
     fmt: str
     plan: _Plan
     window: Window
-    # (input file, start) -> (part number, part file): a piece is numbered when handed out
-    parts: dict[tuple[Path, int], tuple[int, Path]]
+    parts: dict[FilePiece, tuple[int, Path]]  # input -> (part number, part file)
 
     def __call__(self, path: FilePiece) -> Any:
-        number, part_file = self.parts[path.path, path.start]
+        number, part_file = self.parts[path]
         writer = _writer(self.fmt, self.plan, number)
         with open(part_file, "wb") as out:
             _write_spans(path, writer, out, self.window, self.plan.lanes)
@@ -301,33 +303,32 @@ def export_files(
         except ImportError:
             raise TraceInputError(PERFETTO_MISSING) from None
     # both passes read the same lines, however much a running job appends meanwhile
-    work = [fixed_end(piece) for piece in pieces(files, jobs, count_lines=False)]
-    plan, trace = _plan(fmt, files, work, jobs, clock or Clock.system(), executor)
+    fixed = [fixed_end(piece) for piece in pieces(files, jobs, count_lines=False)]
+    plan, trace = _plan(fmt, files, fixed, jobs, clock or Clock.system(), executor)
     window = resolve_window(trace, since, until, ranks)
     part_files: list[Path] = []
     try:
         with replacing(output, binary=True) as out:
             writer = _writer(fmt, plan, 0)
             count = writer.header(out)
+            work = plan.pieces  # the same pieces, numbered as the first pass read them
             if len(work) == 1 or (jobs == 1 and executor is None):
-                for piece in numbered(work):
+                for piece in work:
                     _write_spans(piece, writer, out, window, plan.lanes)
                 writer.finish_part(out)
                 parts = [writer.part]
             else:
                 # each piece's events to a part of its own, in parallel; joined in file order
-                distinct = list(dict.fromkeys(work))  # a file given twice: written once
-                part_of = {
-                    (piece.path, piece.start): (n + 1, output.with_name(f".{output.name}.part{n}"))
-                    for n, piece in enumerate(distinct)
+                numbered = {
+                    piece: (n + 1, output.with_name(f".{output.name}.part{n}"))
+                    for n, piece in enumerate(dict.fromkeys(work))
                 }
-                part_files = [part for _, part in part_of.values()]
-                write = _Part(fmt, plan, window, part_of)
-                written = map_files(write, distinct, jobs, executor)
-                by_piece = dict(zip(part_of, written, strict=True))
-                keys = [(piece.path, piece.start) for piece in work]
-                parts = [by_piece[key] for key in keys]  # ... and joined twice
-                writer.join(out, parts, [part_of[key][1] for key in keys])
+                part_files = [part for _, part in numbered.values()]
+                write = _Part(fmt, plan, window, numbered)
+                written = map_files(write, list(numbered), jobs, executor)
+                by_piece = dict(zip(numbered, written, strict=True))
+                parts = [by_piece[piece] for piece in work]  # a file given twice: twice
+                writer.join(out, parts, [numbered[piece][1] for piece in work])
             count += sum(part.events for part in parts)
             count += writer.footer(out, parts)
     finally:
