@@ -37,12 +37,13 @@ class FileSpans:
 
 
 @contextlib.contextmanager
-def reading(path: Path) -> Iterator[None]:
-    """Turn the errors of reading ``path`` into :class:`TraceInputError` (one line, exit 2)."""
+def reading(path: Path | None = None) -> Iterator[None]:
+    """Turn the errors of reading ``path`` (default: whichever file the error names) into
+    :class:`TraceInputError` (one line, exit 2)."""
     try:
         yield
     except OSError as exc:
-        raise TraceInputError(f"{path}: cannot read it: {exc}") from exc
+        raise TraceInputError(f"{path or exc.filename}: cannot read it: {exc}") from exc
     except ValueError as exc:  # TraceFileDamaged names the file and line
         raise TraceInputError(str(exc)) from exc
 

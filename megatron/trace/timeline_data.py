@@ -42,7 +42,7 @@ from megatron.trace.intervals import IntervalFacts
 from megatron.trace.lanes import Lane, LaneIndex
 from megatron.trace.liveness import Clock, judge, utc_text
 from megatron.trace.model import Incarnation, Trace, load_trace
-from megatron.trace.spans import FileSpans, TraceInputError
+from megatron.trace.spans import FileSpans, reading
 from megatron.trace.timeline_ranks import RankSeries, rank_series
 
 __all__ = [
@@ -181,12 +181,8 @@ def collect(
 
 def _read(source: FileSpans, jobs: int | None) -> Trace:
     """The trace model of the files, their errors as :class:`TraceInputError` (exit 2)."""
-    try:
+    with reading():
         return load_trace(source.paths, jobs)
-    except OSError as exc:
-        raise TraceInputError(f"{exc.filename}: cannot read it: {exc.strerror}") from exc
-    except ValueError as exc:  # TraceFileDamaged names the file and line
-        raise TraceInputError(str(exc)) from exc
 
 
 def _category(name: str) -> str | None:
