@@ -138,14 +138,8 @@ PROCESS_KEYS = (
 )
 _FINALIZE_NAMES = frozenset({CHECKPOINT_FINALIZE_SPAN, CHECKPOINT_EXIT_FINALIZE_SPAN})
 # What the model keeps as records: the structural spans and the hang watchdog's, and
-# the startup's phases (a handful an incarnation, which the timeline draws).
+# the startup's phases (a handful an incarnation, which the timeline draws: _kept_name).
 _KEPT_NAMES = STRUCTURAL_SPAN_NAMES | {HANG_SPAN, HANG_RECOVERED_SPAN}
-
-
-def _kept_name(name: str) -> bool:
-    return name in _KEPT_NAMES or name.startswith(STARTUP_PHASE_PREFIX)
-
-
 _CUT_SHORT_KEY = SPAN_CUT_SHORT.encode()
 # What TraceBuilder.add does with a span, by its name (the fast path looks it up once):
 # keep it as a record; keep it as an iteration; as a gradient all-reduce wait; add its
@@ -154,6 +148,10 @@ _CUT_SHORT_KEY = SPAN_CUT_SHORT.encode()
 _STRUCTURAL, _ITERATION, _WAIT, _CHECKPOINT, _FINALIZE, _FINALIZE_ONLY, _IGNORED = range(7)
 # The lifecycle's shutdown reason -> how the incarnation ended (strongest first).
 _ENDED_BY_REASON = {"exception": "failed", "interrupt": "interrupted", "signal": "cut_short"}
+
+
+def _kept_name(name: str) -> bool:
+    return name in _KEPT_NAMES or name.startswith(STARTUP_PHASE_PREFIX)
 
 
 class Iterations:
