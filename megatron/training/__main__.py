@@ -22,7 +22,7 @@ import time
 
 PROGRAM_START = time.time()
 
-import signal  # noqa: E402
+import _signal  # noqa: E402  (the C functions under signal's Python wrappers: see main)
 import sys  # noqa: E402
 from types import TracebackType  # noqa: E402
 
@@ -43,7 +43,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"See '{PROG} --help' for every flag.", file=sys.stderr, flush=True)
         sys.exit(2)
     except KeyboardInterrupt:
-        _quiet_keyboard_interrupt()  # first: a second Ctrl-C must not interrupt the line
+        # First, before any Python call: a second Ctrl-C must not interrupt the line. A
+        # pending handler runs where a Python function is entered (signal.signal is one,
+        # and so is the helper), so the handler is swapped by the C call itself, for one
+        # that does nothing (SIG_IGN would have a signal that arrived a moment before
+        # reported as "ignored due to race condition").
+        _signal.signal(_signal.SIGINT, _ignore_sigint)
+        _quiet_keyboard_interrupt()
         print(
             f"{PROG}: interrupted (SIGINT); checkpoints and telemetry written so far are kept",
             file=sys.stderr,
@@ -58,17 +64,20 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0)
 
 
+def _ignore_sigint(signum: int, frame: object) -> None:
+    """SIGINT once the first one is ending the run: nothing more to do."""
+
+
 def _quiet_keyboard_interrupt() -> None:
     """Let the re-raised KeyboardInterrupt end the process without its traceback.
 
     Re-raising (rather than exiting 130) keeps Python's own ending: atexit
     hooks run, then the interpreter kills itself with SIGINT. A second Ctrl-C
     meanwhile would raise a new KeyboardInterrupt inside whichever atexit
-    callback runs (a traceback of its own), so SIGINT is ignored from here
-    on: the process is already on its way to dying by it (the interpreter
-    restores the default disposition before it does).
+    callback runs (a traceback of its own), so ``main`` has SIGINT ignored
+    first (:func:`_ignore_sigint`): the process is already on its way to dying
+    by it (the interpreter restores the default disposition before it does).
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     previous = sys.excepthook
 
     def hook(
