@@ -36,8 +36,11 @@ files without a single span: nothing to check is not a whole trace.
 Memory: ``check`` has to remember every span id to find duplicates: 8 bytes
 each, in one sorted numpy array (:mod:`megatron.trace.span_ids`), beside the
 trace model's structural spans and iterations. Spans a rule flags are looked
-up again afterwards (only their lines are decoded), so nothing is kept per
-span for the violation lines.
+up again afterwards, so nothing is kept per span for the violation lines:
+only the pieces of the files that hold a flagged line are read again, and
+only those lines decoded (a killed incarnation's orphans cost a piece or two,
+not a second pass over a week's file); duplicate ids, whose lines the ids do
+not say, mean every piece.
 
 Several files are scanned in parallel processes and their summaries merged
 (:mod:`megatron.trace.parallel`).
@@ -46,6 +49,7 @@ Several files are scanned in parallel processes and their summaries merged
 from __future__ import annotations
 
 import argparse
+import bisect
 import math
 import sys
 from collections.abc import Iterable
@@ -124,11 +128,13 @@ class _Span:
 
 @dataclass
 class _FileScan:
-    """One file's summary: the trace model's builder, its span ids, spans a rule flagged."""
+    """One piece's summary: the trace model's builder, its span ids, spans a rule flagged,
+    and the piece itself, numbered (where its lines are, to read some of them again)."""
 
     builder: TraceBuilder
     ids: IdSet
     late: list[_Span]  # end-before-start, in file order
+    piece: FilePiece
 
 
 def _where(name: str, span_id: str, trace_id: str, label: str, file: Path, line: int) -> str:
@@ -162,7 +168,7 @@ def _scan(piece: FilePiece) -> _FileScan:
                     late.extend(_flagged(line.path, line.number, batches, _ends_early))
             except DAMAGE_ERRORS as error:
                 raise damaged(line.path, line.number, error) from error
-    return _FileScan(builder, ids.finish(piece.path), late)
+    return _FileScan(builder, ids.finish(piece.path), late, piece)
 
 
 def _ends_early(span: Any) -> bool:
@@ -191,17 +197,18 @@ def _id_in(ids: frozenset[str]) -> Any:
 
 
 def _details(
-    wanted: dict[int, set[str]], dups: frozenset[str], path: Path
+    wanted: dict[int, set[str]], dups: frozenset[str], piece: FilePiece
 ) -> tuple[list[_Span], list[_Span]]:
-    """Re-read one file for the spans the ids flagged: (orphans, duplicate occurrences).
+    """Re-read one piece for the spans the ids flagged: (orphans, duplicate occurrences).
 
     Only the lines holding an orphan are decoded, unless there are duplicate
     ids (a broken file): then every line, to find each occurrence.
     """
     orphans: list[_Span] = []
     copies: list[_Span] = []
+    path = piece.path
     with paused_gc():
-        for _, number, raw in iter_lines(path):
+        for _, number, raw in iter_lines(piece):
             parents = wanted.get(number)
             if parents is None and not dups:
                 continue
@@ -236,10 +243,11 @@ def check_files(
     # folded as the pieces come in: only the merged summary is held, not every piece's
     scans = imap_files(_scan, pieces(files, jobs, count_lines=False), jobs, executor)
     first = next(scans)
-    builder, ids, late = first.builder, first.ids, list(first.late)
+    builder, ids, late, read = first.builder, first.ids, list(first.late), [first.piece]
     for scan in scans:
         builder, ids = builder.merge(scan.builder), ids.merge(scan.ids)
         late += scan.late
+        read.append(scan.piece)
     result = CheckResult()
     trace = builder.finish()
     liveness = judge(trace, paths, clock)
@@ -247,13 +255,8 @@ def check_files(
     labels = _process_labels(trace)
     order = {path: position for position, path in enumerate(files)}
     dups = frozenset(ids_hex(ids.dups))
-    lookups = [
-        (path, ids.unresolved_lines(path)) for path in dict.fromkeys(files)
-    ]  # each file once
-    lookups = [(path, wanted) for path, wanted in lookups if wanted or dups]
-    found = map_files(
-        _DetailsOf(dups, dict(lookups)), [path for path, _ in lookups], jobs, executor
-    )
+    wanted = {path: ids.unresolved_lines(path) for path in dict.fromkeys(files)}  # once each
+    found = map_files(_DetailsOf(dups, wanted), _to_reread(read, wanted, dups), jobs, executor)
     orphans = [span for file_orphans, _ in found for span in file_orphans]
     copies = [span for _, file_copies in found for span in file_copies]
     per_span = [("end-before-start", span) for span in late]
@@ -278,15 +281,34 @@ def check_files(
     return result
 
 
+def _to_reread(
+    read: list[FilePiece], wanted: dict[Path, dict[int, set[str]]], dups: frozenset[str]
+) -> list[FilePiece]:
+    """The pieces (as numbered by the scan) that hold a line :func:`_details` must decode:
+    all of them when an id is duplicated, else those where a flagged line falls. A file
+    given twice is read once, as its lines are flagged once."""
+    read = list({(piece.path, piece.start): piece for piece in read}.values())
+    if dups:
+        return read
+    firsts: dict[Path, list[int]] = {}
+    for piece in read:  # each file's pieces come in line order
+        firsts.setdefault(piece.path, []).append(piece.first_line)
+    hit: set[tuple[Path, int]] = set()
+    for path, lines in wanted.items():
+        for number in lines:
+            hit.add((path, firsts[path][bisect.bisect_right(firsts[path], number) - 1]))
+    return [piece for piece in read if (piece.path, piece.first_line) in hit]
+
+
 class _DetailsOf:
-    """:func:`_details` for one file, as a picklable callable (for the process pool)."""
+    """:func:`_details` for one piece, as a picklable callable (for the process pool)."""
 
     def __init__(self, dups: frozenset[str], wanted: dict[Path, dict[int, set[str]]]) -> None:
         self.dups = dups
         self.wanted = wanted
 
-    def __call__(self, path: Path) -> tuple[list[_Span], list[_Span]]:
-        return _details(self.wanted.get(path, {}), self.dups, path)
+    def __call__(self, piece: FilePiece) -> tuple[list[_Span], list[_Span]]:
+        return _details(self.wanted.get(piece.path, {}), self.dups, piece)
 
 
 def _read_order(span: _Span, order: dict[Path, int]) -> tuple[int, int, int]:

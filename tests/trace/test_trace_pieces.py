@@ -115,6 +115,44 @@ def test_report_and_check_say_the_same_of_pieces(tmp_path: Path, tiny_pieces: No
     assert report_cut == format_report(build_report(load_trace([path], jobs=1)))
 
 
+def test_check_reads_again_only_the_pieces_that_hold_a_killed_incarnations_orphans(
+    tmp_path: Path, tiny_pieces: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A killed-and-resumed job's orphans (children of the interval the kill lost) are looked
+    up in the piece they were read in, not in a second pass over the whole file; an id
+    written twice, whose lines the ids do not say, still means every piece."""
+    (path,) = synthetic.write_per_step(
+        tmp_path / "traces.jsonl",
+        synthetic.Shape(ranks=2, spans=4_000, incarnations=2, per_line=16),
+    )
+    reread: list[FilePiece] = []
+    details = check._details
+
+    def recorded(wanted: dict[int, set[str]], dups: frozenset[str], piece: FilePiece) -> object:
+        reread.append(piece)
+        return details(wanted, dups, piece)
+
+    monkeypatch.setattr(check, "_details", recorded)
+    whole = check.check_files([path], jobs=1)
+    assert reread == [FilePiece(path)]
+    reread.clear()
+    with ThreadPoolExecutor(4) as pool:
+        cut = check.check_files([path], jobs=20, executor=pool)
+    assert (cut.violations, cut.notes) == (whole.violations, whole.notes)
+    assert any("killed" in note for note in cut.notes)
+    assert 1 <= len(reread) <= 2  # one piece per rank's orphans, at most
+    assert len(reread) < len(parallel.pieces([path], jobs=20))
+
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines + lines[-1:]))  # the last line again: its ids twice
+    reread.clear()
+    with ThreadPoolExecutor(4) as pool:
+        twice = check.check_files([path], jobs=20, executor=pool)
+    assert len(reread) == len(parallel.pieces([path], jobs=20))
+    assert any(v.startswith("duplicate-span-id") for v in twice.violations)
+    assert twice.violations == check.check_files([path], jobs=1).violations
+
+
 def test_the_readmes_cluster_recipe_reports_what_one_process_does(
     tmp_path: Path, tiny_pieces: None
 ) -> None:
