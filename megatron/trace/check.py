@@ -201,16 +201,20 @@ def _details(
 ) -> tuple[list[_Span], list[_Span]]:
     """Re-read one piece for the spans the ids flagged: (orphans, duplicate occurrences).
 
-    Only the lines holding an orphan are decoded, unless there are duplicate
-    ids (a broken file): then every line, to find each occurrence.
+    Only the lines holding an orphan are decoded, and the piece is read only up
+    to the last of them, unless there are duplicate ids (a broken file): then
+    every line, to find each occurrence.
     """
     orphans: list[_Span] = []
     copies: list[_Span] = []
     path = piece.path
+    last = max(wanted, default=0)  # without duplicates, nothing after it is wanted
     with paused_gc():
         for _, number, raw in iter_lines(piece):
             parents = wanted.get(number)
             if parents is None and not dups:
+                if number > last:
+                    break
                 continue
             line = decode_line(path, number, raw)
             if line is None:

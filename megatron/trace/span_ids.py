@@ -5,21 +5,23 @@ nowhere, over every span of every file. A Python ``set`` of ids costs about
 70 bytes a span (the int and the set slot) and an object allocation each;
 here the ids of a file are appended, 8 bytes each, to one growing
 ``array('Q')`` straight from their hex (``bytes.fromhex`` of a line's ids
-joined: one C call a line), and sorted once with numpy when the file ends.
-Sorted, a duplicate is two equal neighbours and a parent's presence is a
-binary search: exact, with no hashing and no false positives.
+joined: one C call a line), and the ids of all files are sorted once, with
+numpy, when all are in (ten million in a tenth of a second). Sorted, a
+duplicate is two equal neighbours and a parent's presence is a binary
+search: exact, with no hashing and no false positives.
 
 Parents need less: most are in the same line as their children (the batch
 processor writes a subtree together), so only the parents a line does not
-hold itself are kept, once per line, with that line's number. Those are
-looked up in the sorted ids at the end; the few that no file holds are the
-missing parents, and :func:`check` re-reads just their lines for the
-details it prints (name, trace, line).
+hold itself are kept, once per line, with that line's number, and looked up
+in the piece's own ids when the piece ends. The rest are looked up in all
+the ids at the end; the few that no file holds are the missing parents, and
+:func:`check` re-reads just their lines for the details it prints (name,
+trace, line).
 
-A file's :class:`IdSet` is its summary in a parallel read: :meth:`IdSet.merge`
-is associative (union of the ids; duplicates within either side or across
-them; unresolved parents that neither side holds), so files can be mapped
-anywhere and folded in file order.
+A file's (or piece's) :class:`IdSet` is its summary in a parallel read:
+:meth:`IdSet.merge` is associative (the ids appended, the parents still
+looked for appended), so files can be mapped anywhere and folded in file
+order.
 """
 
 from __future__ import annotations
@@ -81,18 +83,16 @@ class IdCollector:
             self._parent_lines.extend([line] * len(outside))
 
     def finish(self, path: Path) -> IdSet:
-        """Sort once: the file's :class:`IdSet`."""
+        """The file's (or piece's) :class:`IdSet`: its ids, and the outside parents that
+        none of them is (looked up here, in the piece's own ids sorted once)."""
         ids = _as_ints(self._ids)  # a view: sorted in place, no copy
         ids.sort()
-        same = ids[1:] == ids[:-1]
-        dups = np.unique(ids[1:][same])
-        if len(dups):
-            ids = ids[np.concatenate(([True], ~same))]
         parents = np.array(_as_ints(self._parents))
         lines = np.array(self._parent_lines, dtype=np.int64)
         missing = ~_contains(ids, parents)
-        unresolved = {path: (parents[missing], lines[missing])} if missing.any() else {}
-        return IdSet([ids], dups.astype(np.uint64), unresolved)
+        del ids  # the view: the array may grow again in a merge
+        unresolved = {path: [(parents[missing], lines[missing])]} if missing.any() else {}
+        return IdSet(self._ids, unresolved)
 
 
 #: Values looked up at once in :func:`_contains`: its temporaries (8 + 1 bytes a
@@ -113,59 +113,72 @@ def _contains(sorted_ids: np.ndarray, values: np.ndarray) -> np.ndarray:
     return found
 
 
-def _in_any(runs: Sequence[np.ndarray], values: np.ndarray) -> np.ndarray:
-    found = np.zeros(len(values), dtype=bool)
-    for run in runs:
-        found |= _contains(run, values)
-    return found
-
-
 class IdSet:
-    """The span ids of some files (or pieces of files): ``runs``, the sorted unique ids of
-    each, ``dups`` (ids seen more than once, anywhere), and ``unresolved``: file ->
-    (parent ids, line numbers) of parents no file here holds.
+    """The span ids of some files (or pieces of files), every occurrence, and the parents
+    each piece looked for and did not hold: ``unresolved`` until the whole is known.
 
-    The runs are kept apart rather than merged into one array: a merge would
-    hold both sides and the result at once (three times the ids), and the
-    lookups need only sorted runs. Every lookup goes in bounded chunks, so a
-    merge costs little memory beyond the 8 bytes an id the runs take.
+    A merge appends the other's ids to this one's buffer (a copy of 8 bytes an id
+    into memory that grows in place) and its unresolved parents to the list; nothing
+    is looked up then. The first question (:attr:`dups`, :attr:`unresolved`) sorts
+    the whole buffer once, in place, and answers from it: the duplicates are equal
+    neighbours, a parent is found by binary search. Looking each new piece up in
+    every piece before it instead cost a third of ``check`` at ten million spans
+    (the pieces times the pieces), where sorting them all costs a hundredth; and a
+    sorted run kept per piece, each received in memory of its own, left the
+    merging process's heap in holes.
     """
 
-    __slots__ = ("dups", "runs", "unresolved")
+    __slots__ = ("_answers", "_ids", "_unresolved")
 
     def __init__(
-        self,
-        runs: list[np.ndarray],
-        dups: np.ndarray,
-        unresolved: dict[Path, tuple[np.ndarray, np.ndarray]],
+        self, ids: array, unresolved: dict[Path, list[tuple[np.ndarray, np.ndarray]]]
     ) -> None:
-        self.runs = runs
-        self.dups = dups
-        self.unresolved = unresolved
+        self._ids = ids  # array("Q"): every id, as read (each piece's sorted)
+        self._unresolved = unresolved  # file -> [(parent ids, line numbers)], piece by piece
+        self._answers: tuple[np.ndarray, dict[Path, tuple[np.ndarray, np.ndarray]]] | None
+        self._answers = None
+
+    def merge(self, other: IdSet) -> IdSet:
+        """Add ``other``'s ids, as if its files were read after these; returns self
+        (associative: any grouping of files gives the same answers)."""
+        self._answers = None
+        self._ids.extend(other._ids)
+        for path, found in other._unresolved.items():
+            self._unresolved.setdefault(path, []).extend(found)
+        return self
+
+    def _answer(self) -> tuple[np.ndarray, dict[Path, tuple[np.ndarray, np.ndarray]]]:
+        if self._answers is None:
+            ids = _as_ints(self._ids)
+            ids.sort()  # in place: the buffer is the sorted ids from here on
+            same = ids[1:] == ids[:-1]
+            dups = np.unique(ids[1:][same])
+            del same
+            unresolved = {}
+            for path, found in self._unresolved.items():
+                parents = np.concatenate([parents for parents, _ in found])
+                lines = np.concatenate([lines for _, lines in found])
+                missing = ~_contains(ids, parents)
+                if missing.any():
+                    unresolved[path] = (parents[missing], lines[missing])
+            del ids  # the view: a later merge may grow the buffer again
+            self._answers = dups.astype(np.uint64), unresolved
+        return self._answers
 
     @property
     def ids(self) -> np.ndarray:
         """Every id once, sorted (a new array: for tests and small traces)."""
-        return np.unique(np.concatenate(self.runs)) if self.runs else np.empty(0, np.uint64)
+        return np.unique(_as_ints(self._ids))
 
-    def merge(self, other: IdSet) -> IdSet:
-        """The ids of both (associative: any grouping of files gives the same set)."""
-        across = [theirs[_contains(mine, theirs)] for theirs in other.runs for mine in self.runs]
-        dups = np.unique(np.concatenate([self.dups, other.dups, *across]))
-        unresolved: dict[Path, tuple[np.ndarray, np.ndarray]] = {}
-        for mine, theirs in ((self, other), (other, self)):
-            for path, (parents, lines) in mine.unresolved.items():
-                keep = ~_in_any(theirs.runs, parents)
-                if keep.any():
-                    kept = (parents[keep], lines[keep])
-                    if path in unresolved:  # the same file given twice, or two pieces of it
-                        old = unresolved[path]
-                        kept = (
-                            np.concatenate((old[0], kept[0])),
-                            np.concatenate((old[1], kept[1])),
-                        )
-                    unresolved[path] = kept
-        return IdSet(self.runs + other.runs, dups, unresolved)
+    @property
+    def dups(self) -> np.ndarray:
+        """The ids seen more than once, anywhere, sorted."""
+        return self._answer()[0]
+
+    @property
+    def unresolved(self) -> dict[Path, tuple[np.ndarray, np.ndarray]]:
+        """File -> (parent ids, line numbers) of the parents no file holds."""
+        return self._answer()[1]
 
     def unresolved_lines(self, path: Path) -> dict[int, set[str]]:
         """Line number -> hex ids of the parents missing from every file, for ``path``."""

@@ -144,8 +144,9 @@ def test_id_sets_merge_associatively_and_find_cross_file_duplicates(tmp_path: Pa
     path = g.write(tmp_path / "t.jsonl", spans, per_line=2)
     extra = g.write(tmp_path / "x.jsonl", [dict(spans[-1], parentSpanId="")], per_line=1)
     a, b, c = _split(path, 3)
-    sets = [_ids(p) for p in (a, b, c, extra)]
-    left = functools.reduce(IdSet.merge, sets)
+    parts = (a, b, c, extra)
+    left = functools.reduce(IdSet.merge, [_ids(p) for p in parts])  # merge grows its left side
+    sets = [_ids(p) for p in parts]
     right = sets[0].merge(sets[1].merge(sets[2].merge(sets[3])))
     for merged in (left, right):
         assert np.array_equal(merged.ids, left.ids)
