@@ -34,8 +34,10 @@ exits 2 naming the line (raised by the reader, handled by the CLI), and so do
 files without a single span: nothing to check is not a whole trace.
 
 Memory: ``check`` has to remember every span id to find duplicates: 8 bytes
-each, in one sorted numpy array (:mod:`megatron.trace.span_ids`), beside the
-trace model's structural spans and iterations. Spans a rule flags are looked
+each, sorted once with numpy (:mod:`megatron.trace.span_ids`), and from four
+million ids on in anonymous temporary files instead, answered a partition at
+a time, so their memory stops growing; beside them, the trace model's
+structural spans and iterations. Spans a rule flags are looked
 up again afterwards, so nothing is kept per span for the violation lines:
 only the pieces of the files that hold a flagged line are read again, and
 only those lines decoded (a killed incarnation's orphans cost a piece or two,
@@ -260,6 +262,7 @@ def check_files(
     order = {path: position for position, path in enumerate(files)}
     dups = frozenset(ids_hex(ids.dups))
     wanted = {path: ids.unresolved_lines(path) for path in dict.fromkeys(files)}  # once each
+    ids.close()  # (the files of ids spilled to disk, when there were many)
     found = map_files(_DetailsOf(dups, wanted), _to_reread(read, wanted, dups), jobs, executor)
     orphans = [span for file_orphans, _ in found for span in file_orphans]
     copies = [span for _, file_copies in found for span in file_copies]

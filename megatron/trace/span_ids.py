@@ -26,14 +26,15 @@ order.
 
 from __future__ import annotations
 
+import tempfile
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["IdCollector", "IdSet", "parse_span_ids"]
+__all__ = ["SPILL_FROM_IDS", "IdCollector", "IdSet", "parse_span_ids"]
 
 _ID_HEX = 16  # an OTLP span id: 8 bytes, 16 hex digits
 
@@ -61,10 +62,15 @@ def ids_hex(values: np.ndarray | Sequence[int]) -> list[str]:
 
 
 class IdCollector:
-    """Gathers one file's span ids and its lines' outside parents as it is read."""
+    """Gathers one file's span ids and its lines' outside parents as it is read.
+
+    A piece holds a few hundred thousand ids; a file read whole (compressed, or
+    with ``--jobs 1``) may hold tens of millions, so from :data:`SPILL_FROM_IDS`
+    on they go to disk as they come (an :class:`IdSet` that spills)."""
 
     def __init__(self) -> None:
         self._ids = array("Q")
+        self._spilled: IdSet | None = None  # the ids so far, once there were many
         self._parents = array("Q")
         self._parent_lines = array("q")
 
@@ -72,6 +78,8 @@ class IdCollector:
         """The spans of one line (``span_id``, ``parent_span_id``)."""
         hex_ids = [span.span_id for span in spans]
         self._ids.frombytes(parse_span_ids(hex_ids))
+        if len(self._ids) >= SPILL_FROM_IDS:
+            self._spill()
         local = set(hex_ids)
         outside = {
             span.parent_span_id
@@ -82,13 +90,25 @@ class IdCollector:
             self._parents.frombytes(parse_span_ids(list(outside)))
             self._parent_lines.extend([line] * len(outside))
 
+    def _spill(self) -> None:
+        if self._spilled is None:
+            self._spilled = IdSet(array("Q"), {})
+        self._spilled._take(self._ids)
+        self._ids = array("Q")
+
     def finish(self, path: Path) -> IdSet:
         """The file's (or piece's) :class:`IdSet`: its ids, and the outside parents that
-        none of them is (looked up here, in the piece's own ids sorted once)."""
-        ids = _as_ints(self._ids)  # a view: sorted in place, no copy
-        ids.sort()
+        none of them is (looked up here, in the piece's own ids sorted once; all of them
+        left to the whole when the ids went to disk)."""
         parents = np.array(_as_ints(self._parents))
         lines = np.array(self._parent_lines, dtype=np.int64)
+        if self._spilled is not None:
+            self._spill()
+            if len(parents):
+                self._spilled._unresolved[path] = [(parents, lines)]
+            return self._spilled
+        ids = _as_ints(self._ids)  # a view: sorted in place, no copy
+        ids.sort()
         missing = ~_contains(ids, parents)
         del ids  # the view: the array may grow again in a merge
         unresolved = {path: [(parents[missing], lines[missing])]} if missing.any() else {}
@@ -113,6 +133,66 @@ def _contains(sorted_ids: np.ndarray, values: np.ndarray) -> np.ndarray:
     return found
 
 
+#: From this many ids on (32 MB of them), a merged :class:`IdSet` keeps them on disk.
+SPILL_FROM_IDS = 1 << 22
+#: The spilled ids' partitions (files): at ten million ids, 1.2 MB each.
+_PARTITION_BITS = 6
+_SPREAD = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: sequential ids spread too
+
+
+def _partition_of(ids: np.ndarray) -> np.ndarray:
+    """Which partition each id goes to: the top bits of a multiplicative hash of it (as
+    bytes, which numpy's stable sort orders by radix, in linear time)."""
+    return ((ids * _SPREAD) >> np.uint64(64 - _PARTITION_BITS)).astype(np.uint8)
+
+
+#: Ids spread over the partitions at a time: the temporaries stay a few MB.
+_SPILL_CHUNK = 1 << 19
+
+
+class _Spill:
+    """Ids spread by :func:`_partition_of` over anonymous temporary files, one per
+    partition: a duplicate or a parent always falls in the same partition as the id
+    it equals, so each partition is answered on its own, read whole (a few MB),
+    while the rest stays on disk. The files have no name (``TemporaryFile``): even a
+    killed ``check`` leaves nothing behind."""
+
+    def __init__(self) -> None:
+        self.files = [
+            tempfile.TemporaryFile(prefix="megatron-trace-ids-")  # noqa: SIM115
+            for _ in range(1 << _PARTITION_BITS)
+        ]
+
+    def add(self, ids: np.ndarray) -> None:
+        for start in range(0, len(ids), _SPILL_CHUNK):
+            chunk = ids[start : start + _SPILL_CHUNK]
+            partitions = _partition_of(chunk)
+            spread = chunk[np.argsort(partitions, kind="stable")]
+            counts = np.bincount(partitions, minlength=len(self.files)).tolist()
+            at = 0
+            for file, count in zip(self.files, counts, strict=True):
+                if count:
+                    file.write(spread[at : at + count].tobytes())
+                    at += count
+
+    def partitions(self) -> Iterator[np.ndarray]:
+        """Each partition's ids, sorted (read one at a time)."""
+        for file in self.files:
+            file.flush()
+            file.seek(0)
+            ids = np.fromfile(file, dtype=np.uint64)
+            file.seek(0, 2)  # appending again, should more be merged
+            ids.sort()
+            yield ids
+
+    def close(self) -> None:
+        for file in self.files:
+            file.close()
+
+    def __del__(self) -> None:  # a set dropped unclosed (sent away, say) closes its files
+        self.close()
+
+
 class IdSet:
     """The span ids of some files (or pieces of files), every occurrence, and the parents
     each piece looked for and did not hold: ``unresolved`` until the whole is known.
@@ -123,17 +203,21 @@ class IdSet:
     the whole buffer once, in place, and answers from it: the duplicates are equal
     neighbours, a parent is found by binary search. Looking each new piece up in
     every piece before it instead cost a third of ``check`` at ten million spans
-    (the pieces times the pieces), where sorting them all costs a hundredth; and a
-    sorted run kept per piece, each received in memory of its own, left the
-    merging process's heap in holes.
+    (the pieces times the pieces), where sorting them all costs a hundredth.
+
+    From :data:`SPILL_FROM_IDS` ids on, a merge moves them to disk instead
+    (:class:`_Spill`), and the answers are found partition by partition: what the
+    ids cost in memory stops growing with the trace. (An :class:`IdSet` that has
+    spilled stays in the process that merged it: it holds open files.)
     """
 
-    __slots__ = ("_answers", "_ids", "_unresolved")
+    __slots__ = ("_answers", "_ids", "_spill", "_unresolved")
 
     def __init__(
         self, ids: array, unresolved: dict[Path, list[tuple[np.ndarray, np.ndarray]]]
     ) -> None:
-        self._ids = ids  # array("Q"): every id, as read (each piece's sorted)
+        self._ids = ids  # array("Q"): the ids in memory, as read (each piece's sorted)
+        self._spill: _Spill | None = None  # the ids on disk, once there are many
         self._unresolved = unresolved  # file -> [(parent ids, line numbers)], piece by piece
         self._answers: tuple[np.ndarray, dict[Path, tuple[np.ndarray, np.ndarray]]] | None
         self._answers = None
@@ -142,33 +226,88 @@ class IdSet:
         """Add ``other``'s ids, as if its files were read after these; returns self
         (associative: any grouping of files gives the same answers)."""
         self._answers = None
-        self._ids.extend(other._ids)
+        self._take(other._ids)
+        if other._spill is not None:  # a right side that spilled: its ids join these
+            for ids in other._spill.partitions():
+                self._take(ids)
+            other.close()
         for path, found in other._unresolved.items():
             self._unresolved.setdefault(path, []).extend(found)
         return self
 
+    def __getstate__(self) -> tuple[array, dict[Path, list[tuple[np.ndarray, np.ndarray]]]]:
+        ids = self._ids
+        if self._spill is not None:  # its files stay here: the ids travel in memory
+            ids = array("Q")
+            for spilled in self._spill.partitions():
+                ids.frombytes(memoryview(spilled).cast("B"))
+        return ids, self._unresolved
+
+    def __setstate__(self, state: tuple[array, dict[Path, Any]]) -> None:
+        self.__init__(*state)  # type: ignore[misc]
+
+    def _take(self, ids: array | np.ndarray) -> None:
+        if self._spill is None and len(self._ids) + len(ids) < SPILL_FROM_IDS:
+            self._ids.frombytes(memoryview(ids).cast("B"))  # either's bytes, copied once
+            return
+        if self._spill is None:
+            self._spill = _Spill()
+        if len(self._ids):
+            self._spill.add(_as_ints(self._ids))
+            self._ids = array("Q")
+        self._spill.add(_as_ints(ids))
+
+    def close(self) -> None:
+        """Give back the files of spilled ids (the answers found stay)."""
+        if self._spill is not None:
+            self._spill.close()
+
     def _answer(self) -> tuple[np.ndarray, dict[Path, tuple[np.ndarray, np.ndarray]]]:
         if self._answers is None:
-            ids = _as_ints(self._ids)
-            ids.sort()  # in place: the buffer is the sorted ids from here on
-            same = ids[1:] == ids[:-1]
-            dups = np.unique(ids[1:][same])
-            del same
-            unresolved = {}
-            for path, found in self._unresolved.items():
-                parents = np.concatenate([parents for parents, _ in found])
-                lines = np.concatenate([lines for _, lines in found])
-                missing = ~_contains(ids, parents)
-                if missing.any():
-                    unresolved[path] = (parents[missing], lines[missing])
-            del ids  # the view: a later merge may grow the buffer again
-            self._answers = dups.astype(np.uint64), unresolved
+            looked_for = {
+                path: (
+                    np.concatenate([parents for parents, _ in found]),
+                    np.concatenate([lines for _, lines in found]),
+                )
+                for path, found in self._unresolved.items()
+            }
+            if self._spill is None:
+                ids = _as_ints(self._ids)
+                ids.sort()  # in place: the buffer is the sorted ids from here on
+                dups, unresolved = _answers_of(ids, looked_for)
+                del ids  # the view: a later merge may grow the buffer again
+            else:
+                dups, unresolved = self._answers_on_disk(looked_for)
+            self._answers = dups, unresolved
         return self._answers
+
+    def _answers_on_disk(
+        self, looked_for: dict[Path, tuple[np.ndarray, np.ndarray]]
+    ) -> tuple[np.ndarray, dict[Path, tuple[np.ndarray, np.ndarray]]]:
+        assert self._spill is not None
+        where = {path: _partition_of(parents) for path, (parents, _) in looked_for.items()}
+        dups, missing = (
+            [],
+            {path: np.zeros(len(p), dtype=bool) for path, (p, _) in looked_for.items()},
+        )
+        for number, ids in enumerate(self._spill.partitions()):
+            dups.append(ids[1:][ids[1:] == ids[:-1]])
+            for path, (parents, _) in looked_for.items():
+                mine = where[path] == number
+                if mine.any():
+                    missing[path][mine] = ~_contains(ids, parents[mine])
+        unresolved = {
+            path: (parents[missing[path]], lines[missing[path]])
+            for path, (parents, lines) in looked_for.items()
+            if missing[path].any()
+        }
+        return np.unique(np.concatenate(dups)), unresolved
 
     @property
     def ids(self) -> np.ndarray:
         """Every id once, sorted (a new array: for tests and small traces)."""
-        return np.unique(_as_ints(self._ids))
+        spilled = list(self._spill.partitions()) if self._spill is not None else []
+        return np.unique(np.concatenate([_as_ints(self._ids), *spilled]))
 
     @property
     def dups(self) -> np.ndarray:
@@ -187,3 +326,18 @@ class IdSet:
         for number, parent in zip(lines.tolist(), ids_hex(parents), strict=True):
             wanted.setdefault(number, set()).add(parent)
         return wanted
+
+
+def _answers_of(
+    ids: np.ndarray, looked_for: dict[Path, tuple[np.ndarray, np.ndarray]]
+) -> tuple[np.ndarray, dict[Path, tuple[np.ndarray, np.ndarray]]]:
+    """(duplicates, parents missing) from the sorted ids, all in memory."""
+    same = ids[1:] == ids[:-1]
+    dups = np.unique(ids[1:][same])
+    del same
+    unresolved = {}
+    for path, (parents, lines) in looked_for.items():
+        missing = ~_contains(ids, parents)
+        if missing.any():
+            unresolved[path] = (parents[missing], lines[missing])
+    return dups.astype(np.uint64), unresolved

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ import synthetic
 import tracegen as g
 
 from megatron.core.telemetry.reader import iter_spans
-from megatron.trace import check, model
+from megatron.trace import check, model, span_ids
 from megatron.trace.model import TraceBuilder
 from megatron.trace.report import build_report
 from megatron.trace.span_ids import IdCollector, IdSet
@@ -138,24 +139,56 @@ def _ids(path: Path) -> IdSet:
     return collector.finish(path)
 
 
-def test_id_sets_merge_associatively_and_find_cross_file_duplicates(tmp_path: Path) -> None:
+def _answers(merged: IdSet) -> tuple[list[str], dict[Path, dict[int, set[str]]]]:
+    return span_ids.ids_hex(merged.dups), {p: merged.unresolved_lines(p) for p in merged.unresolved}
+
+
+@pytest.mark.parametrize("spill_from", [None, 1, 7])
+def test_id_sets_merge_associatively_and_find_cross_file_duplicates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spill_from: int | None
+) -> None:
+    """In memory, or spilled to disk (every id, or from the seventh on): the same answers."""
     spans = g.lifecycle(0, kill_after=1)
     spans[3]["spanId"] = spans[0]["spanId"]  # a duplicate, in the first part
     path = g.write(tmp_path / "t.jsonl", spans, per_line=2)
     extra = g.write(tmp_path / "x.jsonl", [dict(spans[-1], parentSpanId="")], per_line=1)
     a, b, c = _split(path, 3)
     parts = (a, b, c, extra)
+    in_memory = _answers(functools.reduce(IdSet.merge, [_ids(p) for p in parts]))
+    if spill_from is not None:
+        monkeypatch.setattr(span_ids, "SPILL_FROM_IDS", spill_from)
     left = functools.reduce(IdSet.merge, [_ids(p) for p in parts])  # merge grows its left side
     sets = [_ids(p) for p in parts]
     right = sets[0].merge(sets[1].merge(sets[2].merge(sets[3])))
-    for merged in (left, right):
+    assert (left._spill is not None) == (spill_from is not None)
+    # a spilled set sent to another process takes its ids along, in memory
+    sent = pickle.loads(pickle.dumps(functools.reduce(IdSet.merge, [_ids(p) for p in parts])))
+    for merged in (left, right, sent):
         assert np.array_equal(merged.ids, left.ids)
         assert np.all(merged.ids[1:] > merged.ids[:-1])  # sorted, unique
+        assert _answers(merged) == in_memory
     assert len(left.dups) == 2  # the planted one, and the span copied into extra
-    unresolved = {p: sorted(left.unresolved_lines(p)) for p in left.unresolved}
-    assert unresolved == {q: sorted(right.unresolved_lines(q)) for q in right.unresolved}
     # the killed interval's children miss their parent, wherever the parts were cut
-    assert sum(len(lines) for lines in unresolved.values()) >= 1
+    assert sum(len(lines) for lines in in_memory[1].values()) >= 1
+    left.close()
+    right.close()
+
+
+def test_check_with_its_ids_on_disk_says_what_it_says_with_them_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A duplicate id, a missing parent and a kill, found the same way from spilled ids."""
+    (path,) = synthetic.write_per_step(
+        tmp_path / "t.jsonl", synthetic.Shape(spans=3000, ranks=2, incarnations=2)
+    )
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines + lines[-1:]))  # the last line twice: its ids duplicated
+    in_memory = check.check_files([path], jobs=2)
+    monkeypatch.setattr(span_ids, "SPILL_FROM_IDS", 100)
+    on_disk = check.check_files([path], jobs=2)
+    assert (on_disk.violations, on_disk.notes) == (in_memory.violations, in_memory.notes)
+    assert any(v.startswith("duplicate-span-id") for v in on_disk.violations)
+    assert any(n.startswith("killed:") for n in on_disk.notes)
 
 
 def test_several_files_read_in_parallel_give_what_one_process_gives(tmp_path: Path) -> None:
