@@ -487,7 +487,13 @@ def _check_resume(
 
 
 def run(args: argparse.Namespace) -> int:
-    result = check_files(args.files, Clock.from_args(args), args.jobs)
+    from megatron.trace.span_ids import SpillError
+
+    try:
+        result = check_files(args.files, Clock.from_args(args), args.jobs)
+    except SpillError as error:
+        print(f"megatron-trace check: error: {error}", file=sys.stderr)
+        return 2
     trace = result.trace
     assert trace is not None
     if not trace.span_count:  # nothing to check is not a whole trace

@@ -26,6 +26,7 @@ order.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from array import array
 from collections.abc import Iterator, Sequence
@@ -34,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SPILL_FROM_IDS", "IdCollector", "IdSet", "parse_span_ids"]
+__all__ = ["SPILL_FROM_IDS", "IdCollector", "IdSet", "SpillError", "parse_span_ids"]
 
 _ID_HEX = 16  # an OTLP span id: 8 bytes, 16 hex digits
 
@@ -150,6 +151,22 @@ def _partition_of(ids: np.ndarray) -> np.ndarray:
 _SPILL_CHUNK = 1 << 19
 
 
+class SpillError(RuntimeError):
+    """The spilled ids could not be written (or read back): a full or unwritable ``TMPDIR``."""
+
+
+@contextlib.contextmanager
+def _spilling() -> Iterator[None]:
+    try:
+        yield
+    except OSError as error:
+        raise SpillError(
+            f"cannot write the span ids to temporary files in {tempfile.gettempdir()}: "
+            f"{error.strerror or error}; set TMPDIR to a directory with room for 8 bytes "
+            "a span"
+        ) from error
+
+
 class _Spill:
     """Ids spread by :func:`_partition_of` over anonymous temporary files, one per
     partition: a duplicate or a parent always falls in the same partition as the id
@@ -158,12 +175,17 @@ class _Spill:
     killed ``check`` leaves nothing behind."""
 
     def __init__(self) -> None:
-        self.files = [
-            tempfile.TemporaryFile(prefix="megatron-trace-ids-")  # noqa: SIM115
-            for _ in range(1 << _PARTITION_BITS)
-        ]
+        self.files: list[Any] = []  # closed by close(), or when the set is dropped
+        with _spilling():
+            for _ in range(1 << _PARTITION_BITS):
+                file = tempfile.TemporaryFile(prefix="megatron-trace-ids-")  # noqa: SIM115
+                self.files.append(file)
 
     def add(self, ids: np.ndarray) -> None:
+        with _spilling():
+            self._add(ids)
+
+    def _add(self, ids: np.ndarray) -> None:
         for start in range(0, len(ids), _SPILL_CHUNK):
             chunk = ids[start : start + _SPILL_CHUNK]
             partitions = _partition_of(chunk)
@@ -178,10 +200,11 @@ class _Spill:
     def partitions(self) -> Iterator[np.ndarray]:
         """Each partition's ids, sorted (read one at a time)."""
         for file in self.files:
-            file.flush()
-            file.seek(0)
-            ids = np.fromfile(file, dtype=np.uint64)
-            file.seek(0, 2)  # appending again, should more be merged
+            with _spilling():
+                file.flush()
+                file.seek(0)
+                ids = np.fromfile(file, dtype=np.uint64)
+                file.seek(0, 2)  # appending again, should more be merged
             ids.sort()
             yield ids
 

@@ -8,7 +8,9 @@ exactly what the plain span-by-span reading gives.
 
 from __future__ import annotations
 
+import errno
 import functools
+import io
 import json
 import pickle
 from pathlib import Path
@@ -189,6 +191,29 @@ def test_check_with_its_ids_on_disk_says_what_it_says_with_them_in_memory(
     assert (on_disk.violations, on_disk.notes) == (in_memory.violations, in_memory.notes)
     assert any(v.startswith("duplicate-span-id") for v in on_disk.violations)
     assert any(n.startswith("killed:") for n in on_disk.notes)
+
+
+class _FullDisk(io.BytesIO):
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_check_on_a_full_tmpdir_says_so_and_names_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2 and one line naming TMPDIR, not a traceback; the trace is not touched."""
+    from megatron.trace.cli import main
+
+    (path,) = synthetic.write_per_step(tmp_path / "t.jsonl", synthetic.Shape(spans=2000))
+    before = path.read_bytes()
+    monkeypatch.setattr(span_ids, "SPILL_FROM_IDS", 100)
+    monkeypatch.setattr(span_ids.tempfile, "TemporaryFile", lambda **_: _FullDisk())
+    assert main(["check", "--jobs", "1", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("megatron-trace check: error: cannot write the span ids")
+    assert "No space left on device" in err[0] and "set TMPDIR" in err[0]
+    assert path.read_bytes() == before
 
 
 def test_several_files_read_in_parallel_give_what_one_process_gives(tmp_path: Path) -> None:
