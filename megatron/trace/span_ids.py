@@ -287,44 +287,34 @@ class IdSet:
 
     def _answer(self) -> tuple[np.ndarray, dict[Path, tuple[np.ndarray, np.ndarray]]]:
         if self._answers is None:
-            looked_for = {
-                path: (
-                    np.concatenate([parents for parents, _ in found]),
-                    np.concatenate([lines for _, lines in found]),
-                )
-                for path, found in self._unresolved.items()
-            }
+            looked_for = {path: _joined(found) for path, found in self._unresolved.items()}
             if self._spill is None:
                 ids = _as_ints(self._ids)
                 ids.sort()  # in place: the buffer is the sorted ids from here on
-                dups, unresolved = _answers_of(ids, looked_for)
+                self._answers = _answers_of(ids, looked_for)
                 del ids  # the view: a later merge may grow the buffer again
             else:
-                dups, unresolved = self._answers_on_disk(looked_for)
-            self._answers = dups, unresolved
+                self._answers = self._answers_on_disk(looked_for)
         return self._answers
 
     def _answers_on_disk(
         self, looked_for: dict[Path, tuple[np.ndarray, np.ndarray]]
     ) -> tuple[np.ndarray, dict[Path, tuple[np.ndarray, np.ndarray]]]:
+        """:func:`_answers_of` each partition, for the parents that fall in it."""
         assert self._spill is not None
         where = {path: _partition_of(parents) for path, (parents, _) in looked_for.items()}
-        dups, missing = (
-            [],
-            {path: np.zeros(len(p), dtype=bool) for path, (p, _) in looked_for.items()},
-        )
+        dups, unresolved = [], {}
         for number, ids in enumerate(self._spill.partitions()):
-            dups.append(ids[1:][ids[1:] == ids[:-1]])
-            for path, (parents, _) in looked_for.items():
+            here = {}
+            for path, (parents, lines) in looked_for.items():
                 mine = where[path] == number
-                if mine.any():
-                    missing[path][mine] = ~_contains(ids, parents[mine])
-        unresolved = {
-            path: (parents[missing[path]], lines[missing[path]])
-            for path, (parents, lines) in looked_for.items()
-            if missing[path].any()
-        }
-        return np.unique(np.concatenate(dups)), unresolved
+                here[path] = (parents[mine], lines[mine])
+            found, missing = _answers_of(ids, here)
+            dups.append(found)
+            for path, pair in missing.items():
+                unresolved.setdefault(path, []).append(pair)
+        missing = {path: _joined(pairs) for path, pairs in unresolved.items()}
+        return np.sort(np.concatenate(dups)), missing
 
     @property
     def ids(self) -> np.ndarray:
@@ -351,10 +341,16 @@ class IdSet:
         return wanted
 
 
+def _joined(pairs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """(parent ids, line numbers) of several pieces as one pair."""
+    return np.concatenate([ids for ids, _ in pairs]), np.concatenate([lines for _, lines in pairs])
+
+
 def _answers_of(
     ids: np.ndarray, looked_for: dict[Path, tuple[np.ndarray, np.ndarray]]
 ) -> tuple[np.ndarray, dict[Path, tuple[np.ndarray, np.ndarray]]]:
-    """(duplicates, parents missing) from the sorted ids, all in memory."""
+    """(duplicates, sorted; parents missing, per file) from sorted ids and the parents
+    looked for: all of them, or one partition's and the parents that fall in it."""
     same = ids[1:] == ids[:-1]
     dups = np.unique(ids[1:][same])
     del same
