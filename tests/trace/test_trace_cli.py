@@ -86,7 +86,8 @@ def test_a_reader_that_stops_early_ends_it_quietly(tmp_path) -> None:
     assert child.stdout is not None and child.stderr is not None
     assert child.stdout.readline()  # the reader takes a line (the notes are 400 KB) ...
     child.stdout.close()  # ... and goes away
-    errors = child.stderr.read().decode()
+    with child.stderr:
+        errors = child.stderr.read().decode()
     assert child.wait(timeout=60) == 141
     assert errors == ""
 
