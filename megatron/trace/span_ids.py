@@ -92,9 +92,9 @@ class IdCollector:
             self._parent_lines.extend([line] * len(outside))
 
     def _spill(self) -> None:
-        if self._spilled is None:
-            self._spilled = IdSet(array("Q"), {})
-        self._spilled._take(self._ids)
+        """The ids so far merged into a set that holds them on disk (a merge spills them)."""
+        spilled = IdSet(array("Q"), {}) if self._spilled is None else self._spilled
+        self._spilled = spilled.merge(IdSet(self._ids, {}))
         self._ids = array("Q")
 
     def finish(self, path: Path) -> IdSet:
@@ -104,10 +104,8 @@ class IdCollector:
         parents = np.array(_as_ints(self._parents))
         lines = np.array(self._parent_lines, dtype=np.int64)
         if self._spilled is not None:
-            self._spill()
-            if len(parents):
-                self._spilled._unresolved[path] = [(parents, lines)]
-            return self._spilled
+            unresolved = {path: [(parents, lines)]} if len(parents) else {}
+            return self._spilled.merge(IdSet(self._ids, unresolved))
         ids = _as_ints(self._ids)  # a view: sorted in place, no copy
         ids.sort()
         missing = ~_contains(ids, parents)
@@ -194,7 +192,7 @@ class _Spill:
             at = 0
             for file, count in zip(self.files, counts, strict=True):
                 if count:
-                    file.write(spread[at : at + count].tobytes())
+                    file.write(spread[at : at + count])  # its bytes, not a copy
                     at += count
 
     def partitions(self) -> Iterator[np.ndarray]:
