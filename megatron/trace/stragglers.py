@@ -26,17 +26,16 @@ said why): with fewer than two ranks in the files, without the
 per-iteration and gradient-sync spans, or with fewer than
 :data:`MIN_ITERATIONS` iterations after the warm-up on two ranks (a median
 of a handful of iterations is noise, not a verdict). Iterations are matched
-across ranks by incarnation index and iteration number. Memory: one number per finished
-iteration and rank while it runs.
+across ranks by incarnation index and iteration number. Memory: four int64 numpy
+columns per finished iteration of a rank while it is split, then three; all
+ranks' iterations are joined in one sort (no Python object per iteration).
 """
 
 from __future__ import annotations
 
-import itertools
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
-from statistics import median
 from typing import Any
 
 from megatron.core.telemetry.semconv import GRAD_SYNC_FINISH_SPAN, ITERATION_SPAN
@@ -50,6 +49,7 @@ __all__ = [
     "RankWork",
     "Stragglers",
     "find_stragglers",
+    "iteration_work",
 ]
 
 SCORE_THRESHOLD = 0.75
@@ -109,28 +109,60 @@ class Stragglers:
         return {"rule": STRAGGLER_RULE, "ranks": self.flagged}
 
 
-def _split(incs: Iterable[Incarnation]) -> tuple[dict[tuple[int, int], int], array, array]:
-    """{(incarnation, iteration): work ns}, and the work and wait ns arrays, of one rank."""
-    work_by_key: dict[tuple[int, int], int] = {}
-    works, waits = array("q"), array("q")
+def iteration_work(inc: Incarnation) -> tuple[Any, Any, Any, Any]:
+    """(numbers, durations, waits, work) of the incarnation's finished iterations, in its
+    order, as int64 numpy arrays (ns); an iteration's wait is the sum of its
+    ``megatron.grad_sync.finish`` spans, and its work the rest of it (at least 0).
+    Where an iteration has no wait span, its wait and work are -1.
+
+    Columns, not a dict of iteration -> wait: that was a Python object per
+    iteration, a few hundred MB for a week of per-step spans.
+    """
+    import numpy as np  # here, not at import: the CLI starts faster for what needs none
+
+    def column(values: array) -> Any:
+        return np.frombuffer(values, dtype=np.int64)
+
+    numbers = column(inc.iterations.numbers)
+    durations = column(inc.iterations.ends) - column(inc.iterations.starts)
+    waited = column(inc.waits.numbers)
+    waits = np.full(len(numbers), -1, dtype=np.int64)
+    if len(waited) and len(numbers):
+        order = np.argsort(waited, kind="stable")
+        sorted_numbers = waited[order]
+        lengths = (column(inc.waits.ends) - column(inc.waits.starts))[order]
+        firsts = np.flatnonzero(np.r_[True, sorted_numbers[1:] != sorted_numbers[:-1]])
+        distinct, totals = sorted_numbers[firsts], np.add.reduceat(lengths, firsts)
+        at = np.minimum(np.searchsorted(distinct, numbers), len(distinct) - 1)
+        found = distinct[at] == numbers
+        waits[found] = totals[at[found]]
+    work = np.where(waits >= 0, np.maximum(durations - waits, 0), -1)
+    return numbers, durations, waits, work
+
+
+@dataclass(frozen=True)
+class _RankSplit:
+    """One rank's iterations that have a wait, after each incarnation's warm-up: by
+    incarnation index, their numbers and work (what is matched across ranks); and
+    every work and wait, for the medians."""
+
+    by_incarnation: dict[int, tuple[Any, Any]]
+    works: Any
+    waits: Any
+
+
+def _split(incs: Iterable[Incarnation]) -> _RankSplit:
+    import numpy as np
+
+    by_incarnation, works, waits = {}, [], []
     for inc in incs:
-        wait_of: dict[int, int] = {}
-        for number, start, end in zip(
-            inc.waits.numbers, inc.waits.starts, inc.waits.ends, strict=True
-        ):
-            wait_of[number] = wait_of.get(number, 0) + (end - start)
-        finished = zip(
-            inc.iterations.numbers, inc.iterations.starts, inc.iterations.ends, strict=True
-        )
-        for number, start, end in itertools.islice(finished, WARMUP_ITERATIONS, None):
-            wait = wait_of.get(number)
-            if wait is None:
-                continue
-            work = max(0, end - start - wait)
-            work_by_key[(inc.index, number)] = work
-            works.append(work)
-            waits.append(wait)
-    return work_by_key, works, waits
+        numbers, _, waited, work = (a[WARMUP_ITERATIONS:] for a in iteration_work(inc))
+        timed = waited >= 0
+        by_incarnation[inc.index] = (numbers[timed], work[timed])
+        works.append(work[timed])
+        waits.append(waited[timed])
+    none = [np.empty(0, dtype=np.int64)]
+    return _RankSplit(by_incarnation, np.concatenate(works or none), np.concatenate(waits or none))
 
 
 def find_stragglers(trace: Trace) -> Stragglers:
@@ -139,38 +171,70 @@ def find_stragglers(trace: Trace) -> Stragglers:
         return Stragglers({}, None, ["stragglers: the files hold one rank (export every rank: "
                                      "MEGATRON_OTEL_RANK_STRATEGY=all_ranks)"])  # fmt: skip
     split = {rank: _split(incs) for rank, incs in trace.ranks.items()}
-    timed = {rank: parts for rank, parts in split.items() if parts[1]}
+    timed = {rank: parts for rank, parts in split.items() if len(parts.works)}
     if len(timed) < 2:
         return Stragglers({}, None, ["stragglers: fewer than two ranks have both "
                                      f"{ITERATION_SPAN} and {GRAD_SYNC_FINISH_SPAN} "
                                      "spans (enable the per_step span groups)"])  # fmt: skip
-    measured = {rank: parts for rank, parts in timed.items() if len(parts[1]) >= MIN_ITERATIONS}
+    measured = {rank: parts for rank, parts in timed.items() if len(parts.works) >= MIN_ITERATIONS}
     if len(measured) < 2:
         return Stragglers({}, None, [f"stragglers: fewer than {MIN_ITERATIONS} iterations after "
                                      f"the first {WARMUP_ITERATIONS} on two ranks, too few to "
                                      "compare"])  # fmt: skip
-    medians = {rank: (median(works), median(waits)) for rank, (_, works, waits) in measured.items()}
+    medians = {rank: (_median(one.works), _median(one.waits)) for rank, one in measured.items()}
     best = min(work for work, _ in medians.values())
     ranks = {}
     for rank, (work, wait) in medians.items():
         score = best / work if work > 0 else 1.0
         ranks[rank] = RankWork(
-            rank, len(measured[rank][1]), work / 1e6, wait / 1e6, score, score < SCORE_THRESHOLD
+            rank, len(measured[rank].works), work / 1e6, wait / 1e6, score, score < SCORE_THRESHOLD
         )
-    return Stragglers(ranks, _lost_s([by_key for by_key, _, _ in measured.values()]), [])
+    return Stragglers(ranks, _lost_s(list(measured.values())), [])
 
 
-def _lost_s(per_rank: list[dict[tuple[int, int], int]]) -> float:
-    """Sum over iterations every rank finished of (slowest work - fastest work), in s."""
+def _median(values: Any) -> float:
+    import numpy as np
+
+    return float(np.median(values))
+
+
+def _lost_s(per_rank: list[_RankSplit]) -> float:
+    """Sum over iterations every rank finished of (slowest work - fastest work), in s.
+
+    An iteration is its incarnation index and number; one that a rank finished
+    twice counts with its later work. The ranks are matched one incarnation index
+    at a time, each rank's iterations against those every rank before it had.
+    """
+    import numpy as np
+
     first, *others = per_rank
     lost = 0
-    for key, work in first.items():
-        works = [work]
+    for index, found in first.by_incarnation.items():
+        numbers, slowest = _last_by_number(*found)
+        fastest = slowest
         for other in others:
-            found = other.get(key)
-            if found is None:
+            theirs = other.by_incarnation.get(index)
+            if theirs is None:
+                slowest = fastest = slowest[:0]
                 break
-            works.append(found)
-        else:
-            lost += max(works) - min(works)
+            their_numbers, their_works = _last_by_number(*theirs)
+            numbers, mine, at = np.intersect1d(
+                numbers, their_numbers, assume_unique=True, return_indices=True
+            )
+            slowest = np.maximum(slowest[mine], their_works[at])
+            fastest = np.minimum(fastest[mine], their_works[at])
+        lost += int((slowest - fastest).sum())
     return round(lost / 1e9, 9)
+
+
+def _last_by_number(numbers: Any, works: Any) -> tuple[Any, Any]:
+    """The distinct numbers in order, each with its last work (as they are, in the usual
+    case: numbers already increasing)."""
+    import numpy as np
+
+    if len(numbers) < 2 or bool((numbers[1:] > numbers[:-1]).all()):
+        return numbers, works
+    order = np.argsort(numbers, kind="stable")
+    numbers, works = numbers[order], works[order]
+    last = np.r_[numbers[1:] != numbers[:-1], True]
+    return numbers[last], works[last]

@@ -15,13 +15,12 @@ iterations. Incarnations are separate segments of the line.
 from __future__ import annotations
 
 import html
-import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from statistics import median
 from typing import Any
 
 from megatron.trace.model import Incarnation, Trace
+from megatron.trace.stragglers import iteration_work
 from megatron.trace.timeline_summary import duration_text
 
 __all__ = ["MAX_POINTS", "RankSeries", "rank_series", "ranks_figure"]
@@ -44,28 +43,19 @@ class RankSeries:
         return sum(1 for number in self.iteration if number is not None)
 
 
-def _per_iteration(inc: Incarnation) -> Iterator[tuple[int, float, float | None]]:
-    """(number, iteration ms, work ms or None) of each iteration, made as they are taken
-    (a list of them was a tuple and two floats per iteration: hundreds of MB in a week)."""
-    wait_of: dict[int, int] = {}
-    for number, start, end in zip(inc.waits.numbers, inc.waits.starts, inc.waits.ends, strict=True):
-        wait_of[number] = wait_of.get(number, 0) + end - start
-    for number, start, end in zip(
-        inc.iterations.numbers, inc.iterations.starts, inc.iterations.ends, strict=True
-    ):
-        wait = wait_of.get(number)
-        work = None if wait is None else max(0, end - start - wait) / 1e6
-        yield number, (end - start) / 1e6, work
+def _points(inc: Incarnation, step: int) -> Iterator[tuple[int, float, float | None]]:
+    """Each run of ``step`` iterations (the last one shorter) as one point: its first
+    number, the median iteration ms and the median work ms (None: no wait spans)."""
+    import numpy as np  # here, not at import: the CLI starts faster for what needs none
 
-
-def _reduce(rows: Iterator[tuple[int, float, float | None]], step: int) -> Iterable[tuple]:
-    """Each run of ``step`` rows (the last one shorter) as one: its first number, medians."""
-    while chunk := list(itertools.islice(rows, step)):
-        works = [work for _, _, work in chunk if work is not None]
+    numbers, durations, _, work = iteration_work(inc)
+    for at in range(0, len(numbers), step):
+        works = work[at : at + step]
+        works = works[works >= 0]
         yield (
-            chunk[0][0],
-            median(total for _, total, _ in chunk),
-            median(works) if works else None,
+            int(numbers[at]),
+            float(np.median(durations[at : at + step] / 1e6)),
+            float(np.median(works / 1e6)) if len(works) else None,
         )
 
 
@@ -78,9 +68,7 @@ def rank_series(trace: Trace) -> list[RankSeries]:
             continue
         step = max(1, -(-count // MAX_POINTS))
         series = RankSeries(rank, per_point=step)
-        has_work = any(
-            work is not None for inc in incs if inc.waits for _, _, work in _per_iteration(inc)
-        )
+        has_work = any(bool((iteration_work(inc)[3] >= 0).any()) for inc in incs if inc.waits)
         for inc in incs:
             if not inc.iterations:
                 continue
@@ -89,7 +77,7 @@ def rank_series(trace: Trace) -> list[RankSeries]:
                 series.total_ms.append(None)
                 if has_work:
                     series.work_ms.append(None)
-            for number, total, work in _reduce(_per_iteration(inc), step):
+            for number, total, work in _points(inc, step):
                 series.iteration.append(number)
                 series.total_ms.append(total)
                 if has_work:

@@ -40,6 +40,9 @@ class Shape:
     kill_after: int = 7  # iterations into an interval when a kill strikes
     per_rank_files: bool = False
     per_line: int = 512  # spans per line: the batch processor's batch size
+    # the ``communication`` span group too: each forward_backward holds a gradient
+    # all-reduce's dispatch and wait (megatron.grad_sync.start/.finish), two spans more
+    communication: bool = False
     t0_ns: int = 1_796_119_852_000_000_000
 
 
@@ -174,6 +177,13 @@ def _incarnation(
             us = 1000
             writer.span("megatron.train.get_batch", trace, new_id(), fb_id, t + 7 * us,
                         t + 1 * MS)  # fmt: skip
+            if shape.communication:  # the wait shrinks as a rank's step grows: work evens out
+                dispatched, waited = t + 10 * MS, t + 14 * MS - rank * 1000
+                writer.span("megatron.grad_sync.start", trace, new_id(), fb_id, t + 9 * MS,
+                            dispatched, _int("megatron.iteration", iteration) + ","
+                            + _int("megatron.grad_sync.buckets", 3))  # fmt: skip
+                writer.span("megatron.grad_sync.finish", trace, new_id(), fb_id, dispatched,
+                            waited, _int("megatron.iteration", iteration))  # fmt: skip
             writer.span("megatron.train.forward_backward", trace, fb_id, it_id, t + 4 * us,
                         t + 15 * MS)  # fmt: skip
             writer.span("megatron.train.optimizer", trace, new_id(), it_id, t + 15 * MS + 3 * us,
@@ -226,9 +236,10 @@ def write_per_step(path: Path, shape: Shape = Shape()) -> list[Path]:
 
     Every rank trains the same iterations, so the spans split evenly; each
     rank trains until it has run ``shape.spans / ranks / 4`` iterations (four
-    spans each), so the file holds at least ``shape.spans`` spans.
+    spans each, six with ``communication``), so the file holds at least
+    ``shape.spans`` spans.
     """
-    per_rank = -(-shape.spans // (shape.ranks * 4))
+    per_rank = -(-shape.spans // (shape.ranks * (6 if shape.communication else 4)))
     ids = itertools.count(1)
     ranks_lines: list[list[str]] = []
     for rank in range(shape.ranks):

@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
+from statistics import median
 
 import pytest
 import tracegen as g
 from report_checks import assert_accounted
 
+from megatron.core.telemetry.reader import ReadStats
 from megatron.trace.cli import main
 from megatron.trace.goodput import PRECEDENCE, report_files
 from megatron.trace.liveness import Clock
-from megatron.trace.stragglers import STRAGGLER_RULE
+from megatron.trace.model import Incarnation, Trace
+from megatron.trace.stragglers import (
+    MIN_ITERATIONS,
+    STRAGGLER_RULE,
+    WARMUP_ITERATIONS,
+    find_stragglers,
+)
 
 
 def two_ranks(tmp_path: Path, rank0: list[dict], rank1: list[dict]) -> dict:
@@ -206,3 +215,74 @@ def test_a_rank_still_running_but_stuck_counts_its_hang_so_far(tmp_path: Path) -
     assert report["badput_s"]["hang"] == 30 - 9.75  # to the newest record, so far
     (hang,) = report["hangs"]
     assert (hang["ended"], hang["culprit"], hang["stalled_s"]) == ("running", True, 20.25)
+
+
+def _reference_split(incs: list) -> tuple[dict, list[int], list[int]]:
+    """The straggler split written the obvious way (a dict per iteration), to hold the
+    column version to: {(incarnation, number): work}, and every work and wait."""
+    by_key, works, waits = {}, [], []
+    for inc in incs:
+        wait_of: dict[int, int] = {}
+        for number, start, end in zip(
+            inc.waits.numbers, inc.waits.starts, inc.waits.ends, strict=True
+        ):
+            wait_of[number] = wait_of.get(number, 0) + end - start
+        finished = list(
+            zip(inc.iterations.numbers, inc.iterations.starts, inc.iterations.ends, strict=True)
+        )
+        for number, start, end in finished[WARMUP_ITERATIONS:]:
+            if number in wait_of:
+                by_key[(inc.index, number)] = max(0, end - start - wait_of[number])
+                works.append(by_key[(inc.index, number)])
+                waits.append(wait_of[number])
+    return by_key, works, waits
+
+
+def _random_rank(rng: random.Random, rank: str, incarnations: int) -> list[Incarnation]:
+    incs = []
+    for index in range(incarnations):
+        inc = Incarnation(rank, index, (rank, index))
+        t = 0
+        for number in range(rng.randrange(12, 40)):
+            if rng.random() < 0.1:
+                number -= rng.randrange(1, 4)  # finished again, or out of order
+            length = rng.randrange(900, 1100)
+            inc.iterations.append(number, t, t + length)
+            for _ in range(rng.choice((0, 1, 1, 1, 2))):  # no wait, one, or two to add up
+                wait = rng.randrange(0, 1200)  # may exceed the iteration: work is then 0
+                inc.waits.append(number, t, t + wait)
+            t += length + 10
+        incs.append(inc)
+    return incs
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_straggler_figures_equal_the_per_iteration_dict_they_replace(seed: int) -> None:
+    """Two waits of one iteration add up, an iteration without one is left out, one
+    finished twice counts with its later work, and only iterations of an incarnation
+    index every rank has are compared."""
+    rng = random.Random(seed)
+    ranks = {str(r): _random_rank(rng, str(r), rng.randrange(1, 4)) for r in range(3)}
+    trace = Trace(ranks, ReadStats(), 0)
+    found = find_stragglers(trace)
+    split = {rank: _reference_split(incs) for rank, incs in ranks.items()}
+    measured = {r: parts for r, parts in split.items() if len(parts[1]) >= MIN_ITERATIONS}
+    if len(measured) < 2:
+        assert found.ranks == {}
+        return
+    medians = {r: (median(works), median(waits)) for r, (_, works, waits) in measured.items()}
+    best = min(work for work, _ in medians.values())
+    assert {
+        r: (w.iterations, w.work_ms_median, w.wait_ms_median) for r, w in found.ranks.items()
+    } == {r: (len(measured[r][1]), work / 1e6, wait / 1e6) for r, (work, wait) in medians.items()}
+    assert {r: w.score for r, w in found.ranks.items()} == {
+        r: best / work if work > 0 else 1.0 for r, (work, _) in medians.items()
+    }
+    first, *others = [by_key for by_key, _, _ in measured.values()]
+    lost = sum(
+        max(works) - min(works)
+        for key, work in first.items()
+        if all(key in other for other in others)
+        for works in [[work, *(other[key] for other in others)]]
+    )
+    assert found.straggler_s == round(lost / 1e9, 9)
