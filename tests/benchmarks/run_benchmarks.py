@@ -76,6 +76,11 @@ TARGETS = {
     "export_perfetto_many_intervals_floor_ratio": 2.0,
     "check_peak_mb_1m_spans": 300.0,
     "export_perfetto_size_ratio": 1.0,
+    # with the communication group (the straggler split): as fast as any report
+    "report_communication_floor_ratio": 1.0,
+    # peak RSS at 4M spans / at 1M, the same shape: flat memory is about 1
+    "report_peak_growth_4x_spans": 1.1,
+    "check_peak_growth_4x_spans": 1.1,
 }
 
 
@@ -831,6 +836,10 @@ def bench_trace_commands(repeats: int, spans: int = 1_000_000) -> dict[str, Any]
     intervals): its ratios say what the number of intervals costs. (It is as
     big as the first so that the fixed cost of starting a process weighs the
     same in both; on a file a quarter the size it added a fifth to each ratio.)
+    Two more files have the ``communication`` group too (gradient all-reduce spans:
+    what ``report`` splits into work and wait per rank), of 1M and 4M spans:
+    ``report`` and ``check`` peak RSS on the second over the first say how memory
+    grows with the file.
     """
     py = sys.executable
     directory = Path(tempfile.mkdtemp(prefix="bench-trace-"))
@@ -840,6 +849,12 @@ def bench_trace_commands(repeats: int, spans: int = 1_000_000) -> dict[str, Any]
         )
         many, many_count, _ = _trace_file(
             directory, "many.jsonl", ranks=2, spans=spans, save_interval=4
+        )
+        comm, comm_count, _ = _trace_file(
+            directory, "comm.jsonl", ranks=2, spans=spans, incarnations=2, communication=True
+        )
+        comm4, _, _ = _trace_file(
+            directory, "comm4.jsonl", ranks=2, spans=4 * spans, incarnations=2, communication=True
         )
         out = directory / "out"
 
@@ -862,6 +877,11 @@ def bench_trace_commands(repeats: int, spans: int = 1_000_000) -> dict[str, Any]
             "many_export_perfetto": trace(
                 "export", str(many), "--format", "perfetto", "-o", f"{out}-many.pftrace"
             ),
+            "comm_floor": [py, "-c", _FLOOR, str(comm)],
+            "comm_report": trace("report", str(comm)),
+            "comm_check": trace("check", str(comm)),
+            "comm4_report": trace("report", str(comm4)),
+            "comm4_check": trace("check", str(comm4)),
         }
         measured: dict[str, list[tuple[float, float, float]]] = {name: [] for name in commands}
         for _ in range(repeats):
@@ -883,6 +903,7 @@ def bench_trace_commands(repeats: int, spans: int = 1_000_000) -> dict[str, Any]
         "spans": count,
         "size_mb": size_mb,
         "many_spans": many_count,
+        "comm_spans": comm_count,
         "sizes": sizes,
         "wall": {name: median(name, 0) for name in commands},
         "cpu": {name: median(name, 1) for name in commands},
@@ -914,6 +935,19 @@ def section_trace(run: Run) -> None:
     run.record(
         "check_peak_mb_1m_spans", peak["check"], "peak RSS", f"floor process {peak['floor']:.1f} MB"
     )
+    run.record(
+        "report_communication_floor_ratio",
+        wall["comm_report"] / wall["comm_floor"],
+        f"{wall['comm_report'] * 1e6 / figures['comm_spans']:.2f} s/M spans",
+        f"with grad_sync spans ({figures['comm_spans']} spans)",
+    )
+    for name in ("report", "check"):
+        run.record(
+            f"{name}_peak_growth_4x_spans",
+            peak[f"comm4_{name}"] / peak[f"comm_{name}"],
+            f"{peak[f'comm4_{name}']:.1f} MB at 4M spans",
+            f"{peak[f'comm_{name}']:.1f} MB at 1M",
+        )
     run.record(
         "export_perfetto_size_ratio",
         figures["sizes"]["perfetto"] / figures["sizes"]["json"],
