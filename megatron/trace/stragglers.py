@@ -126,17 +126,22 @@ def iteration_work(inc: Incarnation) -> tuple[Any, Any, Any, Any]:
     numbers = column(inc.iterations.numbers)
     durations = column(inc.iterations.ends) - column(inc.iterations.starts)
     waited = column(inc.waits.numbers)
-    waits = np.full(len(numbers), -1, dtype=np.int64)
-    if len(waited) and len(numbers):
-        order = np.argsort(waited, kind="stable")
-        sorted_numbers = waited[order]
-        lengths = (column(inc.waits.ends) - column(inc.waits.starts))[order]
-        firsts = np.flatnonzero(np.r_[True, sorted_numbers[1:] != sorted_numbers[:-1]])
-        distinct, totals = sorted_numbers[firsts], np.add.reduceat(lengths, firsts)
-        at = np.minimum(np.searchsorted(distinct, numbers), len(distinct) - 1)
-        found = distinct[at] == numbers
-        waits[found] = totals[at[found]]
-    work = np.where(waits >= 0, np.maximum(durations - waits, 0), -1)
+    lengths = column(inc.waits.ends) - column(inc.waits.starts)
+    if np.array_equal(waited, numbers):  # the usual case: one wait per iteration, in step
+        waits = lengths
+    else:
+        waits = np.full(len(numbers), -1, dtype=np.int64)
+        if len(waited) and len(numbers):
+            order = np.argsort(waited, kind="stable")
+            waited, lengths = waited[order], lengths[order]
+            firsts = np.flatnonzero(np.r_[True, waited[1:] != waited[:-1]])
+            distinct, totals = waited[firsts], np.add.reduceat(lengths, firsts)
+            at = np.minimum(np.searchsorted(distinct, numbers), len(distinct) - 1)
+            found = distinct[at] == numbers
+            waits[found] = totals[at[found]]
+    work = durations - waits
+    np.maximum(work, 0, out=work)
+    work[waits < 0] = -1
     return numbers, durations, waits, work
 
 
@@ -158,9 +163,11 @@ def _split(incs: Iterable[Incarnation]) -> _RankSplit:
     for inc in incs:
         numbers, _, waited, work = (a[WARMUP_ITERATIONS:] for a in iteration_work(inc))
         timed = waited >= 0
-        by_incarnation[inc.index] = (numbers[timed], work[timed])
-        works.append(work[timed])
-        waits.append(waited[timed])
+        if not timed.all():
+            numbers, waited, work = numbers[timed], waited[timed], work[timed]
+        by_incarnation[inc.index] = (numbers, work)
+        works.append(work)
+        waits.append(waited)
     none = [np.empty(0, dtype=np.int64)]
     return _RankSplit(by_incarnation, np.concatenate(works or none), np.concatenate(waits or none))
 
