@@ -132,8 +132,10 @@ def _contains(sorted_ids: np.ndarray, values: np.ndarray) -> np.ndarray:
     return found
 
 
-#: From this many ids on (32 MB of them), a merged :class:`IdSet` keeps them on disk.
-SPILL_FROM_IDS = 1 << 22
+#: From this many ids on (8 MB of them), a merged :class:`IdSet` keeps them on disk.
+#: (At 4M spans with the communication group, 1 << 22 peaked 29 MB higher, and
+#: ``check`` took as long either way.)
+SPILL_FROM_IDS = 1 << 20
 #: The spilled ids' partitions (files): at ten million ids, 1.2 MB each.
 _PARTITION_BITS = 6
 _SPREAD = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: sequential ids spread too
