@@ -26,9 +26,9 @@ said why): with fewer than two ranks in the files, without the
 per-iteration and gradient-sync spans, or with fewer than
 :data:`MIN_ITERATIONS` iterations after the warm-up on two ranks (a median
 of a handful of iterations is noise, not a verdict). Iterations are matched
-across ranks by incarnation index and iteration number. Memory: four int64 numpy
-columns per finished iteration of a rank while it is split, then three; all
-ranks' iterations are joined in one sort (no Python object per iteration).
+across ranks by incarnation index and iteration number. Memory: int64 numpy
+columns, a few per finished iteration and rank (no Python object per
+iteration); the ranks are joined one incarnation index at a time.
 """
 
 from __future__ import annotations
