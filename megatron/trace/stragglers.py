@@ -161,6 +161,8 @@ def _split(incs: Iterable[Incarnation]) -> _RankSplit:
 
     by_incarnation, works, waits = {}, [], []
     for inc in incs:
+        if not inc.waits:  # nothing to split (the files hold no grad_sync spans)
+            continue
         numbers, _, waited, work = (a[WARMUP_ITERATIONS:] for a in iteration_work(inc))
         timed = waited >= 0
         if not timed.all():
