@@ -27,7 +27,7 @@ from megatron.trace.liveness import Clock
 from megatron.trace.output import replacing
 from megatron.trace.spans import TraceInputError, span_source
 from megatron.trace.timeline_data import Bar, Timeline, collect
-from megatron.trace.timeline_page import figure, render_html
+from megatron.trace.timeline_page import figure, page_pieces, render_html
 
 __all__ = [
     "PLOTLY_MISSING",
@@ -128,7 +128,9 @@ def write_beside_trace(trace: Path | None) -> Path | None:
 
 
 def write_page(timeline: Timeline, output: Path) -> None:
-    """Write the page beside ``output`` and rename it over, so a failure leaves no torn page."""
-    page = render_html(timeline)
-    with replacing(output) as out:
-        out.write(page)
+    """Write the page beside ``output`` and rename it over, so a failure leaves no torn page
+    (piece by piece: the bars' JSON is never copied into one string of the page)."""
+    pieces = page_pieces(timeline)
+    with replacing(output, binary=True) as out:
+        for piece in pieces:
+            out.write(piece if isinstance(piece, bytes) else piece.encode())

@@ -46,7 +46,7 @@ from megatron.trace.timeline_summary import (
     summary_html,
 )
 
-__all__ = ["CATEGORIES", "figure", "render_html"]
+__all__ = ["CATEGORIES", "figure", "page_pieces", "render_html"]
 
 # Categories, in legend and drawing order: (key, legend label, colour).
 # Later ones are drawn on top, so nested spans stay visible over their parents.
@@ -290,11 +290,62 @@ incarnations (one per launch of the job){ranks}.</p>
 """
 
 
-def render_html(timeline: Timeline) -> str:
-    """The whole page, plotly.js embedded (about 4.5 MB), so it opens without a network."""
-    plot = figure(timeline).to_html(
-        full_html=False, include_plotlyjs=False, div_id="timeline", config={"displaylogo": False}
+#: What stands for the traces in the markup plotly writes around them (see _plot_div),
+#: and for the timeline's plot in the page (escaped text holds no "<").
+_DATA_MARK = "megatron-trace: the traces go here"
+_PLOT_MARK = "<!-- megatron-trace: the timeline goes here -->"
+# What plotly escapes in the JSON it puts inside <script> (so a span attribute holding
+# "</script>" cannot end the script), escaped the same way; and the two line separators
+# older JavaScript does not allow in a string (plotly's orjson path escapes them too).
+_UNSAFE_IN_SCRIPT = (
+    (b"<", b"\\u003c"),
+    (b">", b"\\u003e"),
+    (b"/", b"\\u002f"),
+    ("\u2028".encode(), b"\\u2028"),
+    ("\u2029".encode(), b"\\u2029"),
+)
+
+
+def _plot_div(fig: Any, div_id: str, config: dict[str, Any]) -> list[str | bytes]:
+    """``fig.to_html(full_html=False, include_plotlyjs=False, div_id=..., config=...)``
+    in pieces, the traces' JSON (the bulk) as UTF-8 bytes encoded by msgspec.
+
+    plotly's JSON encoder encodes the figure, parses the text back and encodes it
+    again (to write NaN as null), and the page it is put in is one string: for the
+    50,000 bars of a ten-million-span trace that was 150 MB beside a 35 MB page. So
+    plotly writes the markup, the layout and the config around a stand-in for the
+    traces, and msgspec the traces themselves, escaped as plotly escapes them; they
+    stay bytes until they are written. Without msgspec, or for a value it cannot
+    encode, it is plotly's own markup; ``test_trace_timeline`` holds the two to the
+    same figure.
+    """
+    import plotly.io as pio
+
+    options = {"full_html": False, "include_plotlyjs": False, "div_id": div_id, "config": config}
+    try:
+        import msgspec
+
+        figure_json = fig.to_plotly_json()
+        data = msgspec.json.encode(figure_json["data"])
+    except (ImportError, TypeError):
+        return [fig.to_html(**options)]
+    for unsafe, escaped in _UNSAFE_IN_SCRIPT:
+        data = data.replace(unsafe, escaped)
+    stand_in = {"data": [_DATA_MARK], "layout": figure_json["layout"]}
+    before, mark, after = pio.to_html(stand_in, validate=False, **options).partition(
+        f'["{_DATA_MARK}"]'
     )
+    return [before, data, after] if mark else [fig.to_html(**options)]
+
+
+def _text(pieces: list[str | bytes]) -> str:
+    return "".join(piece.decode() if isinstance(piece, bytes) else piece for piece in pieces)
+
+
+def page_pieces(timeline: Timeline) -> list[str | bytes]:
+    """The whole page in order, text and UTF-8 bytes, as :func:`write_page` writes it:
+    plotly.js embedded (about 4.5 MB), so it opens without a network."""
+    plot = _plot_div(figure(timeline), "timeline", {"displaylogo": False})
     ended = ", ".join(
         f"{s.lane.label(timeline.several_ranks)}: {ENDED_TEXT.get(s.ended, s.ended)}"
         + (f" as of {_when(s.as_of_ns)[:19]} UTC" if s.as_of_ns is not None else "")
@@ -307,17 +358,15 @@ def render_html(timeline: Timeline) -> str:
     ]
     goodput = ""
     if timeline.report is not None:
-        bar = summary_figure(timeline.report).to_html(
-            full_html=False, include_plotlyjs=False, div_id="goodput",
-            config={"displayModeBar": False},
-        )  # fmt: skip
-        goodput = summary_html(timeline.report) + bar
+        bar = _plot_div(summary_figure(timeline.report), "goodput", {"displayModeBar": False})
+        goodput = summary_html(timeline.report) + _text(bar)
     iterations = ""
     if timeline.series:
-        iterations = ranks_figure(timeline.series, timeline.report).to_html(
-            full_html=False, include_plotlyjs=False, div_id="iterations",
-            config={"displaylogo": False},
-        )  # fmt: skip
+        iterations = _text(
+            _plot_div(
+                ranks_figure(timeline.series, timeline.report), "iterations", {"displaylogo": False}
+            )
+        )
         iterations += (
             "<p class='note'>Solid: a rank's own work per iteration (the iteration minus its "
             f"gradient all-reduce wait, {GRAD_SYNC_FINISH_SPAN}); dotted: the whole "
@@ -325,13 +374,19 @@ def render_html(timeline: Timeline) -> str:
         )
     from plotly.offline import get_plotlyjs
 
-    return _PAGE.format(
+    head, _, tail = _PAGE.format(
         plotlyjs=get_plotlyjs(),
         title="megatron-trace timeline",
         files=html.escape(" ".join(timeline.files)),
         summary="\n".join(summary),
         goodput=goodput,
-        plot=plot,
+        plot=_PLOT_MARK,
         ranks=" and ranks" if timeline.several_ranks else "",
         iterations=iterations,
-    )
+    ).partition(_PLOT_MARK)
+    return [head, *plot, tail]
+
+
+def render_html(timeline: Timeline) -> str:
+    """The whole page as one string (:func:`page_pieces` joined)."""
+    return _text(page_pieces(timeline))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pictures_helpers import T0, S, Span, incarnation, resource, run_command, write_trace
 
-from megatron.trace import timeline
+from megatron.trace import timeline, timeline_page
 from megatron.trace.goodput import report_files
 from megatron.trace.lanes import Lane
 from megatron.trace.liveness import Clock
@@ -196,3 +196,53 @@ def test_an_output_that_cannot_be_written_is_one_error_line_and_exit_2(tmp_path,
         f"megatron-trace timeline: error: cannot write {out}"
     )
     assert out.is_dir() and list(tmp_path.glob(".*.tmp")) == []
+
+
+def _hostile_page_trace(tmp_path: Path) -> Path:
+    """A job whose interval carries text that could end a script or a JavaScript string."""
+    spans = incarnation(0, 0, 1)
+    interval = next(s for s in spans if s.name == "megatron.train")
+    interval.attributes["note"] = "</script><script>alert(1)</script> \u2028 \u2029 é – … 日本"
+    return write_trace(tmp_path / "traces.jsonl", [(resource("job", 0, 100), spans)])
+
+
+def test_a_plot_is_plotlys_markup_around_the_traces_msgspec_encodes(tmp_path: Path) -> None:
+    """Conformance with plotly's own ``to_html``: the markup, layout and config byte for
+    byte, the traces the same JSON value, and nothing in them that could end the
+    script or a JavaScript string (escaped as plotly escapes it)."""
+    import plotly.io as pio
+
+    path = _hostile_page_trace(tmp_path)
+    fig = timeline.figure(timeline.collect(span_source([path]), [str(path)]))
+    config = {"displaylogo": False}
+    before, data, after = timeline_page._plot_div(fig, "timeline", config)
+    theirs = fig.to_html(full_html=False, include_plotlyjs=False, div_id="timeline", config=config)
+    their_data = pio.json.to_json_plotly(fig.to_plotly_json()["data"])
+    assert before + their_data + after == theirs
+    assert json.loads(data) == json.loads(their_data)
+    text = data.decode()
+    assert "alert(1)" in text
+    for unsafe in ("<", ">", "/", "\u2028", "\u2029"):
+        assert unsafe not in text
+    assert "日本" in text  # raw UTF-8, as the page declares
+
+
+def test_the_page_is_written_as_it_renders(tmp_path: Path) -> None:
+    path = _hostile_page_trace(tmp_path)
+    tl = timeline.collect(span_source([path]), [str(path)])
+    out = tmp_path / "timeline.html"
+    timeline.write_page(tl, out)
+    page = out.read_text(encoding="utf-8")
+    assert page == timeline.render_html(tl)
+    assert page.count('class="plotly-graph-div"') == 3  # goodput bar, lanes, iteration times
+    assert "<!-- megatron-trace" not in page
+
+
+def test_without_msgspec_a_plot_is_plotlys_own_markup(tmp_path: Path, monkeypatch) -> None:
+    path = _hostile_page_trace(tmp_path)
+    fig = timeline.figure(timeline.collect(span_source([path]), [str(path)]))
+    monkeypatch.setitem(sys.modules, "msgspec", None)  # import msgspec raises ImportError
+    config = {"displaylogo": False}
+    assert timeline_page._plot_div(fig, "timeline", config) == [
+        fig.to_html(full_html=False, include_plotlyjs=False, div_id="timeline", config=config)
+    ]
