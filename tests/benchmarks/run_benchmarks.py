@@ -81,6 +81,8 @@ TARGETS = {
     # peak RSS at 4M spans / at 1M, the same shape: flat memory is about 1
     "report_peak_growth_4x_spans": 1.1,
     "check_peak_growth_4x_spans": 1.1,
+    # the timeline's lanes into their page: ours (msgspec for the bars) must beat plotly's
+    "timeline_page_ratio_vs_plotly": 1.0,
 }
 
 
@@ -767,6 +769,50 @@ def section_report(run: Run) -> None:
     run.record("report_peak_mb_1m_spans", peak_mb, "peak RSS", f"{imports_mb:.1f} MB imports")
 
 
+def bench_timeline_page(repeats: int) -> tuple[float, float, float, int]:
+    """The timeline's lanes figure into its page: our pieces (plotly's markup, the
+    bars' JSON by msgspec) against plotly's own ``to_html``, interleaved, on the
+    figure of a generated file with an interval every 4 iterations (the bars of
+    every interval and save: what makes a big page). Returns (ratio, ours s, plotly
+    s, bars)."""
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "support"))
+    import synthetic
+
+    from megatron.trace.spans import span_source
+    from megatron.trace.timeline_data import collect
+    from megatron.trace.timeline_page import _plot_div, figure
+
+    with tempfile.TemporaryDirectory(prefix="bench-page-") as directory:
+        (path,) = synthetic.write_per_step(
+            Path(directory) / "traces.jsonl", synthetic.Shape(spans=400_000, save_interval=4)
+        )
+        timeline = collect(span_source([path]), [str(path)], jobs=1)
+    fig = figure(timeline)
+    config = {"displaylogo": False}
+
+    def ours() -> float:
+        start = time.perf_counter()
+        _plot_div(fig, "timeline", config)
+        return time.perf_counter() - start
+
+    def plotly() -> float:
+        start = time.perf_counter()
+        fig.to_html(full_html=False, include_plotlyjs=False, div_id="timeline", config=config)
+        return time.perf_counter() - start
+
+    return (*_interleaved(ours, plotly, repeats), len(timeline.bars))
+
+
+def section_timeline(run: Run) -> None:
+    ratio, ours, plotly, bars = bench_timeline_page(3 if run.quick else 9)
+    run.record(
+        "timeline_page_ratio_vs_plotly",
+        ratio,
+        f"{ours * 1e3:.0f} ms, {bars} bars",
+        f"plotly's to_html: {plotly * 1e3:.0f} ms",
+    )
+
+
 # -- reading a week of many ranks: each command against the stdlib floor --------
 
 # Every process reports the peak RSS of its biggest process on stderr, last line:
@@ -967,6 +1013,7 @@ SECTIONS: dict[str, Callable[[Run], None]] = {
     "training": section_training,
     "sigterm": section_sigterm,
     "report": section_report,
+    "timeline": section_timeline,
     "trace": section_trace,
 }
 
