@@ -367,11 +367,18 @@ def page_pieces(timeline: Timeline) -> list[str | bytes]:
                 ranks_figure(timeline.series, timeline.report), "iterations", {"displaylogo": False}
             )
         )
-        iterations += (
-            "<p class='note'>Solid: a rank's own work per iteration (the iteration minus its "
-            f"gradient all-reduce wait, {GRAD_SYNC_FINISH_SPAN}); dotted: the whole "
-            "iteration. A rank whose work line sits high is the one the others wait for.</p>"
-        )
+        if any(one.work_ms for one in timeline.series):
+            iterations += (
+                "<p class='note'>Solid: a rank's own work per iteration (the iteration minus its "
+                f"gradient all-reduce wait, {GRAD_SYNC_FINISH_SPAN}); dotted: the whole "
+                "iteration. A rank whose work line sits high is the one the others wait for.</p>"
+            )
+        else:  # no work line to explain: say what would draw one
+            iterations += (
+                "<p class='note'>Dotted: each rank's whole iteration. Its own work (the iteration "
+                f"minus its gradient all-reduce wait) needs the {GRAD_SYNC_FINISH_SPAN} spans of "
+                "the communication span group, on a job of several ranks.</p>"
+            )
     from plotly.offline import get_plotlyjs
 
     head, _, tail = _PAGE.format(

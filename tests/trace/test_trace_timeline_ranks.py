@@ -78,3 +78,19 @@ def test_no_panel_without_iteration_spans(tmp_path: Path) -> None:
     tl = timeline.collect(span_source([path]))
     assert tl.series == []
     assert 'id="iterations"' not in timeline.render_html(tl)
+
+
+def test_the_note_under_the_panel_explains_only_the_lines_drawn(tmp_path: Path) -> None:
+    """Without gradient-sync spans there is no work line: the note says what would add one."""
+    alone = timeline.render_html(timeline.collect(span_source([g.write(
+        tmp_path / "alone.jsonl", g.lifecycle(0, intervals=2))])))  # fmt: skip
+    assert "Dotted: each rank's whole iteration" in alone
+    assert "Solid:" not in alone
+    path = two_ranks(
+        tmp_path,
+        g.with_waits(g.lifecycle(0, intervals=4, per=3), 0.6),
+        g.with_waits(g.lifecycle(0, intervals=4, per=3), 0.1),
+    )
+    split = timeline.render_html(timeline.collect(span_source([path])))
+    assert "Solid: a rank's own work per iteration" in split
+    assert "Dotted: each rank's" not in split
