@@ -72,16 +72,16 @@ def rank_series(trace: Trace) -> list[RankSeries]:
             continue
         step = max(1, -(-count // MAX_POINTS))
         series = RankSeries(rank, per_point=step)
-        has_work = any(bool((iteration_work(inc)[3] >= 0).any()) for inc in incs if inc.waits)
-        for inc in incs:
-            if not inc.iterations:
-                continue
-            if series.iteration:
+        # each incarnation's points (at most MAX_POINTS in all), then whether any has work
+        segments = [list(_points(inc, step)) for inc in incs if inc.iterations]
+        has_work = any(work is not None for points in segments for _, _, work in points)
+        for position, points in enumerate(segments):
+            if position:  # a break in the line between incarnations
                 series.iteration.append(None)
                 series.total_ms.append(None)
                 if has_work:
                     series.work_ms.append(None)
-            for number, total, work in _points(inc, step):
+            for number, total, work in points:
                 series.iteration.append(number)
                 series.total_ms.append(total)
                 if has_work:
