@@ -775,17 +775,12 @@ def bench_timeline_page(repeats: int) -> tuple[float, float, float, int]:
     figure of a generated file with an interval every 4 iterations (the bars of
     every interval and save: what makes a big page). Returns (ratio, ours s, plotly
     s, bars)."""
-    sys.path.insert(0, str(REPO_ROOT / "tests" / "support"))
-    import synthetic
-
     from megatron.trace.spans import span_source
     from megatron.trace.timeline_data import collect
     from megatron.trace.timeline_page import _plot_div, figure
 
     with tempfile.TemporaryDirectory(prefix="bench-page-") as directory:
-        (path,) = synthetic.write_per_step(
-            Path(directory) / "traces.jsonl", synthetic.Shape(spans=400_000, save_interval=4)
-        )
+        path, _, _ = _trace_file(Path(directory), "traces.jsonl", spans=400_000, save_interval=4)
         timeline = collect(span_source([path]), [str(path)], jobs=1)
     fig = figure(timeline)
     config = {"displaylogo": False}
