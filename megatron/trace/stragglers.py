@@ -27,8 +27,9 @@ per-iteration and gradient-sync spans, or with fewer than
 :data:`MIN_ITERATIONS` iterations after the warm-up on two ranks (a median
 of a handful of iterations is noise, not a verdict). Iterations are matched
 across ranks by incarnation index and iteration number. Memory: int64 numpy
-columns, a few per finished iteration and rank (no Python object per
-iteration); the ranks are joined one incarnation index at a time.
+columns, no Python object per iteration; once a rank is split it holds one
+number per iteration (its work: its waits and the medians' copies live only
+while it is split), and the ranks are joined one incarnation index at a time.
 """
 
 from __future__ import annotations
@@ -148,30 +149,35 @@ def iteration_work(inc: Incarnation) -> tuple[Any, Any, Any, Any]:
 @dataclass(frozen=True)
 class _RankSplit:
     """One rank's iterations that have a wait, after each incarnation's warm-up: by
-    incarnation index, their numbers and work (what is matched across ranks); and
-    every work and wait, for the medians."""
+    incarnation index, their numbers and work (what is matched across ranks); how
+    many there are, and the medians of their work and of their wait (ns)."""
 
     by_incarnation: dict[int, tuple[Any, Any]]
-    works: Any
-    waits: Any
+    count: int
+    work_median: float
+    wait_median: float
 
 
 def _split(incs: Iterable[Incarnation]) -> _RankSplit:
-    import numpy as np
-
-    by_incarnation, works, waits = {}, [], []
+    """A rank's split, holding 8 bytes per iteration when done (its work); the waits
+    and the copies the medians take live only while the rank is split."""
+    by_incarnation, waits = {}, []
     for inc in incs:
         if not inc.waits:  # nothing to split (the files hold no grad_sync spans)
             continue
-        numbers, _, waited, work = (a[WARMUP_ITERATIONS:] for a in iteration_work(inc))
+        columns = iteration_work(inc)
+        numbers, waited, work = (columns[i][WARMUP_ITERATIONS:] for i in (0, 2, 3))
+        del columns  # the durations: not needed here
         timed = waited >= 0
         if not timed.all():
             numbers, waited, work = numbers[timed], waited[timed], work[timed]
         by_incarnation[inc.index] = (numbers, work)
-        works.append(work)
         waits.append(waited)
-    none = [np.empty(0, dtype=np.int64)]
-    return _RankSplit(by_incarnation, np.concatenate(works or none), np.concatenate(waits or none))
+    works = [work for _, work in by_incarnation.values()]
+    count = sum(map(len, works))
+    if not count:
+        return _RankSplit(by_incarnation, 0, 0.0, 0.0)
+    return _RankSplit(by_incarnation, count, _median(works), _median(waits))
 
 
 def find_stragglers(trace: Trace) -> Stragglers:
@@ -180,31 +186,40 @@ def find_stragglers(trace: Trace) -> Stragglers:
         return Stragglers({}, None, ["stragglers: the files hold one rank (export every rank: "
                                      "MEGATRON_OTEL_RANK_STRATEGY=all_ranks)"])  # fmt: skip
     split = {rank: _split(incs) for rank, incs in trace.ranks.items()}
-    timed = {rank: parts for rank, parts in split.items() if len(parts.works)}
+    timed = {rank: parts for rank, parts in split.items() if parts.count}
     if len(timed) < 2:
         return Stragglers({}, None, ["stragglers: fewer than two ranks have both "
                                      f"{ITERATION_SPAN} and {GRAD_SYNC_FINISH_SPAN} "
                                      "spans (enable the per_step span groups)"])  # fmt: skip
-    measured = {rank: parts for rank, parts in timed.items() if len(parts.works) >= MIN_ITERATIONS}
+    measured = {rank: parts for rank, parts in timed.items() if parts.count >= MIN_ITERATIONS}
     if len(measured) < 2:
         return Stragglers({}, None, [f"stragglers: fewer than {MIN_ITERATIONS} iterations after "
                                      f"the first {WARMUP_ITERATIONS} on two ranks, too few to "
                                      "compare"])  # fmt: skip
-    medians = {rank: (_median(one.works), _median(one.waits)) for rank, one in measured.items()}
+    medians = {rank: (one.work_median, one.wait_median) for rank, one in measured.items()}
     best = min(work for work, _ in medians.values())
     ranks = {}
     for rank, (work, wait) in medians.items():
         score = best / work if work > 0 else 1.0
         ranks[rank] = RankWork(
-            rank, len(measured[rank].works), work / 1e6, wait / 1e6, score, score < SCORE_THRESHOLD
+            rank, measured[rank].count, work / 1e6, wait / 1e6, score, score < SCORE_THRESHOLD
         )
     return Stragglers(ranks, _lost_s(list(measured.values())), [])
 
 
-def _median(values: Any) -> float:
+def _median(parts: list[Any]) -> float:
+    """The median of the int64 arrays' values together, as :func:`statistics.median`
+    gives it, found in the one copy that joins them (``np.median`` would copy that
+    copy again to partition it)."""
     import numpy as np
 
-    return float(np.median(values))
+    values = np.concatenate(parts)  # always a new array: the parts keep their order
+    middle = len(values) // 2
+    if len(values) % 2:
+        values.partition(middle)
+        return float(values[middle])
+    values.partition((middle - 1, middle))
+    return (int(values[middle - 1]) + int(values[middle])) / 2
 
 
 def _lost_s(per_rank: list[_RankSplit]) -> float:
@@ -227,13 +242,33 @@ def _lost_s(per_rank: list[_RankSplit]) -> float:
                 slowest = fastest = slowest[:0]
                 break
             their_numbers, their_works = _last_by_number(*theirs)
-            numbers, mine, at = np.intersect1d(
-                numbers, their_numbers, assume_unique=True, return_indices=True
-            )
-            slowest = np.maximum(slowest[mine], their_works[at])
-            fastest = np.minimum(fastest[mine], their_works[at])
+            numbers, mine, at = _matched(numbers, their_numbers)
+            if mine is not None:
+                slowest, fastest = slowest[mine], fastest[mine]
+            if at is not None:
+                their_works = their_works[at]
+            slowest = np.maximum(slowest, their_works)
+            fastest = np.minimum(fastest, their_works)
         lost += int((slowest - fastest).sum())
     return round(lost / 1e9, 9)
+
+
+def _matched(numbers: Any, theirs: Any) -> tuple[Any, Any | None, Any | None]:
+    """The numbers both sorted, distinct arrays hold, and where they are in each (None:
+    all of that array, in order). The usual case, two ranks that finished the same
+    iterations, costs one comparison and no index arrays; otherwise a binary search
+    of ours in theirs (``np.intersect1d`` would sort a copy of both)."""
+    import numpy as np
+
+    if np.array_equal(numbers, theirs):
+        return numbers, None, None
+    if not len(theirs):
+        return theirs, np.empty(0, dtype=np.intp), None
+    at = np.searchsorted(theirs, numbers)
+    np.minimum(at, len(theirs) - 1, out=at)
+    mine = np.flatnonzero(theirs[at] == numbers)
+    at = at[mine]
+    return numbers[mine], mine, at
 
 
 def _last_by_number(numbers: Any, works: Any) -> tuple[Any, Any]:

@@ -238,17 +238,21 @@ def _reference_split(incs: list) -> tuple[dict, list[int], list[int]]:
     return by_key, works, waits
 
 
-def _random_rank(rng: random.Random, rank: str, incarnations: int) -> list[Incarnation]:
+def _random_rank(
+    rng: random.Random, rank: str, incarnations: int, counts: list[int] | None = None
+) -> list[Incarnation]:
+    """Random iterations and waits; with ``counts`` (iterations per incarnation index)
+    the usual case instead: every rank the same iterations, each with one wait."""
     incs = []
     for index in range(incarnations):
         inc = Incarnation(rank, index, (rank, index))
         t = 0
-        for number in range(rng.randrange(12, 40)):
-            if rng.random() < 0.1:
+        for number in range(counts[index] if counts else rng.randrange(12, 40)):
+            if not counts and rng.random() < 0.1:
                 number -= rng.randrange(1, 4)  # finished again, or out of order
             length = rng.randrange(900, 1100)
             inc.iterations.append(number, t, t + length)
-            for _ in range(rng.choice((0, 1, 1, 1, 2))):  # no wait, one, or two to add up
+            for _ in range(1 if counts else rng.choice((0, 1, 1, 1, 2))):  # none, one, two
                 wait = rng.randrange(0, 1200)  # may exceed the iteration: work is then 0
                 inc.waits.append(number, t, t + wait)
             t += length + 10
@@ -256,13 +260,18 @@ def _random_rank(rng: random.Random, rank: str, incarnations: int) -> list[Incar
     return incs
 
 
+@pytest.mark.parametrize("usual", [False, True], ids=["ragged", "usual"])
 @pytest.mark.parametrize("seed", range(20))
-def test_straggler_figures_equal_the_per_iteration_dict_they_replace(seed: int) -> None:
+def test_straggler_figures_equal_the_per_iteration_dict_they_replace(
+    seed: int, usual: bool
+) -> None:
     """Two waits of one iteration add up, an iteration without one is left out, one
     finished twice counts with its later work, and only iterations of an incarnation
-    index every rank has are compared."""
+    index every rank has are compared; and in the usual case (every rank the same
+    iterations, one wait each: no index arrays) the same figures."""
     rng = random.Random(seed)
-    ranks = {str(r): _random_rank(rng, str(r), rng.randrange(1, 4)) for r in range(3)}
+    counts = [rng.randrange(12, 40) for _ in range(3)] if usual else None
+    ranks = {str(r): _random_rank(rng, str(r), rng.randrange(1, 4), counts) for r in range(3)}
     trace = Trace(ranks, ReadStats(), 0)
     found = find_stragglers(trace)
     split = {rank: _reference_split(incs) for rank, incs in ranks.items()}
