@@ -181,6 +181,12 @@ class Iterations:
         self.starts.extend(other.starts)
         self.ends.extend(other.ends)
 
+    def slice(self, lo: int, hi: int) -> Iterations:
+        """A copy of positions ``lo`` up to ``hi``."""
+        part = Iterations()
+        part.numbers, part.starts, part.ends = (c[lo:hi] for c in self.arrays())
+        return part
+
     def start_of(self, number: int) -> int | None:
         """Start of the first finished iteration numbered ``number`` or higher."""
         found = [s for n, s in zip(self.numbers, self.starts, strict=True) if n >= number]
@@ -803,10 +809,23 @@ def _distribute_iterations(
     boundaries: list[int],
     attribute: str = "iterations",
 ) -> None:
-    """Hand a process's iterations (or waits) to its incarnations, in start order."""
+    """Hand a process's iterations (or waits) to its incarnations, in start order.
+
+    They come in start order (a process runs its iterations one after another, and
+    the pieces of a file merge in file order): then one incarnation takes them as
+    they are, and several (``pretrain()`` called again in the process: an in-process
+    restart) take a slice each, cut where their startups began. Otherwise they are
+    sorted one by one first (a Python object per iteration: never seen in a file).
+    """
     starts = iterations.starts
-    if len(incs) == 1 and all(a <= b for a, b in itertools.pairwise(starts)):
-        setattr(incs[0], attribute, iterations)  # the usual case: in order, no copy
+    if all(a <= b for a, b in itertools.pairwise(starts)):
+        if len(incs) == 1:
+            setattr(incs[0], attribute, iterations)  # the usual case: no copy
+            return
+        # slot_of places a start equal to a boundary after it, as bisect_left cuts
+        cuts = [0, *(bisect.bisect_left(starts, boundary) for boundary in boundaries)]
+        for inc, lo, hi in zip(incs, cuts, [*cuts[1:], len(starts)], strict=True):
+            setattr(inc, attribute, iterations.slice(lo, hi))
         return
     for i in sorted(range(len(starts)), key=starts.__getitem__):
         start, end = starts[i], iterations.ends[i]

@@ -216,6 +216,54 @@ def test_check_on_a_full_tmpdir_says_so_and_names_the_variable(
     assert path.read_bytes() == before
 
 
+def _one_process(path: Path, *incarnations: list[dict]) -> Path:
+    """Incarnations written by one process (one resource): ``pretrain()`` called again
+    in it, as an in-process restart does."""
+    with path.open("w") as file:
+        for spans in incarnations:
+            for i in range(0, len(spans), 3):
+                file.write(g.line(spans[i : i + 3], pid=100) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("in_order", [True, False], ids=["in_order", "out_of_order"])
+def test_a_process_that_ran_pretrain_twice_gives_each_incarnation_its_iterations(
+    tmp_path: Path, in_order: bool
+) -> None:
+    """Each incarnation gets the iterations that began at or after its own startup and
+    before the next, in start order: one that began the very instant the second startup
+    did is the second's; iterations written out of order land the same."""
+    first, second = g.lifecycle(0), g.lifecycle(100, first=6)
+    (startup,) = [s for s in second if s["name"] == "megatron.startup"]
+    tie = g.span("megatron.train.iteration", 0, 0, **{"megatron.iteration": 99})
+    tie["startTimeUnixNano"] = startup["startTimeUnixNano"]
+    tie["endTimeUnixNano"] = str(int(startup["startTimeUnixNano"]) + 10)
+    first.append(tie)
+    if not in_order:  # the first incarnation's iterations in reverse
+        at = [i for i, s in enumerate(first) if s["name"] == "megatron.train.iteration"]
+        for i, j in zip(at, reversed(at), strict=True):
+            if i < j:
+                first[i], first[j] = first[j], first[i]
+    path = _one_process(tmp_path / "traces.jsonl", first, second)
+
+    def began(spans: list[dict]) -> list[tuple[int, int]]:
+        return sorted(
+            (int(s["startTimeUnixNano"]), int(s["attributes"][0]["value"]["intValue"]))
+            for s in spans
+            if s["name"] == "megatron.train.iteration"
+        )
+
+    trace = model.load_trace([path])
+    (incs,) = trace.ranks.values()
+    assert [inc.process for inc in incs] == [incs[0].process] * 2
+    expected = began(first)
+    assert expected[-1][1] == 99  # the tie: latest of the first's spans ...
+    expected = [expected[:-1], [expected[-1], *began(second)]]  # ... the second's first
+    got = [list(zip(inc.iterations.starts, inc.iterations.numbers, strict=True)) for inc in incs]
+    assert got == expected
+    assert _shape(trace) == _shape(_slow_trace([path]))
+
+
 def test_several_files_read_in_parallel_give_what_one_process_gives(tmp_path: Path) -> None:
     shape = synthetic.Shape(
         spans=6000, ranks=3, save_interval=9, incarnations=2, per_rank_files=True
