@@ -37,7 +37,6 @@ from megatron.core.telemetry.reader import paused_gc
 from megatron.core.telemetry.trace_files import FilePiece, numbered, split_file
 
 __all__ = [
-    "MAX_PIECES_PER_FILE",
     "MAX_PIECE_BYTES",
     "MIN_PIECE_BYTES",
     "FilePiece",
@@ -51,13 +50,11 @@ __all__ = [
 #: A file is cut only into pieces of at least this size: below it a worker
 #: process costs more than it saves.
 MIN_PIECE_BYTES = 32 * 2**20
-#: ... and, read in parallel, into pieces of at most this size: a piece's summary
-#: crosses a pipe to the merging process whole, and the smaller it is, the less
-#: that process holds twice while taking it in (a 3 GB file: 24 pieces) ...
+#: ... and, read in parallel, into pieces of at most this size, however big the
+#: file (a 3 GB file: 24 pieces): a piece's summary crosses a pipe to the merging
+#: process whole, and the smaller it is, the less that process holds twice while
+#: taking it in. Merging costs the same per piece whatever their count.
 MAX_PIECE_BYTES = 128 * 2**20
-#: ... unless that makes more than this many (``check`` looks each piece's span ids
-#: up in every other piece's: the merge grows with the square of the count).
-MAX_PIECES_PER_FILE = 32
 
 R = TypeVar("R")
 
@@ -106,7 +103,7 @@ def pieces(
         if jobs > 1:
             small = -(-size // MAX_PIECE_BYTES)
             small = -(-small // jobs) * jobs  # a multiple of the jobs: none idles at the end
-            share = max(share, min(small, max(MAX_PIECES_PER_FILE, jobs)))
+            share = max(share, small)
         count = min(share, size // max(min_bytes, 1))
         cut = split_file(path, count, count_lines) if count > 1 else [FilePiece(path)]
         result.extend(cut)

@@ -228,16 +228,28 @@ def test_a_synthetic_week_exports_the_same_slices_in_pieces(
     assert sorted(map(_key, read_slices(cut)[0])) == sorted(map(_key, read_slices(whole)[0]))
 
 
-def test_pieces_read_in_parallel_stay_small_and_few(
+def test_pieces_read_in_parallel_stay_small(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_pieces: None
 ) -> None:
     path = _tied_job(tmp_path / "traces.jsonl")
     size = path.stat().st_size
     monkeypatch.setattr(parallel, "MAX_PIECE_BYTES", size // 5)
     assert len(parallel.pieces([path], jobs=2)) == 6  # small, and a multiple of the jobs
-    monkeypatch.setattr(parallel, "MAX_PIECES_PER_FILE", 3)
-    assert len(parallel.pieces([path], jobs=2)) == 3  # and few
     assert len(parallel.pieces([path], jobs=1)) == 1  # read here: nothing crosses a pipe
+
+
+def test_a_big_file_is_cut_into_as_many_small_pieces_as_it_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_pieces: None
+) -> None:
+    """No cap on the count, which would make a big file's pieces (and what the merging
+    process holds while taking one in) grow with the file."""
+    shape = synthetic.Shape(spans=6000, ranks=2, per_line=20)  # 300 lines
+    (path,) = synthetic.write_per_step(tmp_path / "t.jsonl", shape)
+    size = path.stat().st_size
+    monkeypatch.setattr(parallel, "MAX_PIECE_BYTES", size // 50)
+    cut = parallel.pieces([path], jobs=2)
+    assert len(cut) in (50, 52)  # a multiple of the jobs, each at most a line over the size
+    assert max((piece.stop or size) - piece.start for piece in cut) < 2 * size // 50
 
 
 def test_kept_records_of_a_process_share_one_resource(tmp_path: Path) -> None:
