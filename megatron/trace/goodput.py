@@ -371,10 +371,9 @@ def _iteration_stats(
             over = np.flatnonzero(np.asarray(inc_durations) > threshold).tolist()
         else:
             over = [i for i, duration in enumerate(inc_durations) if duration > threshold]
+        numbers = inc.iterations.numbers if over else ()  # (a read, once spilled)
         for position in over:
-            slow.append(
-                (float(inc_durations[position]), inc.index, inc.iterations.numbers[position])
-            )
+            slow.append((float(inc_durations[position]), inc.index, numbers[position]))
     slow.sort(reverse=True)
     return {
         "count": count,

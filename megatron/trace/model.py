@@ -24,9 +24,11 @@ finding of ``check`` instead of silently making a new incarnation.
 Memory: only the structural spans (a few per checkpoint interval) and the
 hang watchdog's records are kept, as the reader's
 :class:`~megatron.core.telemetry.records.SpanRecord`; iterations are kept as
-three compact integer arrays per process (number, start, end: 24 bytes
-each), and so are the gradient all-reduce waits (``megatron.grad_sync.finish``
-with ``megatron.iteration``: the ``communication`` span group), Megatron-LM's
+three compact integer columns per process (number, start, end: 24 bytes
+each, written to a temporary file in blocks once there are many:
+:mod:`megatron.trace.columns`), and so are the gradient all-reduce waits
+(``megatron.grad_sync.finish`` with ``megatron.iteration``: the
+``communication`` span group), Megatron-LM's
 per-pass checkpoint bookkeeping spans as the union of the time they cover
 (:mod:`megatron.trace.stretches`) and one start per async-save finalize,
 everything else as running aggregates.
@@ -107,6 +109,7 @@ from megatron.core.telemetry.semconv import (
     STRUCTURAL_SPAN_NAMES,
 )
 from megatron.trace import intervals
+from megatron.trace.columns import Iterations
 from megatron.trace.intervals import IntervalFacts
 from megatron.trace.parallel import FilePiece, map_reduce, pieces
 from megatron.trace.stretches import Stretches
@@ -152,49 +155,6 @@ _ENDED_BY_REASON = {"exception": "failed", "interrupt": "interrupted", "signal":
 
 def _kept_name(name: str) -> bool:
     return name in _KEPT_NAMES or name.startswith(STARTUP_PHASE_PREFIX)
-
-
-class Iterations:
-    """Finished iterations as parallel compact arrays, in start order (24 bytes each)."""
-
-    __slots__ = ("ends", "numbers", "starts")
-
-    def __init__(self) -> None:
-        self.numbers = array("q")
-        self.starts = array("q")
-        self.ends = array("q")
-
-    def __len__(self) -> int:
-        return len(self.numbers)
-
-    def append(self, number: int, start_ns: int, end_ns: int) -> None:
-        self.numbers.append(number)
-        self.starts.append(start_ns)
-        self.ends.append(end_ns)
-
-    def arrays(self) -> tuple[array, array, array]:
-        """The three arrays (numbers, starts, ends), for appending in a hot loop."""
-        return self.numbers, self.starts, self.ends
-
-    def extend(self, other: Iterations) -> None:
-        self.numbers.extend(other.numbers)
-        self.starts.extend(other.starts)
-        self.ends.extend(other.ends)
-
-    def slice(self, lo: int, hi: int) -> Iterations:
-        """A copy of positions ``lo`` up to ``hi``."""
-        part = Iterations()
-        part.numbers, part.starts, part.ends = (c[lo:hi] for c in self.arrays())
-        return part
-
-    def start_of(self, number: int) -> int | None:
-        """Start of the first finished iteration numbered ``number`` or higher."""
-        found = [s for n, s in zip(self.numbers, self.starts, strict=True) if n >= number]
-        return min(found) if found else None
-
-    def count_from(self, number: int) -> int:
-        """How many finished iterations are numbered ``number`` or higher."""
-        return sum(1 for n in self.numbers if n >= number)
 
 
 @dataclass
@@ -291,7 +251,8 @@ class Incarnation:
         first iteration span's); None when neither is known."""
         facts = self.interval_facts[:1]
         candidates = [f.first_iteration for f in facts if f.first_iteration is not None]
-        candidates += self.iterations.numbers[:1]
+        first = self.iterations.first_number()
+        candidates += [] if first is None else [first]
         return min(candidates) if candidates else None
 
     @property
@@ -300,7 +261,8 @@ class Incarnation:
         last interval's, or a later iteration span's: a killed one's lost interval)."""
         facts = self.interval_facts[-1:]
         candidates = [f.last_iteration for f in facts if f.last_iteration is not None]
-        candidates += self.iterations.numbers[-1:]
+        last = self.iterations.last_number()
+        candidates += [] if last is None else [last]
         return max(candidates) if candidates else None
 
     def durable_saves(self) -> list[int]:
@@ -827,10 +789,11 @@ def _distribute_iterations(
         for inc, lo, hi in zip(incs, cuts, [*cuts[1:], len(starts)], strict=True):
             setattr(inc, attribute, iterations.slice(lo, hi))
         return
+    numbers, ends = iterations.numbers, iterations.ends  # (each a read, once spilled)
     for i in sorted(range(len(starts)), key=starts.__getitem__):
-        start, end = starts[i], iterations.ends[i]
+        start, end = starts[i], ends[i]
         slot = slot_of(boundaries, ITERATION_SPAN, start, end)
-        getattr(incs[slot], attribute).append(iterations.numbers[i], start, end)
+        getattr(incs[slot], attribute).append(numbers[i], start, end)
 
 
 def scan_file(path: Path | str | FilePiece) -> TraceBuilder:

@@ -1,0 +1,150 @@
+"""Iteration columns on disk: the same rows, the same reports, and no file for a small trace.
+
+:mod:`megatron.trace.columns` writes a column set's rows to a temporary file
+once it holds :data:`~megatron.trace.columns.SPILL_ROWS` of them. Here the
+bound is a handful of rows, so every path (the hot loop's appends, a merge
+of pieces, the split into incarnations, a pickle across a pipe, forked
+workers reading the parent's blocks) runs on blocks, and what the readers
+make of them is held to what they make of columns in memory.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+from concurrent.futures import Executor, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import synthetic
+
+from megatron.trace import check, columns, export, model, timeline_data
+from megatron.trace.columns import Iterations
+from megatron.trace.liveness import Clock
+from megatron.trace.report import build_report
+from megatron.trace.spans import span_source
+from megatron.trace.timeline_page import render_html
+
+
+def _rows(its: Iterations) -> list[tuple[int, int, int]]:
+    return list(its.rows())
+
+
+@pytest.fixture
+def tiny_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(columns, "SPILL_ROWS", 3)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_spilled_columns_hold_the_rows_in_order(seed: int, tiny_blocks: None) -> None:
+    """Appends (one by one and through the hot loop's arrays), extends, slices, the first
+    and last number and a pickle: as a list of rows would have them."""
+    rng = random.Random(seed)
+
+    def row() -> tuple[int, int, int]:
+        return rng.randrange(99), rng.randrange(9**9), rng.randrange(9**9)
+
+    its, expected = Iterations(), []
+    for _ in range(rng.randrange(0, 40)):
+        if rng.random() < 0.3:  # a piece merged in (in memory, or itself spilled)
+            other, rows = Iterations(), [row() for _ in range(rng.randrange(6))]
+            for one in rows:
+                other.append(*one)
+            its.extend(other)
+            expected += rows
+        elif rng.random() < 0.5:
+            expected.append(row())
+            its.append(*expected[-1])
+        else:
+            numbers, starts, ends = its.arrays()
+            for _ in range(rng.randrange(3)):
+                number, start, end = row()
+                numbers.append(number)
+                starts.append(start)
+                ends.append(end)
+                expected.append((number, start, end))
+    assert len(its) == len(expected)
+    assert _rows(its) == expected
+    assert its.first_number() == (expected[0][0] if expected else None)
+    assert its.last_number() == (expected[-1][0] if expected else None)
+    lo = rng.randrange(len(expected) + 1)
+    hi = rng.randrange(lo, len(expected) + 1)
+    assert _rows(its.slice(lo, hi)) == expected[lo:hi]
+    assert _rows(pickle.loads(pickle.dumps(its))) == expected
+
+
+def test_a_block_another_process_wrote_is_read_not_shared(tiny_blocks: None) -> None:
+    """A forked worker's merge reads the parent's blocks into its own memory (and file)."""
+    parent = Iterations()
+    for number in range(7):
+        parent.append(number, number * 10, number * 10 + 5)
+    for block in parent._blocks:
+        block.store = _Elsewhere(block.store)
+    mine = Iterations()
+    mine.extend(parent)
+    assert _rows(mine) == [(n, n * 10, n * 10 + 5) for n in range(7)]
+    assert all(block.store.pid == columns._store().pid for block in mine._blocks)
+
+
+class _Elsewhere:
+    """A store seen from a process that did not write it."""
+
+    def __init__(self, store: object) -> None:
+        self._store, self.pid = store, -1
+
+    def read_into(self, *args: object) -> None:
+        self._store.read_into(*args)  # type: ignore[attr-defined]
+
+
+def test_a_small_trace_writes_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(columns, "_STORE", None)
+    shape = synthetic.Shape(spans=4000, ranks=2, incarnations=2, save_interval=9)
+    (path,) = synthetic.write_per_step(tmp_path / "t.jsonl", shape)
+    build_report(model.load_trace([path], jobs=1))
+    assert columns._STORE is None
+
+
+def _figures(path: Path, jobs: int, executor: Executor | None) -> tuple:
+    clock = Clock(now_ns=2**62)
+    trace = model.load_trace([path], jobs=jobs, executor=executor)
+    found = check.check_files([path], clock, jobs, executor)
+    page = render_html(timeline_data.collect(span_source([path]), [str(path)], clock, jobs))
+    return (
+        build_report(trace),
+        found.violations,
+        found.notes,
+        [(inc.label, list(inc.iterations.rows())) for inc in trace.incarnations],
+        [(inc.label, list(inc.waits.rows())) for inc in trace.incarnations],
+        page,
+    )
+
+
+@pytest.mark.parametrize("how", ["here", "forked", "threads"])
+def test_reports_on_spilled_columns_equal_those_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Two ranks, a kill and a resume each, the gradient waits too: report, check, the
+    iterations each incarnation holds and both exports, read in this process, by forked
+    workers (which read this process's blocks) and on a thread pool (one store, shared)."""
+    monkeypatch.setattr("megatron.trace.parallel.MIN_PIECE_BYTES", 1)
+    shape = synthetic.Shape(spans=6000, ranks=2, incarnations=2, save_interval=7, per_line=20)
+    (path,) = synthetic.write_per_step(tmp_path / "t.jsonl", synthetic.Shape(**{
+        **shape.__dict__, "communication": True}))  # fmt: skip
+    jobs = 1 if how == "here" else 4
+    pool = ThreadPoolExecutor(4) if how == "threads" else None
+    try:
+        in_memory = _figures(path, jobs, pool)
+        exports = {}
+        for fmt in export.FORMATS:
+            out = tmp_path / f"memory.{fmt}"
+            export.export_files([path], out, fmt, jobs=jobs, executor=pool)
+            exports[fmt] = out.read_bytes()
+        monkeypatch.setattr(columns, "SPILL_ROWS", 7)
+        assert _figures(path, jobs, pool) == in_memory
+        for fmt in export.FORMATS:
+            out = tmp_path / f"spilled.{fmt}"
+            export.export_files([path], out, fmt, jobs=jobs, executor=pool)
+            assert out.read_bytes() == exports[fmt], fmt
+    finally:
+        if pool is not None:
+            pool.shutdown()
