@@ -27,9 +27,12 @@ per-iteration and gradient-sync spans, or with fewer than
 :data:`MIN_ITERATIONS` iterations after the warm-up on two ranks (a median
 of a handful of iterations is noise, not a verdict). Iterations are matched
 across ranks by incarnation index and iteration number. Memory: int64 numpy
-columns, no Python object per iteration; once a rank is split it holds one
-number per iteration (its work: its waits and the medians' copies live only
-while it is split), and the ranks are joined one incarnation index at a time.
+columns, no Python object per iteration, and none held for long: a rank's
+work and waits live while its medians are taken, and the join reads each
+rank's again one incarnation index at a time (twice the reading, so that
+the ranks' iterations are never all in memory at once: with the model's
+columns on disk, :mod:`megatron.trace.columns`, a 64-rank job's join holds
+one incarnation of each rank at most).
 """
 
 from __future__ import annotations
@@ -148,32 +151,39 @@ def iteration_work(inc: Incarnation) -> tuple[Any, Any, Any, Any]:
 
 @dataclass(frozen=True)
 class _RankSplit:
-    """One rank's iterations that have a wait, after each incarnation's warm-up: by
-    incarnation index, their numbers and work (what is matched across ranks); how
-    many there are, and the medians of their work and of their wait (ns)."""
+    """One rank's incarnations that have waits, by index; how many of its iterations
+    have a wait (after each incarnation's warm-up), and the medians of their work and
+    of their wait (ns)."""
 
-    by_incarnation: dict[int, tuple[Any, Any]]
+    by_incarnation: dict[int, Incarnation]
     count: int
     work_median: float
     wait_median: float
 
 
+def _timed(inc: Incarnation) -> tuple[Any, Any, Any]:
+    """(numbers, waits, work) of the incarnation's iterations that have a wait, after
+    its warm-up."""
+    columns = iteration_work(inc)
+    numbers, waited, work = (columns[i][WARMUP_ITERATIONS:] for i in (0, 2, 3))
+    del columns  # the durations: not needed here
+    timed = waited >= 0
+    if not timed.all():
+        numbers, waited, work = numbers[timed], waited[timed], work[timed]
+    return numbers, waited, work
+
+
 def _split(incs: Iterable[Incarnation]) -> _RankSplit:
-    """A rank's split, holding 8 bytes per iteration when done (its work); the waits
-    and the copies the medians take live only while the rank is split."""
-    by_incarnation, waits = {}, []
+    """A rank's figures, holding nothing per iteration when done: its work and waits
+    live only while it is split (the join reads them again, an incarnation at a time)."""
+    by_incarnation, works, waits = {}, [], []
     for inc in incs:
         if not inc.waits:  # nothing to split (the files hold no grad_sync spans)
             continue
-        columns = iteration_work(inc)
-        numbers, waited, work = (columns[i][WARMUP_ITERATIONS:] for i in (0, 2, 3))
-        del columns  # the durations: not needed here
-        timed = waited >= 0
-        if not timed.all():
-            numbers, waited, work = numbers[timed], waited[timed], work[timed]
-        by_incarnation[inc.index] = (numbers, work)
+        _, waited, work = _timed(inc)
+        by_incarnation[inc.index] = inc
+        works.append(work)
         waits.append(waited)
-    works = [work for _, work in by_incarnation.values()]
     count = sum(map(len, works))
     if not count:
         return _RankSplit(by_incarnation, 0, 0.0, 0.0)
@@ -233,15 +243,17 @@ def _lost_s(per_rank: list[_RankSplit]) -> float:
 
     first, *others = per_rank
     lost = 0
-    for index, found in first.by_incarnation.items():
-        numbers, slowest = _last_by_number(*found)
+    for index, inc in first.by_incarnation.items():
+        numbers, _, work = _timed(inc)
+        numbers, slowest = _last_by_number(numbers, work)
         fastest = slowest
         for other in others:
             theirs = other.by_incarnation.get(index)
             if theirs is None:
                 slowest = fastest = slowest[:0]
                 break
-            their_numbers, their_works = _last_by_number(*theirs)
+            their_numbers, _, their_works = _timed(theirs)
+            their_numbers, their_works = _last_by_number(their_numbers, their_works)
             numbers, mine, at = _matched(numbers, their_numbers)
             if mine is not None:
                 slowest, fastest = slowest[mine], fastest[mine]
