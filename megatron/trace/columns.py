@@ -15,6 +15,9 @@ arrays as they are, so a small trace costs no file and no copy.
 Blocks are read with ``os.pread`` (no shared file offset), so processes
 forked from the one that wrote them (the export's workers) read them too; a
 process writes only to a file of its own (:func:`_store` checks the pid).
+The file lives while a block of it does, so a long-lived process that reads
+trace after trace does not pile them up on disk; where no temporary file can
+be written (``TMPDIR`` read-only or full) the columns stay in memory.
 A column set that crosses a pipe (a worker's summary, pickled) travels as
 its columns in memory, and the receiving process spills them again itself.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+import weakref
 from array import array
 from collections.abc import Iterator
 from typing import Any
@@ -70,19 +74,25 @@ class _Store:
         out.frombytes(data)
 
 
-_STORE: _Store | None = None
-
-
+# The store blocks are written to now: held weakly, so that once the last block of a
+# read is dropped its file is closed (and its disk space freed), and the next read
+# starts a file of its own.
+_STORE: weakref.ref[_Store] | None = None
 _STORE_LOCK = threading.Lock()
+# Set when no temporary file could be written (TMPDIR unwritable or full): the
+# columns then stay in memory, as they would for a small trace.
+_UNWRITABLE: list[OSError] = []
 
 
 def _store() -> _Store:
     """This process's store (a forked child makes its own before writing)."""
     global _STORE
     with _STORE_LOCK:
-        if _STORE is None or _STORE.pid != os.getpid():
-            _STORE = _Store()
-        return _STORE
+        store = _STORE() if _STORE is not None else None
+        if store is None or store.pid != os.getpid():
+            store = _Store()
+            _STORE = weakref.ref(store)
+        return store
 
 
 class _Block:
@@ -145,8 +155,9 @@ class Iterations:
         for block in other._blocks:
             if block.store.pid == os.getpid():
                 self._spill()  # (keeps the order: what is in memory goes out first)
-                self._blocks.append(block)
-            else:  # a block another process wrote: read it, to be written here if need be
+            if block.store.pid == os.getpid() and not self._tail[0]:
+                self._blocks.append(block)  # shared, not read
+            else:  # another process wrote it, or rows stay in memory before it: read it
                 for mine, column in zip(self._tail, range(3), strict=True):
                     block.read_into(mine, column)
         for mine, theirs in zip(self._tail, other._tail, strict=True):
@@ -156,11 +167,16 @@ class Iterations:
 
     def _spill(self) -> None:
         rows = len(self._tail[0])
-        if rows:
+        if not rows or _UNWRITABLE:
+            return
+        try:
             store = _store()
             offset = store.write(self._tail)
-            self._blocks.append(_Block(store, offset, rows, 0, rows))
-            self._tail = (array("q"), array("q"), array("q"))
+        except OSError as error:  # no room for a temporary file: keep the rows here
+            _UNWRITABLE.append(error)
+            return
+        self._blocks.append(_Block(store, offset, rows, 0, rows))
+        self._tail = (array("q"), array("q"), array("q"))
 
     def _column(self, column: int) -> array:
         if not self._blocks:

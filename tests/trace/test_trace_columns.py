@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import weakref
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 
@@ -148,3 +149,35 @@ def test_reports_on_spilled_columns_equal_those_in_memory(
     finally:
         if pool is not None:
             pool.shutdown()
+
+
+def test_without_room_for_a_temporary_file_the_columns_stay_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_blocks: None
+) -> None:
+    """TMPDIR read-only (or full): the same rows, in memory, and the read goes on."""
+
+    def refuse() -> None:
+        raise PermissionError(13, "Permission denied", str(tmp_path))
+
+    monkeypatch.setattr(columns, "_UNWRITABLE", [])
+    monkeypatch.setattr(columns, "_store", refuse)
+    its = Iterations()
+    for number in range(10):
+        its.append(number, number, number + 1)
+    other = Iterations()
+    other.extend(its)
+    assert _rows(other) == [(n, n, n + 1) for n in range(10)]
+    assert not its._blocks and not other._blocks
+    assert len(columns._UNWRITABLE) == 1  # tried once, not at every row
+
+
+def test_a_read_whose_columns_are_dropped_frees_its_file(tiny_blocks: None) -> None:
+    """A long-lived process reading trace after trace does not pile their columns up on
+    disk: the file goes with the last block of it."""
+    its = Iterations()
+    for number in range(10):
+        its.append(number, number, number + 1)
+    store = weakref.ref(its._blocks[0].store)
+    assert columns._store() is store()
+    del its
+    assert store() is None  # closed: the next read starts a file of its own
