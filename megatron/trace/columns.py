@@ -79,9 +79,12 @@ class _Store:
 # starts a file of its own.
 _STORE: weakref.ref[_Store] | None = None
 _STORE_LOCK = threading.Lock()
-# Set when no temporary file could be written (TMPDIR unwritable or full): the
-# columns then stay in memory, as they would for a small trace.
-_UNWRITABLE: list[OSError] = []
+# Set when no temporary file could be written (TMPDIR unwritable or full), or where
+# there is no positioned I/O (os.pread and os.pwrite are POSIX's): the columns then
+# stay in memory, as they would for a small trace.
+_UNWRITABLE: list[OSError] = (
+    [] if hasattr(os, "pread") and hasattr(os, "pwrite") else [OSError("no os.pwrite")]
+)
 
 
 def _store() -> _Store:
