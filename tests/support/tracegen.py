@@ -213,12 +213,16 @@ def lifecycle(
     return spans
 
 
-def write(path: Path, *incarnations: list[dict], rank: int = 0, per_line: int = 3) -> Path:
-    """Write incarnations (each a separate process) to ``path``, a few spans per line."""
+def write(
+    path: Path, *incarnations: list[dict], rank: int = 0, per_line: int = 3, pid: int | None = None
+) -> Path:
+    """Write incarnations (each a separate process, or all by process ``pid``: ``pretrain()``
+    called again in it, as an in-process restart does) to ``path``, a few spans per line."""
     with path.open("a") as file:
-        for pid, spans in enumerate(incarnations, start=100 + 10 * rank):
+        for position, spans in enumerate(incarnations):
+            writer = pid if pid is not None else 100 + 10 * rank + position
             for i in range(0, len(spans), per_line):
-                file.write(line(spans[i : i + per_line], rank=rank, pid=pid) + "\n")
+                file.write(line(spans[i : i + per_line], rank=rank, pid=writer) + "\n")
     return path
 
 

@@ -216,16 +216,6 @@ def test_check_on_a_full_tmpdir_says_so_and_names_the_variable(
     assert path.read_bytes() == before
 
 
-def _one_process(path: Path, *incarnations: list[dict]) -> Path:
-    """Incarnations written by one process (one resource): ``pretrain()`` called again
-    in it, as an in-process restart does."""
-    with path.open("w") as file:
-        for spans in incarnations:
-            for i in range(0, len(spans), 3):
-                file.write(g.line(spans[i : i + 3], pid=100) + "\n")
-    return path
-
-
 @pytest.mark.parametrize("in_order", [True, False], ids=["in_order", "out_of_order"])
 def test_a_process_that_ran_pretrain_twice_gives_each_incarnation_its_iterations(
     tmp_path: Path, in_order: bool
@@ -244,7 +234,7 @@ def test_a_process_that_ran_pretrain_twice_gives_each_incarnation_its_iterations
         for i, j in zip(at, reversed(at), strict=True):
             if i < j:
                 first[i], first[j] = first[j], first[i]
-    path = _one_process(tmp_path / "traces.jsonl", first, second)
+    path = g.write(tmp_path / "traces.jsonl", first, second, pid=100)  # one process
 
     def began(spans: list[dict]) -> list[tuple[int, int]]:
         return sorted(
