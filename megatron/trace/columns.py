@@ -156,9 +156,10 @@ class Iterations:
     def extend(self, other: Iterations) -> None:
         """Add ``other``'s rows after these."""
         for block in other._blocks:
-            if block.store.pid == os.getpid():
+            ours = block.store.pid == os.getpid()
+            if ours:
                 self._spill()  # (keeps the order: what is in memory goes out first)
-            if block.store.pid == os.getpid() and not self._tail[0]:
+            if ours and not self._tail[0]:
                 self._blocks.append(block)  # shared, not read
             else:  # another process wrote it, or rows stay in memory before it: read it
                 for mine, column in zip(self._tail, range(3), strict=True):
@@ -208,7 +209,7 @@ class Iterations:
     def first_number(self) -> int | None:
         """The first row's number, without reading the column (None: no rows)."""
         if self._blocks:
-            return self._blocks[0].part(0, 1).value(0)
+            return self._blocks[0].value(0)
         return self._tail[0][0] if self._tail[0] else None
 
     def last_number(self) -> int | None:
