@@ -219,11 +219,11 @@ def find_stragglers(trace: Trace) -> Stragglers:
 
 def _median(parts: list[Any]) -> float:
     """The median of the int64 arrays' values together, as :func:`statistics.median`
-    gives it, found in the one copy that joins them (``np.median`` would copy that
-    copy again to partition it)."""
+    gives it, partitioned in place: the parts are the caller's own to reorder (one is
+    not copied; several are joined once, where ``np.median`` would copy again)."""
     import numpy as np
 
-    values = np.concatenate(parts)  # always a new array: the parts keep their order
+    values = parts[0] if len(parts) == 1 else np.concatenate(parts)
     middle = len(values) // 2
     if len(values) % 2:
         values.partition(middle)
