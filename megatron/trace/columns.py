@@ -5,19 +5,14 @@ gradient all-reduce wait) as three int64 columns: number, start, end, 24 bytes
 a row. A week of a many-rank job is tens of millions of rows, gigabytes if
 they all stayed in memory while the readers want one incarnation's at a time.
 So a column set holds its newest rows in memory and, from :data:`SPILL_ROWS`
-rows on, writes them out as a *block* to an anonymous temporary file (deleted
-as it is created: nothing is left behind, whatever ends the process) and
-keeps only where the block lies. Reading a column (:attr:`Iterations.numbers`
-and its siblings) returns a new array of it, blocks and tail together, which
-the reader drops when done; a column set that never spilled returns its
-arrays as they are, so a small trace costs no file and no copy.
+rows on, writes them out as a *block* to the read's temporary file
+(:mod:`megatron.trace.spill`: deleted as it is created, read by forked
+workers too, kept in memory where it cannot be written) and keeps only where
+the block lies. Reading a column (:attr:`Iterations.numbers` and its
+siblings) returns a new array of it, blocks and tail together, which the
+reader drops when done; a column set that never spilled returns its arrays as
+they are, so a small trace costs no file and no copy.
 
-Blocks are read with ``os.pread`` (no shared file offset), so processes
-forked from the one that wrote them (the export's workers) read them too; a
-process writes only to a file of its own (:func:`_store` checks the pid).
-The file lives while a block of it does, so a long-lived process that reads
-trace after trace does not pile them up on disk; where no temporary file can
-be written (``TMPDIR`` read-only or full) the columns stay in memory.
 A column set that crosses a pipe (a worker's summary, pickled) travels as
 its columns in memory, and the receiving process spills them again itself.
 """
@@ -25,12 +20,11 @@ its columns in memory, and the receiving process spills them again itself.
 from __future__ import annotations
 
 import os
-import tempfile
-import threading
-import weakref
 from array import array
 from collections.abc import Iterator
 from typing import Any
+
+from megatron.trace import spill
 
 __all__ = ["SPILL_ROWS", "Iterations"]
 
@@ -41,69 +35,12 @@ SPILL_ROWS = 1 << 16
 _ROW = 8  # bytes per value (int64)
 
 
-class _Store:
-    """One process's temporary file of blocks, appended to and read by offset."""
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        # open for the process's life (closed, and so freed, when it exits)
-        self._file = tempfile.TemporaryFile(prefix="megatron-trace-columns-")  # noqa: SIM115
-        self._end = 0
-        self._lock = threading.Lock()  # readers on a thread pool share the store
-
-    def write(self, columns: tuple[array, ...]) -> int:
-        """Append the columns (the same length) one after another; returns where."""
-        size = sum(len(column) for column in columns) * _ROW
-        with self._lock:
-            offset, self._end = self._end, self._end + size
-        at, fd = offset, self._file.fileno()
-        for column in columns:
-            data = memoryview(column).cast("B")
-            written = 0
-            while written < len(data):  # (a short write is legal: go on where it stopped)
-                written += os.pwrite(fd, data[written:], at + written)
-            at += len(data)
-        return offset
-
-    def read_into(self, out: array, at: int, rows: int) -> None:
-        """Append ``rows`` values stored at byte ``at`` to ``out``."""
-        size = rows * _ROW
-        data = os.pread(self._file.fileno(), size, at)
-        if len(data) != size:  # the file is ours and was written whole: never expected
-            raise OSError(f"column store: read {len(data)} of {size} bytes at {at}")
-        out.frombytes(data)
-
-
-# The store blocks are written to now: held weakly, so that once the last block of a
-# read is dropped its file is closed (and its disk space freed), and the next read
-# starts a file of its own.
-_STORE: weakref.ref[_Store] | None = None
-_STORE_LOCK = threading.Lock()
-# Set when no temporary file could be written (TMPDIR unwritable or full), or where
-# there is no positioned I/O (os.pread and os.pwrite are POSIX's): the columns then
-# stay in memory, as they would for a small trace.
-_UNWRITABLE: list[OSError] = (
-    [] if hasattr(os, "pread") and hasattr(os, "pwrite") else [OSError("no os.pwrite")]
-)
-
-
-def _store() -> _Store:
-    """This process's store (a forked child makes its own before writing)."""
-    global _STORE
-    with _STORE_LOCK:
-        store = _STORE() if _STORE is not None else None
-        if store is None or store.pid != os.getpid():
-            store = _Store()
-            _STORE = weakref.ref(store)
-        return store
-
-
 class _Block:
     """Rows ``lo`` up to ``hi`` of a block of ``rows`` rows written at ``offset``."""
 
     __slots__ = ("hi", "lo", "offset", "rows", "store")
 
-    def __init__(self, store: _Store, offset: int, rows: int, lo: int, hi: int) -> None:
+    def __init__(self, store: spill.Store, offset: int, rows: int, lo: int, hi: int) -> None:
         self.store, self.offset, self.rows, self.lo, self.hi = store, offset, rows, lo, hi
 
     def __len__(self) -> int:
@@ -111,7 +48,7 @@ class _Block:
 
     def read_into(self, out: array, column: int) -> None:
         at = self.offset + (column * self.rows + self.lo) * _ROW
-        self.store.read_into(out, at, self.hi - self.lo)
+        out.frombytes(self.store.read(at, (self.hi - self.lo) * _ROW))
 
     def value(self, column: int) -> int:
         """The first row's value in ``column``."""
@@ -171,14 +108,10 @@ class Iterations:
 
     def _spill(self) -> None:
         rows = len(self._tail[0])
-        if not rows or _UNWRITABLE:
+        written = spill.write(self._tail) if rows else None
+        if written is None:  # nothing to write, or no room for it: the rows stay here
             return
-        try:
-            store = _store()
-            offset = store.write(self._tail)
-        except OSError as error:  # no room for a temporary file: keep the rows here
-            _UNWRITABLE.append(error)
-            return
+        store, offset = written
         self._blocks.append(_Block(store, offset, rows, 0, rows))
         self._tail = (array("q"), array("q"), array("q"))
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import synthetic
 
-from megatron.trace import check, columns, export, model, timeline_data
+from megatron.trace import check, columns, export, model, spill, timeline_data
 from megatron.trace.columns import Iterations
 from megatron.trace.liveness import Clock
 from megatron.trace.report import build_report
@@ -84,7 +84,7 @@ def test_a_block_another_process_wrote_is_read_not_shared(tiny_blocks: None) -> 
     mine = Iterations()
     mine.extend(parent)
     assert _rows(mine) == [(n, n * 10, n * 10 + 5) for n in range(7)]
-    assert all(block.store.pid == columns._store().pid for block in mine._blocks)
+    assert all(block.store.pid == spill.store().pid for block in mine._blocks)
 
 
 class _Elsewhere:
@@ -93,17 +93,17 @@ class _Elsewhere:
     def __init__(self, store: object) -> None:
         self._store, self.pid = store, -1
 
-    def read_into(self, *args: object) -> None:
-        self._store.read_into(*args)  # type: ignore[attr-defined]
+    def read(self, *args: object) -> bytes:
+        return self._store.read(*args)  # type: ignore[attr-defined]
 
 
 def test_a_small_trace_writes_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(columns, "_STORE", None)
+    monkeypatch.setattr(spill, "_STORE", None)
     monkeypatch.setattr(columns, "SPILL_ROWS", 1 << 16)  # (as shipped)
     shape = synthetic.Shape(spans=4000, ranks=2, incarnations=2, save_interval=9)
     (path,) = synthetic.write_per_step(tmp_path / "t.jsonl", shape)
     build_report(model.load_trace([path], jobs=1))
-    assert columns._STORE is None
+    assert spill._STORE is None
 
 
 def _figures(path: Path, jobs: int, executor: Executor | None) -> tuple:
@@ -160,8 +160,8 @@ def test_without_room_for_a_temporary_file_the_columns_stay_in_memory(
     def refuse() -> None:
         raise PermissionError(13, "Permission denied", str(tmp_path))
 
-    monkeypatch.setattr(columns, "_UNWRITABLE", [])
-    monkeypatch.setattr(columns, "_store", refuse)
+    monkeypatch.setattr(spill, "_UNWRITABLE", [])
+    monkeypatch.setattr(spill, "store", refuse)
     its = Iterations()
     for number in range(10):
         its.append(number, number, number + 1)
@@ -169,7 +169,7 @@ def test_without_room_for_a_temporary_file_the_columns_stay_in_memory(
     other.extend(its)
     assert _rows(other) == [(n, n, n + 1) for n in range(10)]
     assert not its._blocks and not other._blocks
-    assert len(columns._UNWRITABLE) == 1  # tried once, not at every row
+    assert len(spill._UNWRITABLE) == 1  # tried once, not at every row
 
 
 def test_a_read_whose_columns_are_dropped_frees_its_file(tiny_blocks: None) -> None:
@@ -179,6 +179,6 @@ def test_a_read_whose_columns_are_dropped_frees_its_file(tiny_blocks: None) -> N
     for number in range(10):
         its.append(number, number, number + 1)
     store = weakref.ref(its._blocks[0].store)
-    assert columns._store() is store()
+    assert spill.store() is store()
     del its
     assert store() is None  # closed: the next read starts a file of its own
