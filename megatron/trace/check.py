@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import itertools
 import math
 import sys
 from collections.abc import Iterable
@@ -416,7 +417,7 @@ def _check_incarnation(
         return
     if inc.startup is None and not still_open:
         first = min(
-            (*inc.intervals, *inc.saves, *inc.loads, *inc.evaluations, *inc.launch),
+            itertools.chain(inc.intervals, inc.saves, inc.loads, inc.evaluations, inc.launch),
             key=lambda r: r["start_ns"],
             default=None,
         )
@@ -455,10 +456,10 @@ def _check_incarnation(
 
 
 def _check_cut_short(inc: Incarnation, violations: list[str]) -> None:
-    starts = [r["start_ns"] for r in (*inc.intervals, *inc.saves, *inc.evaluations)]
-    if inc.iterations:
-        starts.append(max(inc.iterations.starts))
+    starts = (r["start_ns"] for r in itertools.chain(inc.intervals, inc.saves, inc.evaluations))
     latest_start = max(starts, default=0)
+    if inc.iterations:
+        latest_start = max(latest_start, max(inc.iterations.starts))
     for record in inc.cut_short:
         if latest_start > record["end_ns"]:
             violations.append(

@@ -133,7 +133,8 @@ def _segments(inc: Incarnation) -> list[tuple[int, int, str]]:
 
     A running incarnation's open interval (or startup) so far counts too.
     """
-    records = [*inc.records, *([inc.in_flight] if inc.in_flight is not None else [])]
+    in_flight = [inc.in_flight] if inc.in_flight is not None else []
+    records = itertools.chain(inc.records, in_flight)
     segments = [(r["start_ns"], r["end_ns"], SPAN_CATEGORY[r["name"]]) for r in records]
     hang = find_hang(inc)
     if hang is not None:

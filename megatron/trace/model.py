@@ -55,12 +55,10 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import operator
-import sys
 from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +110,7 @@ from megatron.trace import intervals
 from megatron.trace.columns import Iterations
 from megatron.trace.intervals import IntervalFacts
 from megatron.trace.parallel import FilePiece, map_reduce, pieces
+from megatron.trace.record_log import RecordLog
 from megatron.trace.stretches import Stretches
 
 __all__ = [
@@ -170,8 +169,10 @@ class Incarnation:
     alive: its newest record, at ``as_of_ns``, is recent and it has not shut
     down; ``in_flight`` is the open stretch the file cannot show yet). ``intervals``,
     ``saves``, ``loads``, ``evaluations``, ``launch`` and ``pre_startup`` are
-    lists of the reader's :class:`~megatron.core.telemetry.records.SpanRecord`
-    in start order. ``iterations`` holds the finished (not cut short)
+    sequences of the reader's :class:`~megatron.core.telemetry.records.SpanRecord`
+    in start order (read from a file: views of the process's
+    :class:`~megatron.trace.record_log.RecordLog`, each record decoded as it
+    is read). ``iterations`` holds the finished (not cut short)
     ``megatron.train.iteration`` spans as :class:`Iterations` (empty without
     the ``per_step`` groups). ``interval_facts`` holds each interval's index
     and iteration range (:mod:`megatron.trace.intervals`: its attributes, else
@@ -188,15 +189,15 @@ class Incarnation:
     index: int  # 0-based position among the rank's incarnations, in time order
     process: tuple[Any, ...]
     startup: SpanRecord | None = None
-    pre_startup: list[SpanRecord] = field(default_factory=list)
-    launch: list[SpanRecord] = field(default_factory=list)
-    intervals: list[SpanRecord] = field(default_factory=list)
-    saves: list[SpanRecord] = field(default_factory=list)
-    loads: list[SpanRecord] = field(default_factory=list)
-    evaluations: list[SpanRecord] = field(default_factory=list)
-    cut_short: list[SpanRecord] = field(default_factory=list)
+    pre_startup: Sequence[SpanRecord] = field(default_factory=list)
+    launch: Sequence[SpanRecord] = field(default_factory=list)
+    intervals: Sequence[SpanRecord] = field(default_factory=list)
+    saves: Sequence[SpanRecord] = field(default_factory=list)
+    loads: Sequence[SpanRecord] = field(default_factory=list)
+    evaluations: Sequence[SpanRecord] = field(default_factory=list)
+    cut_short: Sequence[SpanRecord] = field(default_factory=list)
     # the startup's phases (megatron.startup.*, but the launch's): not in ``records``
-    startup_phases: list[SpanRecord] = field(default_factory=list)
+    startup_phases: Sequence[SpanRecord] = field(default_factory=list)
     iterations: Iterations = field(default_factory=lambda: Iterations())
     # interval_facts (a property): derived on first use, which export never makes
     _facts: list[IntervalFacts] | None = field(default=None, repr=False, compare=False)
@@ -204,8 +205,8 @@ class Incarnation:
     checkpoint_time: Stretches = field(default_factory=lambda: Stretches())
     finalize_starts: array = field(default_factory=lambda: array("q"))
     waits: Iterations = field(default_factory=lambda: Iterations())
-    hangs: list[SpanRecord] = field(default_factory=list)
-    recoveries: list[SpanRecord] = field(default_factory=list)
+    hangs: Sequence[SpanRecord] = field(default_factory=list)
+    recoveries: Sequence[SpanRecord] = field(default_factory=list)
     start_ns: int = 0
     end_ns: int = 0
     ended: str = "shutdown"
@@ -232,18 +233,19 @@ class Incarnation:
         return f"rank {self.rank} incarnation {self.index}"
 
     @property
-    def records(self) -> list[SpanRecord]:
-        """Every structural span of the incarnation, its startup included."""
+    def records(self) -> Iterator[SpanRecord]:
+        """Every structural span of the incarnation, its startup included (one at a time:
+        a week's intervals are decoded as they are read, not all at once)."""
         startup = [self.startup] if self.startup else []
-        return [
-            *self.pre_startup,
-            *startup,
-            *self.launch,
-            *self.intervals,
-            *self.loads,
-            *self.saves,
-            *self.evaluations,
-        ]
+        return itertools.chain(
+            self.pre_startup,
+            startup,
+            self.launch,
+            self.intervals,
+            self.loads,
+            self.saves,
+            self.evaluations,
+        )
 
     @property
     def first_iteration(self) -> int | None:
@@ -289,6 +291,10 @@ class Incarnation:
             if ITERATION in load["attributes"]:
                 return load["attributes"][ITERATION]
         return None
+
+
+# The incarnation's sequences of records (intervals, saves, ...), by field name.
+_RECORD_LISTS = tuple(f.name for f in fields(Incarnation) if f.type == "Sequence[SpanRecord]")
 
 
 @dataclass
@@ -338,7 +344,7 @@ class _Process:
     def __init__(self, rank: str, file: Path) -> None:
         self.rank = rank
         self.file = file
-        self.records: list[SpanRecord] = []
+        self.records = RecordLog()
         self.iterations = Iterations()
         self.checkpoint_time = Stretches()
         self.finalize_starts = array("q")
@@ -366,30 +372,21 @@ class _Process:
 
 
 def _kept(span: Any, resource: dict[str, Any], path: Path, line: int) -> SpanRecord:
-    """:func:`~megatron.core.telemetry.reader.flat_span` of a span to keep, holding the
-    one copy of each of its strings.
-
-    A decoded line makes new strings for every span; a week's trace keeps
-    hundreds of thousands of structural records, whose names and keys are a
-    handful of distinct strings, and whose ids repeat: a save's parent is its
-    interval, an interval links to the one before, they share a trace id. So
-    they are interned as the record is built (not rewritten after it).
-    """
-    intern = sys.intern
+    """:func:`~megatron.core.telemetry.reader.flat_span` of a span to keep (its
+    process's :class:`~megatron.trace.record_log.RecordLog` pickles it)."""
     parent = span.parent_span_id
-    attributes = span.attribute_dict() if span.has_attributes() else {}
-    links = span.link_pairs() if span.has_links() else _NONE
+    links = span.link_pairs() if span.has_links() else []
     return span_record(
-        intern(span.name),
-        intern(span.trace_id),
-        intern(span.span_id),
-        intern(parent) if parent else None,
+        span.name,
+        span.trace_id,
+        span.span_id,
+        parent or None,
         span.start_time_unix_nano,
         span.end_time_unix_nano,
-        {intern(key): value for key, value in attributes.items()} if attributes else {},
-        [(intern(trace), intern(linked)) for trace, linked in links] if links else [],
-        _link_attributes(span) if links else _NONE,
-        span.event_dicts() or _NONE,
+        span.attribute_dict() if span.has_attributes() else {},
+        links,
+        span.link_attribute_dicts() if links else [],
+        span.event_dicts() or [],
         span.status_code() if span.status else "UNSET",
         span.status_message() if span.status else "",
         span.kind,
@@ -397,24 +394,6 @@ def _kept(span: Any, resource: dict[str, Any], path: Path, line: int) -> SpanRec
         path,
         line,
     )
-
-
-# The empty list the kept records share for "no events", "no link attributes"
-# (56 bytes each otherwise): nothing appends to a kept record's lists.
-_NONE: list[Any] = []
-# ... and the lists of empty dicts they share for links without attributes (every
-# interval's link to the one before): 150 bytes a record, and a tenth of its pickling.
-_EMPTY_LINK_ATTRIBUTES: dict[int, list[dict[str, Any]]] = {}
-
-
-def _link_attributes(span: Any) -> list[dict[str, Any]]:
-    dicts = span.link_attribute_dicts()
-    if any(dicts):
-        return dicts
-    shared = _EMPTY_LINK_ATTRIBUTES.get(len(dicts))
-    if shared is None:
-        shared = _EMPTY_LINK_ATTRIBUTES[len(dicts)] = dicts
-    return shared
 
 
 def _rank(resource: Mapping[str, Any], path: Path | str | None) -> str:
@@ -676,26 +655,43 @@ def _rank_sort_key(rank: str) -> tuple[int, int | str]:
 
 def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], list[Incarnation]]:
     """One incarnation per ``megatron.startup`` of the process (at least one), and the
-    boundaries they were split at (:func:`slot_of`)."""
-    records = sorted(proc.records, key=operator.itemgetter("start_ns"))
-    startups = [r for r in records if r["name"] == STARTUP_SPAN]
-    boundaries = [s["start_ns"] for s in startups[1:]]
+    boundaries they were split at (:func:`slot_of`).
+
+    Each incarnation's lists are views of the process's record log in start order
+    (:class:`~megatron.trace.record_log.RecordList`): its records are decoded
+    here once, one at a time, to be placed, and again by each reader."""
+    log = proc.records
+    starts = log.starts
+    order = sorted(range(len(log)), key=starts.__getitem__)  # stable: file order on ties
+    startups = [i for i in order if log.name(i) == STARTUP_SPAN]
+    boundaries = [starts[i] for i in startups[1:]]
     incs = [Incarnation(proc.rank, 0, key) for _ in range(len(boundaries) + 1)]
 
-    lists = [_lists_by_name(inc) for inc in incs]  # the name -> list table of each
-    for record in records:
+    for inc in incs:  # first the positions of each list's records, then views of them
+        for name in _RECORD_LISTS:
+            setattr(inc, name, array("q"))
+    lists = [_lists_by_name(inc) for inc in incs]  # the name -> positions table of each
+    spans = [(2**63, -(2**63))] * len(incs)  # the first start and last end of inc.records
+    for position, record in zip(order, log.records(order), strict=True):
         name = record["name"]
         slot = slot_of(boundaries, name, record["start_ns"], record["end_ns"]) if boundaries else 0
+        inc = incs[slot]
         if record["attributes"] and is_cut_short(record):
-            incs[slot].cut_short.append(record)
+            inc.cut_short.append(position)  # type: ignore[attr-defined]
         if name == STARTUP_SPAN:
-            incs[slot].startup = record
+            inc.startup = record
         else:
             target = lists[slot].get(name)
             if target is not None:
-                target.append(record)
+                target.append(position)
             elif name.startswith(STARTUP_PHASE_PREFIX):
-                incs[slot].startup_phases.append(record)
+                inc.startup_phases.append(position)  # type: ignore[attr-defined]
+        if name in SPAN_CATEGORY:  # a span of Incarnation.records
+            first, last = spans[slot]
+            spans[slot] = min(first, record["start_ns"]), max(last, record["end_ns"])
+    for inc in incs:
+        for name in _RECORD_LISTS:
+            setattr(inc, name, log.view(getattr(inc, name)))
     _distribute_iterations(proc.iterations, incs, boundaries)
     _distribute_iterations(proc.waits, incs, boundaries, "waits")
     for position, inc in enumerate(incs):
@@ -704,7 +700,7 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], lis
         inc.checkpoint_time = proc.checkpoint_time.clipped(lo, hi)
         inc.finalize_starts = array("q", (s for s in proc.finalize_starts if lo <= s < hi))
     for index, inc in enumerate(incs):
-        times = [(r["start_ns"], r["end_ns"]) for r in inc.records]
+        times = [spans[index]] if spans[index][0] <= spans[index][1] else []
         if inc.checkpoint_time:
             times.append((inc.checkpoint_time.starts[0], inc.checkpoint_time.ends[-1]))
         if inc.iterations:
@@ -726,7 +722,7 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], lis
     return boundaries, incs
 
 
-def _lists_by_name(inc: Incarnation) -> dict[str, list[SpanRecord]]:
+def _lists_by_name(inc: Incarnation) -> dict[str, Any]:
     """Span name -> the incarnation's list for it: the structural spans of each report
     category (but startup, a single record) and the hang watchdog's."""
     by_category = {
@@ -747,7 +743,7 @@ def _lists_by_name(inc: Incarnation) -> dict[str, list[SpanRecord]]:
 
 def _ending(inc: Incarnation) -> tuple[str, str | None]:
     """How the lifecycle's shutdown said the incarnation ended, and the error type."""
-    records = (inc.startup, *inc.intervals)
+    records = itertools.chain([inc.startup], inc.intervals)
     marked = [r for r in records if r is not None and SHUTDOWN_REASON in r["attributes"]]
     for reason, ended in _ENDED_BY_REASON.items():
         for record in marked:

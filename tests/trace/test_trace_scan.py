@@ -72,7 +72,7 @@ def test_each_incarnation_keeps_its_startup_phases(tmp_path: Path) -> None:
         assert starts == sorted(starts)
         assert inc.startup is not None
         assert all(inc.startup["start_ns"] <= start <= inc.startup["end_ns"] for start in starts)
-        assert not any(record in inc.records for record in inc.startup_phases)
+        assert not any(record in list(inc.records) for record in inc.startup_phases)
 
 
 def _messy(tmp_path: Path) -> Path:

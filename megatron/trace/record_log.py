@@ -1,0 +1,259 @@
+"""The structural records a process wrote, each pickled on its own, on disk once there are many.
+
+The trace model keeps a few records per checkpoint interval (the interval, its
+save, an evaluation) and the hang watchdog's. As the reader's
+:class:`~megatron.core.telemetry.records.SpanRecord` each costs about a
+kilobyte of Python objects: a week of many ranks checkpointing often holds
+hundreds of thousands of them, more memory than the rest of a read. So a
+:class:`RecordLog` keeps each record as its pickle (a fifth of the size), and
+from :data:`SPILL_RECORDS` records on writes them out as a *block* to the
+read's temporary file (:mod:`megatron.trace.spill`), keeping in memory only
+what sorting and locating them takes: a start and a few small indices a
+record, about 30 bytes.
+
+The record's resource and file are not pickled with it: a process's records
+share a handful of them (the log's *contexts*), held once. Reading a record
+(``log[i]``, :meth:`RecordLog.records`) decodes a new dict, which the reader
+drops when done; the incarnations of the trace model hold :class:`RecordList`
+views (the log and the positions of their records in it), so every reader
+streams through a rank's intervals without their dicts piling up.
+
+A log that crosses a pipe (a worker's summary) travels as its pickles in
+memory; the receiving process spills them again itself.
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+import os
+import pickle
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, overload
+
+from megatron.core.telemetry.records import SpanRecord, span_record
+from megatron.trace import spill
+
+__all__ = ["SPILL_RECORDS", "RecordList", "RecordLog"]
+
+#: From this many records in memory on, a log writes them to disk as a block
+#: (about a megabyte of pickles).
+SPILL_RECORDS = 4096
+
+# What a record's pickle holds: every field of span_record() but the resource and
+# the file (the log's contexts), in its order, the line last.
+_PICKLED = operator.itemgetter(
+    "name",
+    "trace_id",
+    "span_id",
+    "parent_id",
+    "start_ns",
+    "end_ns",
+    "attributes",
+    "links",
+    "link_attributes",
+    "events",
+    "status_code",
+    "status_message",
+    "kind",
+    "line",
+)
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+
+class _Block:
+    """Records written one after another at ``offset``; ``ends`` says where each ends."""
+
+    __slots__ = ("ends", "offset", "store")
+
+    def __init__(self, store: spill.Store, offset: int, ends: array) -> None:
+        self.store, self.offset, self.ends = store, offset, ends
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def data(self) -> bytes:
+        """Every record's pickle, one after another (one read)."""
+        return self.store.read(self.offset, self.ends[-1])
+
+    def pickles(self) -> list[bytes]:
+        data = self.data()
+        return [data[lo:hi] for lo, hi in zip([0, *self.ends[:-1]], self.ends, strict=True)]
+
+
+class RecordLog:
+    """A process's structural records in the order added (module docstring)."""
+
+    __slots__ = (
+        "_blocks",
+        "_context",
+        "_contexts",
+        "_firsts",
+        "_last",
+        "_name",
+        "_names",
+        "_spilled",
+        "_starts",
+        "_tail",
+    )
+
+    def __init__(self) -> None:
+        self._tail: list[bytes] = []  # the pickles not written out yet
+        self._blocks: list[_Block] = []
+        self._firsts: list[int] = []  # the position of each block's first record
+        self._spilled = 0  # how many records the blocks hold
+        self._starts = array("q")  # every record's start_ns: the sort key
+        self._contexts: list[tuple[dict[str, Any], Path | None]] = []
+        self._context = array("I")  # every record's context (resource, file)
+        self._names: list[str] = []
+        self._name = array("I")  # every record's name, as its position in _names
+        self._last: tuple[Any, Any, int] | None = None  # the context added last
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def append(self, record: SpanRecord) -> None:
+        resource, file = record["resource"], record["file"]
+        last = self._last
+        if last is None or last[0] is not resource or last[1] is not file:
+            last = self._last = (resource, file, self._context_of(resource, file))
+        self._context.append(last[2])
+        self._name.append(self._name_of(record["name"]))
+        self._starts.append(record["start_ns"])
+        self._tail.append(pickle.dumps(_PICKLED(record), _PROTOCOL))
+        if len(self._tail) >= SPILL_RECORDS:
+            self._spill()
+
+    def extend(self, other: RecordLog) -> None:
+        """Add ``other``'s records after these."""
+        contexts = [self._context_of(resource, file) for resource, file in other._contexts]
+        names = [self._name_of(name) for name in other._names]
+        for block in other._blocks:
+            ours = block.store.pid == os.getpid()
+            if ours:
+                self._spill()  # (keeps the order: what is in memory goes out first)
+            if ours and not self._tail:
+                self._firsts.append(self._spilled)
+                self._blocks.append(block)  # shared, not read
+                self._spilled += len(block)
+            else:  # another process wrote it, or records wait in memory before it
+                self._tail.extend(block.pickles())
+        self._tail.extend(other._tail)
+        self._starts.extend(other._starts)
+        self._context.extend(contexts[i] for i in other._context)
+        self._name.extend(names[i] for i in other._name)
+        if len(self._tail) >= SPILL_RECORDS:
+            self._spill()
+
+    def _context_of(self, resource: dict[str, Any], file: Path | None) -> int:
+        for index, (theirs, their_file) in enumerate(self._contexts):
+            if (theirs is resource or theirs == resource) and their_file == file:
+                return index
+        self._contexts.append((resource, file))
+        return len(self._contexts) - 1
+
+    def _name_of(self, name: str) -> int:
+        try:
+            return self._names.index(name)  # (a handful of names)
+        except ValueError:
+            self._names.append(name)
+            return len(self._names) - 1
+
+    def _spill(self) -> None:
+        if not self._tail:
+            return
+        ends = array("q", [len(data) for data in self._tail])
+        for i in range(1, len(ends)):
+            ends[i] += ends[i - 1]
+        written = spill.write([b"".join(self._tail)])
+        if written is None:  # no room for a temporary file: the records stay here
+            return
+        store, offset = written
+        self._firsts.append(self._spilled)
+        self._blocks.append(_Block(store, offset, ends))
+        self._spilled += len(self._tail)
+        self._tail = []
+
+    @property
+    def starts(self) -> array:
+        """Every record's start (ns), in order (the array itself: do not change it)."""
+        return self._starts
+
+    def name(self, position: int) -> str:
+        """The name of the record at ``position``, without decoding it."""
+        return self._names[self._name[position]]
+
+    def __getitem__(self, position: int) -> SpanRecord:
+        return next(self.records([position]))
+
+    def __iter__(self) -> Iterator[SpanRecord]:
+        return self.records(range(len(self)))
+
+    def records(self, positions: Iterable[int]) -> Iterator[SpanRecord]:
+        """The records at ``positions``, decoded one at a time (a block is read once for
+        a run of its records)."""
+        size = len(self)
+        cached, pickles = -1, []
+        for position in positions:
+            if not 0 <= position < size:
+                raise IndexError(f"record {position} of {size}")
+            if position >= self._spilled:
+                data = self._tail[position - self._spilled]
+            else:
+                block = bisect.bisect_right(self._firsts, position) - 1
+                if block != cached:
+                    cached, pickles = block, self._blocks[block].pickles()
+                data = pickles[position - self._firsts[block]]
+            resource, file = self._contexts[self._context[position]]
+            *fields, line = pickle.loads(data)
+            yield span_record(*fields, resource, file, line)
+
+    def view(self, positions: array) -> RecordList:
+        """The records at ``positions`` as a sequence (read as it is iterated)."""
+        return RecordList(self, positions)
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        pickles = [data for block in self._blocks for data in block.pickles()]
+        state = self._starts, self._context, self._contexts, self._name, self._names
+        return (pickles + self._tail, *state)  # in memory across a pipe
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        self._tail, self._starts, self._context, self._contexts, self._name, self._names = state
+        self._blocks, self._firsts, self._spilled, self._last = [], [], 0, None
+
+
+class RecordList(Sequence[SpanRecord]):
+    """Some of a log's records (an incarnation's intervals, say), in the order given:
+    a sequence of :class:`SpanRecord` decoded as it is read."""
+
+    __slots__ = ("_log", "_positions")
+
+    def __init__(self, log: RecordLog, positions: array) -> None:
+        self._log, self._positions = log, positions
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+    @overload
+    def __getitem__(self, index: int) -> SpanRecord: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[SpanRecord]: ...
+    def __getitem__(self, index: int | slice) -> SpanRecord | list[SpanRecord]:
+        if isinstance(index, slice):
+            return list(self._log.records(self._positions[index]))
+        return self._log[self._positions[index]]
+
+    def __iter__(self) -> Iterator[SpanRecord]:
+        return self._log.records(self._positions)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return len(self) == len(other) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # (equal to a list: unhashable as one is)
+
+    def __repr__(self) -> str:
+        return f"RecordList({list(self)!r})"
