@@ -29,8 +29,9 @@ from megatron.trace import spill
 __all__ = ["SPILL_ROWS", "Iterations"]
 
 #: From this many rows in memory on, a column set writes them to disk as a block
-#: (1.5 MB: big enough that a block costs one read, small beside what it saves).
-SPILL_ROWS = 1 << 16
+#: (192 KB: a block costs one read; a read holds a column set per process, two with
+#: the gradient waits, so a job of many ranks holds many of these tails at once).
+SPILL_ROWS = 1 << 13
 
 _ROW = 8  # bytes per value (int64)
 

@@ -39,8 +39,8 @@ from megatron.trace import spill
 __all__ = ["SPILL_RECORDS", "RecordList", "RecordLog"]
 
 #: From this many records in memory on, a log writes them to disk as a block
-#: (about a megabyte of pickles).
-SPILL_RECORDS = 4096
+#: (about 150 KB of pickles; a read holds a log per process).
+SPILL_RECORDS = 512
 
 # What a record's pickle holds: every field of span_record() but the resource and
 # the file (the log's contexts), in its order, the line last.

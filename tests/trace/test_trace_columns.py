@@ -99,7 +99,6 @@ class _Elsewhere:
 
 def test_a_small_trace_writes_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(spill, "_STORE", None)
-    monkeypatch.setattr(columns, "SPILL_ROWS", 1 << 16)  # (as shipped)
     shape = synthetic.Shape(spans=4000, ranks=2, incarnations=2, save_interval=9)
     (path,) = synthetic.write_per_step(tmp_path / "t.jsonl", shape)
     build_report(model.load_trace([path], jobs=1))
