@@ -168,6 +168,14 @@ class Iterations:
         part._tail = tuple(column[start:stop] for column in self._tail)  # type: ignore[assignment]
         return part
 
+    def parts(self, rows: int | None = None) -> Iterator[Iterations]:
+        """The rows in order, ``rows`` (default :data:`SPILL_ROWS`) at a time, each part a
+        :meth:`slice`: a reader that goes part by part holds one part's columns, not all.
+        Two column sets of as many rows give parts of the same row ranges."""
+        rows = SPILL_ROWS if rows is None else rows
+        for lo in range(0, len(self), rows):
+            yield self.slice(lo, lo + rows)
+
     def start_of(self, number: int) -> int | None:
         """Start of the first finished iteration numbered ``number`` or higher."""
         found = [s for n, s in zip(self.numbers, self.starts, strict=True) if n >= number]

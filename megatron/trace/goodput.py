@@ -81,6 +81,7 @@ from megatron.core.telemetry.semconv import (
 from megatron.trace.hangs import find_hang, hang_entries, recovered_stalls
 from megatron.trace.liveness import Clock, Liveness, judge, utc_text
 from megatron.trace.model import Incarnation, Trace, load_trace
+from megatron.trace.selection import float_keys, from_float_keys, select
 from megatron.trace.stragglers import find_stragglers
 from megatron.trace.stretches import Stretches
 
@@ -291,28 +292,20 @@ def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
     }
 
 
-#: From this many iterations on, their statistics are computed with numpy (8 bytes an
-#: iteration, where a list of floats takes 32); below it, with a sorted list, which
-#: costs less than importing numpy (a tenth of a small report). Both give the same.
+#: From this many iterations on, their statistics are selected with numpy over the
+#: columns a part at a time (:mod:`megatron.trace.selection`: flat in memory); below
+#: it, taken from a sorted list (32 bytes an iteration), which costs less than
+#: importing numpy (a tenth of a small report). Both give the same.
 NUMPY_FROM_ITERATIONS = 1 << 18
 
 
-def _durations_ms(inc: Incarnation, with_numpy: bool) -> Sequence[float]:
-    """The incarnation's iteration durations in ms, in its order (a new array: 8 bytes an
-    iteration with numpy)."""
+def _durations_ms(inc: Incarnation) -> list[float]:
+    """The incarnation's iteration durations in ms, in its order (below
+    :data:`NUMPY_FROM_ITERATIONS`: a Python float an iteration)."""
     iterations = inc.iterations
-    if not with_numpy:
-        return [
-            (end - start) / 1e6
-            for start, end in zip(iterations.starts, iterations.ends, strict=True)
-        ]
-    import numpy as np  # here, not at import: the CLI starts faster for what needs none
-
-    starts = np.frombuffer(iterations.starts, dtype=np.int64)
-    ends = np.frombuffer(iterations.ends, dtype=np.int64)
-    durations = (ends - starts).astype(np.float64)  # (in place from here: 8 bytes an iteration)
-    durations /= 1e6  # what (end - start) / 1e6 gives
-    return durations
+    return [
+        (end - start) / 1e6 for start, end in zip(iterations.starts, iterations.ends, strict=True)
+    ]
 
 
 def _median_of_sorted(values: Sequence[float]) -> float:
@@ -322,27 +315,58 @@ def _median_of_sorted(values: Sequence[float]) -> float:
     return float(values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2)
 
 
+def _duration_parts(incs: list[Incarnation]) -> Iterator[tuple[Incarnation, Any, Any]]:
+    """(incarnation, numbers, durations in ns) of every iteration, a part of the columns at
+    a time (int64 numpy arrays)."""
+    import numpy as np  # here, not at import: the CLI starts faster for what needs none
+
+    for inc in incs:
+        for part in inc.iterations.parts():
+            starts = np.frombuffer(part.starts, dtype=np.int64)
+            yield inc, part.numbers, np.frombuffer(part.ends, dtype=np.int64) - starts
+
+
 def _sorted_figures(incs: list[Incarnation], count: int) -> tuple[float, float, float, float]:
-    """(median, MAD, p90, max) of every iteration's duration, in one array of 8 bytes an
-    iteration: filled incarnation by incarnation, sorted, read, then turned in place into
-    the sorted deviations from the median."""
+    """(median, MAD, p90, max) of every iteration's duration (ms), as a sort of them all
+    would give them, by selection over the columns a part at a time
+    (:mod:`megatron.trace.selection`): flat in memory however long the job."""
     import numpy as np
 
-    ordered = np.empty(count, dtype=np.float64)
-    at = 0
-    for inc in incs:
-        durations = _durations_ms(inc, True)
-        ordered[at : at + len(durations)] = durations
-        at += len(durations)
-        del durations  # one incarnation's at a time, beside the whole
-    ordered.sort()
-    median = _median_of_sorted(ordered)
-    p90 = float(ordered[max(0, math.ceil(0.9 * count) - 1)])  # nearest rank
-    longest = float(ordered[-1])
-    ordered -= median  # the median absolute deviation: the median of |duration - median|
-    np.abs(ordered, out=ordered)
-    ordered.sort()
-    return median, _median_of_sorted(ordered), p90, longest
+    def durations() -> Iterator[Any]:
+        return (ns for _, _, ns in _duration_parts(incs))
+
+    middle = count // 2
+    halves = [middle] if count % 2 else [middle - 1, middle]
+    p90_rank = max(0, math.ceil(0.9 * count) - 1)  # nearest rank
+    *median_ns, p90_ns, longest_ns = select(durations, [*halves, p90_rank, count - 1])
+    # ns -> ms as the figures always were: each value / 1e6, then the mean of the halves
+    median = sum(ns / 1e6 for ns in median_ns) / len(median_ns)
+
+    def deviations() -> Iterator[Any]:  # |duration - median|, the MAD's values (ms)
+        for ns in durations():
+            ms = ns.astype(np.float64)
+            ms /= 1e6
+            ms -= median
+            yield float_keys(np.abs(ms, out=ms))
+
+    mad_halves = from_float_keys(select(deviations, halves))
+    return median, sum(mad_halves) / len(mad_halves), p90_ns / 1e6, longest_ns / 1e6
+
+
+def _slowest_of(incs: list[Incarnation], threshold: float) -> tuple[int, list[tuple]]:
+    """How many iterations last over ``threshold`` ms, and the longest of them as
+    (duration ms, incarnation index, iteration), longest first."""
+    import numpy as np
+
+    count, slowest = 0, []
+    for inc, numbers, ns in _duration_parts(incs):
+        ms = ns.astype(np.float64)
+        ms /= 1e6
+        over = np.flatnonzero(ms > threshold).tolist()
+        count += len(over)
+        found = [(float(ms[at]), inc.index, numbers[at]) for at in over]
+        slowest = heapq.nlargest(_LISTED_ANOMALIES, [*slowest, *found])
+    return count, slowest
 
 
 def _iteration_stats(
@@ -353,11 +377,9 @@ def _iteration_stats(
         return None
     with_numpy = count >= numpy_from
     if with_numpy:
-        import numpy as np
-
         median, mad, p90, longest = _sorted_figures(incs, count)
     else:
-        durations = sorted(itertools.chain.from_iterable(_durations_ms(inc, False) for inc in incs))
+        durations = sorted(itertools.chain.from_iterable(_durations_ms(inc) for inc in incs))
         median = _median_of_sorted(durations)
         mad = _median_of_sorted(sorted(abs(duration - median) for duration in durations))
         p90 = durations[max(0, math.ceil(0.9 * count) - 1)]  # nearest rank
@@ -365,17 +387,18 @@ def _iteration_stats(
         del durations
     mad = max(mad, ANOMALY_MAD_FLOOR * median)
     threshold = median + ANOMALY_MAD_FACTOR * mad
-    slow = []
-    for inc in incs:  # the durations again, an incarnation at a time, for the slow ones
-        inc_durations = _durations_ms(inc, with_numpy)
-        if with_numpy:
-            over = np.flatnonzero(np.asarray(inc_durations) > threshold).tolist()
-        else:
+    if with_numpy:
+        slow_count, slow = _slowest_of(incs, threshold)
+    else:
+        slow = []
+        for inc in incs:  # the durations again, an incarnation at a time, for the slow ones
+            inc_durations = _durations_ms(inc)
             over = [i for i, duration in enumerate(inc_durations) if duration > threshold]
-        numbers = inc.iterations.numbers if over else ()  # (a read, once spilled)
-        for position in over:
-            slow.append((float(inc_durations[position]), inc.index, numbers[position]))
-    slow.sort(reverse=True)
+            numbers = inc.iterations.numbers if over else ()  # (a read, once spilled)
+            for position in over:
+                slow.append((float(inc_durations[position]), inc.index, numbers[position]))
+        slow.sort(reverse=True)
+        slow_count = len(slow)
     return {
         "count": count,
         "median_ms": round(median, 3),
@@ -385,7 +408,7 @@ def _iteration_stats(
             "rule": ANOMALY_RULE,
             "mad_ms": round(mad, 3),
             "threshold_ms": round(threshold, 3),
-            "count": len(slow),
+            "count": slow_count,
             "slowest": [
                 {"incarnation": index, "iteration": number, "duration_ms": round(dur, 3)}
                 for dur, index, number in slow[:_LISTED_ANOMALIES]

@@ -324,13 +324,22 @@ def test_text_report_says_when_an_incarnation_trained_nothing(
     assert any(line.startswith("  1: shutdown  no iterations  ") for line in lines), lines
 
 
+@pytest.mark.parametrize("radix", [False, True])
 @pytest.mark.parametrize("count", [1, 2, 7, 1000, 1001])
-def test_iteration_statistics_are_the_same_with_and_without_numpy(count: int) -> None:
-    """Few iterations are counted with the standard library, many with numpy: the same
-    figures and the same anomalies, to the bit (odd and even counts, ties, outliers,
-    several incarnations)."""
+def test_iteration_statistics_are_the_same_with_and_without_numpy(
+    count: int, radix: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Few iterations are counted with the standard library, many selected with numpy:
+    the same figures and the same anomalies, to the bit (odd and even counts, ties,
+    outliers, several incarnations), with the values partitioned in memory and selected
+    digit by digit over parts of a few rows (as a week's are)."""
+    from megatron.trace import columns, selection
     from megatron.trace.goodput import _iteration_stats
     from megatron.trace.model import Incarnation
+
+    if radix:
+        monkeypatch.setattr(selection, "IN_MEMORY", 0)
+        monkeypatch.setattr(columns, "SPILL_ROWS", 7)
 
     rng = random.Random(count)
     incs = [Incarnation("0", index, ("0",)) for index in range(3)]
