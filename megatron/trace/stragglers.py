@@ -38,12 +38,13 @@ one incarnation of each rank at most).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from megatron.core.telemetry.semconv import GRAD_SYNC_FINISH_SPAN, ITERATION_SPAN
 from megatron.trace.model import Incarnation, Trace
+from megatron.trace.selection import median
 
 __all__ = [
     "MIN_ITERATIONS",
@@ -151,11 +152,12 @@ def iteration_work(inc: Incarnation) -> tuple[Any, Any, Any, Any]:
 
 @dataclass(frozen=True)
 class _RankSplit:
-    """One rank's incarnations that have waits, by index; how many of its iterations
-    have a wait (after each incarnation's warm-up), and the medians of their work and
-    of their wait (ns)."""
+    """One rank's incarnations that have waits, by index, and whether each is in step
+    (:func:`_in_step`); how many of its iterations have a wait (after each
+    incarnation's warm-up), and the medians of their work and of their wait (ns)."""
 
     by_incarnation: dict[int, Incarnation]
+    in_step: dict[int, bool]
     count: int
     work_median: float
     wait_median: float
@@ -173,21 +175,60 @@ def _timed(inc: Incarnation) -> tuple[Any, Any, Any]:
     return numbers, waited, work
 
 
+def _in_step(inc: Incarnation) -> bool:
+    """Whether each iteration has one wait, in the same order (the usual case): then
+    row ``i`` of the waits is iteration ``i``'s, and both are read a part at a time."""
+    its, waits = inc.iterations, inc.waits
+    return len(its) == len(waits) and all(
+        mine.numbers == theirs.numbers
+        for mine, theirs in zip(its.parts(), waits.parts(), strict=True)
+    )
+
+
+def _timed_parts(inc: Incarnation, in_step: bool) -> Iterator[tuple[Any, Any, Any]]:
+    """:func:`_timed`'s arrays a part of the columns at a time when the incarnation is
+    :func:`_in_step` (so what is held does not grow with the job); else whole."""
+    import numpy as np
+
+    if not in_step:
+        yield _timed(inc)
+        return
+    skip = WARMUP_ITERATIONS
+    for its, waits in zip(inc.iterations.parts(), inc.waits.parts(), strict=True):
+        numbers = np.frombuffer(its.numbers, dtype=np.int64)
+        work = np.frombuffer(its.ends, dtype=np.int64) - np.frombuffer(its.starts, dtype=np.int64)
+        waited = np.frombuffer(waits.ends, dtype=np.int64) - np.frombuffer(
+            waits.starts, dtype=np.int64
+        )
+        if skip:  # the warm-up: the first rows of the first part (or parts)
+            cut = min(skip, len(numbers))
+            numbers, work, waited, skip = numbers[cut:], work[cut:], waited[cut:], skip - cut
+        work -= waited
+        np.maximum(work, 0, out=work)
+        timed = waited >= 0
+        if not timed.all():
+            numbers, waited, work = numbers[timed], waited[timed], work[timed]
+        yield numbers, waited, work
+
+
 def _split(incs: Iterable[Incarnation]) -> _RankSplit:
-    """A rank's figures, holding nothing per iteration when done: its work and waits
-    live only while it is split (the join reads them again, an incarnation at a time)."""
-    by_incarnation, works, waits = {}, [], []
-    for inc in incs:
-        if not inc.waits:  # nothing to split (the files hold no grad_sync spans)
-            continue
-        _, waited, work = _timed(inc)
-        by_incarnation[inc.index] = inc
-        works.append(work)
-        waits.append(waited)
-    count = sum(map(len, works))
-    if not count:
-        return _RankSplit(by_incarnation, 0, 0.0, 0.0)
-    return _RankSplit(by_incarnation, count, _median(works), _median(waits))
+    """A rank's figures, holding nothing per iteration when done: its medians are
+    selected over its work and waits a part at a time (:mod:`megatron.trace.selection`),
+    and the join reads them again, an incarnation index at a time."""
+    by_incarnation = {inc.index: inc for inc in incs if inc.waits}  # (none: no grad_sync spans)
+    in_step = {index: _in_step(inc) for index, inc in by_incarnation.items()}
+
+    def column(field: int) -> Callable[[], Iterator[Any]]:
+        def parts() -> Iterator[Any]:
+            for index, inc in by_incarnation.items():
+                for timed in _timed_parts(inc, in_step[index]):
+                    yield timed[field]
+
+        return parts
+
+    work_median, count = median(column(2))
+    wait_median, _ = median(column(1))
+    return _RankSplit(by_incarnation, in_step, count, work_median, wait_median)
 
 
 def find_stragglers(trace: Trace) -> Stragglers:
@@ -217,52 +258,74 @@ def find_stragglers(trace: Trace) -> Stragglers:
     return Stragglers(ranks, _lost_s(list(measured.values())), [])
 
 
-def _median(parts: list[Any]) -> float:
-    """The median of the int64 arrays' values together, as :func:`statistics.median`
-    gives it, partitioned in place: the parts are the caller's own to reorder (one is
-    not copied; several are joined once, where ``np.median`` would copy again)."""
-    import numpy as np
-
-    values = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    middle = len(values) // 2
-    if len(values) % 2:
-        values.partition(middle)
-        return float(values[middle])
-    values.partition((middle - 1, middle))
-    return (int(values[middle - 1]) + int(values[middle])) / 2
-
-
 def _lost_s(per_rank: list[_RankSplit]) -> float:
     """Sum over iterations every rank finished of (slowest work - fastest work), in s.
 
     An iteration is its incarnation index and number; one that a rank finished
     twice counts with its later work. The ranks are matched one incarnation index
-    at a time, each rank's iterations against those every rank before it had.
+    at a time: where all are in step and finished the same iterations in order
+    (the usual case), a part of the columns at a time, every rank's side by side;
+    otherwise each rank's iterations against those every rank before it had.
     """
-    import numpy as np
-
     first, *others = per_rank
     lost = 0
     for index, inc in first.by_incarnation.items():
-        numbers, _, work = _timed(inc)
-        numbers, slowest = _last_by_number(numbers, work)
-        fastest = slowest
-        for other in others:
-            theirs = other.by_incarnation.get(index)
-            if theirs is None:
-                slowest = fastest = slowest[:0]
-                break
-            their_numbers, _, their_works = _timed(theirs)
-            their_numbers, their_works = _last_by_number(their_numbers, their_works)
-            numbers, mine, at = _matched(numbers, their_numbers)
-            if mine is not None:
-                slowest, fastest = slowest[mine], fastest[mine]
-            if at is not None:
-                their_works = their_works[at]
-            slowest = np.maximum(slowest, their_works)
-            fastest = np.minimum(fastest, their_works)
-        lost += int((slowest - fastest).sum())
+        theirs = [other.by_incarnation.get(index) for other in others]
+        if any(one is None for one in theirs):
+            continue  # not every rank ran this incarnation: nothing to compare
+        incs = [inc, *theirs]
+        steps = [split.in_step[index] for split in per_rank]
+        together = _lost_side_by_side(incs) if all(steps) else None
+        lost += together if together is not None else _lost_matched(incs, steps)
     return round(lost / 1e9, 9)
+
+
+def _lost_side_by_side(incs: list[Incarnation]) -> int | None:
+    """The ns lost over one incarnation index, the ranks' parts side by side; None
+    when their iterations differ (then :func:`_lost_matched` matches them)."""
+    import numpy as np
+
+    if len({len(inc.iterations) for inc in incs}) != 1:
+        return None
+    lost, last = 0, None
+    streams = [_timed_parts(inc, True) for inc in incs]
+    for (numbers, _, slowest), *theirs in zip(*streams, strict=True):
+        if any(not np.array_equal(numbers, their_numbers) for their_numbers, _, _ in theirs):
+            return None
+        if len(numbers):
+            if (last is not None and numbers[0] <= last) or not (numbers[1:] > numbers[:-1]).all():
+                return None  # finished again or out of order: the later work counts
+            last = numbers[-1]
+        fastest = slowest.copy()
+        for _, _, work in theirs:
+            np.maximum(slowest, work, out=slowest)
+            np.minimum(fastest, work, out=fastest)
+        lost += int((slowest - fastest).sum())
+    return lost
+
+
+def _lost_matched(incs: list[Incarnation], steps: list[bool]) -> int:
+    """The ns lost over one incarnation index, each rank's iterations (whole) matched
+    against those every rank before it had."""
+    import numpy as np
+
+    def whole(inc: Incarnation, in_step: bool) -> tuple[Any, Any]:
+        parts = list(_timed_parts(inc, in_step))  # (the rare case: held whole)
+        numbers = np.concatenate([numbers for numbers, _, _ in parts])
+        return _last_by_number(numbers, np.concatenate([work for _, _, work in parts]))
+
+    numbers, slowest = whole(incs[0], steps[0])
+    fastest = slowest
+    for inc, in_step in zip(incs[1:], steps[1:], strict=True):
+        their_numbers, their_works = whole(inc, in_step)
+        numbers, mine, at = _matched(numbers, their_numbers)
+        if mine is not None:
+            slowest, fastest = slowest[mine], fastest[mine]
+        if at is not None:
+            their_works = their_works[at]
+        slowest = np.maximum(slowest, their_works)
+        fastest = np.minimum(fastest, their_works)
+    return int((slowest - fastest).sum())
 
 
 def _matched(numbers: Any, theirs: Any) -> tuple[Any, Any | None, Any | None]:

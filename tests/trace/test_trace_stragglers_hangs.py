@@ -12,6 +12,7 @@ import tracegen as g
 from report_checks import assert_accounted
 
 from megatron.core.telemetry.reader import ReadStats
+from megatron.trace import columns, selection, stragglers
 from megatron.trace.cli import main
 from megatron.trace.goodput import PRECEDENCE, report_files
 from megatron.trace.liveness import Clock
@@ -260,18 +261,52 @@ def _random_rank(
     return incs
 
 
+@pytest.mark.parametrize("parts", [False, True], ids=["whole", "in-parts"])
 @pytest.mark.parametrize("usual", [False, True], ids=["ragged", "usual"])
 @pytest.mark.parametrize("seed", range(20))
 def test_straggler_figures_equal_the_per_iteration_dict_they_replace(
-    seed: int, usual: bool
+    seed: int, usual: bool, parts: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two waits of one iteration add up, an iteration without one is left out, one
     finished twice counts with its later work, and only iterations of an incarnation
     index every rank has are compared; and in the usual case (every rank the same
-    iterations, one wait each: no index arrays) the same figures."""
+    iterations, one wait each: read side by side) the same figures; read in parts of
+    a few rows, the medians selected digit by digit (as a week's are), the same again."""
+    if parts:
+        monkeypatch.setattr(columns, "SPILL_ROWS", 5)
+        monkeypatch.setattr(selection, "IN_MEMORY", 0)
     rng = random.Random(seed)
     counts = [rng.randrange(12, 40) for _ in range(3)] if usual else None
     ranks = {str(r): _random_rank(rng, str(r), rng.randrange(1, 4), counts) for r in range(3)}
+    _assert_as_the_reference_says(ranks)
+
+
+def test_iterations_finished_again_across_a_part_boundary_count_with_their_later_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both ranks in step (one wait an iteration, the same numbers), but 12..14 ran
+    again, across the boundary of two parts: the parts are not compared side by side,
+    and the figures are those of the incarnations read whole."""
+    rng = random.Random(7)
+    numbers = [*range(15), 12, 13, 14, *range(15, 31)]
+    ranks = {}
+    for rank in ("0", "1"):
+        inc = Incarnation(rank, 0, (rank, 0))
+        t = 0
+        for number in numbers:
+            length = rng.randrange(900, 1100)
+            inc.iterations.append(number, t, t + length)
+            inc.waits.append(number, t, t + rng.randrange(0, 500))
+            t += length + 10
+        ranks[rank] = [inc]
+    whole = find_stragglers(Trace(ranks, ReadStats(), 0))
+    monkeypatch.setattr(columns, "SPILL_ROWS", 5)  # (parts of the rows as they are read)
+    assert stragglers._lost_side_by_side([incs[0] for incs in ranks.values()]) is None
+    assert find_stragglers(Trace(ranks, ReadStats(), 0)) == whole
+    assert whole.straggler_s is not None and whole.straggler_s > 0
+
+
+def _assert_as_the_reference_says(ranks: dict[str, list[Incarnation]]) -> None:
     trace = Trace(ranks, ReadStats(), 0)
     found = find_stragglers(trace)
     split = {rank: _reference_split(incs) for rank, incs in ranks.items()}
