@@ -35,7 +35,7 @@ files without a single span: nothing to check is not a whole trace.
 
 Memory: ``check`` has to remember every span id to find duplicates: 8 bytes
 each, sorted once with numpy (:mod:`megatron.trace.span_ids`), and from
-:data:`~megatron.trace.span_ids.SPILL_FROM_IDS` ids on (a million) in anonymous
+:data:`~megatron.trace.span_ids.SPILL_FROM_IDS` ids on (262,144) in anonymous
 temporary files instead, answered a partition at
 a time, so their memory stops growing; beside them, the trace model's
 structural spans and iterations. Spans a rule flags are looked
