@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -330,9 +330,10 @@ class ChromeWriter:
     def finish_part(self, out: IO[bytes]) -> None:
         """The end of one input file (every event is already written)."""
 
-    def join(self, out: IO[bytes], parts: Sequence[ChromePart], files: Sequence[Path]) -> None:
-        """The parts other writers wrote (a piece of the input each), in input order."""
-        for path in files:
+    def join(self, out: IO[bytes], parts: Iterable[ChromePart], files: Sequence[Path]) -> None:
+        """The parts other writers wrote (a piece of the input each), in input order, each
+        file appended once its part has come (``parts`` may still be being written)."""
+        for _, path in zip(parts, files, strict=True):
             append_file(out, path)
 
     def footer(self, out: IO[bytes], parts: Sequence[ChromePart]) -> int:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -276,6 +276,13 @@ class _Part:
         return writer.part
 
 
+def _kept(parts: Iterator[Any], into: list[Any]) -> Iterator[Any]:
+    """The parts, each also kept in ``into`` (for the count and the footer) as it passes."""
+    for part in parts:
+        into.append(part)
+        yield part
+
+
 def export_files(
     paths: Sequence[Path | str],
     output: Path,
@@ -325,10 +332,14 @@ def export_files(
                 }
                 part_files = [part for _, part in numbered.values()]
                 write = _Part(fmt, plan, window, numbered)
-                written = map_files(write, list(numbered), jobs, executor)
-                by_piece = dict(zip(numbered, written, strict=True))
-                parts = [by_piece[piece] for piece in work]  # a file given twice: twice
-                writer.join(out, parts, [numbered[piece][1] for piece in work])
+                if len(numbered) == len(work):  # joined as they come: none waits whole here
+                    written = imap_files(write, list(numbered), jobs, executor)
+                else:  # a file given twice: its part twice
+                    written_once = map_files(write, list(numbered), jobs, executor)
+                    by_piece = dict(zip(numbered, written_once, strict=True))
+                    written = (by_piece[piece] for piece in work)
+                parts = []
+                writer.join(out, _kept(written, parts), [numbered[piece][1] for piece in work])
             count += sum(part.events for part in parts)
             count += writer.footer(out, parts)
     finally:

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -512,9 +512,11 @@ class PerfettoWriter:
             if sequence.held:
                 self.part.tails[lane] = self._hand_back(sequence)
 
-    def join(self, out: IO[bytes], parts: Sequence[PerfettoPart], files: Sequence[Path]) -> None:
+    def join(self, out: IO[bytes], parts: Iterable[PerfettoPart], files: Sequence[Path]) -> None:
         """The parts other writers wrote (a piece of the input each), in input order, and
-        between them the subtrees that a cut between two pieces split.
+        between them the subtrees that a cut between two pieces split. Each part is
+        taken as it comes (``parts`` may still be being written) and its held spans are
+        dropped once written: the join holds those of one part, not of all.
 
         A track's spans held at a piece's end (its tail) and those before its first
         root in the next piece (that piece's head) are one subtree: they are written
@@ -534,6 +536,7 @@ class PerfettoWriter:
             for lane, (preamble, held) in part.tails.items():
                 out.write(preamble)
                 carried.setdefault(lane, []).extend(held)
+            part.heads, part.tails = {}, {}  # written, or carried: the part's count stays
         for held in carried.values():
             out.write(b"".join(_packets(held)))
 
