@@ -459,7 +459,7 @@ def _check_cut_short(inc: Incarnation, violations: list[str]) -> None:
     starts = (r["start_ns"] for r in itertools.chain(inc.intervals, inc.saves, inc.evaluations))
     latest_start = max(starts, default=0)
     if inc.iterations:
-        latest_start = max(latest_start, max(inc.iterations.starts))
+        latest_start = max(latest_start, inc.iterations.max_start() or 0)
     for record in inc.cut_short:
         if latest_start > record["end_ns"]:
             violations.append(

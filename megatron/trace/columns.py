@@ -19,6 +19,7 @@ its columns in memory, and the receiving process spills them again itself.
 
 from __future__ import annotations
 
+import itertools
 import os
 from array import array
 from collections.abc import Iterator
@@ -178,12 +179,42 @@ class Iterations:
 
     def start_of(self, number: int) -> int | None:
         """Start of the first finished iteration numbered ``number`` or higher."""
-        found = [s for n, s in zip(self.numbers, self.starts, strict=True) if n >= number]
-        return min(found) if found else None
+        found = (
+            min(
+                (s for n, s in zip(part.numbers, part.starts, strict=True) if n >= number),
+                default=None,
+            )
+            for part in self.parts()
+        )
+        return min((start for start in found if start is not None), default=None)
 
     def count_from(self, number: int) -> int:
         """How many finished iterations are numbered ``number`` or higher."""
-        return sum(1 for n in self.numbers if n >= number)
+        return sum(sum(1 for n in part.numbers if n >= number) for part in self.parts())
+
+    def min_start(self) -> int | None:
+        """The earliest start (None: no rows), read a part at a time."""
+        return min((min(part.starts) for part in self.parts()), default=None)
+
+    def max_start(self) -> int | None:
+        """The latest start, as :meth:`min_start`."""
+        return max((max(part.starts) for part in self.parts()), default=None)
+
+    def max_end(self) -> int | None:
+        """The latest end, as :meth:`min_start`."""
+        return max((max(part.ends) for part in self.parts()), default=None)
+
+    def in_start_order(self) -> bool:
+        """Whether every row starts no earlier than the one before, read a part at a time."""
+        last = None
+        for part in self.parts():
+            starts = part.starts
+            if last is not None and starts[0] < last:
+                return False
+            if any(a > b for a, b in itertools.pairwise(starts)):
+                return False
+            last = starts[-1]
+        return True
 
     def rows(self) -> Iterator[tuple[int, int, int]]:
         """(number, start, end) of every row, in order."""

@@ -25,9 +25,8 @@ never guessed. An attribute, where present, wins over derivation.
 from __future__ import annotations
 
 import bisect
-import itertools
 from array import array
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from megatron.core.telemetry.semconv import (
     INTERVAL_FIRST_ITERATION,
@@ -65,9 +64,12 @@ def derive(inc: Incarnation, *, last_closed_by_reroot: bool = False) -> list[Int
     another (lost to a kill), so it too is full length.
     """
     facts: list[IntervalFacts] = []
-    numbers, starts = inc.iterations.numbers, inc.iterations.starts
-    ordered: bool | None = None  # whether the iterations are in start order: asked once
-    save_starts = [save["start_ns"] for save in inc.saves]
+    # read only for an interval without its range in its attributes (upstream's): the
+    # iteration columns and the saves' starts, once
+    numbers: Any = None
+    starts: Any = None
+    ordered = False
+    save_starts: list[int] | None = None
     previous_last: int | None = None
     for position, interval in enumerate(inc.intervals):
         attributes = interval["attributes"]
@@ -76,8 +78,9 @@ def derive(inc: Incarnation, *, last_closed_by_reroot: bool = False) -> list[Int
         derived = first is None or last is None
         if derived:
             lo, hi = interval["start_ns"], interval["end_ns"]
-            if ordered is None:
-                ordered = all(a <= b for a, b in itertools.pairwise(starts))
+            if numbers is None:
+                ordered = inc.iterations.in_start_order()
+                numbers, starts = inc.iterations.numbers, inc.iterations.starts
             inside = _numbers_inside(numbers, starts, ordered, lo, hi)
             if first is None:
                 if inside:
@@ -90,6 +93,8 @@ def derive(inc: Incarnation, *, last_closed_by_reroot: bool = False) -> list[Int
                 if inside:
                     last = max(inside)
                 else:
+                    if save_starts is None:
+                        save_starts = [save["start_ns"] for save in inc.saves]
                     saved = _saved_inside(inc.saves, save_starts, lo, hi)
                     if saved:
                         last = max(saved) - 1

@@ -704,7 +704,7 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], lis
         if inc.checkpoint_time:
             times.append((inc.checkpoint_time.starts[0], inc.checkpoint_time.ends[-1]))
         if inc.iterations:
-            times.append((min(inc.iterations.starts), max(inc.iterations.ends)))
+            times.append((inc.iterations.min_start(), inc.iterations.max_end()))
         if index == len(incs) - 1:
             times.append((proc.min_start or 0, proc.max_end))
         inc.start_ns = min((s for s, _ in times), default=0)
@@ -775,17 +775,17 @@ def _distribute_iterations(
     restart) take a slice each, cut where their startups began. Otherwise they are
     sorted one by one first (a Python object per iteration: never seen in a file).
     """
-    starts = iterations.starts
-    if all(a <= b for a, b in itertools.pairwise(starts)):
+    if iterations.in_start_order():
         if len(incs) == 1:
             setattr(incs[0], attribute, iterations)  # the usual case: no copy
             return
+        starts = iterations.starts  # (a read, once spilled: an in-process restart)
         # slot_of places a start equal to a boundary after it, as bisect_left cuts
         cuts = [0, *(bisect.bisect_left(starts, boundary) for boundary in boundaries)]
         for inc, lo, hi in zip(incs, cuts, [*cuts[1:], len(starts)], strict=True):
             setattr(inc, attribute, iterations.slice(lo, hi))
         return
-    numbers, ends = iterations.numbers, iterations.ends  # (each a read, once spilled)
+    numbers, starts, ends = iterations.numbers, iterations.starts, iterations.ends
     for i in sorted(range(len(starts)), key=starts.__getitem__):
         start, end = starts[i], ends[i]
         slot = slot_of(boundaries, ITERATION_SPAN, start, end)

@@ -72,6 +72,20 @@ def test_spilled_columns_hold_the_rows_in_order(seed: int, tiny_blocks: None) ->
     hi = rng.randrange(lo, len(expected) + 1)
     assert _rows(its.slice(lo, hi)) == expected[lo:hi]
     assert _rows(pickle.loads(pickle.dumps(its))) == expected
+    # what the readers ask of a whole column set, read a part (of SPILL_ROWS) at a time
+    starts = [start for _, start, _ in expected]
+    assert its.min_start() == min(starts, default=None)
+    assert its.max_start() == max(starts, default=None)
+    assert its.max_end() == max((end for _, _, end in expected), default=None)
+    assert its.in_start_order() == (starts == sorted(starts))
+    ordered = Iterations()
+    for number, start, end in sorted(expected, key=lambda row: row[1]):
+        ordered.append(number, start, end)
+    assert ordered.in_start_order()
+    number = rng.randrange(99)
+    later = [row for row in expected if row[0] >= number]
+    assert its.start_of(number) == min((start for _, start, _ in later), default=None)
+    assert its.count_from(number) == len(later)
 
 
 def test_a_block_another_process_wrote_is_read_not_shared(tiny_blocks: None) -> None:
