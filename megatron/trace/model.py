@@ -70,7 +70,7 @@ from megatron.core.telemetry.reader import (
     iter_batches,
     paused_gc,
 )
-from megatron.core.telemetry.records import SpanRecord, is_cut_short, span_record
+from megatron.core.telemetry.records import SpanRecord, is_cut_short
 from megatron.core.telemetry.semconv import (
     CATEGORY_CHECKPOINT_LOAD,
     CATEGORY_CHECKPOINT_SAVE,
@@ -371,16 +371,16 @@ class _Process:
         self.max_end_child = max(self.max_end_child, other.max_end_child)
 
 
-def _kept(span: Any, resource: dict[str, Any], path: Path, line: int) -> SpanRecord:
-    """:func:`~megatron.core.telemetry.reader.flat_span` of a span to keep (its
-    process's :class:`~megatron.trace.record_log.RecordLog` pickles it)."""
-    parent = span.parent_span_id
+def _kept(span: Any) -> tuple[Any, ...]:
+    """The fields of :func:`~megatron.core.telemetry.reader.flat_span` of a span to keep, up
+    to ``kind`` (its process's :class:`~megatron.trace.record_log.RecordLog` adds the
+    resource, file and line, and pickles the rest)."""
     links = span.link_pairs() if span.has_links() else []
-    return span_record(
+    return (
         span.name,
         span.trace_id,
         span.span_id,
-        parent or None,
+        span.parent_span_id or None,
         span.start_time_unix_nano,
         span.end_time_unix_nano,
         span.attribute_dict() if span.has_attributes() else {},
@@ -390,9 +390,6 @@ def _kept(span: Any, resource: dict[str, Any], path: Path, line: int) -> SpanRec
         span.status_code() if span.status else "UNSET",
         span.status_message() if span.status else "",
         span.kind,
-        resource,
-        path,
-        line,
     )
 
 
@@ -547,7 +544,7 @@ class TraceBuilder:
                 if kind == _STRUCTURAL or id(span) in cut:
                     if resource is None:
                         resource = self._shared(batch.resource)
-                    proc.records.append(_kept(span, resource, path, number))
+                    proc.records.add(_kept(span), resource, path, number)
                     if kind in (_STRUCTURAL, _IGNORED):
                         continue
                 if kind == _ITERATION:

@@ -8,10 +8,10 @@ hundreds of thousands of them, more memory than the rest of a read. So a
 :class:`RecordLog` keeps each record as its pickle (a fifth of the size), and
 from :data:`SPILL_RECORDS` records on writes them out as a *block* to the
 read's temporary file (:mod:`megatron.trace.spill`), keeping in memory only
-what sorting and locating them takes: a start and a few small indices a
-record, about 30 bytes.
+what sorting and locating them takes: a start, a line and a few small
+indices a record, about 40 bytes.
 
-The record's resource and file are not pickled with it: a process's records
+The record's resource, file and line are not pickled with it: a process's records
 share a handful of them (the log's *contexts*), held once. Reading a record
 (``log[i]``, :meth:`RecordLog.records`) decodes a new dict, which the reader
 drops when done; the incarnations of the trace model hold :class:`RecordList`
@@ -42,8 +42,8 @@ __all__ = ["SPILL_RECORDS", "RecordList", "RecordLog"]
 #: (about 150 KB of pickles; a read holds a log per process).
 SPILL_RECORDS = 512
 
-# What a record's pickle holds: every field of span_record() but the resource and
-# the file (the log's contexts), in its order, the line last.
+# What a record's pickle holds: every field of span_record() before the resource (the
+# resource and the file are the log's contexts; the line is kept beside the starts).
 _PICKLED = operator.itemgetter(
     "name",
     "trace_id",
@@ -58,7 +58,6 @@ _PICKLED = operator.itemgetter(
     "status_code",
     "status_message",
     "kind",
-    "line",
 )
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
@@ -92,6 +91,7 @@ class RecordLog:
         "_contexts",
         "_firsts",
         "_last",
+        "_line",
         "_name",
         "_names",
         "_spilled",
@@ -105,6 +105,7 @@ class RecordLog:
         self._firsts: list[int] = []  # the position of each block's first record
         self._spilled = 0  # how many records the blocks hold
         self._starts = array("q")  # every record's start_ns: the sort key
+        self._line = array("q")  # every record's line in its file
         self._contexts: list[tuple[dict[str, Any], Path | None]] = []
         self._context = array("I")  # every record's context (resource, file)
         self._names: list[str] = []
@@ -115,14 +116,23 @@ class RecordLog:
         return len(self._starts)
 
     def append(self, record: SpanRecord) -> None:
-        resource, file = record["resource"], record["file"]
+        self.add(_PICKLED(record), record["resource"], record["file"], record["line"])
+
+    def add(
+        self, fields: tuple[Any, ...], resource: dict[str, Any], file: Path | None, line: int
+    ) -> None:
+        """:meth:`append` of the record :func:`span_record` would build of these (``fields``:
+        its arguments up to ``kind``), without building it (the reader's hot path)."""
         last = self._last
         if last is None or last[0] is not resource or last[1] is not file:
             last = self._last = (resource, file, self._context_of(resource, file))
         self._context.append(last[2])
-        self._name.append(self._name_of(record["name"]))
-        self._starts.append(record["start_ns"])
-        self._tail.append(pickle.dumps(_PICKLED(record), _PROTOCOL))
+        names = self._names
+        name = fields[0]
+        self._name.append(names.index(name) if name in names else self._name_of(name))
+        self._starts.append(fields[4])
+        self._line.append(line)
+        self._tail.append(pickle.dumps(fields, _PROTOCOL))
         if len(self._tail) >= SPILL_RECORDS:
             self._spill()
 
@@ -142,6 +152,7 @@ class RecordLog:
                 self._tail.extend(block.pickles())
         self._tail.extend(other._tail)
         self._starts.extend(other._starts)
+        self._line.extend(other._line)
         self._context.extend(contexts[i] for i in other._context)
         self._name.extend(names[i] for i in other._name)
         if len(self._tail) >= SPILL_RECORDS:
@@ -194,21 +205,25 @@ class RecordLog:
     def records(self, positions: Iterable[int]) -> Iterator[SpanRecord]:
         """The records at ``positions``, decoded one at a time (a block is read once for
         a run of its records)."""
-        size = len(self)
-        cached, pickles = -1, []
+        size, spilled, tail, loads = len(self), self._spilled, self._tail, pickle.loads
+        contexts, context, lines = self._contexts, self._context, self._line
+        lo = hi = 0  # the positions of the block read last
+        pickles: list[bytes] = []
         for position in positions:
-            if not 0 <= position < size:
-                raise IndexError(f"record {position} of {size}")
-            if position >= self._spilled:
-                data = self._tail[position - self._spilled]
+            if position >= spilled:
+                if position >= size:
+                    raise IndexError(f"record {position} of {size}")
+                data = tail[position - spilled]
             else:
-                block = bisect.bisect_right(self._firsts, position) - 1
-                if block != cached:
-                    cached, pickles = block, self._blocks[block].pickles()
-                data = pickles[position - self._firsts[block]]
-            resource, file = self._contexts[self._context[position]]
-            *fields, line = pickle.loads(data)
-            yield span_record(*fields, resource, file, line)
+                if not lo <= position < hi:
+                    if position < 0:
+                        raise IndexError(f"record {position} of {size}")
+                    block = bisect.bisect_right(self._firsts, position) - 1
+                    lo, pickles = self._firsts[block], self._blocks[block].pickles()
+                    hi = lo + len(pickles)
+                data = pickles[position - lo]
+            resource, file = contexts[context[position]]
+            yield span_record(*loads(data), resource, file, lines[position])
 
     def view(self, positions: array) -> RecordList:
         """The records at ``positions`` as a sequence (read as it is iterated)."""
@@ -216,11 +231,12 @@ class RecordLog:
 
     def __getstate__(self) -> tuple[Any, ...]:
         pickles = [data for block in self._blocks for data in block.pickles()]
-        state = self._starts, self._context, self._contexts, self._name, self._names
+        state = self._starts, self._line, self._context, self._contexts, self._name, self._names
         return (pickles + self._tail, *state)  # in memory across a pipe
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
-        self._tail, self._starts, self._context, self._contexts, self._name, self._names = state
+        self._tail, self._starts, self._line, self._context, self._contexts = state[:5]
+        self._name, self._names = state[5:]
         self._blocks, self._firsts, self._spilled, self._last = [], [], 0, None
 
 
