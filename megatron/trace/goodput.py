@@ -81,6 +81,7 @@ from megatron.core.telemetry.semconv import (
 from megatron.trace.hangs import find_hang, hang_entries, recovered_stalls
 from megatron.trace.liveness import Clock, Liveness, judge, utc_text
 from megatron.trace.model import Incarnation, Trace, load_trace
+from megatron.trace.record_log import extents
 from megatron.trace.selection import float_keys, from_float_keys, select
 from megatron.trace.stragglers import find_stragglers
 from megatron.trace.stretches import Stretches
@@ -135,8 +136,8 @@ def _segments(inc: Incarnation) -> list[tuple[int, int, str]]:
     A running incarnation's open interval (or startup) so far counts too.
     """
     in_flight = [inc.in_flight] if inc.in_flight is not None else []
-    records = itertools.chain(inc.records, in_flight)
-    segments = [(r["start_ns"], r["end_ns"], SPAN_CATEGORY[r["name"]]) for r in records]
+    spans = itertools.chain(inc.extents(), extents(in_flight))
+    segments = [(start, end, SPAN_CATEGORY[name]) for start, end, name in spans]
     hang = find_hang(inc)
     if hang is not None:
         segments.append((hang.start_ns, hang.end_ns, CATEGORY_HANG))

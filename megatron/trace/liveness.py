@@ -51,6 +51,7 @@ from megatron.core.telemetry.records import SpanRecord, span_record
 from megatron.core.telemetry.semconv import INTERVAL_REROOTED, INTERVAL_SPAN, STARTUP_SPAN
 from megatron.core.telemetry.trace_files import metrics_file_for
 from megatron.trace.model import Incarnation, Trace, process_of_resource
+from megatron.trace.record_log import latest
 
 __all__ = [
     "STALE_AFTER_S",
@@ -259,7 +260,8 @@ def _in_flight(inc: Incarnation, as_of_ns: int) -> SpanRecord | None:
     if inc.startup is None:
         name, start = STARTUP_SPAN, inc.start_ns
     elif inc.intervals:
-        last = max(inc.intervals, key=lambda record: record["start_ns"])
+        last = latest(inc.intervals)
+        assert last is not None  # (there are intervals)
         if last["attributes"].get(INTERVAL_REROOTED) is False:
             return None
         name, start = INTERVAL_SPAN, last["end_ns"]

@@ -110,7 +110,7 @@ from megatron.trace import intervals
 from megatron.trace.columns import Iterations
 from megatron.trace.intervals import IntervalFacts
 from megatron.trace.parallel import FilePiece, map_reduce, pieces
-from megatron.trace.record_log import RecordLog
+from megatron.trace.record_log import RecordLog, extents, latest
 from megatron.trace.stretches import Stretches
 
 __all__ = [
@@ -245,6 +245,22 @@ class Incarnation:
             self.loads,
             self.saves,
             self.evaluations,
+        )
+
+    def extents(self) -> Iterator[tuple[int, int, str]]:
+        """(start, end, name) of each of :attr:`records`, without decoding them."""
+        startup = [self.startup] if self.startup else []
+        return itertools.chain.from_iterable(
+            extents(records)
+            for records in (
+                self.pre_startup,
+                startup,
+                self.launch,
+                self.intervals,
+                self.loads,
+                self.saves,
+                self.evaluations,
+            )
         )
 
     @property
@@ -655,8 +671,8 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], lis
     boundaries they were split at (:func:`slot_of`).
 
     Each incarnation's lists are views of the process's record log in start order
-    (:class:`~megatron.trace.record_log.RecordList`): its records are decoded
-    here once, one at a time, to be placed, and again by each reader."""
+    (:class:`~megatron.trace.record_log.RecordList`): a record is placed by its
+    name and times, which the log holds undecoded; the readers decode it."""
     log = proc.records
     starts = log.starts
     order = sorted(range(len(log)), key=starts.__getitem__)  # stable: file order on ties
@@ -669,14 +685,15 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], lis
             setattr(inc, name, array("q"))
     lists = [_lists_by_name(inc) for inc in incs]  # the name -> positions table of each
     spans = [(2**63, -(2**63))] * len(incs)  # the first start and last end of inc.records
-    for position, record in zip(order, log.records(order), strict=True):
-        name = record["name"]
-        slot = slot_of(boundaries, name, record["start_ns"], record["end_ns"]) if boundaries else 0
+    ends = log.ends
+    for position in order:  # placed by name and times: only a startup is decoded
+        name, start, end = log.name(position), starts[position], ends[position]
+        slot = slot_of(boundaries, name, start, end) if boundaries else 0
         inc = incs[slot]
-        if record["attributes"] and is_cut_short(record):
+        if log.cut_short(position):
             inc.cut_short.append(position)  # type: ignore[attr-defined]
         if name == STARTUP_SPAN:
-            inc.startup = record
+            inc.startup = log[position]
         else:
             target = lists[slot].get(name)
             if target is not None:
@@ -685,7 +702,7 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], lis
                 inc.startup_phases.append(position)  # type: ignore[attr-defined]
         if name in SPAN_CATEGORY:  # a span of Incarnation.records
             first, last = spans[slot]
-            spans[slot] = min(first, record["start_ns"]), max(last, record["end_ns"])
+            spans[slot] = min(first, start), max(last, end)
     for inc in incs:
         for name in _RECORD_LISTS:
             setattr(inc, name, log.view(getattr(inc, name)))
@@ -754,8 +771,8 @@ def _lost_next(inc: Incarnation) -> bool:
     an interval the file does not hold (it was in flight at a SIGKILL)."""
     if not inc.intervals:
         return False
-    last = max(inc.intervals, key=lambda record: record["start_ns"])
-    return last["attributes"].get(INTERVAL_REROOTED) is True
+    last = latest(inc.intervals)
+    return last is not None and last["attributes"].get(INTERVAL_REROOTED) is True
 
 
 def _distribute_iterations(

@@ -33,10 +33,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, overload
 
-from megatron.core.telemetry.records import SpanRecord, span_record
+from megatron.core.telemetry.records import SpanRecord, attributes_cut_short, span_record
 from megatron.trace import spill
 
-__all__ = ["SPILL_RECORDS", "RecordList", "RecordLog"]
+__all__ = ["SPILL_RECORDS", "RecordList", "RecordLog", "extents", "latest"]
 
 #: From this many records in memory on, a log writes them to disk as a block
 #: (about 150 KB of pickles; a read holds a log per process).
@@ -89,6 +89,8 @@ class RecordLog:
         "_blocks",
         "_context",
         "_contexts",
+        "_cut",
+        "_ends",
         "_firsts",
         "_last",
         "_line",
@@ -106,6 +108,8 @@ class RecordLog:
         self._spilled = 0  # how many records the blocks hold
         self._starts = array("q")  # every record's start_ns: the sort key
         self._line = array("q")  # every record's line in its file
+        self._ends = array("q")  # ... its end_ns
+        self._cut = bytearray()  # ... whether it is marked cut short (1) or not (0)
         self._contexts: list[tuple[dict[str, Any], Path | None]] = []
         self._context = array("I")  # every record's context (resource, file)
         self._names: list[str] = []
@@ -131,6 +135,8 @@ class RecordLog:
         name = fields[0]
         self._name.append(names.index(name) if name in names else self._name_of(name))
         self._starts.append(fields[4])
+        self._ends.append(fields[5])
+        self._cut.append(1 if fields[6] and attributes_cut_short(fields[6]) else 0)
         self._line.append(line)
         self._tail.append(pickle.dumps(fields, _PROTOCOL))
         if len(self._tail) >= SPILL_RECORDS:
@@ -152,6 +158,8 @@ class RecordLog:
                 self._tail.extend(block.pickles())
         self._tail.extend(other._tail)
         self._starts.extend(other._starts)
+        self._ends.extend(other._ends)
+        self._cut.extend(other._cut)
         self._line.extend(other._line)
         self._context.extend(contexts[i] for i in other._context)
         self._name.extend(names[i] for i in other._name)
@@ -192,9 +200,18 @@ class RecordLog:
         """Every record's start (ns), in order (the array itself: do not change it)."""
         return self._starts
 
+    @property
+    def ends(self) -> array:
+        """Every record's end (ns), as :attr:`starts`."""
+        return self._ends
+
     def name(self, position: int) -> str:
         """The name of the record at ``position``, without decoding it."""
         return self._names[self._name[position]]
+
+    def cut_short(self, position: int) -> bool:
+        """Whether the record at ``position`` is marked cut short, without decoding it."""
+        return bool(self._cut[position])
 
     def __getitem__(self, position: int) -> SpanRecord:
         return next(self.records([position]))
@@ -231,12 +248,12 @@ class RecordLog:
 
     def __getstate__(self) -> tuple[Any, ...]:
         pickles = [data for block in self._blocks for data in block.pickles()]
-        state = self._starts, self._line, self._context, self._contexts, self._name, self._names
-        return (pickles + self._tail, *state)  # in memory across a pipe
+        state = (self._starts, self._ends, self._cut, self._line, self._context, self._contexts)
+        return (pickles + self._tail, *state, self._name, self._names)  # in memory across a pipe
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
-        self._tail, self._starts, self._line, self._context, self._contexts = state[:5]
-        self._name, self._names = state[5:]
+        self._tail, self._starts, self._ends, self._cut, self._line = state[:5]
+        self._context, self._contexts, self._name, self._names = state[5:]
         self._blocks, self._firsts, self._spilled, self._last = [], [], 0, None
 
 
@@ -264,6 +281,21 @@ class RecordList(Sequence[SpanRecord]):
     def __iter__(self) -> Iterator[SpanRecord]:
         return self._log.records(self._positions)
 
+    def extents(self) -> Iterator[tuple[int, int, str]]:
+        """(start, end, name) of each record, without decoding any."""
+        log = self._log
+        starts, ends = log.starts, log.ends
+        return ((starts[i], ends[i], log.name(i)) for i in self._positions)
+
+    def latest(self) -> SpanRecord | None:
+        """The first record of the latest start (None: none), decoding only it."""
+        starts = self._log.starts
+        best = None
+        for position in self._positions:
+            if best is None or starts[position] > starts[best]:
+                best = position
+        return None if best is None else self._log[best]
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str | bytes):
             return NotImplemented
@@ -273,3 +305,17 @@ class RecordList(Sequence[SpanRecord]):
 
     def __repr__(self) -> str:
         return f"RecordList({list(self)!r})"
+
+
+def extents(records: Iterable[SpanRecord]) -> Iterator[tuple[int, int, str]]:
+    """(start, end, name) of each record: without decoding any of a :class:`RecordList`."""
+    if isinstance(records, RecordList):
+        return records.extents()
+    return ((r["start_ns"], r["end_ns"], r["name"]) for r in records)
+
+
+def latest(records: Sequence[SpanRecord]) -> SpanRecord | None:
+    """``max(records, key=start)``: the first record of the latest start, or None."""
+    if isinstance(records, RecordList):
+        return records.latest()
+    return max(records, key=lambda record: record["start_ns"], default=None)

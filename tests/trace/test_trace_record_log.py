@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import synthetic
 
-from megatron.core.telemetry.records import SpanRecord, span_record
+from megatron.core.telemetry.records import SpanRecord, is_cut_short, span_record
 from megatron.trace import model, record_log, spill
 from megatron.trace.record_log import RecordLog
 from megatron.trace.report import build_report
@@ -41,9 +41,14 @@ def _record(rng: random.Random) -> SpanRecord:
         None if rng.random() < 0.3 else f"{rng.randrange(9**9):016x}",
         rng.randrange(2**62),
         rng.randrange(2**62),
-        {"megatron.iteration": rng.randrange(99), "x": [1.5, "y", True]}
-        if rng.random() < 0.7
-        else {},
+        rng.choice(
+            [
+                {},
+                {"megatron.iteration": rng.randrange(99), "x": [1.5, "y", True]},
+                {"megatron.span.cut_short": True},
+                {"megatron.span.cut_short": False, "megatron.iteration": 3},
+            ]
+        ),
         links,
         [{"k": 1}] * len(links),
         [{"name": "e", "time_ns": 5, "attributes": {}}] if rng.random() < 0.2 else [],
@@ -88,6 +93,11 @@ def test_a_log_gives_back_the_records_in_order(seed: int, tiny_blocks: None) -> 
     view = log.view(positions)
     assert view == [expected[i] for i in positions] and len(view) == len(positions)
     assert view[1:3] == [expected[i] for i in positions[1:3]]
+    # what placing and accounting read without decoding: times, names, the cut-short mark
+    picked = [expected[i] for i in positions]
+    assert list(record_log.extents(view)) == list(record_log.extents(picked))
+    assert record_log.latest(view) == record_log.latest(picked)
+    assert [log.cut_short(i) for i in range(len(log))] == [is_cut_short(r) for r in expected]
     assert list(pickle.loads(pickle.dumps(log))) == expected
     assert list(pickle.loads(pickle.dumps(view))) == [expected[i] for i in positions]
     # the records of one resource and file share one dict of the resource, however many

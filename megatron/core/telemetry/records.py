@@ -94,5 +94,9 @@ def span_record(
 def is_cut_short(record: SpanRecord) -> bool:
     """Whether the span was still open at telemetry shutdown (and was ended then): this
     project's ``megatron.span.cut_short``, or nemo-lens's ``nemo.span.truncated``."""
-    attributes = record["attributes"]
+    return attributes_cut_short(record["attributes"])
+
+
+def attributes_cut_short(attributes: dict[str, Any]) -> bool:
+    """:func:`is_cut_short` of a span with these attributes."""
     return bool(attributes.get(SPAN_CUT_SHORT) or attributes.get(SPAN_TRUNCATED))
