@@ -232,12 +232,10 @@ class Incarnation:
     def label(self) -> str:
         return f"rank {self.rank} incarnation {self.index}"
 
-    @property
-    def records(self) -> Iterator[SpanRecord]:
-        """Every structural span of the incarnation, its startup included (one at a time:
-        a week's intervals are decoded as they are read, not all at once)."""
+    def _record_lists(self) -> tuple[Sequence[SpanRecord], ...]:
+        """The lists :attr:`records` chains, in its order, the startup as a list of one."""
         startup = [self.startup] if self.startup else []
-        return itertools.chain(
+        return (
             self.pre_startup,
             startup,
             self.launch,
@@ -247,21 +245,15 @@ class Incarnation:
             self.evaluations,
         )
 
+    @property
+    def records(self) -> Iterator[SpanRecord]:
+        """Every structural span of the incarnation, its startup included (one at a time:
+        a week's intervals are decoded as they are read, not all at once)."""
+        return itertools.chain.from_iterable(self._record_lists())
+
     def extents(self) -> Iterator[tuple[int, int, str]]:
         """(start, end, name) of each of :attr:`records`, without decoding them."""
-        startup = [self.startup] if self.startup else []
-        return itertools.chain.from_iterable(
-            extents(records)
-            for records in (
-                self.pre_startup,
-                startup,
-                self.launch,
-                self.intervals,
-                self.loads,
-                self.saves,
-                self.evaluations,
-            )
-        )
+        return itertools.chain.from_iterable(map(extents, self._record_lists()))
 
     @property
     def first_iteration(self) -> int | None:
