@@ -26,7 +26,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,10 @@ TARGETS = {
     "check_peak_growth_4x_spans": 1.1,
     # the timeline's lanes into their page: ours (msgspec for the bars) must beat plotly's
     "timeline_page_ratio_vs_plotly": 1.0,
+    # the report's order statistics by selection over the columns' parts against numpy's
+    # partition of the whole column: a small fraction of its memory, for a few passes' time
+    "selection_peak_ratio_vs_partition": 0.25,
+    "selection_time_ratio_vs_partition": float("nan"),  # measured, no target
 }
 
 
@@ -798,6 +802,89 @@ def bench_timeline_page(repeats: int) -> tuple[float, float, float, int]:
     return (*_interleaved(ours, plotly, repeats), len(timeline.bars))
 
 
+def bench_selection(
+    repeats: int, rows: int = 4_000_000
+) -> tuple[float, float, float, float, float, float]:
+    """The report's median and p90 of ``rows`` iteration durations: selected a radix digit
+    at a time over the columns' parts (:mod:`megatron.trace.selection`) against
+    ``np.partition`` of the whole column, read from the same spilled columns, with the
+    same answer. Returns (peak ratio, time ratio, our peak MB, partition's peak MB, our
+    s, partition's s); the peaks are tracemalloc's, above what was allocated before."""
+    import tracemalloc
+
+    import numpy as np
+
+    from megatron.trace.columns import Iterations
+    from megatron.trace.selection import select
+
+    rng = np.random.default_rng(7)
+    durations = rng.lognormal(np.log(2e7), 0.1, rows).astype(np.int64)
+    starts = np.cumsum(durations + 1000) - durations
+    ends = starts + durations
+    its = Iterations()
+    for lo in range(0, rows, 4096):  # through the hot loop's arrays, as the reader fills them
+        numbers_tail, starts_tail, ends_tail = its.arrays()
+        numbers_tail.frombytes(np.arange(lo, min(lo + 4096, rows), dtype=np.int64).tobytes())
+        starts_tail.frombytes(starts[lo : lo + 4096].tobytes())
+        ends_tail.frombytes(ends[lo : lo + 4096].tobytes())
+    del durations, starts, ends
+    ranks = [(rows - 1) // 2, rows // 2, max(0, -(-9 * rows // 10) - 1)]
+
+    def selected() -> list[int]:
+        def parts() -> Iterator[Any]:
+            for part in its.parts():
+                yield np.frombuffer(part.ends, np.int64) - np.frombuffer(part.starts, np.int64)
+
+        return select(parts, ranks)
+
+    def partitioned() -> list[int]:
+        whole = np.frombuffer(its.ends, np.int64) - np.frombuffer(its.starts, np.int64)
+        whole.partition(ranks)
+        return [int(whole[rank]) for rank in ranks]
+
+    if selected() != partitioned():
+        raise AssertionError("selection and np.partition disagree")
+
+    def peak(function: Callable[[], list[int]]) -> float:
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            function()
+            return (tracemalloc.get_traced_memory()[1] - before) / 2**20
+        finally:
+            tracemalloc.stop()
+
+    def timed(function: Callable[[], list[int]]) -> Callable[[], float]:
+        def run() -> float:
+            start = time.perf_counter()
+            function()
+            return time.perf_counter() - start
+
+        return run
+
+    ours_mb, base_mb = peak(selected), peak(partitioned)
+    ratio, ours_s, base_s = _interleaved(timed(selected), timed(partitioned), repeats)
+    return ours_mb / base_mb, ratio, ours_mb, base_mb, ours_s, base_s
+
+
+def section_selection(run: Run) -> None:
+    peak_ratio, time_ratio, ours_mb, base_mb, ours_s, base_s = bench_selection(
+        3 if run.quick else 7
+    )
+    run.record(
+        "selection_peak_ratio_vs_partition",
+        peak_ratio,
+        f"{ours_mb:.1f} MB over 4M rows",
+        f"np.partition of the whole column: {base_mb:.1f} MB",
+    )
+    run.record(
+        "selection_time_ratio_vs_partition",
+        time_ratio,
+        f"{ours_s * 1e3:.0f} ms",
+        f"np.partition: {base_s * 1e3:.0f} ms",
+    )
+
+
 def section_timeline(run: Run) -> None:
     ratio, ours, plotly, bars = bench_timeline_page(3 if run.quick else 9)
     run.record(
@@ -1009,6 +1096,7 @@ SECTIONS: dict[str, Callable[[Run], None]] = {
     "sigterm": section_sigterm,
     "report": section_report,
     "timeline": section_timeline,
+    "selection": section_selection,
     "trace": section_trace,
 }
 
