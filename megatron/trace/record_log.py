@@ -25,6 +25,7 @@ memory; the receiving process spills them again itself.
 from __future__ import annotations
 
 import bisect
+import itertools
 import operator
 import os
 import pickle
@@ -131,9 +132,7 @@ class RecordLog:
         if last is None or last[0] is not resource or last[1] is not file:
             last = self._last = (resource, file, self._context_of(resource, file))
         self._context.append(last[2])
-        names = self._names
-        name = fields[0]
-        self._name.append(names.index(name) if name in names else self._name_of(name))
+        self._name.append(self._name_of(fields[0]))
         self._starts.append(fields[4])
         self._ends.append(fields[5])
         self._cut.append(1 if fields[6] and attributes_cut_short(fields[6]) else 0)
@@ -183,9 +182,7 @@ class RecordLog:
     def _spill(self) -> None:
         if not self._tail:
             return
-        ends = array("q", [len(data) for data in self._tail])
-        for i in range(1, len(ends)):
-            ends[i] += ends[i - 1]
+        ends = array("q", itertools.accumulate(map(len, self._tail)))
         written = spill.write([b"".join(self._tail)])
         if written is None:  # no room for a temporary file: the records stay here
             return
