@@ -34,6 +34,29 @@ def select(chunks: Callable[[], Iterable[Any]], ranks: Sequence[int]) -> list[in
     arrays ``chunks()`` yields (called once per pass, each time yielding the same).
 
     Raises :class:`IndexError` for a rank outside the values."""
+    return _selected(chunks, lambda _count: ranks)[0]
+
+
+def median(chunks: Callable[[], Iterable[Any]]) -> tuple[float, int]:
+    """The median of the int64 values (as :func:`statistics.median` gives it) and their
+    count; (0.0, 0) for none. (The count comes from the selection's first pass.)"""
+    values, count = _selected(chunks, _middle)
+    if not count:
+        return 0.0, 0
+    return (float(values[0]) if count % 2 else (values[0] + values[1]) / 2), count
+
+
+def _middle(count: int) -> list[int]:
+    """The ranks a median of ``count`` values takes: the middle one, or the middle two."""
+    middle = count // 2
+    return [] if not count else [middle] if count % 2 else [middle - 1, middle]
+
+
+def _selected(
+    chunks: Callable[[], Iterable[Any]], ranks_of: Callable[[int], Sequence[int]]
+) -> tuple[list[int], int]:
+    """:func:`select` of the ranks ``ranks_of`` names once the values are counted, and
+    the count."""
     import numpy as np
 
     count, low, high, kept = 0, None, None, []
@@ -47,13 +70,16 @@ def select(chunks: Callable[[], Iterable[Any]], ranks: Sequence[int]) -> list[in
             kept.append(np.array(chunk, dtype=np.int64))  # (a copy: the caller's may be reused)
         else:
             kept = []
+    ranks = ranks_of(count)
+    if not ranks:
+        return [], count
     for rank in ranks:
         if not 0 <= rank < count:
             raise IndexError(f"rank {rank} of {count} values")
     if count <= IN_MEMORY:
         values = np.concatenate(kept) if kept else np.empty(0, dtype=np.int64)
         values.partition(list(ranks))
-        return [int(values[rank]) for rank in ranks]
+        return [int(values[rank]) for rank in ranks], count
     assert low is not None and high is not None
     prefixes = [0] * len(ranks)  # per rank: the digits of its offset from low found so far
     below = [0] * len(ranks)  # ... and how many values lie below that prefix's range
@@ -77,20 +103,7 @@ def select(chunks: Callable[[], Iterable[Any]], ranks: Sequence[int]) -> list[in
             below[index] += int(cumulative[found - 1]) if found else 0
             prefixes[index] = (prefixes[index] << step) | found
         remaining = shift
-    return [low + prefix for prefix in prefixes]
-
-
-def median(chunks: Callable[[], Iterable[Any]]) -> tuple[float, int]:
-    """The median of the int64 values (as :func:`statistics.median` gives it) and their
-    count; (0.0, 0) for none."""
-    count = sum(len(chunk) for chunk in chunks())
-    if not count:
-        return 0.0, 0
-    middle = count // 2
-    if count % 2:
-        return float(select(chunks, [middle])[0]), count
-    low, high = select(chunks, [middle - 1, middle])
-    return (low + high) / 2, count
+    return [low + prefix for prefix in prefixes], count
 
 
 def float_keys(values: Any) -> Any:
