@@ -318,13 +318,20 @@ def _median_of_sorted(values: Sequence[float]) -> float:
 
 def _duration_parts(incs: list[Incarnation]) -> Iterator[tuple[Incarnation, Any, Any]]:
     """(incarnation, numbers, durations in ns) of every iteration, a part of the columns at
-    a time (int64 numpy arrays)."""
-    import numpy as np  # here, not at import: the CLI starts faster for what needs none
-
+    a time (the durations an int64 numpy array)."""
     for inc in incs:
         for part in inc.iterations.parts():
-            starts = np.frombuffer(part.starts, dtype=np.int64)
-            yield inc, part.numbers, np.frombuffer(part.ends, dtype=np.int64) - starts
+            yield inc, part.numbers, part.durations()
+
+
+def _in_ms(ns: Any) -> Any:
+    """Durations in ns as float64 ms, each as ``(end - start) / 1e6`` gives it (a new
+    array): what the figures are made of, with numpy or without."""
+    import numpy as np
+
+    ms = ns.astype(np.float64)
+    ms /= 1e6
+    return ms
 
 
 def _sorted_figures(incs: list[Incarnation], count: int) -> tuple[float, float, float, float]:
@@ -345,8 +352,7 @@ def _sorted_figures(incs: list[Incarnation], count: int) -> tuple[float, float, 
 
     def deviations() -> Iterator[Any]:  # |duration - median|, the MAD's values (ms)
         for ns in durations():
-            ms = ns.astype(np.float64)
-            ms /= 1e6
+            ms = _in_ms(ns)
             ms -= median
             yield float_keys(np.abs(ms, out=ms))
 
@@ -361,8 +367,7 @@ def _slowest_of(incs: list[Incarnation], threshold: float) -> tuple[int, list[tu
 
     count, slowest = 0, []
     for inc, numbers, ns in _duration_parts(incs):
-        ms = ns.astype(np.float64)
-        ms /= 1e6
+        ms = _in_ms(ns)
         over = np.flatnonzero(ms > threshold).tolist()
         count += len(over)
         found = [(float(ms[at]), inc.index, numbers[at]) for at in over]

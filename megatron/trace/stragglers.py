@@ -129,9 +129,9 @@ def iteration_work(inc: Incarnation) -> tuple[Any, Any, Any, Any]:
         return np.frombuffer(values, dtype=np.int64)
 
     numbers = column(inc.iterations.numbers)
-    durations = column(inc.iterations.ends) - column(inc.iterations.starts)
+    durations = inc.iterations.durations()
     waited = column(inc.waits.numbers)
-    lengths = column(inc.waits.ends) - column(inc.waits.starts)
+    lengths = inc.waits.durations()
     if np.array_equal(waited, numbers):  # the usual case: one wait per iteration, in step
         waits = lengths
     else:
@@ -196,10 +196,7 @@ def _timed_parts(inc: Incarnation, in_step: bool) -> Iterator[tuple[Any, Any, An
     skip = WARMUP_ITERATIONS
     for its, waits in zip(inc.iterations.parts(), inc.waits.parts(), strict=True):
         numbers = np.frombuffer(its.numbers, dtype=np.int64)
-        work = np.frombuffer(its.ends, dtype=np.int64) - np.frombuffer(its.starts, dtype=np.int64)
-        waited = np.frombuffer(waits.ends, dtype=np.int64) - np.frombuffer(
-            waits.starts, dtype=np.int64
-        )
+        work, waited = its.durations(), waits.durations()
         if skip:  # the warm-up: the first rows of the first part (or parts)
             cut = min(skip, len(numbers))
             numbers, work, waited, skip = numbers[cut:], work[cut:], waited[cut:], skip - cut

@@ -77,6 +77,7 @@ def test_spilled_columns_hold_the_rows_in_order(seed: int, tiny_blocks: None) ->
     assert its.min_start() == min(starts, default=None)
     assert its.max_start() == max(starts, default=None)
     assert its.max_end() == max((end for _, _, end in expected), default=None)
+    assert its.durations().tolist() == [end - start for _, start, end in expected]
     assert its.in_start_order() == (starts == sorted(starts))
     ordered = Iterations()
     for number, start, end in sorted(expected, key=lambda row: row[1]):
