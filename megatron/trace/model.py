@@ -251,6 +251,15 @@ class Incarnation:
         a week's intervals are decoded as they are read, not all at once)."""
         return itertools.chain.from_iterable(self._record_lists())
 
+    def records_with_facts(self) -> Iterator[tuple[SpanRecord, IntervalFacts | None]]:
+        """:attr:`records`, each paired with its :attr:`interval_facts` if it is an
+        interval (None if not): the timeline's labels, without a map of every interval."""
+        for records in self._record_lists():
+            if records is self.intervals:
+                yield from zip(records, self.interval_facts, strict=True)
+            else:
+                yield from zip(records, itertools.repeat(None))
+
     def extents(self) -> Iterator[tuple[int, int, str]]:
         """(start, end, name) of each of :attr:`records`, without decoding them."""
         return itertools.chain.from_iterable(map(extents, self._record_lists()))

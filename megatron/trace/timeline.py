@@ -129,8 +129,9 @@ def write_beside_trace(trace: Path | None) -> Path | None:
 
 def write_page(timeline: Timeline, output: Path) -> None:
     """Write the page beside ``output`` and rename it over, so a failure leaves no torn page
-    (piece by piece: the bars' JSON is never copied into one string of the page)."""
+    (piece by piece: the bars' arrays are read from their temporary file as they are written,
+    never held whole)."""
     pieces = page_pieces(timeline)
     with replacing(output, binary=True) as out:
         for piece in pieces:
-            out.write(piece if isinstance(piece, bytes) else piece.encode())
+            out.write(piece)

@@ -15,7 +15,7 @@ iteration times come from the model's compact arrays
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ __all__ = [
     "BAR_WASTED",
     "ENDED_TEXT",
     "Bar",
+    "Bars",
     "LaneSummary",
     "Timeline",
     "collect",
@@ -103,7 +104,7 @@ class LaneSummary:
 class Timeline:
     """Everything the page draws, collected in one pass over the spans."""
 
-    bars: list[Bar]
+    bars: Bars  # iterable, again and again; not held in memory
     lanes: list[LaneSummary]
     several_ranks: bool
     spans: int
@@ -133,43 +134,23 @@ def collect(
     beside ``files``).
     """
     trace = _read(source, jobs)
-    phases = [span for inc in trace.incarnations for span in inc.startup_phases]
     liveness = judge(trace, [Path(f) for f in files or []], clock or Clock.system())
     index = LaneIndex(trace)
-    bars: list[Bar] = []
-    summaries = []
-    waste = {}  # the report's own accounting, per incarnation, with "resumed" added
-    for incs in trace.ranks.values():
-        per_incarnation = rank_accounting(incs)["per_incarnation"]
-        for position, (inc, entry) in enumerate(zip(incs, per_incarnation, strict=True)):
-            waste[id(inc)] = {**entry, "resumed": position + 1 < len(incs)}
-    for inc in trace.incarnations:
-        lane = index.lane_of_incarnation(inc)
-        facts = dict(zip((r["span_id"] for r in inc.intervals), inc.interval_facts, strict=True))
-        for record in inc.records:
-            category = _category(record["name"]) or CATEGORY_OTHER
-            bar = _bar(lane, category, record, with_status=False)
-            if record["span_id"] in facts:
-                _label_interval(bar, facts[record["span_id"]])
-            bars.append(bar)
-        if waste[id(inc)]["wasted_window_ns"] > 0:
-            bars.append(_wasted_bar(lane, inc, waste[id(inc)]))
-        hang = find_hang(inc)
-        if hang is not None:
-            bars.append(_hang_bar(lane, hang))
-        if inc.in_flight is not None:
-            bars.append(_in_flight_bar(lane, inc.in_flight))
-        cut_short = [r["name"] for r in inc.cut_short]
-        summaries.append(
-            LaneSummary(lane, inc.start_ns, inc.end_ns, inc.ended, cut_short, inc.as_of_ns)
+    summaries = [
+        LaneSummary(
+            index.lane_of_incarnation(inc),
+            inc.start_ns,
+            inc.end_ns,
+            inc.ended,
+            [r["name"] for r in inc.cut_short],
+            inc.as_of_ns,
         )
-    for span in phases:
-        bars.append(_bar(index.lane(span), BAR_STARTUP_PHASE, span))
+        for inc in trace.incarnations
+    ]
     lanes = sorted(summaries, key=lambda s: (s.lane.incarnation, index.ranks.index(s.lane.rank)))
-    bars.extend(_restart_gaps(lanes))
     report = build_report(trace, liveness) if trace.ranks else None
     return Timeline(
-        bars,
+        Bars(trace, index, lanes),
         lanes,
         index.several_ranks,
         trace.span_count,
@@ -177,6 +158,52 @@ def collect(
         report,
         rank_series(trace),
     )
+
+
+class Bars:
+    """The timeline's bars, made afresh from the trace model each time they are iterated.
+
+    A week of a job that checkpoints often is hundreds of thousands of bars: held
+    as a list, they were what made the timeline's memory grow with the file. The
+    model keeps its records on disk (:mod:`megatron.trace.record_log`), so going
+    through them again costs decoding them, not holding them; what is kept here
+    is a few values per incarnation. In order: each incarnation's spans, its
+    wasted progress, hang and open interval, then the startup phases, then the
+    restart gaps.
+    """
+
+    def __init__(self, trace: Trace, index: LaneIndex, lanes: list[LaneSummary]) -> None:
+        self._trace, self._index, self._lanes = trace, index, lanes
+        # the report's own accounting, per incarnation, with "resumed" added
+        self._waste: dict[int, dict[str, Any]] = {}
+        for incs in trace.ranks.values():
+            per_incarnation = rank_accounting(incs)["per_incarnation"]
+            for position, (inc, entry) in enumerate(zip(incs, per_incarnation, strict=True)):
+                self._waste[id(inc)] = {**entry, "resumed": position + 1 < len(incs)}
+
+    def __iter__(self) -> Iterator[Bar]:
+        index = self._index
+        for inc in self._trace.incarnations:
+            yield from self._incarnation(index.lane_of_incarnation(inc), inc)
+        for inc in self._trace.incarnations:
+            for span in inc.startup_phases:
+                yield _bar(index.lane(span), BAR_STARTUP_PHASE, span)
+        yield from _restart_gaps(self._lanes)
+
+    def _incarnation(self, lane: Lane, inc: Incarnation) -> Iterator[Bar]:
+        for record, interval in inc.records_with_facts():
+            bar = _bar(lane, _category(record["name"]) or CATEGORY_OTHER, record, with_status=False)
+            if interval is not None:
+                _label_interval(bar, interval)
+            yield bar
+        waste = self._waste[id(inc)]
+        if waste["wasted_window_ns"] > 0:
+            yield _wasted_bar(lane, inc, waste)
+        hang = find_hang(inc)
+        if hang is not None:
+            yield _hang_bar(lane, hang)
+        if inc.in_flight is not None:
+            yield _in_flight_bar(lane, inc.in_flight)
 
 
 def _read(source: FileSpans, jobs: int | None) -> Trace:

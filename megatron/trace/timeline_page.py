@@ -11,6 +11,8 @@ its head, so it opens offline; the goodput summary
 from __future__ import annotations
 
 import html
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -27,6 +29,7 @@ from megatron.core.telemetry.semconv import (
     CATEGORY_WASTED_PROGRESS,
     GRAD_SYNC_FINISH_SPAN,
 )
+from megatron.trace.json_columns import JsonColumns, script_safe
 from megatron.trace.lanes import Lane
 from megatron.trace.timeline_data import (
     BAR_IN_FLIGHT,
@@ -116,17 +119,52 @@ def _lane_label(summary: LaneSummary, several_ranks: bool) -> str:
 
 
 def figure(timeline: Timeline) -> Any:
-    """The plotly figure: horizontal bars on a wall-clock axis, one numeric row per lane."""
-    import plotly.graph_objects as go
+    """The plotly figure: horizontal bars on a wall-clock axis, one numeric row per lane.
 
-    rows = {summary.lane: position for position, summary in enumerate(timeline.lanes)}
+    Every bar's values in the figure, in memory: the page streams them instead
+    (:func:`page_pieces`); this is the same figure as one plotly object, for
+    whoever wants it (and for the page when plotly's markup is not as expected)."""
+    values: dict[str, dict[str, list[Any]]] = {}
+    for key, field, value in _bar_values(timeline):
+        values.setdefault(key, {}).setdefault(field, []).append(value)
+    return _figure(timeline, values)
+
+
+def _bar_values(timeline: Timeline) -> Iterator[tuple[str, str, Any]]:
+    """(category, field, value) of every bar in turn: the figure's arrays, one value at
+    a time. Fields are the traces' own (``y``, ``base``, ``x``, ``text``, ``hovertext``)
+    and, for nested categories, their markers' (``marker_y``, ``marker_x``)."""
+    rows = _rows(timeline)
     labels = {
         summary.lane: summary.lane.label(timeline.several_ranks) for summary in timeline.lanes
     }
+    for bar in timeline.bars:
+        key, row = bar.category, rows[bar.lane]
+        yield key, "y", row
+        yield key, "base", _when(bar.start_ns)
+        yield key, "x", max(bar.end_ns - bar.start_ns, 0) / 1e6
+        if key != BAR_WASTED:  # wasted progress lies over the interval that did the work
+            yield key, "text", bar.text
+        yield key, "hovertext", _hover(bar, labels[bar.lane])
+        if key in _NESTED:
+            yield key, "marker_y", row + _MARKER_OFFSET[key]
+            yield key, "marker_x", _when((bar.start_ns + bar.end_ns) // 2)
+
+
+def _rows(timeline: Timeline) -> dict[Lane, int]:
+    return {summary.lane: position for position, summary in enumerate(timeline.lanes)}
+
+
+def _figure(timeline: Timeline, values: Mapping[str, Mapping[str, Sequence[Any]]]) -> Any:
+    """The figure of ``values`` (category -> field -> array, as :func:`_bar_values` makes
+    them; a category without values draws no trace)."""
+    import plotly.graph_objects as go
+
+    rows = _rows(timeline)
     fig = go.Figure()
     for key, legend, colour in CATEGORIES:
-        bars = [bar for bar in timeline.bars if bar.category == key]
-        if not bars:
+        columns = values.get(key)
+        if not columns:
             continue
         nested = key in _NESTED
         fig.add_trace(
@@ -134,17 +172,17 @@ def figure(timeline: Timeline) -> Any:
                 name=legend,
                 legendgroup=key,
                 orientation="h",
-                y=[rows[bar.lane] for bar in bars],
-                base=[_when(bar.start_ns) for bar in bars],
-                x=[max(bar.end_ns - bar.start_ns, 0) / 1e6 for bar in bars],
+                y=columns["y"],
+                base=columns["base"],
+                x=columns["x"],
                 width=0.3 if nested else (0.45 if key == CATEGORY_STARTUP else 0.6),
                 marker=_marker(key, colour),
-                # Wasted progress lies over the interval that did the work: hatch, no label.
-                text=[bar.text for bar in bars] if key != BAR_WASTED else None,
+                # Wasted progress is hatched, without a label.
+                text=columns.get("text"),
                 textposition="inside",
                 insidetextanchor="middle",
                 textangle=0,
-                hovertext=[_hover(bar, labels[bar.lane]) for bar in bars],
+                hovertext=columns["hovertext"],
                 hoverinfo="text",
             )
         )
@@ -157,15 +195,15 @@ def figure(timeline: Timeline) -> Any:
                     legendgroup=key,
                     showlegend=False,
                     mode="markers",
-                    y=[rows[bar.lane] + _MARKER_OFFSET[key] for bar in bars],
-                    x=[_when((bar.start_ns + bar.end_ns) // 2) for bar in bars],
+                    y=columns["marker_y"],
+                    x=columns["marker_x"],
                     marker={
                         "color": colour,
                         "size": 11,
                         "symbol": "triangle-down" if _MARKER_OFFSET[key] < 0 else "triangle-up",
                         "line": {"color": "#333", "width": 1},
                     },
-                    hovertext=[_hover(bar, labels[bar.lane]) for bar in bars],
+                    hovertext=columns["hovertext"],
                     hoverinfo="text",
                 )
             )
@@ -294,58 +332,125 @@ incarnations (one per launch of the job){ranks}.</p>
 #: and for the timeline's plot in the page (escaped text holds no "<").
 _DATA_MARK = "megatron-trace: the traces go here"
 _PLOT_MARK = "<!-- megatron-trace: the timeline goes here -->"
-# What plotly escapes in the JSON it puts inside <script> (so a span attribute holding
-# "</script>" cannot end the script), escaped the same way; and the two line separators
-# older JavaScript does not allow in a string (plotly's orjson path escapes them too).
-_UNSAFE_IN_SCRIPT = (
-    (b"<", b"\\u003c"),
-    (b">", b"\\u003e"),
-    (b"/", b"\\u002f"),
-    ("\u2028".encode(), b"\\u2028"),
-    ("\u2029".encode(), b"\\u2029"),
-)
+#: What stands for a column of the lanes' bars in their figure (see _lanes_plot).
+_COLUMN_MARK = "megatron-trace: column "
+_COLUMN = re.compile(rb'\["megatron-trace: column ([^"]+)"\]')
+
+# A piece of the page: text, UTF-8 bytes, or bytes still to be read (a spilled column).
+Piece = str | bytes | Iterator[bytes]
 
 
-def _plot_div(fig: Any, div_id: str, config: dict[str, Any]) -> list[str | bytes]:
+def _traces_json(fig_data: Any) -> bytes | None:
+    """The figure's traces as script-safe JSON by msgspec (None: no msgspec, or a value
+    it cannot encode)."""
+    try:
+        import msgspec
+
+        return script_safe(msgspec.json.encode(fig_data))
+    except (ImportError, TypeError):
+        return None
+
+
+def _markup(fig: Any, div_id: str, config: dict[str, Any], data: bytes) -> list[Piece] | None:
+    """plotly's markup of ``fig`` (its layout, the config, the div) around ``data`` in
+    place of the traces' JSON: None if plotly's markup no longer holds them as expected."""
+    import plotly.io as pio
+
+    options = {"full_html": False, "include_plotlyjs": False, "div_id": div_id, "config": config}
+    stand_in = {"data": [_DATA_MARK], "layout": fig.to_plotly_json()["layout"]}
+    before, mark, after = pio.to_html(stand_in, validate=False, **options).partition(
+        f'["{_DATA_MARK}"]'
+    )
+    return [before, data, after] if mark else None
+
+
+def _plot_div(fig: Any, div_id: str, config: dict[str, Any]) -> list[Piece]:
     """``fig.to_html(full_html=False, include_plotlyjs=False, div_id=..., config=...)``
     in pieces, the traces' JSON (the bulk) as UTF-8 bytes encoded by msgspec.
 
     plotly's JSON encoder encodes the figure, parses the text back and encodes it
-    again (to write NaN as null), and the page it is put in is one string: for the
-    50,000 bars of a ten-million-span trace that was 150 MB beside a 35 MB page. So
+    again (to write NaN as null), and the page it is put in is one string. So
     plotly writes the markup, the layout and the config around a stand-in for the
     traces, and msgspec the traces themselves, escaped as plotly escapes them; they
     stay bytes until they are written. Without msgspec, or for a value it cannot
     encode, it is plotly's own markup; ``test_trace_timeline`` holds the two to the
     same figure.
     """
-    import plotly.io as pio
-
-    options = {"full_html": False, "include_plotlyjs": False, "div_id": div_id, "config": config}
-    try:
-        import msgspec
-
-        figure_json = fig.to_plotly_json()
-        data = msgspec.json.encode(figure_json["data"])
-    except (ImportError, TypeError):
-        return [fig.to_html(**options)]
-    for unsafe, escaped in _UNSAFE_IN_SCRIPT:
-        data = data.replace(unsafe, escaped)
-    stand_in = {"data": [_DATA_MARK], "layout": figure_json["layout"]}
-    before, mark, after = pio.to_html(stand_in, validate=False, **options).partition(
-        f'["{_DATA_MARK}"]'
-    )
-    return [before, data, after] if mark else [fig.to_html(**options)]
+    data = _traces_json(fig.to_plotly_json()["data"])
+    pieces = None if data is None else _markup(fig, div_id, config, data)
+    if pieces is None:
+        return [fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=config)]
+    return pieces
 
 
-def _text(pieces: list[str | bytes]) -> str:
-    return "".join(piece.decode() if isinstance(piece, bytes) else piece for piece in pieces)
+def _lanes_plot(timeline: Timeline, div_id: str, config: dict[str, Any]) -> list[Piece]:
+    """The lanes' plot as :func:`_plot_div` writes :func:`figure`, its bars' arrays
+    streamed: written to :class:`JsonColumns` in one pass over the bars, and read
+    back into the page as it is written.
+
+    The figure plotly sees holds a stand-in for each array (a one-string array
+    naming the column), so the markup, layout and traces' settings are plotly's
+    own; the traces' JSON is split at the stand-ins and each column's array goes
+    in its place. Memory is a chunk per column, not a few kilobytes per bar
+    (``test_trace_timeline`` holds the page to plotly's ``to_html`` of
+    :func:`figure`).
+    """
+    columns = JsonColumns()
+    for key, field, value in _bar_values(timeline):
+        columns.append(f"{key}.{field}", value)
+    stand_ins = {
+        key: {
+            field: [f"{_COLUMN_MARK}{key}.{field}"]
+            for field in _FIELDS
+            if columns.count(f"{key}.{field}")
+        }
+        for key, _, _ in CATEGORIES
+    }
+    skeleton = _figure(timeline, stand_ins)
+    traces = skeleton.to_plotly_json()["data"]
+    data = _traces_json(traces)
+    if data is None:  # no msgspec: plotly's JSON of the skeleton (a few kilobytes)
+        import plotly.io as pio
+
+        data = pio.json.to_json_plotly(traces).encode()
+    plot = _markup(skeleton, div_id, config, b"")
+    if plot is None:  # plotly's markup changed: its own, of the whole figure
+        return _plot_div(figure(timeline), div_id, config)
+    before, _, after = plot
+    parts = _COLUMN.split(data)  # text, column, text, column, ..., text
+    spliced: list[Piece] = [before]
+    for position, part in enumerate(parts):
+        spliced.append(columns.array(part.decode()) if position % 2 else part)
+    return [*spliced, after]
 
 
-def page_pieces(timeline: Timeline) -> list[str | bytes]:
-    """The whole page in order, text and UTF-8 bytes, as :func:`write_page` writes it:
-    plotly.js embedded (about 4.5 MB), so it opens without a network."""
-    plot = _plot_div(figure(timeline), "timeline", {"displaylogo": False})
+# The fields of _bar_values, each a column of the streamed page.
+_FIELDS = ("y", "base", "x", "text", "hovertext", "marker_y", "marker_x")
+
+
+def _text(pieces: Iterable[Piece]) -> str:
+    return b"".join(_bytes(pieces)).decode()
+
+
+def _bytes(pieces: Iterable[Piece]) -> Iterator[bytes]:
+    """The pieces as UTF-8 bytes, in order (a spilled column read as it goes)."""
+    for piece in pieces:
+        if isinstance(piece, str):
+            yield piece.encode()
+        elif isinstance(piece, bytes):
+            yield piece
+        else:
+            yield from piece
+
+
+def page_pieces(timeline: Timeline) -> Iterator[bytes]:
+    """The whole page in order, as UTF-8 bytes, as :func:`write_page` writes it:
+    plotly.js embedded (about 4.5 MB), so it opens without a network.
+
+    Everything but the bars' arrays is worked out before this returns (the bars
+    are gone through once, into temporary columns); those are read as the
+    pieces are."""
+    plot = _lanes_plot(timeline, "timeline", {"displaylogo": False})
     ended = ", ".join(
         f"{s.lane.label(timeline.several_ranks)}: {ENDED_TEXT.get(s.ended, s.ended)}"
         + (f" as of {_when(s.as_of_ns)[:19]} UTC" if s.as_of_ns is not None else "")
@@ -391,9 +496,9 @@ def page_pieces(timeline: Timeline) -> list[str | bytes]:
         ranks=" and ranks" if timeline.several_ranks else "",
         iterations=iterations,
     ).partition(_PLOT_MARK)
-    return [head, *plot, tail]
+    return _bytes([head, *plot, tail])
 
 
 def render_html(timeline: Timeline) -> str:
     """The whole page as one string (:func:`page_pieces` joined)."""
-    return _text(page_pieces(timeline))
+    return b"".join(page_pieces(timeline)).decode()

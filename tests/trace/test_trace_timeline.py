@@ -246,3 +246,59 @@ def test_without_msgspec_a_plot_is_plotlys_own_markup(tmp_path: Path, monkeypatc
     assert timeline_page._plot_div(fig, "timeline", config) == [
         fig.to_html(full_html=False, include_plotlyjs=False, div_id="timeline", config=config)
     ]
+
+
+def _lanes_html(tl: timeline.Timeline) -> tuple[str, bytes, str]:
+    """The streamed lanes plot as (markup before, the traces' JSON, markup after)."""
+    pieces = timeline_page._lanes_plot(tl, "timeline", {"displaylogo": False})
+    before, *data, after = pieces
+    assert isinstance(before, str) and isinstance(after, str)
+    return before, b"".join(timeline_page._bytes(data)), after
+
+
+@pytest.mark.parametrize("trace", [_hostile_page_trace, killed_then_resumed])
+@pytest.mark.parametrize("encoder", ["msgspec", "stdlib"])
+def test_the_streamed_lanes_are_plotlys_page_of_the_whole_figure(
+    tmp_path: Path, monkeypatch, trace, encoder: str
+) -> None:
+    """The bars' arrays go through temporary columns (a value a chunk here, so every
+    array is spliced from several), yet the page is plotly's ``to_html`` of the figure
+    holding every bar: markup byte for byte, traces the same JSON, nothing that ends
+    the script."""
+    import plotly.io as pio
+
+    from megatron.trace import json_columns
+
+    monkeypatch.setattr(json_columns, "CHUNK_VALUES", 1)
+    if encoder == "stdlib":
+        monkeypatch.setitem(sys.modules, "msgspec", None)
+    path = trace(tmp_path)
+    tl = timeline.collect(span_source([path]), [str(path)])
+    fig = timeline.figure(tl)
+    assert any(len(t.y) > 1 for t in fig.data)  # some array spans chunks
+    before, data, after = _lanes_html(tl)
+    config = {"displaylogo": False}
+    theirs = fig.to_html(full_html=False, include_plotlyjs=False, div_id="timeline", config=config)
+    their_data = pio.json.to_json_plotly(fig.to_plotly_json()["data"])
+    assert before + their_data + after == theirs
+    assert json.loads(data) == json.loads(their_data)
+    for unsafe in ("<", ">", "/", "\u2028", "\u2029"):
+        assert unsafe not in data.decode()
+
+
+def test_the_bars_are_made_again_not_held(tmp_path: Path) -> None:
+    path = killed_then_resumed(tmp_path)
+    tl = timeline.collect(span_source([path]), [str(path)])
+    assert not isinstance(tl.bars, list)
+    first, again = list(tl.bars), list(tl.bars)
+    assert first == again and {b.category for b in first} >= {"interval", "wasted"}
+
+
+def test_if_plotlys_markup_changes_the_lanes_are_plotlys_own(tmp_path, monkeypatch) -> None:
+    path = killed_then_resumed(tmp_path)
+    tl = timeline.collect(span_source([path]), [str(path)])
+    fig = timeline.figure(tl)
+    config = {"displaylogo": False}
+    theirs = fig.to_html(full_html=False, include_plotlyjs=False, div_id="timeline", config=config)
+    monkeypatch.setattr(timeline_page, "_markup", lambda *args: None)
+    assert timeline_page._lanes_plot(tl, "timeline", config) == [theirs]
