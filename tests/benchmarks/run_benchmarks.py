@@ -81,6 +81,9 @@ TARGETS = {
     # peak RSS at 4M spans / at 1M, the same shape: flat memory is about 1
     "report_peak_growth_4x_spans": 1.1,
     "check_peak_growth_4x_spans": 1.1,
+    "export_peak_growth_4x_spans": 1.1,
+    "export_perfetto_peak_growth_4x_spans": 1.1,
+    "timeline_peak_growth_4x_spans": 1.1,
     # the timeline's lanes into their page: ours (msgspec for the bars) must beat plotly's
     "timeline_page_ratio_vs_plotly": 1.0,
     # the report's order statistics by selection over the columns' parts against numpy's
@@ -774,32 +777,34 @@ def section_report(run: Run) -> None:
 
 
 def bench_timeline_page(repeats: int) -> tuple[float, float, float, int]:
-    """The timeline's lanes figure into its page: our pieces (plotly's markup, the
-    bars' JSON by msgspec) against plotly's own ``to_html``, interleaved, on the
-    figure of a generated file with an interval every 4 iterations (the bars of
-    every interval and save: what makes a big page). Returns (ratio, ours s, plotly
-    s, bars)."""
+    """The timeline's lanes into their page: ours (the bars streamed through temporary
+    columns into plotly's markup, msgspec encoding them) against plotly's own
+    ``to_html`` of the whole figure, interleaved, each from the same read of a
+    generated file with an interval every 4 iterations (the bars of every interval and
+    save: what makes a big page). Returns (ratio, ours s, plotly s, bars)."""
     from megatron.trace.spans import span_source
     from megatron.trace.timeline_data import collect
-    from megatron.trace.timeline_page import _plot_div, figure
+    from megatron.trace.timeline_page import _bytes, _lanes_plot, figure
 
     with tempfile.TemporaryDirectory(prefix="bench-page-") as directory:
         path, _, _ = _trace_file(Path(directory), "traces.jsonl", spans=400_000, save_interval=4)
         timeline = collect(span_source([path]), [str(path)], jobs=1)
-    fig = figure(timeline)
     config = {"displaylogo": False}
 
     def ours() -> float:
         start = time.perf_counter()
-        _plot_div(fig, "timeline", config)
+        for _ in _bytes(_lanes_plot(timeline, "timeline", config)):
+            pass
         return time.perf_counter() - start
 
     def plotly() -> float:
         start = time.perf_counter()
-        fig.to_html(full_html=False, include_plotlyjs=False, div_id="timeline", config=config)
+        figure(timeline).to_html(
+            full_html=False, include_plotlyjs=False, div_id="timeline", config=config
+        )
         return time.perf_counter() - start
 
-    return (*_interleaved(ours, plotly, repeats), len(timeline.bars))
+    return (*_interleaved(ours, plotly, repeats), sum(1 for _ in timeline.bars))
 
 
 def bench_selection(
@@ -965,9 +970,9 @@ def bench_trace_commands(repeats: int, spans: int = 1_000_000) -> dict[str, Any]
     big as the first so that the fixed cost of starting a process weighs the
     same in both; on a file a quarter the size it added a fifth to each ratio.)
     Two more files have the ``communication`` group too (gradient all-reduce spans:
-    what ``report`` splits into work and wait per rank), of 1M and 4M spans:
-    ``report`` and ``check`` peak RSS on the second over the first say how memory
-    grows with the file.
+    what ``report`` splits into work and wait per rank), of 1M and 4M spans: every
+    command's peak RSS on the second over the first says how its memory grows with
+    the file.
     """
     py = sys.executable
     directory = Path(tempfile.mkdtemp(prefix="bench-trace-"))
@@ -1008,13 +1013,27 @@ def bench_trace_commands(repeats: int, spans: int = 1_000_000) -> dict[str, Any]
             "comm_floor": [py, "-c", _FLOOR, str(comm)],
             "comm_report": trace("report", str(comm)),
             "comm_check": trace("check", str(comm)),
+            "comm_export": trace("export", str(comm), "-o", f"{out}-comm.json"),
+            "comm_export_perfetto": trace(
+                "export", str(comm), "--format", "perfetto", "-o", f"{out}-comm.pftrace"
+            ),
+            "comm_timeline": trace("timeline", str(comm), "-o", f"{out}-comm.html"),
             "comm4_report": trace("report", str(comm4)),
             "comm4_check": trace("check", str(comm4)),
+            "comm4_export": trace("export", str(comm4), "-o", f"{out}-comm4.json"),
+            "comm4_export_perfetto": trace(
+                "export", str(comm4), "--format", "perfetto", "-o", f"{out}-comm4.pftrace"
+            ),
+            "comm4_timeline": trace("timeline", str(comm4), "-o", f"{out}-comm4.html"),
         }
         measured: dict[str, list[tuple[float, float, float]]] = {name: [] for name in commands}
         for _ in range(repeats):
             for name, argv in commands.items():
                 measured[name].append(_process(argv))
+                # the growth runs' outputs (up to a GB): gone before their pages are
+                # written back, so the disk is as quiet for the next command as before
+                for output in directory.glob("out-comm*"):
+                    output.unlink()
         sizes = {
             "json": Path(f"{out}.json").stat().st_size / 2**20,
             "perfetto": Path(f"{out}.pftrace").stat().st_size / 2**20,
@@ -1069,7 +1088,7 @@ def section_trace(run: Run) -> None:
         f"{wall['comm_report'] * 1e6 / figures['comm_spans']:.2f} s/M spans",
         f"with grad_sync spans ({figures['comm_spans']} spans)",
     )
-    for name in ("report", "check"):
+    for name in ("report", "check", "export", "export_perfetto", "timeline"):
         run.record(
             f"{name}_peak_growth_4x_spans",
             peak[f"comm4_{name}"] / peak[f"comm_{name}"],
