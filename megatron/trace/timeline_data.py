@@ -7,8 +7,9 @@ decides incarnations and how each ended; wasted progress is the goodput
 accounting's own (:mod:`megatron.trace.goodput`, as ``report`` prints it);
 a bar's category is its span's report category, named for the picture;
 only the startup phases, which the model does not keep, are gathered here
-(a handful per incarnation). Per-step spans are never kept; the per-rank
-iteration times come from the model's compact arrays
+(a handful per incarnation). Per-step spans are never kept, nor are the
+bars: :class:`Bars` makes them from the model each time it is iterated; the
+per-rank iteration times come from the model's compact arrays
 (:mod:`megatron.trace.timeline_ranks`). A hang (the accounting's own,
 :mod:`megatron.trace.hangs`) is a bar from the last progress to the end.
 """

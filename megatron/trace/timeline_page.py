@@ -5,7 +5,10 @@ category (so the legend is the colour key), saves, loads and evaluations
 pinned with triangles since they last milliseconds, and a mark where an
 incarnation did not shut down cleanly. The page embeds plotly.js once, in
 its head, so it opens offline; the goodput summary
-(:mod:`megatron.trace.timeline_summary`) sits above the lanes.
+(:mod:`megatron.trace.timeline_summary`) sits above the lanes. The bars'
+arrays are streamed into the page through temporary columns
+(:mod:`megatron.trace.json_columns`), so a week of intervals takes no more
+memory than a day.
 """
 
 from __future__ import annotations
@@ -334,10 +337,10 @@ _DATA_MARK = "megatron-trace: the traces go here"
 _PLOT_MARK = "<!-- megatron-trace: the timeline goes here -->"
 #: What stands for a column of the lanes' bars in their figure (see _lanes_plot).
 _COLUMN_MARK = "megatron-trace: column "
-_COLUMN = re.compile(rb'\["megatron-trace: column ([^"]+)"\]')
+_COLUMN = re.compile(rb'\["' + re.escape(_COLUMN_MARK.encode()) + rb'([^"]+)"\]')
 
 # A piece of the page: text, UTF-8 bytes, or bytes still to be read (a spilled column).
-Piece = str | bytes | Iterator[bytes]
+_Piece = str | bytes | Iterator[bytes]
 
 
 def _traces_json(fig_data: Any) -> bytes | None:
@@ -351,7 +354,7 @@ def _traces_json(fig_data: Any) -> bytes | None:
         return None
 
 
-def _markup(fig: Any, div_id: str, config: dict[str, Any], data: bytes) -> list[Piece] | None:
+def _markup(fig: Any, div_id: str, config: dict[str, Any], data: bytes) -> list[_Piece] | None:
     """plotly's markup of ``fig`` (its layout, the config, the div) around ``data`` in
     place of the traces' JSON: None if plotly's markup no longer holds them as expected."""
     import plotly.io as pio
@@ -364,7 +367,7 @@ def _markup(fig: Any, div_id: str, config: dict[str, Any], data: bytes) -> list[
     return [before, data, after] if mark else None
 
 
-def _plot_div(fig: Any, div_id: str, config: dict[str, Any]) -> list[Piece]:
+def _plot_div(fig: Any, div_id: str, config: dict[str, Any]) -> list[_Piece]:
     """``fig.to_html(full_html=False, include_plotlyjs=False, div_id=..., config=...)``
     in pieces, the traces' JSON (the bulk) as UTF-8 bytes encoded by msgspec.
 
@@ -383,7 +386,7 @@ def _plot_div(fig: Any, div_id: str, config: dict[str, Any]) -> list[Piece]:
     return pieces
 
 
-def _lanes_plot(timeline: Timeline, div_id: str, config: dict[str, Any]) -> list[Piece]:
+def _lanes_plot(timeline: Timeline, div_id: str, config: dict[str, Any]) -> list[_Piece]:
     """The lanes' plot as :func:`_plot_div` writes :func:`figure`, its bars' arrays
     streamed: written to :class:`JsonColumns` in one pass over the bars, and read
     back into the page as it is written.
@@ -418,7 +421,7 @@ def _lanes_plot(timeline: Timeline, div_id: str, config: dict[str, Any]) -> list
         return _plot_div(figure(timeline), div_id, config)
     before, _, after = plot
     parts = _COLUMN.split(data)  # text, column, text, column, ..., text
-    spliced: list[Piece] = [before]
+    spliced: list[_Piece] = [before]
     for position, part in enumerate(parts):
         spliced.append(columns.array(part.decode()) if position % 2 else part)
     return [*spliced, after]
@@ -428,11 +431,11 @@ def _lanes_plot(timeline: Timeline, div_id: str, config: dict[str, Any]) -> list
 _FIELDS = ("y", "base", "x", "text", "hovertext", "marker_y", "marker_x")
 
 
-def _text(pieces: Iterable[Piece]) -> str:
+def _text(pieces: Iterable[_Piece]) -> str:
     return b"".join(_bytes(pieces)).decode()
 
 
-def _bytes(pieces: Iterable[Piece]) -> Iterator[bytes]:
+def _bytes(pieces: Iterable[_Piece]) -> Iterator[bytes]:
     """The pieces as UTF-8 bytes, in order (a spilled column read as it goes)."""
     for piece in pieces:
         if isinstance(piece, str):
