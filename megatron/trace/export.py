@@ -180,7 +180,8 @@ class _Plan:
     pieces: list[FilePiece]  # as the first pass read them: numbered, for the second
     lanes: LaneIndex
     flows: FlowPlan | None  # the Chrome export's drawing of each link (None: Perfetto's)
-    links: list[tuple[str, str]] = field(default_factory=list)  # (linking, linked-to), in order
+    # Perfetto's: span id -> its begin's flow_ids (perfetto_trace.flow_fields)
+    flow_fields: dict[str, bytes] = field(default_factory=dict)
     origin: int = 0  # the earliest start, rounded down to a whole second (ns)
 
 
@@ -216,21 +217,26 @@ def _plan(
         raise TraceInputError("no spans in the trace files")
     trace = builder.finish()
     judge(trace, paths, clock)  # which last incarnations are still running
-    flows = None
-    if fmt == "chrome":  # Perfetto's flows are the links themselves: nothing to plan
+    flows, fields = None, {}
+    if fmt == "chrome":
         flows = FlowPlan()
         for linking, target in links:
             flows.add(linking, target)
         flows.plan()
+    else:  # Perfetto's flows are the links themselves: nothing to plan
+        from megatron.trace.perfetto_trace import flow_fields
+
+        fields = flow_fields(links)
+    del links  # (the plan keeps what each format draws, not the links)
     origin = earliest - earliest % 1_000_000_000
-    return _Plan(read, LaneIndex(trace), flows, links, origin), trace
+    return _Plan(read, LaneIndex(trace), flows, fields, origin), trace
 
 
 def _writer(fmt: str, plan: _Plan, part: int) -> Any:
     if fmt == "perfetto":
         from megatron.trace.perfetto_trace import PerfettoWriter
 
-        return PerfettoWriter(plan.lanes, plan.links, part, seams=part > 0)
+        return PerfettoWriter(plan.lanes, plan.flow_fields, part, seams=part > 0)
     assert plan.flows is not None  # planned for this format
     return ChromeWriter(plan.lanes, plan.flows, plan.origin)
 

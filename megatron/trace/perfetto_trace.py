@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -56,7 +56,7 @@ from megatron.trace.chrome_trace import running_lanes
 from megatron.trace.lanes import Lane, LaneIndex
 from megatron.trace.output import append_file
 
-__all__ = ["MAX_HELD", "PerfettoPart", "PerfettoWriter", "varint", "varints"]
+__all__ = ["MAX_HELD", "PerfettoPart", "PerfettoWriter", "flow_fields", "varint", "varints"]
 
 #: Spans a track holds back at most before writing them (see the module docstring).
 MAX_HELD = 50_000
@@ -279,23 +279,36 @@ class _Sequence:
         return encoded + self.annotation("status_message", message) if message else encoded
 
 
+def flow_fields(links: Iterable[tuple[str, str]]) -> dict[str, bytes]:
+    """Each link a flow: span id -> the encoded ``flow_ids`` of its begin event, a flow
+    id per link it is an end of (the linking span and the linked-to span), numbered
+    from 1 in ``links``' order.
+
+    Built once per export and shared by its parts: a link per checkpoint interval
+    and rank is what the export holds per link, about 300 bytes (the span ids and
+    the fields), where a list of the links beside a map of lists of flow ids held
+    twice that."""
+    fields: dict[str, bytes] = {}
+    for flow, (linking, target) in enumerate(links, start=1):
+        encoded = _FLOW_ID + struct.pack("<Q", flow)
+        fields[target] = fields.get(target, b"") + encoded
+        fields[linking] = fields.get(linking, b"") + encoded
+    return fields
+
+
 class PerfettoWriter:
     """Writes the packets; one instance per output part (file of the input)."""
 
     def __init__(
         self,
         lanes: LaneIndex,
-        links: Sequence[tuple[str, str]],
+        flows: Mapping[str, bytes],
         part: int = 0,
         seams: bool = False,
     ) -> None:
         self.lanes = lanes
         self.order = {lane: position for position, lane in enumerate(lanes.lanes())}
-        # each link a flow id, on the begin of both its spans (linking and linked-to)
-        self.flows: dict[str, list[int]] = {}
-        for flow, (linking, target) in enumerate(links, start=1):
-            self.flows.setdefault(target, []).append(flow)
-            self.flows.setdefault(linking, []).append(flow)
+        self.flows = flows  # flow_fields(links): shared by every part
         self.part = PerfettoPart()
         self._number = part
         self._sequences: dict[Lane, _Sequence] = {}
@@ -396,9 +409,9 @@ class PerfettoWriter:
                 pieces.append(annotations(span.attribute_dict()))
             if span.status:
                 pieces.append(sequence.status(span))
-            flow_ids = flows.get(span.span_id)
-            if flow_ids:
-                pieces += [_FLOW_ID + struct.pack("<Q", flow) for flow in flow_ids]
+            flow_fields = flows.get(span.span_id)
+            if flow_fields:
+                pieces.append(flow_fields)
             event = b"".join(pieces)
             size = len(event)
             size_varint = _SMALL[size] if size < 0x80 else varint(size)
