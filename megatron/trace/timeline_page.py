@@ -354,13 +354,16 @@ def _traces_json(fig_data: Any) -> bytes | None:
         return None
 
 
-def _markup(fig: Any, div_id: str, config: dict[str, Any], data: bytes) -> list[_Piece] | None:
-    """plotly's markup of ``fig`` (its layout, the config, the div) around ``data`` in
-    place of the traces' JSON: None if plotly's markup no longer holds them as expected."""
+def _markup(
+    layout: dict[str, Any], div_id: str, config: dict[str, Any], data: bytes
+) -> list[_Piece] | None:
+    """plotly's markup of a figure with ``layout`` (the layout, the config, the div)
+    around ``data`` in place of the traces' JSON: None if plotly's markup no longer
+    holds them as expected."""
     import plotly.io as pio
 
     options = {"full_html": False, "include_plotlyjs": False, "div_id": div_id, "config": config}
-    stand_in = {"data": [_DATA_MARK], "layout": fig.to_plotly_json()["layout"]}
+    stand_in = {"data": [_DATA_MARK], "layout": layout}
     before, mark, after = pio.to_html(stand_in, validate=False, **options).partition(
         f'["{_DATA_MARK}"]'
     )
@@ -379,8 +382,9 @@ def _plot_div(fig: Any, div_id: str, config: dict[str, Any]) -> list[_Piece]:
     encode, it is plotly's own markup; ``test_trace_timeline`` holds the two to the
     same figure.
     """
-    data = _traces_json(fig.to_plotly_json()["data"])
-    pieces = None if data is None else _markup(fig, div_id, config, data)
+    figure_json = fig.to_plotly_json()
+    data = _traces_json(figure_json["data"])
+    pieces = None if data is None else _markup(figure_json["layout"], div_id, config, data)
     if pieces is None:
         return [fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=config)]
     return pieces
@@ -409,14 +413,14 @@ def _lanes_plot(timeline: Timeline, div_id: str, config: dict[str, Any]) -> list
         }
         for key, _, _ in CATEGORIES
     }
-    skeleton = _figure(timeline, stand_ins)
-    traces = skeleton.to_plotly_json()["data"]
+    skeleton = _figure(timeline, stand_ins).to_plotly_json()
+    traces = skeleton["data"]
     data = _traces_json(traces)
     if data is None:  # no msgspec: plotly's JSON of the skeleton (a few kilobytes)
         import plotly.io as pio
 
         data = pio.json.to_json_plotly(traces).encode()
-    plot = _markup(skeleton, div_id, config, b"")
+    plot = _markup(skeleton["layout"], div_id, config, b"")
     if plot is None:  # plotly's markup changed: its own, of the whole figure
         return _plot_div(figure(timeline), div_id, config)
     before, _, after = plot
