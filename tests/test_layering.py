@@ -1,8 +1,9 @@
-"""Each package imports only the layers below it (README, "Layout").
+"""Each room imports only the rooms below it (``megatron/trace/README.md``, "Rooms").
 
 The base layer must stay liftable into another trainer, and ``megatron-trace``
-must read a trace where the trainer is not installed, so an import of a higher
-layer fails here, wherever it is written (module top or inside a function).
+must read a trace where the trainer is not installed (or where Megatron-LM's
+own ``megatron.core`` and ``megatron.training`` are), so an import of a higher
+room fails here, wherever it is written (module top or inside a function).
 """
 
 from __future__ import annotations
@@ -15,18 +16,46 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SOURCE = REPO_ROOT / "megatron"
 
-# Package -> the packages of ours it may import besides itself.
+# The rooms, lowest first: each may import only the rooms listed for it (besides
+# itself). ``megatron.trace`` is the bottom of everything: its vocabulary
+# (``semconv``), its error type and its files (``otlp``) are what the writers
+# share with the reader, and none of it imports ``megatron.core`` or
+# ``megatron.training``, so ``megatron-trace`` reads a trace wherever Megatron-LM
+# (or no trainer at all) is installed.
+_BASE = frozenset({"megatron.trace.semconv", "megatron.trace.errors"})
+_OTLP = _BASE | {"megatron.trace.otlp"}
+_STORE = _OTLP | {"megatron.trace._store"}
+_MODEL = _STORE | {"megatron.trace.model"}
+_ANALYSIS = _MODEL | {"megatron.trace.analysis"}
+_RENDER = _ANALYSIS | {"megatron.trace.render"}
+ROOMS: dict[str, frozenset[str]] = {
+    "megatron.trace.semconv": frozenset(),
+    "megatron.trace.errors": frozenset(),
+    "megatron.trace.otlp": _BASE,
+    "megatron.trace._store": _OTLP,
+    "megatron.trace.model": _STORE,
+    "megatron.trace.analysis": _MODEL,
+    "megatron.trace.render": _ANALYSIS,
+    "megatron.trace.cli": _RENDER,
+}
 ALLOWED: dict[str, frozenset[str]] = {
-    "megatron.core": frozenset(),
-    "megatron.trace": frozenset({"megatron.core"}),
-    "megatron.training": frozenset({"megatron.core", "megatron.trace"}),
+    **ROOMS,
+    # the front modules (__init__, __main__): the public API over every room
+    "megatron.trace": frozenset(ROOMS),
+    # the writers: the vocabulary, the error type and the file format, nothing that reads
+    "megatron.core": _OTLP,
+    "megatron.training": frozenset({"megatron.core", *ROOMS}),
 }
 
 
 def _layer(module: str) -> str | None:
+    """The room ``module`` is in: the longest name in ``ALLOWED`` it starts with."""
     parts = module.split(".")
     if parts[0] != "megatron" or len(parts) < 2:
         return None
+    for size in (3, 2):
+        if ".".join(parts[:size]) in ALLOWED:
+            return ".".join(parts[:size])
     return ".".join(parts[:2])
 
 
@@ -41,9 +70,11 @@ def _imports(path: Path, root: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[: len(package) - (node.level - 1)]
-                found.append((node.lineno, ".".join([*base, *filter(None, [node.module])])))
-            elif node.module:
-                found.append((node.lineno, node.module))
+                module = ".".join([*base, *filter(None, [node.module])])
+            else:
+                module = node.module or ""
+            # ``from megatron.trace import semconv`` imports the module semconv
+            found.extend((node.lineno, f"{module}.{alias.name}") for alias in node.names)
     return found
 
 
@@ -55,31 +86,52 @@ def _violations(root: Path) -> list[str]:
             continue
         for lineno, module in _imports(path, root):
             target = _layer(module)
-            if target is None or target == own or module == "megatron":
+            if target is None or target == own or target in ("megatron.trace",):
                 continue
             if target not in ALLOWED[own]:
                 found.append(f"{path.relative_to(root.parent)}:{lineno}: {own} imports {module}")
     return found
 
 
-def test_every_package_imports_only_the_layers_below_it() -> None:
+def test_every_room_imports_only_the_rooms_below_it() -> None:
     assert _violations(SOURCE) == []
 
 
-def test_the_layers_cover_every_package() -> None:
-    packages = {p.name for p in SOURCE.iterdir() if (p / "__init__.py").is_file()}
-    assert {f"megatron.{name}" for name in packages} == set(ALLOWED)
+def test_the_rooms_cover_every_package() -> None:
+    packages = {
+        ".".join(p.parent.relative_to(SOURCE.parent).parts) for p in SOURCE.rglob("__init__.py")
+    }
+    assert {_layer(name) for name in packages} <= set(ALLOWED)
+    in_trace = {name for name in packages if name.startswith("megatron.trace.")}
+    assert in_trace == {name for name in ROOMS if not name.endswith(("semconv", "errors"))}
+
+
+def test_megatron_is_a_namespace_as_in_megatron_lm() -> None:
+    # Megatron-LM's tree has no megatron/__init__.py, and megatron-core's wheel ships
+    # megatron/core/__init__.py: a file of ours at either place shadows or breaks theirs.
+    assert not (SOURCE / "__init__.py").exists()
+    assert not (SOURCE / "core" / "__init__.py").exists()
+
+
+def test_the_trace_package_front_holds_only_its_front_modules() -> None:
+    front = {path.name for path in (SOURCE / "trace").glob("*.py")}
+    assert front == {"__init__.py", "__main__.py", "semconv.py", "errors.py"}
 
 
 @pytest.mark.parametrize(
     ("file", "source", "expected"),
     [
         ("core/telemetry/x.py", "from megatron.training import arguments\n", "megatron.training"),
-        ("core/telemetry/x.py", "def f():\n    import megatron.trace.report\n", "megatron.trace"),
-        ("trace/x.py", "from ..training import telemetry_spans\n", "megatron.training"),
+        ("core/telemetry/x.py", "def f():\n    import megatron.trace.cli.report\n", "megatron.trace.cli"),  # noqa: E501
+        ("core/telemetry/x.py", "from megatron.trace.analysis import check\n", "megatron.trace.analysis"),  # noqa: E501
+        ("trace/otlp/x.py", "from ...training import telemetry_spans\n", "megatron.training"),
+        ("trace/otlp/x.py", "from megatron.core.telemetry import jsonl\n", "megatron.core"),
+        ("trace/otlp/x.py", "from megatron.trace.model import trace\n", "megatron.trace.model"),
+        ("trace/model/x.py", "from ..analysis import goodput\n", "megatron.trace.analysis"),
+        ("trace/render/x.py", "from megatron.trace import cli\n", "megatron.trace.cli"),
     ],
-)
-def test_an_import_of_a_higher_layer_is_found(
+)  # fmt: skip
+def test_an_import_of_a_higher_room_is_found(
     tmp_path: Path, file: str, source: str, expected: str
 ) -> None:
     root = tmp_path / "megatron"

@@ -43,14 +43,14 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from megatron.core.telemetry.semconv import (
+from megatron.core.telemetry.span_groups import MegatronSpanGroup
+from megatron.core.telemetry.state import get_active_tracer, is_span_group_enabled
+from megatron.trace.semconv import (
     GRAD_SYNC_BUCKETS,
     GRAD_SYNC_FINISH_SPAN,
     GRAD_SYNC_START_SPAN,
     ITERATION,
 )
-from megatron.core.telemetry.span_groups import MegatronSpanGroup
-from megatron.core.telemetry.state import get_active_tracer, is_span_group_enabled
 
 __all__ = [
     "GradSyncSpans",

@@ -12,7 +12,7 @@ several separate traces, never one run-long root span:
   the one before it (C0 to B), so a SIGKILL loses at most the interval in flight.
 
 The names it writes (span names, attribute keys) are spelled once, in
-:mod:`megatron.core.telemetry.semconv`, which everything reading them shares.
+:mod:`megatron.trace.semconv`, which everything reading them shares.
 
 The lifecycle is an explicit state machine on the ``transitions`` library.
 Each state owns exactly the spans that are open while it is current: entering
@@ -47,7 +47,9 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 from transitions import Machine, MachineError
 
-from megatron.core.telemetry.semconv import (
+from megatron.core.telemetry.span_groups import SpanGroup
+from megatron.core.telemetry.state import is_span_group_enabled
+from megatron.trace.semconv import (
     CONTAINER_LOAD_SPAN,
     ERROR_TYPE,
     INTERVAL_FIRST_ITERATION,
@@ -62,8 +64,6 @@ from megatron.core.telemetry.semconv import (
     SHUTDOWN_REASON,
     STARTUP_SPAN,
 )
-from megatron.core.telemetry.span_groups import SpanGroup
-from megatron.core.telemetry.state import is_span_group_enabled
 
 __all__ = [
     "EXIT_HOOKS",

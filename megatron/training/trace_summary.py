@@ -3,7 +3,7 @@
 The summary is built from what the run counted as it went
 (:class:`~megatron.core.telemetry.tally.SpanTally`), never by reading the file
 back, so it costs the same whether the file holds one run or a week of them.
-Reading a file is the base layer's job (:mod:`megatron.core.telemetry.reader`,
+Reading a file is the base layer's job (:mod:`megatron.trace.otlp.reader`,
 the one streaming reader ``megatron-trace`` and the tests share).
 """
 
@@ -13,18 +13,18 @@ import os
 from collections.abc import Set
 from pathlib import Path
 
-from megatron.core.telemetry.records import SpanRecord
-from megatron.core.telemetry.semconv import (
+from megatron.core.telemetry.span_groups import SpanGroup
+from megatron.core.telemetry.tally import SpanTally
+from megatron.trace.analysis.goodput import rank_accounting
+from megatron.trace.model.trace import TraceBuilder
+from megatron.trace.otlp.files import metrics_file_for
+from megatron.trace.otlp.records import SpanRecord
+from megatron.trace.semconv import (
     BADPUT_CATEGORIES,
     CATEGORY_GOODPUT,
     INTERVAL_SPAN,
     STARTUP_SPAN,
 )
-from megatron.core.telemetry.span_groups import SpanGroup
-from megatron.core.telemetry.tally import SpanTally
-from megatron.core.telemetry.trace_files import metrics_file_for
-from megatron.trace.goodput import rank_accounting
-from megatron.trace.model import TraceBuilder
 
 __all__ = ["goodput_line", "summarize", "unaccounted"]
 
@@ -39,7 +39,7 @@ def goodput_line(kept: list[SpanRecord]) -> str | None:
     """One line of this run's goodput accounting, from its structural spans.
 
     ``kept`` are flat span records (:attr:`SpanTally.kept`); the accounting is
-    ``megatron-trace report``'s (:mod:`megatron.trace.goodput`), applied to
+    ``megatron-trace report``'s (:mod:`megatron.trace.analysis.goodput`), applied to
     this run alone (so a later restart's re-done iterations cannot be known
     yet: see the README).
     """

@@ -71,10 +71,10 @@ from megatron.core.telemetry import (
     is_span_group_enabled,
     managed_span,
     safe_set_span_attributes,
-    semconv,
     setup_telemetry,
 )
 from megatron.core.telemetry.watchdog import NO_WATCHDOG, Watchdog, hang_watchdog
+from megatron.trace import semconv
 from megatron.training.arguments import parse_args
 from megatron.training.checkpointing import (
     TrainState,

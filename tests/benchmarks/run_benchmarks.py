@@ -45,8 +45,8 @@ from opentelemetry.trace import Link
 from megatron.core.telemetry import TelemetryConfig, managed_span, setup_telemetry
 from megatron.core.telemetry._otlp_json import encode_spans
 from megatron.core.telemetry.processors import BatchSettings
-from megatron.core.telemetry.reader import read_spans
 from megatron.core.telemetry.span_groups import SpanGroup
+from megatron.trace.otlp.reader import read_spans
 from megatron.training.telemetry_spans import SpanPhases
 from megatron.training.training_log import parse_log_iteration_ms
 
@@ -727,7 +727,7 @@ def bench_trace_report(
     code = textwrap.dedent(
         """
         import json, resource, sys, time
-        from megatron.trace.goodput import report_files
+        from megatron.trace.analysis.goodput import report_files
 
         def peak_kb():
             try:  # VmHWM starts afresh at exec; ru_maxrss would inherit the parent's peak
@@ -782,9 +782,9 @@ def bench_timeline_page(repeats: int) -> tuple[float, float, float, int]:
     ``to_html`` of the whole figure, interleaved, each from the same read of a
     generated file with an interval every 4 iterations (the bars of every interval and
     save: what makes a big page). Returns (ratio, ours s, plotly s, bars)."""
-    from megatron.trace.spans import span_source
-    from megatron.trace.timeline_data import collect
-    from megatron.trace.timeline_page import _bytes, _lanes_plot, figure
+    from megatron.trace.otlp.spans import span_source
+    from megatron.trace.render.timeline_data import collect
+    from megatron.trace.render.timeline_page import _bytes, _lanes_plot, figure
 
     with tempfile.TemporaryDirectory(prefix="bench-page-") as directory:
         path, _, _ = _trace_file(Path(directory), "traces.jsonl", spans=400_000, save_interval=4)
@@ -811,7 +811,7 @@ def bench_selection(
     repeats: int, rows: int = 4_000_000
 ) -> tuple[float, float, float, float, float, float]:
     """The report's median and p90 of ``rows`` iteration durations: selected a radix digit
-    at a time over the columns' parts (:mod:`megatron.trace.selection`) against
+    at a time over the columns' parts (:mod:`megatron.trace._store.selection`) against
     ``np.partition`` of the whole column, read from the same spilled columns, with the
     same answer. Returns (peak ratio, time ratio, our peak MB, partition's peak MB, our
     s, partition's s); the peaks are tracemalloc's, above what was allocated before."""
@@ -819,8 +819,8 @@ def bench_selection(
 
     import numpy as np
 
-    from megatron.trace.columns import Iterations
-    from megatron.trace.selection import select
+    from megatron.trace._store.columns import Iterations
+    from megatron.trace._store.selection import select
 
     rng = np.random.default_rng(7)
     durations = rng.lognormal(np.log(2e7), 0.1, rows).astype(np.int64)

@@ -22,11 +22,11 @@ import real_runs
 import upstream_traces
 from perfetto_harness import PerfettoTrace, open_trace
 
-from megatron.core.telemetry.reader import iter_spans
-from megatron.trace import export
-from megatron.trace.lanes import LaneIndex
-from megatron.trace.model import load_trace
-from megatron.trace.spans import span_source
+from megatron.trace.model.trace import load_trace
+from megatron.trace.otlp.reader import iter_spans
+from megatron.trace.otlp.spans import span_source
+from megatron.trace.render import export
+from megatron.trace.render.lanes import LaneIndex
 
 RUNS = {
     "one rank": real_runs.one_rank,

@@ -18,8 +18,8 @@ import synthetic
 from perfetto_harness import open_trace
 from pictures_helpers import incarnation, resource, write_trace
 
-from megatron.core.telemetry.reader import read_spans
-from megatron.trace import export
+from megatron.trace.otlp.reader import read_spans
+from megatron.trace.render import export
 
 # Every slice with its lane, as "incarnation N/rank R", from either import.
 _PROTOBUF_SLICES = """
@@ -139,7 +139,7 @@ def test_a_file_exported_in_pieces_imports_as_the_whole_file(
     one-piece export puts it, on our tracks and no other."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from megatron.trace import parallel
+    from megatron.trace.otlp import parallel
 
     monkeypatch.setattr(parallel, "MIN_PIECE_BYTES", 1)
     shape = synthetic.Shape(spans=3000, ranks=2, save_interval=9, incarnations=2, per_line=40)

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from pictures_helpers import Span, incarnation, resource, write_trace
 
-from megatron.trace import timeline
-from megatron.trace.spans import span_source
+from megatron.trace.otlp.spans import span_source
+from megatron.trace.render import timeline
 
 
 def write_page(tmp_path: Path, ranks: tuple[int, ...]) -> tuple[Path, timeline.Timeline]:

@@ -14,8 +14,8 @@ from megatron.core.telemetry.heartbeat import (
     STALE_AFTER_S,
     register_heartbeat,
 )
-from megatron.core.telemetry.reader import iter_metrics
 from megatron.core.telemetry.setup import JSONL_METRIC_EXPORT_INTERVAL_MILLIS
+from megatron.trace.otlp.reader import iter_metrics
 
 Make = Callable[..., TelemetryHandle]
 

@@ -21,7 +21,7 @@ from megatron.core.telemetry import (
 from megatron.core.telemetry import training_metrics as tm
 from megatron.core.telemetry.heartbeat import HEARTBEAT_METRIC
 from megatron.core.telemetry.jsonl import JsonlFile, metrics_file_for
-from megatron.core.telemetry.reader import ReadStats, iter_metrics, iter_spans
+from megatron.trace.otlp.reader import ReadStats, iter_metrics, iter_spans
 
 Make = Callable[..., TelemetryHandle]
 

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from megatron.core.telemetry import TelemetryConfig, managed_span
 from megatron.core.telemetry.jsonl import JsonlFile, JsonlSpanExporter
-from megatron.core.telemetry.reader import read_spans
+from megatron.trace.otlp.reader import read_spans
 
 DEV_FULL = Path("/dev/full")
 needs_dev_full = pytest.mark.skipif(not DEV_FULL.exists(), reason="needs Linux's /dev/full")

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from megatron.core.telemetry import TelemetryConfig, TelemetryHandle, managed_span, setup_telemetry
 from megatron.core.telemetry._otlp_json import encode_logs
 from megatron.core.telemetry.logs import CONSOLE_LOGGER_NAME, logs_file_for
-from megatron.core.telemetry.reader import iter_logs
+from megatron.trace.otlp.reader import iter_logs
 from megatron.training.distributed import print_rank_0
 
 Make = Callable[..., TelemetryHandle]

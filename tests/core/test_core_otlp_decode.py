@@ -20,8 +20,8 @@ import tracegen
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatron.core.telemetry import otlp_decode
-from megatron.core.telemetry.reader import ReadStats, TraceFileDamaged, iter_spans
+from megatron.trace.otlp import decode as otlp_decode
+from megatron.trace.otlp.reader import ReadStats, TraceFileDamaged, iter_spans
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -216,9 +216,9 @@ def test_without_msgspec_the_fallback_gives_the_same_report(tmp_path: Path) -> N
     code = (
         "import sys, json\n"
         "if sys.argv[1] == 'without': sys.modules['msgspec'] = None  # as if not installed\n"
-        "from megatron.core.telemetry import otlp_decode\n"
-        "from megatron.trace.goodput import report_files\n"
-        "from megatron.trace.liveness import Clock\n"
+        "from megatron.trace.otlp import decode as otlp_decode\n"
+        "from megatron.trace.analysis.goodput import report_files\n"
+        "from megatron.trace.analysis.liveness import Clock\n"
         "clock = Clock(now_ns=2_000_000_000 * 10**9)  # one now for both processes\n"
         "print(otlp_decode.FAST, json.dumps(report_files([sys.argv[2]], clock), sort_keys=True))\n"
     )

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from megatron.core.telemetry.reader import (
+from megatron.trace.otlp.reader import (
     ReadStats,
     TraceFileDamaged,
     iter_requests_backwards,

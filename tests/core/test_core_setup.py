@@ -24,7 +24,7 @@ from megatron.core.telemetry import (
     setup_telemetry,
     state,
 )
-from megatron.core.telemetry.reader import decode_attributes
+from megatron.trace.otlp.reader import decode_attributes
 
 Make = Callable[..., TelemetryHandle]
 

@@ -17,7 +17,7 @@ from megatron.core.telemetry import (
     record_training_metrics,
     setup_telemetry,
 )
-from megatron.core.telemetry.reader import iter_metrics, read_spans
+from megatron.trace.otlp.reader import iter_metrics, read_spans
 from megatron.training.telemetry_spans import SpanPhaseError, SpanPhases
 
 Make = Callable[..., TelemetryHandle]

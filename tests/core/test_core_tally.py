@@ -10,8 +10,8 @@ from pathlib import Path
 from opentelemetry import trace
 
 from megatron.core.telemetry import TelemetryConfig, TelemetryHandle
-from megatron.core.telemetry.reader import read_spans
-from megatron.core.telemetry.records import SpanRecord
+from megatron.trace.otlp.reader import read_spans
+from megatron.trace.otlp.records import SpanRecord
 from megatron.training.trace_summary import summarize
 
 Make = Callable[..., TelemetryHandle]

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from megatron.core.telemetry.reader import iter_requests
-from megatron.core.telemetry.trace_files import CompressedTraceError, iter_lines
+from megatron.trace.otlp.files import CompressedTraceError, iter_lines
+from megatron.trace.otlp.reader import iter_requests
 
 LINES = [json.dumps({"resourceSpans": [], "n": n}) + "\n" for n in range(200)]
 

@@ -15,7 +15,6 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from megatron.core.telemetry import TelemetryConfig, managed_span
-from megatron.core.telemetry.reader import decode_attributes, iter_logs, iter_spans
 from megatron.core.telemetry.watchdog import (
     DEFAULT_FACTOR,
     DEFAULT_FLOOR_S,
@@ -23,6 +22,7 @@ from megatron.core.telemetry.watchdog import (
     HangWatchdog,
     hang_watchdog,
 )
+from megatron.trace.otlp.reader import decode_attributes, iter_logs, iter_spans
 
 
 class FakeClock:

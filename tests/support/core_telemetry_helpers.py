@@ -10,7 +10,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from megatron.core.telemetry.reader import iter_spans
+from megatron.trace.otlp.reader import iter_spans
 
 
 def spans_by_name(path: Path) -> dict[str, dict[str, Any]]:

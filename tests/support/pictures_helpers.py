@@ -152,6 +152,6 @@ def write_trace(path: Path, processes: list[tuple[dict[str, Any], list[Span]]]) 
 
 def run_command(module: Any, argv: list[str]) -> int:
     """Run one subcommand through the ``megatron-trace`` entry point, as a user does."""
-    from megatron.trace.cli import main
+    from megatron.trace.cli.main import main
 
     return main([module.__name__.rsplit(".", 1)[-1], *argv])

@@ -234,7 +234,7 @@ class TrainingCLI:
 def finished_iteration(trace: Path, iteration: int) -> bool:
     """Whether ``trace`` holds a finished ``megatron.train.iteration`` numbered ``iteration``
     or later (exported: the batch that holds it is on disk)."""
-    from megatron.core.telemetry.reader import read_spans
+    from megatron.trace.otlp.reader import read_spans
 
     return trace.exists() and any(
         s["name"] == "megatron.train.iteration"
@@ -314,7 +314,7 @@ class ScriptRun(Process):
         )
 
     def read_spans(self) -> list[dict]:
-        from megatron.core.telemetry.reader import read_spans
+        from megatron.trace.otlp.reader import read_spans
 
         assert self.trace_file.exists(), f"no trace file written; {self.describe()}"
         return list(read_spans(self.trace_file))

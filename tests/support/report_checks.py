@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from megatron.core.telemetry.semconv import BADPUT_CATEGORIES
+from megatron.trace.semconv import BADPUT_CATEGORIES
 
 
 def assert_accounted(report: dict) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import tracegen as g
 
-from megatron.trace.cli import main
+from megatron.trace.cli.main import main
 
 Spans = list[dict]
 
@@ -225,7 +225,7 @@ def test_a_file_without_spans_is_not_a_whole_trace(
     path.write_text(content)
     assert main(["check", str(path)]) == 2
     captured = capsys.readouterr()
-    assert captured.err == f"megatron-trace: no spans in {path}\n"
+    assert captured.err == f"megatron-trace check: error: no spans in {path}\n"
     assert "ok:" not in captured.out
 
 
@@ -237,7 +237,7 @@ def test_damage_exits_2_naming_the_line(tmp_path: Path, capsys: pytest.CaptureFi
     status, lines = run_check(capsys, path)
     assert status == 2
     assert len(lines) == 1
-    assert lines[0].startswith(f"megatron-trace: {path}: line 6 is damaged")
+    assert lines[0].startswith(f"megatron-trace check: error: {path}: line 6 is damaged")
 
 
 def test_several_ranks_each_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,7 +13,7 @@ import sys
 import pytest
 from processes import subprocess_env
 
-from megatron.trace.cli import COMMANDS, build_parser
+from megatron.trace.cli.main import COMMANDS, build_parser
 
 SUBCOMMANDS = list(COMMANDS)
 COLUMNS = "100"  # argparse wraps to the terminal: the same width in and out of process
@@ -100,7 +100,7 @@ def test_a_subcommand_imports_only_what_it_runs(tmp_path) -> None:
     path = tracegen.write(tmp_path / "traces.jsonl", tracegen.lifecycle(0))
     probe = (
         "import sys\n"
-        "from megatron.trace.cli import main\n"
+        "from megatron.trace.cli.main import main\n"
         f"status = main(['report', {str(path)!r}])\n"
         "print(' '.join(sorted(m for m in sys.modules if m.startswith(('megatron', 'opentel')))))\n"
         "raise SystemExit(status)\n"
@@ -110,7 +110,11 @@ def test_a_subcommand_imports_only_what_it_runs(tmp_path) -> None:
     )
     assert result.returncode == 0, result.stderr
     loaded = set(result.stdout.splitlines()[-1].split())
-    assert "megatron.trace.report" in loaded
-    unused = {"megatron.trace.export", "megatron.trace.timeline", "megatron.trace.check"}
+    assert "megatron.trace.cli.report" in loaded
+    unused = {
+        "megatron.trace.render.export",
+        "megatron.trace.render.timeline",
+        "megatron.trace.analysis.check",
+    }
     assert not loaded & unused
     assert not any(name.startswith("opentelemetry") for name in loaded)

@@ -1,7 +1,7 @@
 """Iteration columns on disk: the same rows, the same reports, and no file for a small trace.
 
-:mod:`megatron.trace.columns` writes a column set's rows to a temporary file
-once it holds :data:`~megatron.trace.columns.SPILL_ROWS` of them. Here the
+:mod:`megatron.trace._store.columns` writes a column set's rows to a temporary file
+once it holds :data:`~megatron.trace._store.columns.SPILL_ROWS` of them. Here the
 bound is a handful of rows, so every path (the hot loop's appends, a merge
 of pieces, the split into incarnations, a pickle across a pipe, forked
 workers reading the parent's blocks) runs on blocks, and what the readers
@@ -19,12 +19,15 @@ from pathlib import Path
 import pytest
 import synthetic
 
-from megatron.trace import check, columns, export, model, spill, timeline_data
-from megatron.trace.columns import Iterations
-from megatron.trace.liveness import Clock
-from megatron.trace.report import build_report
-from megatron.trace.spans import span_source
-from megatron.trace.timeline_page import render_html
+from megatron.trace._store import columns, spill
+from megatron.trace._store.columns import Iterations
+from megatron.trace.analysis import check
+from megatron.trace.analysis.liveness import Clock
+from megatron.trace.cli.report import build_report
+from megatron.trace.model import trace as model
+from megatron.trace.otlp.spans import span_source
+from megatron.trace.render import export, timeline_data
+from megatron.trace.render.timeline_page import render_html
 
 
 def _rows(its: Iterations) -> list[tuple[int, int, int]]:
@@ -142,7 +145,7 @@ def test_reports_on_spilled_columns_equal_those_in_memory(
     """Two ranks, a kill and a resume each, the gradient waits too: report, check, the
     iterations each incarnation holds and both exports, read in this process, by forked
     workers (which read this process's blocks) and on a thread pool (one store, shared)."""
-    monkeypatch.setattr("megatron.trace.parallel.MIN_PIECE_BYTES", 1)
+    monkeypatch.setattr("megatron.trace.otlp.parallel.MIN_PIECE_BYTES", 1)
     shape = synthetic.Shape(spans=6000, ranks=2, incarnations=2, save_interval=7, per_line=20)
     (path,) = synthetic.write_per_step(tmp_path / "t.jsonl", synthetic.Shape(**{
         **shape.__dict__, "communication": True}))  # fmt: skip

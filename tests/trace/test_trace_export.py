@@ -25,7 +25,7 @@ from pictures_helpers import (
     write_trace,
 )
 
-from megatron.trace import export
+from megatron.trace.render import export
 
 
 def chrome(tmp_path: Path, *traces: Path) -> dict[str, Any]:
@@ -228,7 +228,7 @@ def test_a_file_without_spans_is_one_error_line_and_exit_2(tmp_path: Path, capsy
     out = tmp_path / "trace.json"
     assert run_command(export, [str(empty), "-o", str(out)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"megatron-trace export: error: {empty}: no spans in the trace files"
+        f"megatron-trace export: error: no spans in {empty}"
     ]
     assert not out.exists()
 

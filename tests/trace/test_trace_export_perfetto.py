@@ -18,9 +18,9 @@ import synthetic
 from perfetto_reading import clock_snapshots, read_slices
 from pictures_helpers import T0, S, Span, incarnation, resource, run_command, write_trace
 
-from megatron.core.telemetry.reader import read_spans
-from megatron.trace import export
-from megatron.trace.perfetto_trace import varint, varints
+from megatron.trace.otlp.reader import read_spans
+from megatron.trace.render import export
+from megatron.trace.render.perfetto import varint, varints
 
 
 def _perfetto(tmp_path: Path, *traces: Path, extra: tuple[str, ...] = ()) -> Path:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from megatron.trace import spill
-from megatron.trace.json_columns import JsonColumns, script_safe
+from megatron.trace._store import spill
+from megatron.trace._store.json_columns import JsonColumns, script_safe
 
 VALUES = ["plain", "</script><script>alert(1)</script>", "\u2028 \u2029 日本", "", 'a"b\\c']
 

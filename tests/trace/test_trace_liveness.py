@@ -15,12 +15,12 @@ import tracegen as g
 from report_checks import assert_accounted, nonzero
 
 from megatron.core.telemetry.heartbeat import STALE_AFTER_S
-from megatron.trace import export, timeline
-from megatron.trace.check import check_files
-from megatron.trace.cli import main
-from megatron.trace.goodput import report_files
-from megatron.trace.liveness import Clock
-from megatron.trace.spans import span_source
+from megatron.trace.analysis.check import check_files
+from megatron.trace.analysis.goodput import report_files
+from megatron.trace.analysis.liveness import Clock
+from megatron.trace.cli.main import main
+from megatron.trace.otlp.spans import span_source
+from megatron.trace.render import export, timeline
 
 
 def at(seconds: float) -> Clock:

@@ -21,12 +21,14 @@ import tracegen
 from perfetto_reading import Slice, read_slices
 from pictures_helpers import incarnation, resource, write_trace
 
-from megatron.core.telemetry.reader import TraceFileDamaged, iter_lines
-from megatron.core.telemetry.trace_files import FilePiece, numbered, split_file
-from megatron.trace import check, export, parallel
-from megatron.trace.goodput import build_report
-from megatron.trace.model import load_trace
-from megatron.trace.report import format_report
+from megatron.trace.analysis import check
+from megatron.trace.analysis.goodput import build_report
+from megatron.trace.model.trace import load_trace
+from megatron.trace.otlp import parallel
+from megatron.trace.otlp.files import FilePiece, numbered, split_file
+from megatron.trace.otlp.reader import TraceFileDamaged, iter_lines
+from megatron.trace.render import export
+from megatron.trace.render.report_text import format_report
 
 
 @pytest.fixture
@@ -160,7 +162,7 @@ def test_the_readmes_cluster_recipe_reports_what_one_process_does(
     (only the commands leave that to the hand-out), so ``scan_file`` reads them as is."""
     import functools
 
-    from megatron.trace.model import TraceBuilder, scan_file
+    from megatron.trace.model.trace import TraceBuilder, scan_file
 
     path = _tied_job(tmp_path / "traces.jsonl")
     work = parallel.pieces([path], jobs=6)

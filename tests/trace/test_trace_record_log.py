@@ -1,8 +1,8 @@
 """Structural records on disk: the same records, in order, and the same reports.
 
-:mod:`megatron.trace.record_log` keeps each record as its pickle and writes
+:mod:`megatron.trace._store.record_log` keeps each record as its pickle and writes
 them to the read's temporary file once a log holds
-:data:`~megatron.trace.record_log.SPILL_RECORDS`. Here the bound is a handful
+:data:`~megatron.trace._store.record_log.SPILL_RECORDS`. Here the bound is a handful
 of records, so appends, merges of pieces (in memory, spilled, another
 process's), views and pickles across a pipe all run on blocks.
 """
@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 import synthetic
 
-from megatron.core.telemetry.records import SpanRecord, is_cut_short, span_record
-from megatron.trace import model, record_log, spill
-from megatron.trace.record_log import RecordLog
-from megatron.trace.report import build_report
+from megatron.trace._store import record_log, spill
+from megatron.trace._store.record_log import RecordLog
+from megatron.trace.cli.report import build_report
+from megatron.trace.model import trace as model
+from megatron.trace.otlp.records import SpanRecord, is_cut_short, span_record
 
 
 @pytest.fixture
@@ -144,7 +145,7 @@ def test_a_trace_read_with_its_records_spilled_reports_the_same(
     """Two ranks, a kill and a resume each, intervals every few iterations, read whole and
     in pieces by forked workers: the incarnations hold the same records, the report is
     the same, when every few records go to disk."""
-    monkeypatch.setattr("megatron.trace.parallel.MIN_PIECE_BYTES", 1)
+    monkeypatch.setattr("megatron.trace.otlp.parallel.MIN_PIECE_BYTES", 1)
     shape = synthetic.Shape(spans=5000, ranks=2, incarnations=2, save_interval=3, per_line=20)
     (path,) = synthetic.write_per_step(tmp_path / "t.jsonl", shape)
 

@@ -10,8 +10,8 @@ import pytest
 import tracegen as g
 from report_checks import assert_accounted, nonzero
 
-from megatron.trace.cli import main
-from megatron.trace.goodput import ANOMALY_RULE, report_files
+from megatron.trace.analysis.goodput import ANOMALY_RULE, report_files
+from megatron.trace.cli.main import main
 
 
 def report_of(tmp_path: Path, *incarnations: list[dict]) -> dict:
@@ -306,7 +306,7 @@ def test_cli_empty_file_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixtu
     path = tmp_path / "empty.jsonl"
     path.write_text("")
     assert main(["report", str(path)]) == 2
-    assert capsys.readouterr().err == f"megatron-trace: no spans in {path}\n"
+    assert capsys.readouterr().err == f"megatron-trace report: error: no spans in {path}\n"
     assert main(["report", str(tmp_path / "missing.jsonl")]) == 2
     assert "cannot read" in capsys.readouterr().err
 
@@ -333,9 +333,9 @@ def test_iteration_statistics_are_the_same_with_and_without_numpy(
     the same figures and the same anomalies, to the bit (odd and even counts, ties,
     outliers, several incarnations), with the values partitioned in memory and selected
     digit by digit over parts of a few rows (as a week's are)."""
-    from megatron.trace import columns, selection
-    from megatron.trace.goodput import _iteration_stats
-    from megatron.trace.model import Incarnation
+    from megatron.trace._store import columns, selection
+    from megatron.trace.analysis.goodput import _iteration_stats
+    from megatron.trace.model.trace import Incarnation
 
     if radix:
         monkeypatch.setattr(selection, "IN_MEMORY", 0)

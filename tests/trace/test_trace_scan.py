@@ -20,11 +20,13 @@ import pytest
 import synthetic
 import tracegen as g
 
-from megatron.core.telemetry.reader import iter_spans
-from megatron.trace import check, model, span_ids
-from megatron.trace.model import TraceBuilder
-from megatron.trace.report import build_report
-from megatron.trace.span_ids import IdCollector, IdSet
+from megatron.trace._store import span_ids
+from megatron.trace._store.span_ids import IdCollector, IdSet
+from megatron.trace.analysis import check
+from megatron.trace.cli.report import build_report
+from megatron.trace.model import trace as model
+from megatron.trace.model.trace import TraceBuilder
+from megatron.trace.otlp.reader import iter_spans
 
 
 def _slow_trace(paths: list[Path]) -> model.Trace:
@@ -202,7 +204,7 @@ def test_check_on_a_full_tmpdir_says_so_and_names_the_variable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Exit 2 and one line naming TMPDIR, not a traceback; the trace is not touched."""
-    from megatron.trace.cli import main
+    from megatron.trace.cli.main import main
 
     (path,) = synthetic.write_per_step(tmp_path / "t.jsonl", synthetic.Shape(spans=2000))
     before = path.read_bytes()
@@ -292,7 +294,7 @@ def test_this_process_reads_its_piece_while_the_workers_read_theirs(tmp_path: Pa
     after this one's read would never be seen)."""
     from parallel_probes import meet
 
-    from megatron.trace.parallel import map_files
+    from megatron.trace.otlp.parallel import map_files
 
     assert map_files(meet, [tmp_path / "a", tmp_path / "b"], jobs=2) == [True, True]
 
@@ -305,7 +307,7 @@ def test_parallel_results_come_back_in_file_order(tmp_path: Path, files: int, jo
 
     from parallel_probes import reader_of
 
-    from megatron.trace.parallel import map_files
+    from megatron.trace.otlp.parallel import map_files
 
     paths = [tmp_path / f"{n}.jsonl" for n in range(files)]
     results = map_files(reader_of, paths, jobs)

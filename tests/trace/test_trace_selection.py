@@ -7,7 +7,7 @@ import statistics
 import numpy as np
 import pytest
 
-from megatron.trace import selection
+from megatron.trace._store import selection
 
 
 def _values(seed: int) -> np.ndarray:

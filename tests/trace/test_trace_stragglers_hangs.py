@@ -11,18 +11,19 @@ import pytest
 import tracegen as g
 from report_checks import assert_accounted
 
-from megatron.core.telemetry.reader import ReadStats
-from megatron.trace import columns, selection, stragglers
-from megatron.trace.cli import main
-from megatron.trace.goodput import PRECEDENCE, report_files
-from megatron.trace.liveness import Clock
-from megatron.trace.model import Incarnation, Trace
-from megatron.trace.stragglers import (
+from megatron.trace._store import columns, selection
+from megatron.trace.analysis import stragglers
+from megatron.trace.analysis.goodput import PRECEDENCE, report_files
+from megatron.trace.analysis.liveness import Clock
+from megatron.trace.analysis.stragglers import (
     MIN_ITERATIONS,
     STRAGGLER_RULE,
     WARMUP_ITERATIONS,
     find_stragglers,
 )
+from megatron.trace.cli.main import main
+from megatron.trace.model.trace import Incarnation, Trace
+from megatron.trace.otlp.reader import ReadStats
 
 
 def two_ranks(tmp_path: Path, rank0: list[dict], rank1: list[dict]) -> dict:

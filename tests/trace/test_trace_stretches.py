@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from megatron.trace.stretches import Stretches
+from megatron.trace._store.stretches import Stretches
 
 spans = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 40)), max_size=40)
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from pictures_helpers import T0, S, Span, incarnation, resource, run_command, write_trace
 
-from megatron.trace import timeline, timeline_page
-from megatron.trace.goodput import report_files
-from megatron.trace.lanes import Lane
-from megatron.trace.liveness import Clock
-from megatron.trace.spans import span_source
-from megatron.trace.timeline_summary import summary_figure
+from megatron.trace.analysis.goodput import report_files
+from megatron.trace.analysis.liveness import Clock
+from megatron.trace.otlp.spans import span_source
+from megatron.trace.render import timeline, timeline_page
+from megatron.trace.render.lanes import Lane
+from megatron.trace.render.timeline_summary import summary_figure
 
 
 def killed_then_resumed(tmp_path: Path) -> Path:
@@ -130,7 +130,10 @@ def test_without_plotly_it_exits_2_naming_the_extra(tmp_path, monkeypatch, capsy
     out = tmp_path / "timeline.html"
     assert run_command(timeline, [str(killed_then_resumed(tmp_path)), "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [timeline.PLOTLY_MISSING]
+    assert err == [
+        "megatron-trace timeline: error: timeline needs the plotly package: "
+        "pip install 'megatron-telemetry-spans[trace]'"
+    ]
     assert "pip install 'megatron-telemetry-spans[trace]'" in err[0]
     assert not out.exists()
 
@@ -267,7 +270,7 @@ def test_the_streamed_lanes_are_plotlys_page_of_the_whole_figure(
     the script."""
     import plotly.io as pio
 
-    from megatron.trace import json_columns
+    from megatron.trace._store import json_columns
 
     monkeypatch.setattr(json_columns, "CHUNK_VALUES", 1)
     if encoder == "stdlib":

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import tracegen as g
 
-from megatron.trace import timeline, timeline_ranks
-from megatron.trace.goodput import report_files
-from megatron.trace.lanes import Lane
-from megatron.trace.spans import span_source
+from megatron.trace.analysis.goodput import report_files
+from megatron.trace.otlp.spans import span_source
+from megatron.trace.render import timeline, timeline_ranks
+from megatron.trace.render.lanes import Lane
 
 
 def two_ranks(tmp_path: Path, rank0: list[dict], rank1: list[dict]) -> Path:

@@ -30,11 +30,11 @@ pytest.importorskip(
 import upstream_traces as up
 from upstream_traces import MS
 
-from megatron.core.telemetry.reader import read_spans
-from megatron.trace import timeline
-from megatron.trace.cli import main
-from megatron.trace.lanes import Lane
-from megatron.trace.spans import span_source
+from megatron.trace.cli.main import main
+from megatron.trace.otlp.reader import read_spans
+from megatron.trace.otlp.spans import span_source
+from megatron.trace.render import timeline
+from megatron.trace.render.lanes import Lane
 
 
 @dataclass

@@ -13,10 +13,10 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from megatron.core.telemetry import TelemetryConfig, managed_span, setup_telemetry, state
 from megatron.core.telemetry.heartbeat import HEARTBEAT_METRIC
-from megatron.core.telemetry.reader import iter_requests
-from megatron.core.telemetry.semconv import BADPUT_CATEGORIES
-from megatron.trace.goodput import report_files
-from megatron.trace.liveness import Clock
+from megatron.trace.analysis.goodput import report_files
+from megatron.trace.analysis.liveness import Clock
+from megatron.trace.otlp.reader import iter_requests
+from megatron.trace.semconv import BADPUT_CATEGORIES
 from megatron.training.goodput_metrics import (
     CATEGORY_ATTRIBUTE,
     MEGATRON_TRAINING_BADPUT_S,

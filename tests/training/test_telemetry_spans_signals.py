@@ -4,7 +4,7 @@ and "a SIGTERM that arrives while a transition's callback is running").
 Each test writes a small driver script that builds a real TelemetryHandle with
 the JSONL exporter, drives SpanPhases + install_exit_hooks, prints a marker and
 blocks inside an iteration span; the test then signals it and reads the trace
-file back with megatron.core.telemetry.reader.read_spans.
+file back with megatron.trace.otlp.reader.read_spans.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def test_hard_sigterm_dies_by_the_signal_after_the_trace_is_on_disk(tmp_path):
 GRACEFUL = (
     LOOP
     + """
-from megatron.core.telemetry.reader import read_spans
+from megatron.trace.otlp.reader import read_spans
 
 previous_calls = []
 
@@ -170,7 +170,7 @@ def test_graceful_sigterm_only_flushes_and_keeps_the_lifecycle(tmp_path):
 CHAINED = (
     LOOP
     + """
-from megatron.core.telemetry.reader import read_spans
+from megatron.trace.otlp.reader import read_spans
 
 
 def previous(signum, frame):
@@ -218,7 +218,7 @@ def test_hard_sigterm_chains_to_a_previous_python_handler_after_shutdown(tmp_pat
 SECOND_SIGTERM = (
     LOOP
     + """
-from megatron.core.telemetry.reader import read_spans
+from megatron.trace.otlp.reader import read_spans
 
 MODE = sys.argv[2]
 previous_calls = []

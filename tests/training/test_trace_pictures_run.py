@@ -16,10 +16,10 @@ from pathlib import Path
 import chrome_helpers
 import pytest
 
-from megatron.core.telemetry.reader import read_spans
-from megatron.trace import export, timeline
-from megatron.trace.lanes import Lane
-from megatron.trace.spans import span_source
+from megatron.trace.otlp.reader import read_spans
+from megatron.trace.otlp.spans import span_source
+from megatron.trace.render import export, timeline
+from megatron.trace.render.lanes import Lane
 
 pytestmark = pytest.mark.slow
 

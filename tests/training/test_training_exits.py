@@ -11,7 +11,7 @@ import signal
 import pytest
 from trace_helpers import incarnations
 
-from megatron.core.telemetry.reader import read_spans
+from megatron.trace.otlp.reader import read_spans
 
 pytestmark = pytest.mark.slow
 

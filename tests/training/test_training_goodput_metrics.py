@@ -7,8 +7,8 @@ import json
 import pytest
 
 from megatron.core.telemetry.heartbeat import HEARTBEAT_METRIC
-from megatron.core.telemetry.reader import iter_requests
-from megatron.core.telemetry.semconv import BADPUT_CATEGORIES
+from megatron.trace.otlp.reader import iter_requests
+from megatron.trace.semconv import BADPUT_CATEGORIES
 from megatron.training.goodput_metrics import (
     CATEGORY_ATTRIBUTE,
     MEGATRON_TRAINING_BADPUT_S,

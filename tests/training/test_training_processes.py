@@ -8,7 +8,7 @@ import socket
 import pytest
 from trace_helpers import incarnations
 
-from megatron.core.telemetry.reader import read_spans
+from megatron.trace.otlp.reader import read_spans
 from megatron.training.training_log import parse_log_losses
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ import pytest
 import torch
 from trace_helpers import incarnations
 
-from megatron.core.telemetry.reader import read_spans
+from megatron.trace.otlp.reader import read_spans
 from megatron.training import checkpointing
 from megatron.training.arguments import parse_args
 from megatron.training.training_log import parse_log_losses

@@ -10,7 +10,6 @@ import time
 import pytest
 from trace_helpers import ancestor_names, incarnations
 
-from megatron.core.telemetry.reader import read_spans
 from megatron.core.telemetry.training_metrics import (
     MEGATRON_TRAINING_GRAD_NORM,
     MEGATRON_TRAINING_LEARNING_RATE,
@@ -18,6 +17,7 @@ from megatron.core.telemetry.training_metrics import (
     MEGATRON_TRAINING_STEP_DURATION_MS,
     MEGATRON_TRAINING_TOKENS_PER_SEC,
 )
+from megatron.trace.otlp.reader import read_spans
 from megatron.training.training_log import parse_log_iteration_ms, parse_log_losses
 
 pytestmark = pytest.mark.slow

@@ -19,8 +19,8 @@ import time
 import pytest
 
 from megatron.core.telemetry.heartbeat import STALE_AFTER_S
-from megatron.core.telemetry.reader import read_spans
-from megatron.core.telemetry.semconv import BADPUT_CATEGORIES
+from megatron.trace.otlp.reader import read_spans
+from megatron.trace.semconv import BADPUT_CATEGORIES
 from megatron.training.training_log import parse_log_losses
 
 pytestmark = pytest.mark.slow

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from megatron.core.telemetry.reader import read_spans
-from megatron.trace.cli import main as trace_main
+from megatron.trace.cli.main import main as trace_main
+from megatron.trace.otlp.reader import read_spans
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from megatron.core.telemetry.reader import decode_any_value, iter_logs, read_spans
+from megatron.trace.otlp.reader import decode_any_value, iter_logs, read_spans
 from megatron.training.arguments import parse_args
 from megatron.training.training_log import parse_log_losses
 

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from megatron.core.telemetry.reader import read_spans
-from megatron.trace.goodput import BADPUT_CATEGORIES
+from megatron.trace.analysis.goodput import BADPUT_CATEGORIES
+from megatron.trace.otlp.reader import read_spans
 
 pytestmark = pytest.mark.slow
 

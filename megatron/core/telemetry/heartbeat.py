@@ -13,7 +13,7 @@ reader's own thread when it collects, from one boolean, and it rides in the
 line that export writes anyway (each data point carries its collection
 time, which is what a reader needs).
 
-The reader's rule (``megatron-trace``, :mod:`megatron.trace.liveness`): an
+The reader's rule (``megatron-trace``, :mod:`megatron.trace.analysis.liveness`): an
 incarnation that has not been seen to end is *running* while its newest
 record (heartbeat or span) is at most :data:`STALE_AFTER_S` old, and
 *killed* after that. The bound is three export periods, so two missed or
@@ -26,6 +26,8 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from megatron.trace.semconv import HEARTBEAT_METRIC, HEARTBEAT_PERIOD_S, STALE_AFTER_S
+
 if TYPE_CHECKING:  # imported where a job registers the gauge: readers need only the names
     from opentelemetry.metrics import CallbackOptions, Observation
 
@@ -37,16 +39,6 @@ __all__ = [
 ]
 
 _logger = logging.getLogger(__name__)
-
-#: Gauge: 1 while the job's telemetry is up, 0 in the export made at shutdown.
-HEARTBEAT_METRIC = "megatron.training.running"
-
-#: How often the ``jsonl`` sink exports metrics, so how often the heartbeat beats.
-HEARTBEAT_PERIOD_S = 10.0
-
-#: How old the newest record of an incarnation that has not ended may be for
-#: it to count as running: three heartbeat periods.
-STALE_AFTER_S = 3 * HEARTBEAT_PERIOD_S
 
 
 def register_heartbeat(meter: Any, is_running: Callable[[], bool]) -> None:

@@ -13,9 +13,9 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 
-from megatron.core.telemetry import semconv
 from megatron.core.telemetry._attributes import sanitize_attributes
 from megatron.core.telemetry.config import TelemetryConfig
+from megatron.trace import semconv
 
 __all__ = ["SLURM_RESOURCE_ATTRIBUTES", "build_resource"]
 

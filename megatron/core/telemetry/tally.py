@@ -6,7 +6,7 @@ incarnation included: its cost grew with the file (1.4 s and 200 MB on a
 counts as the run goes instead, so the summary costs the same after a
 minute or a week: spans and traces by count, spans by name, cut-short and
 ERROR spans, the torn line of a killed predecessor the sink sealed, and a
-flat record (:class:`~megatron.core.telemetry.records.SpanRecord`, what the
+flat record (:class:`~megatron.trace.otlp.records.SpanRecord`, what the
 reader yields) of the few structural spans the goodput line needs, a handful
 per checkpoint interval. It also knows which structural spans are open
 (the interval in flight), so the live goodput metrics can count a run's
@@ -24,8 +24,8 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import StatusCode
 
 from megatron.core.telemetry.jsonl import JsonlFile
-from megatron.core.telemetry.records import SpanRecord, span_record
-from megatron.core.telemetry.semconv import SPAN_CUT_SHORT, STRUCTURAL_SPAN_NAMES
+from megatron.trace.otlp.records import SpanRecord, span_record
+from megatron.trace.semconv import SPAN_CUT_SHORT, STRUCTURAL_SPAN_NAMES
 
 __all__ = ["SpanTally"]
 
@@ -113,7 +113,7 @@ def _attributes(span: ReadableSpan) -> dict[str, Any]:
 
 
 def _flat(span: ReadableSpan) -> SpanRecord:
-    """The span as :func:`megatron.core.telemetry.reader.iter_spans` would read it back.
+    """The span as :func:`megatron.trace.otlp.reader.iter_spans` would read it back.
 
     Except what the summary never looks at: no events, and no file or line.
     """

@@ -1,1 +1,0 @@
-"""Megatron-style training with a job-level OpenTelemetry span lifecycle."""

@@ -1,1 +1,0 @@
-"""Library code shared by training and other entry points."""

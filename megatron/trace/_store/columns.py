@@ -1,0 +1,235 @@
+"""Finished iterations as compact integer columns, on disk once there are many.
+
+The trace model keeps every finished ``megatron.train.iteration`` (and every
+gradient all-reduce wait) as three int64 columns: number, start, end, 24 bytes
+a row. A week of a many-rank job is tens of millions of rows, gigabytes if
+they all stayed in memory while the readers want one incarnation's at a time.
+So a column set holds its newest rows in memory and, from :data:`SPILL_ROWS`
+rows on, writes them out as a *block* to the read's temporary file
+(:mod:`megatron.trace._store.spill`: deleted as it is created, read by forked
+workers too, kept in memory where it cannot be written) and keeps only where
+the block lies. Reading a column (:attr:`Iterations.numbers` and its
+siblings) returns a new array of it, blocks and tail together, which the
+reader drops when done; a column set that never spilled returns its arrays as
+they are, so a small trace costs no file and no copy.
+
+A column set that crosses a pipe (a worker's summary, pickled) travels as
+its columns in memory, and the receiving process spills them again itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from array import array
+from collections.abc import Iterator
+from typing import Any
+
+from megatron.trace._store import spill
+
+__all__ = ["SPILL_ROWS", "Iterations"]
+
+#: From this many rows in memory on, a column set writes them to disk as a block
+#: (192 KB: a block costs one read; a read holds a column set per process, two with
+#: the gradient waits, so a job of many ranks holds many of these tails at once).
+SPILL_ROWS = 1 << 13
+
+_ROW = 8  # bytes per value (int64)
+
+
+class _Block:
+    """Rows ``lo`` up to ``hi`` of a block of ``rows`` rows written at ``offset``."""
+
+    __slots__ = ("hi", "lo", "offset", "rows", "store")
+
+    def __init__(self, store: spill.Store, offset: int, rows: int, lo: int, hi: int) -> None:
+        self.store, self.offset, self.rows, self.lo, self.hi = store, offset, rows, lo, hi
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def read_into(self, out: array, column: int) -> None:
+        at = self.offset + (column * self.rows + self.lo) * _ROW
+        out.frombytes(self.store.read(at, (self.hi - self.lo) * _ROW))
+
+    def value(self, column: int) -> int:
+        """The first row's value in ``column``."""
+        one = array("q")
+        self.part(0, 1).read_into(one, column)
+        return one[0]
+
+    def part(self, lo: int, hi: int) -> _Block:
+        """Rows ``lo`` up to ``hi`` of this one (counted from its first)."""
+        return _Block(self.store, self.offset, self.rows, self.lo + lo, self.lo + hi)
+
+
+class Iterations:
+    """Finished iterations as parallel columns (number, start, end: 24 bytes each), in
+    the order added; on disk in blocks beyond :data:`SPILL_ROWS` (module docstring)."""
+
+    __slots__ = ("_blocks", "_tail")
+
+    def __init__(self) -> None:
+        self._blocks: list[_Block] = []
+        self._tail = (array("q"), array("q"), array("q"))
+
+    def __len__(self) -> int:
+        return len(self._tail[0]) + sum(map(len, self._blocks))
+
+    def append(self, number: int, start_ns: int, end_ns: int) -> None:
+        numbers, starts, ends = self._tail
+        numbers.append(number)
+        starts.append(start_ns)
+        ends.append(end_ns)
+        if len(numbers) >= SPILL_ROWS:
+            self._spill()
+
+    def arrays(self) -> tuple[array, array, array]:
+        """The in-memory arrays to append rows to (numbers, starts, ends) in a hot loop;
+        whatever they held before is written out first when they hold enough. Append
+        at most a batch's worth before asking again."""
+        if len(self._tail[0]) >= SPILL_ROWS:
+            self._spill()
+        return self._tail
+
+    def extend(self, other: Iterations) -> None:
+        """Add ``other``'s rows after these."""
+        for block in other._blocks:
+            ours = block.store.pid == os.getpid()
+            if ours:
+                self._spill()  # (keeps the order: what is in memory goes out first)
+            if ours and not self._tail[0]:
+                self._blocks.append(block)  # shared, not read
+            else:  # another process wrote it, or rows stay in memory before it: read it
+                for mine, column in zip(self._tail, range(3), strict=True):
+                    block.read_into(mine, column)
+        for mine, theirs in zip(self._tail, other._tail, strict=True):
+            mine.extend(theirs)
+        if len(self._tail[0]) >= SPILL_ROWS:
+            self._spill()
+
+    def _spill(self) -> None:
+        rows = len(self._tail[0])
+        written = spill.write(self._tail) if rows else None
+        if written is None:  # nothing to write, or no room for it: the rows stay here
+            return
+        store, offset = written
+        self._blocks.append(_Block(store, offset, rows, 0, rows))
+        self._tail = (array("q"), array("q"), array("q"))
+
+    def _column(self, column: int) -> array:
+        if not self._blocks:
+            return self._tail[column]  # never spilled: the array itself, no copy
+        out = array("q")
+        for block in self._blocks:
+            block.read_into(out, column)
+        out.extend(self._tail[column])
+        return out
+
+    @property
+    def numbers(self) -> array:
+        """Every number, in order (a new array once spilled: read it once, then drop it)."""
+        return self._column(0)
+
+    @property
+    def starts(self) -> array:
+        """Every start (ns), in order; as :attr:`numbers`."""
+        return self._column(1)
+
+    @property
+    def ends(self) -> array:
+        """Every end (ns), in order; as :attr:`numbers`."""
+        return self._column(2)
+
+    def first_number(self) -> int | None:
+        """The first row's number, without reading the column (None: no rows)."""
+        if self._blocks:
+            return self._blocks[0].value(0)
+        return self._tail[0][0] if self._tail[0] else None
+
+    def last_number(self) -> int | None:
+        """The last row's number, as :meth:`first_number`."""
+        if self._tail[0]:
+            return self._tail[0][-1]
+        if self._blocks:
+            last = self._blocks[-1]
+            return last.part(len(last) - 1, len(last)).value(0)
+        return None
+
+    def slice(self, lo: int, hi: int) -> Iterations:
+        """Rows ``lo`` up to ``hi``: blocks are shared (nothing is read), the tail copied."""
+        part = Iterations()
+        at = 0
+        for block in self._blocks:
+            start, stop = max(lo - at, 0), min(hi - at, len(block))
+            if start < stop:
+                part._blocks.append(block.part(start, stop))
+            at += len(block)
+        start, stop = max(lo - at, 0), max(hi - at, 0)
+        part._tail = tuple(column[start:stop] for column in self._tail)  # type: ignore[assignment]
+        return part
+
+    def parts(self, rows: int | None = None) -> Iterator[Iterations]:
+        """The rows in order, ``rows`` (default :data:`SPILL_ROWS`) at a time, each part a
+        :meth:`slice`: a reader that goes part by part holds one part's columns, not all.
+        Two column sets of as many rows give parts of the same row ranges."""
+        rows = SPILL_ROWS if rows is None else rows
+        for lo in range(0, len(self), rows):
+            yield self.slice(lo, lo + rows)
+
+    def start_of(self, number: int) -> int | None:
+        """Start of the first finished iteration numbered ``number`` or higher."""
+        found = (
+            min(
+                (s for n, s in zip(part.numbers, part.starts, strict=True) if n >= number),
+                default=None,
+            )
+            for part in self.parts()
+        )
+        return min((start for start in found if start is not None), default=None)
+
+    def count_from(self, number: int) -> int:
+        """How many finished iterations are numbered ``number`` or higher."""
+        return sum(sum(1 for n in part.numbers if n >= number) for part in self.parts())
+
+    def min_start(self) -> int | None:
+        """The earliest start (None: no rows), read a part at a time."""
+        return min((min(part.starts) for part in self.parts()), default=None)
+
+    def max_start(self) -> int | None:
+        """The latest start, as :meth:`min_start`."""
+        return max((max(part.starts) for part in self.parts()), default=None)
+
+    def max_end(self) -> int | None:
+        """The latest end, as :meth:`min_start`."""
+        return max((max(part.ends) for part in self.parts()), default=None)
+
+    def in_start_order(self) -> bool:
+        """Whether every row starts no earlier than the one before, read a part at a time."""
+        last = None
+        for part in self.parts():
+            starts = part.starts
+            if last is not None and starts[0] < last:
+                return False
+            if any(a > b for a, b in itertools.pairwise(starts)):
+                return False
+            last = starts[-1]
+        return True
+
+    def durations(self) -> Any:
+        """Every row's end - start (ns), in order, as a new int64 numpy array."""
+        import numpy as np  # here: the model builds columns without numpy
+
+        starts = np.frombuffer(self.starts, dtype=np.int64)
+        return np.frombuffer(self.ends, dtype=np.int64) - starts
+
+    def rows(self) -> Iterator[tuple[int, int, int]]:
+        """(number, start, end) of every row, in order."""
+        return zip(self.numbers, self.starts, self.ends, strict=True)
+
+    def __getstate__(self) -> tuple[array, array, array]:
+        return self.numbers, self.starts, self.ends  # in memory across a pipe
+
+    def __setstate__(self, state: Any) -> None:
+        self._blocks = []
+        self._tail = tuple(state)

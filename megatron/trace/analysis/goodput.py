@@ -1,0 +1,612 @@
+"""The goodput accounting: where the job's wall-clock time went (goodput and badput).
+
+The figures ``megatron-trace report`` prints (:mod:`megatron.trace.cli.report`
+formats them), the timeline's summary draws and the trainer's end-of-run
+summary quotes, computed in one place so the three can never disagree.
+
+Every nanosecond of a rank's wall clock (first ``pre_startup`` or
+``megatron.startup`` start to last span end) is attributed to exactly one
+category by a sweep over time: where spans of several categories overlap,
+the first in ``PRECEDENCE`` wins; time no category covers is ``other``. So
+``goodput + sum(badput) == wall`` holds exactly, in integer nanoseconds
+(``accounting_ns`` in the JSON; the ``*_s`` figures are those divided by 1e9).
+
+Categories: a structural span's time counts as the category
+:data:`~megatron.trace.semconv.SPAN_CATEGORY` gives its name (an
+interval's is goodput; the queue, launch, startup, checkpoint loads and
+saves and evaluations are badput); Megatron-LM's other checkpoint spans
+(``exposed_save``, ``save.finalize``, ``exit_finalize``, the bookkeeping ones,
+kept by the model as the union of the time they cover) count as
+``checkpoint_save``; the wasted window (below) is
+``wasted_progress``; the time between one incarnation's last span and the
+next one's first is ``restart_gap``; a hang (an unrecovered stall the
+watchdog recorded, :mod:`megatron.trace.analysis.hangs`), from the last progress to
+the incarnation's end, is ``hang``, first of all.
+
+Wasted progress: an incarnation's progress survives up to its *horizon*, the
+iteration the next incarnation of the rank resumed from (its checkpoint
+load, else its first iteration; 0 when it started afresh). A final
+incarnation that shut down normally loses nothing, nor does one still
+running (:mod:`megatron.trace.analysis.liveness`: its figures are as of its newest
+record, its open interval so far counted as goodput); a final one that was
+killed, cut short, failed or interrupted keeps only what its last durable checkpoint save
+recorded (nothing, without one; an async save is durable once a finalize
+after it ended). Interval iteration ranges come from the intervals' own
+attributes or are derived (:mod:`megatron.trace.model.intervals`); a range that
+cannot be derived makes the figures that need it not computed. Iterations
+at or past the horizon are
+``wasted_iterations``; the time from the start of the first of them (or the
+interval boundary where it would have started) to the incarnation's end is
+the wasted window.
+
+Several ranks: each rank is accounted on its own (``ranks`` in the JSON);
+the job-level figures are those of the lowest rank, since every rank lives
+through the same lifecycle. Each rank's own work and its wait for the others
+name the stragglers (:mod:`megatron.trace.analysis.stragglers`); ``hangs`` lists each
+hung incarnation of each rank and whether that rank was the culprit.
+
+Memory: :func:`~megatron.trace.model.trace.load_trace` streams; iteration
+durations are kept in compact arrays and sorted once, in numpy, for the
+statistics.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from megatron.trace._store.record_log import extents
+from megatron.trace._store.selection import float_keys, from_float_keys, select
+from megatron.trace._store.stretches import Stretches
+from megatron.trace.analysis.hangs import find_hang, hang_entries, recovered_stalls
+from megatron.trace.analysis.liveness import Clock, Liveness, judge, utc_text
+from megatron.trace.analysis.stragglers import find_stragglers
+from megatron.trace.model.trace import Incarnation, Trace, load_trace
+from megatron.trace.semconv import (
+    BADPUT_CATEGORIES,
+    CATEGORY_CHECKPOINT_LOAD,
+    CATEGORY_CHECKPOINT_SAVE,
+    CATEGORY_EVALUATION,
+    CATEGORY_GOODPUT,
+    CATEGORY_HANG,
+    CATEGORY_LAUNCH,
+    CATEGORY_OTHER,
+    CATEGORY_QUEUE,
+    CATEGORY_RESTART_GAP,
+    CATEGORY_STARTUP,
+    CATEGORY_WASTED_PROGRESS,
+    CHECKPOINT_LOAD_SPAN,
+    INTERVAL_SPAN,
+    ITERATION_SPAN,
+    SPAN_CATEGORY,
+    STARTUP_SPAN,
+)
+
+__all__ = [
+    "ANOMALY_MAD_FACTOR",
+    "ANOMALY_RULE",
+    "BADPUT_CATEGORIES",
+    "PRECEDENCE",
+    "build_report",
+    "rank_accounting",
+    "report_files",
+]
+
+# Highest first. Checkpoint loads nest in startup, saves and evaluations in
+# intervals, so the nested category must win over its parent's. A hang wins
+# over everything: whatever span it stalled in (a save, an iteration whose
+# progress is also wasted), that time was lost to the hang.
+PRECEDENCE = (
+    CATEGORY_HANG,
+    CATEGORY_CHECKPOINT_LOAD,
+    CATEGORY_CHECKPOINT_SAVE,
+    CATEGORY_EVALUATION,
+    CATEGORY_LAUNCH,
+    CATEGORY_QUEUE,
+    CATEGORY_STARTUP,
+    CATEGORY_WASTED_PROGRESS,
+    CATEGORY_GOODPUT,
+    CATEGORY_RESTART_GAP,
+)
+#: k of the anomaly rule: an iteration is anomalous when it took longer than
+#: median + k * MAD of the iteration durations (ml-goodput-measurement's k).
+ANOMALY_MAD_FACTOR = 3.0
+#: The MAD is floored at this share of the median, so a run whose iterations
+#: nearly all took the same time to the nanosecond does not flag jitter.
+ANOMALY_MAD_FLOOR = 0.01
+ANOMALY_RULE = (
+    f"duration > median + {ANOMALY_MAD_FACTOR:g} x MAD "
+    f"(median absolute deviation of the iteration durations, at least "
+    f"{100 * ANOMALY_MAD_FLOOR:g} % of the median)"
+)
+_LISTED_ANOMALIES = 20
+
+
+def _seconds(ns: int) -> float:
+    return round(ns / 1e9, 9)
+
+
+def _segments(inc: Incarnation) -> list[tuple[int, int, str]]:
+    """(start, end, category) for the incarnation's structural spans, and its hang.
+
+    A running incarnation's open interval (or startup) so far counts too.
+    """
+    in_flight = [inc.in_flight] if inc.in_flight is not None else []
+    spans = itertools.chain(inc.extents(), extents(in_flight))
+    segments = [(start, end, SPAN_CATEGORY[name]) for start, end, name in spans]
+    hang = find_hang(inc)
+    if hang is not None:
+        segments.append((hang.start_ns, hang.end_ns, CATEGORY_HANG))
+    return segments
+
+
+def _horizon(inc: Incarnation, later: list[Incarnation]) -> int | None:
+    """The first iteration whose progress this incarnation lost (None: nothing lost)."""
+    for successor in later:
+        resumed = successor.resumed_from
+        if resumed is None:
+            resumed = successor.first_iteration
+        if resumed is not None:
+            return resumed
+    if inc.ended in ("shutdown", "running"):
+        return None
+    saved = inc.durable_saves()
+    if saved:
+        return max(saved)
+    return inc.first_iteration if inc.first_iteration is not None else 0
+
+
+def _wasted(inc: Incarnation, horizon: int | None) -> tuple[int | None, int | None, bool]:
+    """(window start ns, wasted iterations, exact?) for one incarnation."""
+    if horizon is None:
+        return None, 0, True
+    start = inc.iterations.start_of(horizon) if inc.iterations else None
+    if start is None:
+        # the interval boundary where iteration `horizon` began (or would have)
+        before = [
+            r["end_ns"]
+            for r, facts in zip(inc.intervals, inc.interval_facts, strict=True)
+            if facts.last_iteration is not None and facts.last_iteration < horizon
+        ]
+        if before:
+            start = max(before)
+        elif inc.intervals:
+            start = inc.intervals[0]["start_ns"]
+        elif inc.startup is not None:
+            start = inc.startup["end_ns"]
+    if inc.iterations:
+        return start, inc.iterations.count_from(horizon), True
+    last = inc.last_iteration
+    first = inc.first_iteration if inc.first_iteration is not None else horizon
+    count = max(0, (last if last is not None else horizon - 1) + 1 - max(horizon, first))
+    # without per-iteration spans a killed in-flight interval's iterations are unknown,
+    # and so is any range the intervals could not give (see megatron.trace.model.intervals)
+    known = last is not None and all(
+        f.first_iteration is not None and f.last_iteration is not None for f in inc.interval_facts
+    )
+    return start, count, inc.ended != "killed" and known
+
+
+def _stretch_events(
+    stretches: Stretches, index: int, lo: int, hi: int
+) -> Iterator[tuple[int, int, int]]:
+    """A disjoint, sorted union's sweep events, in order, without materialising them."""
+    for start, end in stretches:
+        start, end = max(start, lo), min(end, hi)
+        if end > start:
+            yield (start, 1, index)
+            yield (end, -1, index)
+
+
+def _sweep(
+    segments: list[tuple[int, int, str]],
+    wall: tuple[int, int],
+    stretches: Iterable[tuple[Stretches, str]] = (),
+) -> dict[str, int]:
+    """Nanoseconds per category; the highest-precedence covering category wins.
+
+    ``stretches`` are disjoint sorted unions (Megatron-LM writes some spans on
+    every loop pass, so possibly many): merged into the sweep as streams, not
+    sorted with the rest.
+    """
+    rank = {category: i for i, category in enumerate(PRECEDENCE)}
+    events: list[tuple[int, int, int]] = []
+    lo, hi = wall
+    for start, end, category in segments:
+        start, end = max(start, lo), min(end, hi)
+        if end > start:
+            events.append((start, 1, rank[category]))
+            events.append((end, -1, rank[category]))
+    events.sort()
+    streams = [_stretch_events(s, rank[category], lo, hi) for s, category in stretches if s]
+    totals = dict.fromkeys((*PRECEDENCE, CATEGORY_OTHER), 0)
+    # The winner is the lowest category index covering the time: with bit i of `covered`
+    # set while category i is active, that is its lowest set bit (a scan of the
+    # categories at every event was half of a many-interval report's time).
+    winners = (CATEGORY_OTHER, *PRECEDENCE)  # by (lowest set bit).bit_length()
+    active = [0] * len(PRECEDENCE)
+    covered = 0
+    cursor = lo
+    for time, delta, index in heapq.merge(events, *streams) if streams else events:
+        if time > cursor:
+            totals[winners[(covered & -covered).bit_length()]] += time - cursor
+            cursor = time
+        count = active[index] = active[index] + delta
+        if count:
+            covered |= 1 << index
+        else:
+            covered &= ~(1 << index)
+    totals[CATEGORY_OTHER] += hi - cursor
+    return totals
+
+
+def _wall_start(inc: Incarnation) -> int:
+    """Where an incarnation's wall clock starts: its queue or startup, else its first span."""
+    starts = [r["start_ns"] for r in (*inc.pre_startup, inc.startup) if r is not None]
+    return min(starts) if starts else inc.start_ns
+
+
+def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
+    """The accounting of one rank's incarnations (in time order).
+
+    Returns ``{"wall_ns", "start_ns", "totals_ns": {category: ns, "goodput": ns},
+    "wasted_iterations": int, "wasted_exact": bool, "per_incarnation":
+    [{"horizon", "wasted_iterations", "wasted_window_ns"}]}``.
+    """
+    start = min(_wall_start(inc) for inc in incs)
+    end = max(max(inc.end_ns for inc in incs), start)
+    segments: list[tuple[int, int, str]] = []
+    per_incarnation = []
+    wasted_total, exact = 0, True
+    for position, inc in enumerate(incs):
+        segments.extend(_segments(inc))
+        horizon = _horizon(inc, incs[position + 1 :])
+        window_start, count, count_exact = _wasted(inc, horizon)
+        if window_start is not None and inc.end_ns > window_start:
+            segments.append((window_start, inc.end_ns, CATEGORY_WASTED_PROGRESS))
+        if position + 1 < len(incs):
+            segments.append((inc.end_ns, incs[position + 1].start_ns, CATEGORY_RESTART_GAP))
+        wasted_total += count or 0
+        exact = exact and count_exact
+        per_incarnation.append(
+            {
+                "horizon": horizon,
+                "wasted_iterations": count,
+                "wasted_window_ns": max(0, inc.end_ns - window_start)
+                if window_start is not None
+                else 0,
+            }
+        )
+    stretches = [(inc.checkpoint_time, CATEGORY_CHECKPOINT_SAVE) for inc in incs]
+    totals = _sweep(segments, (start, end), stretches)
+    return {
+        "start_ns": start,
+        "wall_ns": end - start,
+        "totals_ns": totals,
+        "wasted_iterations": wasted_total,
+        "wasted_exact": exact,
+        "per_incarnation": per_incarnation,
+    }
+
+
+#: From this many iterations on, their statistics are selected with numpy over the
+#: columns a part at a time (:mod:`megatron.trace._store.selection`: flat in memory); below
+#: it, taken from a sorted list (32 bytes an iteration), which costs less than
+#: importing numpy (a tenth of a small report). Both give the same.
+NUMPY_FROM_ITERATIONS = 1 << 18
+
+
+def _durations_ms(inc: Incarnation) -> list[float]:
+    """The incarnation's iteration durations in ms, in its order (below
+    :data:`NUMPY_FROM_ITERATIONS`: a Python float an iteration)."""
+    iterations = inc.iterations
+    return [
+        (end - start) / 1e6 for start, end in zip(iterations.starts, iterations.ends, strict=True)
+    ]
+
+
+def _median_of_sorted(values: Sequence[float]) -> float:
+    """The median of sorted values (``np.median`` would sort them again, and its first
+    call imports ``numpy.ma``)."""
+    middle = len(values) // 2
+    return float(values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2)
+
+
+def _duration_parts(incs: list[Incarnation]) -> Iterator[tuple[Incarnation, Any, Any]]:
+    """(incarnation, numbers, durations in ns) of every iteration, a part of the columns at
+    a time (the durations an int64 numpy array)."""
+    for inc in incs:
+        for part in inc.iterations.parts():
+            yield inc, part.numbers, part.durations()
+
+
+def _in_ms(ns: Any) -> Any:
+    """Durations in ns as float64 ms, each as ``(end - start) / 1e6`` gives it (a new
+    array): what the figures are made of, with numpy or without."""
+    import numpy as np
+
+    ms = ns.astype(np.float64)
+    ms /= 1e6
+    return ms
+
+
+def _sorted_figures(incs: list[Incarnation], count: int) -> tuple[float, float, float, float]:
+    """(median, MAD, p90, max) of every iteration's duration (ms), as a sort of them all
+    would give them, by selection over the columns a part at a time
+    (:mod:`megatron.trace._store.selection`): flat in memory however long the job."""
+    import numpy as np
+
+    def durations() -> Iterator[Any]:
+        return (ns for _, _, ns in _duration_parts(incs))
+
+    middle = count // 2
+    halves = [middle] if count % 2 else [middle - 1, middle]
+    p90_rank = max(0, math.ceil(0.9 * count) - 1)  # nearest rank
+    *median_ns, p90_ns, longest_ns = select(durations, [*halves, p90_rank, count - 1])
+    # ns -> ms as the figures always were: each value / 1e6, then the mean of the halves
+    median = sum(ns / 1e6 for ns in median_ns) / len(median_ns)
+
+    def deviations() -> Iterator[Any]:  # |duration - median|, the MAD's values (ms)
+        for ns in durations():
+            ms = _in_ms(ns)
+            ms -= median
+            yield float_keys(np.abs(ms, out=ms))
+
+    mad_halves = from_float_keys(select(deviations, halves))
+    return median, sum(mad_halves) / len(mad_halves), p90_ns / 1e6, longest_ns / 1e6
+
+
+def _slowest_of(incs: list[Incarnation], threshold: float) -> tuple[int, list[tuple]]:
+    """How many iterations last over ``threshold`` ms, and the longest of them as
+    (duration ms, incarnation index, iteration), longest first."""
+    import numpy as np
+
+    count, slowest = 0, []
+    for inc, numbers, ns in _duration_parts(incs):
+        ms = _in_ms(ns)
+        over = np.flatnonzero(ms > threshold).tolist()
+        count += len(over)
+        found = [(float(ms[at]), inc.index, numbers[at]) for at in over]
+        slowest = heapq.nlargest(_LISTED_ANOMALIES, [*slowest, *found])
+    return count, slowest
+
+
+def _iteration_stats(
+    incs: list[Incarnation], numpy_from: int = NUMPY_FROM_ITERATIONS
+) -> dict[str, Any] | None:
+    count = sum(len(inc.iterations) for inc in incs)
+    if not count:
+        return None
+    with_numpy = count >= numpy_from
+    if with_numpy:
+        median, mad, p90, longest = _sorted_figures(incs, count)
+    else:
+        durations = sorted(itertools.chain.from_iterable(_durations_ms(inc) for inc in incs))
+        median = _median_of_sorted(durations)
+        mad = _median_of_sorted(sorted(abs(duration - median) for duration in durations))
+        p90 = durations[max(0, math.ceil(0.9 * count) - 1)]  # nearest rank
+        longest = durations[-1]
+        del durations
+    mad = max(mad, ANOMALY_MAD_FLOOR * median)
+    threshold = median + ANOMALY_MAD_FACTOR * mad
+    if with_numpy:
+        slow_count, slow = _slowest_of(incs, threshold)
+    else:
+        slow = []
+        for inc in incs:  # the durations again, an incarnation at a time, for the slow ones
+            inc_durations = _durations_ms(inc)
+            over = [i for i, duration in enumerate(inc_durations) if duration > threshold]
+            numbers = inc.iterations.numbers if over else ()  # (a read, once spilled)
+            for position in over:
+                slow.append((float(inc_durations[position]), inc.index, numbers[position]))
+        slow.sort(reverse=True)
+        slow_count = len(slow)
+    return {
+        "count": count,
+        "median_ms": round(median, 3),
+        "p90_ms": round(float(p90), 3),
+        "max_ms": round(float(longest), 3),
+        "anomalous": {
+            "rule": ANOMALY_RULE,
+            "mad_ms": round(mad, 3),
+            "threshold_ms": round(threshold, 3),
+            "count": slow_count,
+            "slowest": [
+                {"incarnation": index, "iteration": number, "duration_ms": round(dur, 3)}
+                for dur, index, number in slow[:_LISTED_ANOMALIES]
+            ],
+        },
+    }
+
+
+def _incarnation_entry(inc: Incarnation, wall_start: int, waste: dict[str, Any]) -> dict:
+    startup = inc.startup
+    return {
+        "rank": inc.rank,
+        "index": inc.index,
+        "ended": inc.ended,
+        "error_type": inc.error_type,
+        "first_iteration": inc.first_iteration,
+        "last_iteration": inc.last_iteration,
+        "resumed_from": inc.resumed_from,
+        "startup_s": _seconds(startup["end_ns"] - startup["start_ns"]) if startup else None,
+        "intervals": len(inc.intervals),
+        "start_s": _seconds(inc.start_ns - wall_start),
+        "duration_s": _seconds(inc.end_ns - inc.start_ns),
+        "wasted_iterations": waste["wasted_iterations"],
+        "wasted_s": _seconds(waste["wasted_window_ns"]),
+        "as_of": utc_text(inc.as_of_ns) if inc.as_of_ns is not None else None,
+        "in_flight_s": _seconds(inc.in_flight["end_ns"] - inc.in_flight["start_ns"])
+        if inc.in_flight is not None
+        else 0.0,
+    }
+
+
+def _loads_unrecorded(incs: list[Incarnation]) -> bool:
+    """Whether an incarnation resumed from a checkpoint whose load left no span."""
+    return any(not inc.loads and (inc.first_iteration or 0) > 0 for inc in incs)
+
+
+def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, Any]:
+    """The goodput report as one JSON-able dict (see the module docstring and README).
+
+    Keys: ``wall_s``, ``goodput_s``, ``goodput_fraction``, ``badput_s``
+    (category -> s), ``accounting_ns`` (the same in exact integer ns, with
+    ``wall`` and ``goodput``), ``wasted_iterations`` (int, or None when
+    unknown), ``incarnations`` (list of dicts: ``rank``, ``index``, ``ended``,
+    ``error_type``,
+    ``first_iteration``, ``last_iteration``, ``resumed_from``, ``startup_s``,
+    ``intervals``, ``start_s``, ``duration_s``, ``wasted_iterations``,
+    ``wasted_s``), ``iterations`` (``count``, ``median_ms``, ``p90_ms``,
+    ``max_ms``, ``anomalous``; None without per-iteration spans), ``rank``
+    (the rank the job figures come from), ``ranks`` (per-rank summaries),
+    ``spans``, ``torn_lines``, ``not_computed`` (figures the trace could not
+    give, with the reason); ``running`` (whether the job rank's last
+    incarnation is still running) and ``as_of`` (then: the time of its newest
+    record, which the figures are as of); with ``liveness``
+    (:func:`megatron.trace.analysis.liveness.judge` applied to ``trace``) also
+    ``as_of_age_s`` and ``liveness`` (``rule``, ``now``, ``stale_after_s``,
+    ``heartbeat_files``, ``notes``);
+    ``stragglers`` (``rule``, ``ranks``: the ranks
+    flagged; None when not computed) and ``straggler_s`` (see
+    :mod:`~megatron.trace.analysis.stragglers`; each ``ranks`` entry adds
+    ``work_ms_median``, ``wait_ms_median``, ``score`` and ``straggler``);
+    ``hangs`` (per hung incarnation and rank: ``rank``, ``incarnation``,
+    ``ended``, ``last_iteration``, ``iteration``, ``span``, ``frame``,
+    ``stalled_s``, ``detected_after_s``, ``waiting``, ``culprit``) and
+    ``recovered_stalls`` (``rank``, ``incarnation``, ``iteration``,
+    ``stalled_s``). A badput
+    category named in ``not_computed`` is None in ``badput_s``
+    (``checkpoint_load`` of a resume without load spans); its time is in
+    another category of ``accounting_ns``, which still adds up.
+    """
+    not_computed: list[str] = []
+    if not trace.ranks:
+        raise ValueError("no spans in the trace files")
+    ranks = {}
+    for rank, incs in trace.ranks.items():
+        accounting = rank_accounting(incs)
+        ranks[rank] = (incs, accounting)
+    job_rank = next(iter(ranks))
+    incs, accounting = ranks[job_rank]
+    totals = accounting["totals_ns"]
+    wall = accounting["wall_ns"]
+    iterations = _iteration_stats(incs)
+    if iterations is None:
+        not_computed.append(
+            f"iterations: no {ITERATION_SPAN} spans (enable the per_step span groups)"
+        )
+    for inc in incs:
+        unknown = [
+            f.index
+            for f in inc.interval_facts
+            if f.first_iteration is None or f.last_iteration is None
+        ]
+        if unknown:
+            not_computed.append(
+                f"interval iteration ranges: incarnation {inc.index} intervals {unknown}: no "
+                "interval attributes, iteration spans or checkpoint saves to derive them from"
+            )
+    stragglers = find_stragglers(trace)
+    not_computed += stragglers.not_computed
+    if not any(inc.startup or inc.intervals for inc in incs):
+        not_computed.append(
+            f"{CATEGORY_GOODPUT}: no {STARTUP_SPAN} or {INTERVAL_SPAN} span (the job span group "
+            "was off): only the other spans' time is accounted, the rest is other"
+        )
+    if _loads_unrecorded(incs):
+        not_computed.append(
+            f"{CATEGORY_CHECKPOINT_LOAD}: an incarnation resumed past iteration 0 but the trace "
+            f"holds no {CHECKPOINT_LOAD_SPAN} span (the load_checkpoint span group is off, as in "
+            "the default groups); its load time is counted in startup"
+        )
+    if not accounting["wasted_exact"]:
+        not_computed.append(
+            "wasted_iterations: a killed incarnation's in-flight interval is missing and there "
+            "are no per-iteration spans, or an interval's iteration range is not known, so the "
+            "figure is a lower bound"
+        )
+    not_computed_categories = {reason.split(":")[0] for reason in not_computed}
+    return {
+        "wall_s": _seconds(wall),
+        "goodput_s": _seconds(totals[CATEGORY_GOODPUT]),
+        "goodput_fraction": round(totals[CATEGORY_GOODPUT] / wall, 6) if wall else 0.0,
+        "badput_s": {
+            category: None if category in not_computed_categories else _seconds(totals[category])
+            for category in BADPUT_CATEGORIES
+        },
+        "accounting_ns": {
+            "wall": wall,
+            CATEGORY_GOODPUT: totals[CATEGORY_GOODPUT],
+            **{category: totals[category] for category in BADPUT_CATEGORIES},
+        },
+        "wasted_iterations": accounting["wasted_iterations"],
+        "incarnations": [
+            _incarnation_entry(inc, accounting["start_ns"], waste)
+            for inc, waste in zip(incs, accounting["per_incarnation"], strict=True)
+        ],
+        "iterations": iterations,
+        "rank": job_rank,
+        "ranks": [
+            {
+                "rank": rank,
+                "wall_s": _seconds(acc["wall_ns"]),
+                "goodput_s": _seconds(acc["totals_ns"][CATEGORY_GOODPUT]),
+                "goodput_fraction": round(acc["totals_ns"][CATEGORY_GOODPUT] / acc["wall_ns"], 6)
+                if acc["wall_ns"]
+                else 0.0,
+                "wasted_iterations": acc["wasted_iterations"],
+                "incarnations": len(rank_incs),
+                **stragglers.rank_entry(rank),
+            }
+            for rank, (rank_incs, acc) in ranks.items()
+        ],
+        "stragglers": stragglers.summary(),
+        "straggler_s": stragglers.straggler_s,
+        "hangs": hang_entries(trace),
+        "recovered_stalls": recovered_stalls(trace),
+        "spans": trace.span_count,
+        "torn_lines": len(trace.stats.torn),
+        "not_computed": not_computed,
+        **_liveness_entry(incs, liveness),
+    }
+
+
+def _liveness_entry(incs: list[Incarnation], liveness: Liveness | None) -> dict[str, Any]:
+    last = incs[-1]
+    running = last.ended == "running" and last.as_of_ns is not None
+    entry: dict[str, Any] = {
+        "running": running,
+        "as_of": utc_text(last.as_of_ns) if running else None,
+    }
+    if liveness is not None:
+        clock = liveness.clock
+        entry["liveness"] = {
+            "rule": liveness.rule,
+            "now": utc_text(clock.now_ns),
+            "stale_after_s": clock.stale_after_ns / 1e9,
+            "heartbeat_files": [str(path) for path in liveness.metrics_files],
+            "notes": list(liveness.notes),
+        }
+        if running:
+            entry["as_of_age_s"] = _seconds(clock.now_ns - last.as_of_ns)
+    return entry
+
+
+def report_files(
+    paths: Iterable[Path | str], clock: Clock | None = None, jobs: int | None = None
+) -> dict[str, Any]:
+    """Stream the files (several in ``jobs`` parallel processes) and build the report.
+
+    Raises ``TraceFileDamaged`` on damage. Whether the job is still running
+    is judged against ``clock`` (default: the system clock and the default
+    staleness bound).
+    """
+    paths = list(paths)
+    trace = load_trace(paths, jobs)
+    liveness = judge(trace, paths, clock or Clock.system())
+    return build_report(trace, liveness)

@@ -1,0 +1,356 @@
+"""Stragglers: the rank the others wait for, and the job time that waiting costs.
+
+In a data-parallel job a slow rank does not look slow: every rank's
+iteration lasts as long as the slowest one's, because each waits for the
+others in the gradient all-reduce. So each iteration of each rank is split
+into its *wait*, the ``megatron.grad_sync.finish`` span of that iteration
+(from the dispatch of the last gradient bucket until ``backward()`` has all
+of them back: the ``communication`` span group), and its *work*, the rest of
+the ``megatron.train.iteration`` span. A rank's own speed is its median work.
+
+* ``score`` = the best (lowest) median work of any rank / this rank's median
+  work, so 1.0 for the fastest rank and about 1/k for a rank k times slower
+  (the relative score nvidia-resiliency-ext's straggler detection uses);
+* ``straggler`` = ``score < 0.75`` (nvidia-resiliency-ext's default threshold);
+* ``straggler_s``, the job time lost waiting for slower ranks: over every
+  iteration that all compared ranks finished, the slowest rank's work minus
+  the fastest rank's work, summed. It is what the job would have saved per
+  iteration had every rank been as fast as that iteration's fastest: the
+  waiting that slower ranks imposed, whoever was slow that time.
+
+The first :data:`WARMUP_ITERATIONS` iterations each incarnation finished are
+warm-up and left out of all three (the first pays for lazy initialisation,
+the second for DDP rebuilding its gradient buckets, which waits for the other
+ranks outside the timed all-reduce). Not computed (every figure ``None``, and
+said why): with fewer than two ranks in the files, without the
+per-iteration and gradient-sync spans, or with fewer than
+:data:`MIN_ITERATIONS` iterations after the warm-up on two ranks (a median
+of a handful of iterations is noise, not a verdict). Iterations are matched
+across ranks by incarnation index and iteration number. Memory: int64 numpy
+columns, no Python object per iteration, and none held for long: a rank's
+work and waits live while its medians are taken, and the join reads each
+rank's again one incarnation index at a time (twice the reading, so that
+the ranks' iterations are never all in memory at once: with the model's
+columns on disk, :mod:`megatron.trace._store.columns`, a 64-rank job's join holds
+one incarnation of each rank at most).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from megatron.trace._store.selection import median
+from megatron.trace.model.trace import Incarnation, Trace
+from megatron.trace.semconv import GRAD_SYNC_FINISH_SPAN, ITERATION_SPAN
+
+__all__ = [
+    "MIN_ITERATIONS",
+    "SCORE_THRESHOLD",
+    "STRAGGLER_RULE",
+    "WARMUP_ITERATIONS",
+    "RankWork",
+    "Stragglers",
+    "find_stragglers",
+    "iteration_work",
+]
+
+SCORE_THRESHOLD = 0.75
+WARMUP_ITERATIONS = 2
+MIN_ITERATIONS = 10
+STRAGGLER_RULE = (
+    f"score < {SCORE_THRESHOLD:g}; score = the fastest rank's median work per iteration / "
+    "this rank's, work = iteration duration - its gradient all-reduce wait "
+    f"({GRAD_SYNC_FINISH_SPAN}), over each incarnation's iterations after its first "
+    f"{WARMUP_ITERATIONS}"
+)
+
+
+@dataclass(frozen=True)
+class RankWork:
+    """One rank's iterations split into own work and waiting, as medians."""
+
+    rank: str
+    iterations: int  # iterations with both spans
+    work_ms_median: float
+    wait_ms_median: float
+    score: float
+    straggler: bool
+
+    def entry(self) -> dict[str, Any]:
+        return {
+            "work_ms_median": round(self.work_ms_median, 3),
+            "wait_ms_median": round(self.wait_ms_median, 3),
+            "score": round(self.score, 3),
+            "straggler": self.straggler,
+        }
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    """What :func:`find_stragglers` found (``ranks`` empty when not computed)."""
+
+    ranks: dict[str, RankWork]
+    straggler_s: float | None
+    not_computed: list[str]
+
+    @property
+    def flagged(self) -> list[str]:
+        return [rank for rank, work in self.ranks.items() if work.straggler]
+
+    def rank_entry(self, rank: str) -> dict[str, Any]:
+        """The per-rank fields of the report (all ``None`` when not computed)."""
+        work = self.ranks.get(rank)
+        if work is None:
+            return dict.fromkeys(("work_ms_median", "wait_ms_median", "score", "straggler"))
+        return work.entry()
+
+    def summary(self) -> dict[str, Any] | None:
+        """The report's top-level ``stragglers``: the rule and the ranks it flags."""
+        if not self.ranks:
+            return None
+        return {"rule": STRAGGLER_RULE, "ranks": self.flagged}
+
+
+def iteration_work(inc: Incarnation) -> tuple[Any, Any, Any, Any]:
+    """(numbers, durations, waits, work) of the incarnation's finished iterations, in its
+    order, as int64 numpy arrays (ns); an iteration's wait is the sum of its
+    ``megatron.grad_sync.finish`` spans, and its work the rest of it (at least 0).
+    Where an iteration has no wait span, its wait and work are -1.
+
+    Columns, not a dict of iteration -> wait: that was a Python object per
+    iteration, a few hundred MB for a week of per-step spans.
+    """
+    import numpy as np  # here, not at import: the CLI starts faster for what needs none
+
+    def column(values: array) -> Any:
+        return np.frombuffer(values, dtype=np.int64)
+
+    numbers = column(inc.iterations.numbers)
+    durations = inc.iterations.durations()
+    waited = column(inc.waits.numbers)
+    lengths = inc.waits.durations()
+    if np.array_equal(waited, numbers):  # the usual case: one wait per iteration, in step
+        waits = lengths
+    else:
+        waits = np.full(len(numbers), -1, dtype=np.int64)
+        if len(waited) and len(numbers):
+            order = np.argsort(waited, kind="stable")
+            waited, lengths = waited[order], lengths[order]
+            firsts = np.flatnonzero(np.r_[True, waited[1:] != waited[:-1]])
+            distinct, totals = waited[firsts], np.add.reduceat(lengths, firsts)
+            at = np.minimum(np.searchsorted(distinct, numbers), len(distinct) - 1)
+            found = distinct[at] == numbers
+            waits[found] = totals[at[found]]
+    work = durations - waits
+    np.maximum(work, 0, out=work)
+    work[waits < 0] = -1
+    return numbers, durations, waits, work
+
+
+@dataclass(frozen=True)
+class _RankSplit:
+    """One rank's incarnations that have waits, by index, and whether each is in step
+    (:func:`_in_step`); how many of its iterations have a wait (after each
+    incarnation's warm-up), and the medians of their work and of their wait (ns)."""
+
+    by_incarnation: dict[int, Incarnation]
+    in_step: dict[int, bool]
+    count: int
+    work_median: float
+    wait_median: float
+
+
+def _timed(inc: Incarnation) -> tuple[Any, Any, Any]:
+    """(numbers, waits, work) of the incarnation's iterations that have a wait, after
+    its warm-up."""
+    columns = iteration_work(inc)
+    numbers, waited, work = (columns[i][WARMUP_ITERATIONS:] for i in (0, 2, 3))
+    del columns  # the durations: not needed here
+    timed = waited >= 0
+    if not timed.all():
+        numbers, waited, work = numbers[timed], waited[timed], work[timed]
+    return numbers, waited, work
+
+
+def _in_step(inc: Incarnation) -> bool:
+    """Whether each iteration has one wait, in the same order (the usual case): then
+    row ``i`` of the waits is iteration ``i``'s, and both are read a part at a time."""
+    its, waits = inc.iterations, inc.waits
+    return len(its) == len(waits) and all(
+        mine.numbers == theirs.numbers
+        for mine, theirs in zip(its.parts(), waits.parts(), strict=True)
+    )
+
+
+def _timed_parts(inc: Incarnation, in_step: bool) -> Iterator[tuple[Any, Any, Any]]:
+    """:func:`_timed`'s arrays a part of the columns at a time when the incarnation is
+    :func:`_in_step` (so what is held does not grow with the job); else whole."""
+    import numpy as np
+
+    if not in_step:
+        yield _timed(inc)
+        return
+    skip = WARMUP_ITERATIONS
+    for its, waits in zip(inc.iterations.parts(), inc.waits.parts(), strict=True):
+        numbers = np.frombuffer(its.numbers, dtype=np.int64)
+        work, waited = its.durations(), waits.durations()
+        if skip:  # the warm-up: the first rows of the first part (or parts)
+            cut = min(skip, len(numbers))
+            numbers, work, waited, skip = numbers[cut:], work[cut:], waited[cut:], skip - cut
+        work -= waited
+        np.maximum(work, 0, out=work)
+        timed = waited >= 0
+        if not timed.all():
+            numbers, waited, work = numbers[timed], waited[timed], work[timed]
+        yield numbers, waited, work
+
+
+def _split(incs: Iterable[Incarnation]) -> _RankSplit:
+    """A rank's figures, holding nothing per iteration when done: its medians are
+    selected over its work and waits a part at a time (:mod:`megatron.trace._store.selection`),
+    and the join reads them again, an incarnation index at a time."""
+    by_incarnation = {inc.index: inc for inc in incs if inc.waits}  # (none: no grad_sync spans)
+    in_step = {index: _in_step(inc) for index, inc in by_incarnation.items()}
+
+    def column(field: int) -> Callable[[], Iterator[Any]]:
+        def parts() -> Iterator[Any]:
+            for index, inc in by_incarnation.items():
+                for timed in _timed_parts(inc, in_step[index]):
+                    yield timed[field]
+
+        return parts
+
+    work_median, count = median(column(2))
+    wait_median, _ = median(column(1))
+    return _RankSplit(by_incarnation, in_step, count, work_median, wait_median)
+
+
+def find_stragglers(trace: Trace) -> Stragglers:
+    """Per-rank work, wait and score, the flagged ranks and ``straggler_s`` (module doc)."""
+    if len(trace.ranks) < 2:
+        return Stragglers({}, None, ["stragglers: the files hold one rank (export every rank: "
+                                     "MEGATRON_OTEL_RANK_STRATEGY=all_ranks)"])  # fmt: skip
+    split = {rank: _split(incs) for rank, incs in trace.ranks.items()}
+    timed = {rank: parts for rank, parts in split.items() if parts.count}
+    if len(timed) < 2:
+        return Stragglers({}, None, ["stragglers: fewer than two ranks have both "
+                                     f"{ITERATION_SPAN} and {GRAD_SYNC_FINISH_SPAN} "
+                                     "spans (enable the per_step span groups)"])  # fmt: skip
+    measured = {rank: parts for rank, parts in timed.items() if parts.count >= MIN_ITERATIONS}
+    if len(measured) < 2:
+        return Stragglers({}, None, [f"stragglers: fewer than {MIN_ITERATIONS} iterations after "
+                                     f"the first {WARMUP_ITERATIONS} on two ranks, too few to "
+                                     "compare"])  # fmt: skip
+    medians = {rank: (one.work_median, one.wait_median) for rank, one in measured.items()}
+    best = min(work for work, _ in medians.values())
+    ranks = {}
+    for rank, (work, wait) in medians.items():
+        score = best / work if work > 0 else 1.0
+        ranks[rank] = RankWork(
+            rank, measured[rank].count, work / 1e6, wait / 1e6, score, score < SCORE_THRESHOLD
+        )
+    return Stragglers(ranks, _lost_s(list(measured.values())), [])
+
+
+def _lost_s(per_rank: list[_RankSplit]) -> float:
+    """Sum over iterations every rank finished of (slowest work - fastest work), in s.
+
+    An iteration is its incarnation index and number; one that a rank finished
+    twice counts with its later work. The ranks are matched one incarnation index
+    at a time: where all are in step and finished the same iterations in order
+    (the usual case), a part of the columns at a time, every rank's side by side;
+    otherwise each rank's iterations against those every rank before it had.
+    """
+    first, *others = per_rank
+    lost = 0
+    for index, inc in first.by_incarnation.items():
+        theirs = [other.by_incarnation.get(index) for other in others]
+        if any(one is None for one in theirs):
+            continue  # not every rank ran this incarnation: nothing to compare
+        incs = [inc, *theirs]
+        steps = [split.in_step[index] for split in per_rank]
+        together = _lost_side_by_side(incs) if all(steps) else None
+        lost += together if together is not None else _lost_matched(incs, steps)
+    return round(lost / 1e9, 9)
+
+
+def _lost_side_by_side(incs: list[Incarnation]) -> int | None:
+    """The ns lost over one incarnation index, the ranks' parts side by side; None
+    when their iterations differ (then :func:`_lost_matched` matches them)."""
+    import numpy as np
+
+    if len({len(inc.iterations) for inc in incs}) != 1:
+        return None
+    lost, last = 0, None
+    streams = [_timed_parts(inc, True) for inc in incs]
+    for (numbers, _, slowest), *theirs in zip(*streams, strict=True):
+        if any(not np.array_equal(numbers, their_numbers) for their_numbers, _, _ in theirs):
+            return None
+        if len(numbers):
+            if (last is not None and numbers[0] <= last) or not (numbers[1:] > numbers[:-1]).all():
+                return None  # finished again or out of order: the later work counts
+            last = numbers[-1]
+        fastest = slowest.copy()
+        for _, _, work in theirs:
+            np.maximum(slowest, work, out=slowest)
+            np.minimum(fastest, work, out=fastest)
+        lost += int((slowest - fastest).sum())
+    return lost
+
+
+def _lost_matched(incs: list[Incarnation], steps: list[bool]) -> int:
+    """The ns lost over one incarnation index, each rank's iterations (whole) matched
+    against those every rank before it had."""
+    import numpy as np
+
+    def whole(inc: Incarnation, in_step: bool) -> tuple[Any, Any]:
+        parts = list(_timed_parts(inc, in_step))  # (the rare case: held whole)
+        numbers = np.concatenate([numbers for numbers, _, _ in parts])
+        return _last_by_number(numbers, np.concatenate([work for _, _, work in parts]))
+
+    numbers, slowest = whole(incs[0], steps[0])
+    fastest = slowest
+    for inc, in_step in zip(incs[1:], steps[1:], strict=True):
+        their_numbers, their_works = whole(inc, in_step)
+        numbers, mine, at = _matched(numbers, their_numbers)
+        if mine is not None:
+            slowest, fastest = slowest[mine], fastest[mine]
+        if at is not None:
+            their_works = their_works[at]
+        slowest = np.maximum(slowest, their_works)
+        fastest = np.minimum(fastest, their_works)
+    return int((slowest - fastest).sum())
+
+
+def _matched(numbers: Any, theirs: Any) -> tuple[Any, Any | None, Any | None]:
+    """The numbers both sorted, distinct arrays hold, and where they are in each (None:
+    all of that array, in order). The usual case, two ranks that finished the same
+    iterations, costs one comparison and no index arrays; otherwise a binary search
+    of ours in theirs (``np.intersect1d`` would sort a copy of both)."""
+    import numpy as np
+
+    if np.array_equal(numbers, theirs):
+        return numbers, None, None
+    if not len(theirs):
+        return theirs, np.empty(0, dtype=np.intp), None
+    at = np.searchsorted(theirs, numbers)
+    np.minimum(at, len(theirs) - 1, out=at)
+    mine = np.flatnonzero(theirs[at] == numbers)
+    at = at[mine]
+    return numbers[mine], mine, at
+
+
+def _last_by_number(numbers: Any, works: Any) -> tuple[Any, Any]:
+    """The distinct numbers in order, each with its last work (as they are, in the usual
+    case: numbers already increasing)."""
+    import numpy as np
+
+    if len(numbers) < 2 or bool((numbers[1:] > numbers[:-1]).all()):
+        return numbers, works
+    order = np.argsort(numbers, kind="stable")
+    numbers, works = numbers[order], works[order]
+    last = np.r_[numbers[1:] != numbers[:-1], True]
+    return numbers[last], works[last]

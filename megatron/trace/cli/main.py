@@ -1,0 +1,80 @@
+"""The ``megatron-trace`` entry point, and the one place errors become exit statuses.
+
+Adding a subcommand is one line: list its name and module in ``COMMANDS``.
+Each module exposes ``add_parser(subparsers)``, which adds its parser with
+:func:`megatron.trace.cli.options.add_command` (the ``FILE...`` arguments and
+``func``: parsed arguments in, exit status out) plus its own options. Only
+the chosen subcommand's module is imported (all of them for the top-level
+help): a ``report`` does not wait for the exporters and the timeline to
+import, a third of its start on a small file.
+
+Exit status: whatever the subcommand returns (0, or 1 for a finding); for a
+:class:`~megatron.trace.errors.TraceError`, one line
+``megatron-trace COMMAND: error: MESSAGE`` and its ``exit_code`` (2: bad
+input); 2 for a file the system will not let us read, likewise; 141
+(128 + SIGPIPE), silently, when the output's reader closed the pipe early.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from megatron.trace.errors import TraceError
+from megatron.trace.otlp.reader import paused_gc
+
+#: Subcommand -> the module that defines it, in the order the help lists them.
+COMMANDS = {
+    "check": "megatron.trace.cli.check",
+    "report": "megatron.trace.cli.report",
+    "timeline": "megatron.trace.cli.timeline",
+    "export": "megatron.trace.cli.export",
+}
+
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or of ``command`` alone (a name in ``COMMANDS``)."""
+    parser = argparse.ArgumentParser(
+        prog="megatron-trace",
+        description="Check, report on and draw the OTLP/JSON trace files a training job wrote.",
+        epilog="exit status: 0 success; 1 check found a violation; 2 bad input (a file "
+        "missing, unreadable or damaged, no spans, a bad option, a missing optional "
+        "package, an output that cannot be written); 141 the output pipe was closed",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        if command is None or name == command:
+            importlib.import_module(module).add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else list(argv)
+    chosen = words[0] if words and words[0] in COMMANDS else None  # else: help, or an error
+    parser = build_parser(chosen)
+    args = parser.parse_args(words)
+    try:
+        with paused_gc():  # a command's data holds no cycles: see paused_gc
+            status = int(args.func(args))
+        sys.stdout.flush()  # here, so a reader that went away is caught below
+        return status
+    except BrokenPipeError:
+        # The output's reader stopped early (``| head``): stop quietly, as the tools a
+        # pipe usually joins do when SIGPIPE ends them, with their exit status.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    except TraceError as error:
+        return _fail(args.command, str(error), error.exit_code)
+    except OSError as error:  # a trace file the system will not let us read
+        return _fail(args.command, f"cannot read {error.filename}: {error.strerror}", 2)
+
+
+def _fail(command: str, message: str, status: int) -> int:
+    print(f"megatron-trace {command}: error: {message}", file=sys.stderr)
+    return status

@@ -1,0 +1,52 @@
+"""``megatron-trace timeline``: draw the job as one self-contained HTML page.
+
+What the page shows is :mod:`megatron.trace.render.timeline`'s; this module
+is the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from megatron.trace.cli.options import add_command, clock, writing
+from megatron.trace.errors import MissingExtraError, NoSpansError
+from megatron.trace.otlp.spans import span_source
+from megatron.trace.render.timeline import collect, write_page
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``timeline`` on the ``megatron-trace`` command line."""
+    parser = add_command(
+        subparsers,
+        "timeline",
+        help="draw the job as a self-contained HTML timeline (needs the 'trace' extra)",
+        description="Write a self-contained HTML page (plotly, opens offline) with one lane "
+        "per incarnation and rank: queue, startup phases, intervals, checkpoints, "
+        "evaluations, restart gaps and how each incarnation ended.",
+        run=run,
+    )
+    parser.add_argument(
+        "-o", "--output", type=Path, default=Path("timeline.html"), help="the page to write"
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``timeline`` for parsed arguments; returns the exit status."""
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        raise MissingExtraError("timeline", "plotly") from None
+    timeline = collect(
+        span_source(args.files), [str(path) for path in args.files], clock(args), args.jobs
+    )
+    if not timeline.lanes:
+        raise NoSpansError(args.files)
+    with writing(args.output):
+        write_page(timeline, args.output)
+    print(f"timeline written to {args.output}")
+    return 0

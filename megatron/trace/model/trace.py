@@ -1,0 +1,837 @@
+"""The trace model: spans grouped into ranks and incarnations, built in one streaming pass.
+
+An *incarnation* is one ``pretrain()`` of one rank: its ``pre_startup``,
+``megatron.startup`` (with launch children), the ``megatron.train`` intervals,
+checkpoint loads and saves, evaluations and iterations. A resumed job appends
+its next incarnation to the same file; several ranks write several files or
+share one (``all_ranks``).
+
+Grouping rule: spans belong to the *process* that wrote them: the resource's
+``service.instance.id``, run id (``nemo.run.id``, ``megatron.run_id``),
+``host.name`` and ``process.pid``, and the restart counters launchers set
+(``slurm.restart_count``, NVRx's ``nvrx.cycle``), so two containers' pid 1 on
+two hosts, or a job requeued onto the same host, are two processes even
+without a ``service.instance.id``; a process that called
+``pretrain()`` more than once is split at each ``megatron.startup`` by start
+time (a ``pre_startup`` goes with the startup it precedes): :func:`slot_of`
+is that rule, and :meth:`Trace.incarnation_of` applies it to any span of the
+files for the pictures, which draw spans the model does not keep. The rank
+is the resource's ``dl.rank`` (else its ``service.instance.id``, else the
+file name).
+Grouping by process rather than by following links keeps a broken link a
+finding of ``check`` instead of silently making a new incarnation.
+
+Memory: only the structural spans (a few per checkpoint interval) and the
+hang watchdog's records are kept, as the reader's
+:class:`~megatron.trace.otlp.records.SpanRecord`; iterations are kept as
+three compact integer columns per process (number, start, end: 24 bytes
+each, written to a temporary file in blocks once there are many:
+:mod:`megatron.trace._store.columns`), and so are the gradient all-reduce waits
+(``megatron.grad_sync.finish`` with ``megatron.iteration``: the
+``communication`` span group), Megatron-LM's
+per-pass checkpoint bookkeeping spans as the union of the time they cover
+(:mod:`megatron.trace._store.stretches`) and one start per async-save finalize,
+everything else as running aggregates.
+A million-span file therefore costs a few tens of MB, whatever its size on
+disk.
+
+A process killed by SIGKILL leaves no trace of its in-flight interval; the
+spans that interval's finished children wrote then end later than any root
+span the process wrote (in every other case a child ends inside its root).
+That is how :attr:`Incarnation.ended` tells ``"killed"`` apart; so does a last
+interval whose ``megatron.interval.rerooted`` is true (a reroot closed it, so
+the interval that followed was lost), which catches a kill that left no
+finished child behind. A kill before the first interval opened, with no
+finished child written, still looks like a clean end.
+
+Every other ending is written down by the lifecycle: its ``shutdown`` marks
+the spans it ends with ``megatron.shutdown.reason`` (``exception``,
+``interrupt``, ``signal``) and ``error.type``, read back as ``"failed"``,
+``"interrupted"`` and ``"cut_short"``. An iteration span with ERROR status
+(the step raised, or was interrupted) did not finish, like a cut-short one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from megatron.trace._store.columns import Iterations
+from megatron.trace._store.record_log import RecordLog, extents, latest
+from megatron.trace._store.stretches import Stretches
+from megatron.trace.model import intervals
+from megatron.trace.model.intervals import IntervalFacts
+from megatron.trace.otlp.parallel import FilePiece, map_reduce, pieces
+from megatron.trace.otlp.reader import (
+    DAMAGE_ERRORS,
+    DecodedLine,
+    ReadStats,
+    damaged,
+    iter_batches,
+    paused_gc,
+)
+from megatron.trace.otlp.records import SpanRecord, is_cut_short
+from megatron.trace.semconv import (
+    CATEGORY_CHECKPOINT_LOAD,
+    CATEGORY_CHECKPOINT_SAVE,
+    CATEGORY_EVALUATION,
+    CATEGORY_GOODPUT,
+    CATEGORY_LAUNCH,
+    CATEGORY_QUEUE,
+    CATEGORY_STARTUP,
+    CHECKPOINT_EXIT_FINALIZE_SPAN,
+    CHECKPOINT_FINALIZE_SPAN,
+    CHECKPOINT_LOAD_SPAN,
+    CHECKPOINT_SPAN_PREFIX,
+    DL_RANK,
+    ERROR_TYPE,
+    GRAD_SYNC_FINISH_SPAN,
+    HANG_RECOVERED_SPAN,
+    HANG_SPAN,
+    HOST_NAME,
+    INTERVAL_REROOTED,
+    ITERATION,
+    ITERATION_SPAN,
+    NEMO_RUN_ID,
+    NVRX_CYCLE,
+    PRE_STARTUP_SPAN,
+    PROCESS_PID,
+    RUN_ID,
+    SERVICE_INSTANCE_ID,
+    SHUTDOWN_REASON,
+    SLURM_RESTART_COUNT,
+    SPAN_CATEGORY,
+    SPAN_CUT_SHORT,
+    STARTUP_PHASE_PREFIX,
+    STARTUP_SPAN,
+    STRUCTURAL_SPAN_NAMES,
+)
+
+__all__ = [
+    "Incarnation",
+    "Iterations",
+    "Trace",
+    "TraceBuilder",
+    "load_trace",
+    "process_key",
+    "process_of",
+    "process_of_resource",
+    "rank_of",
+    "scan",
+    "scan_file",
+    "slot_of",
+]
+
+#: The writing process's identity, beside its rank (see the module docstring).
+PROCESS_KEYS = (
+    SERVICE_INSTANCE_ID,
+    PROCESS_PID,
+    RUN_ID,
+    NEMO_RUN_ID,
+    HOST_NAME,
+    SLURM_RESTART_COUNT,
+    NVRX_CYCLE,
+)
+_FINALIZE_NAMES = frozenset({CHECKPOINT_FINALIZE_SPAN, CHECKPOINT_EXIT_FINALIZE_SPAN})
+# What the model keeps as records: the structural spans and the hang watchdog's, and
+# the startup's phases (a handful an incarnation, which the timeline draws: _kept_name).
+_KEPT_NAMES = STRUCTURAL_SPAN_NAMES | {HANG_SPAN, HANG_RECOVERED_SPAN}
+_CUT_SHORT_KEY = SPAN_CUT_SHORT.encode()
+# What TraceBuilder.add does with a span, by its name (the fast path looks it up once):
+# keep it as a record; keep it as an iteration; as a gradient all-reduce wait; add its
+# time to the checkpoint bookkeeping (and, for a finalize, its start); note a
+# finalize's start only; nothing.
+_STRUCTURAL, _ITERATION, _WAIT, _CHECKPOINT, _FINALIZE, _FINALIZE_ONLY, _IGNORED = range(7)
+# The lifecycle's shutdown reason -> how the incarnation ended (strongest first).
+_ENDED_BY_REASON = {"exception": "failed", "interrupt": "interrupted", "signal": "cut_short"}
+
+
+def _kept_name(name: str) -> bool:
+    return name in _KEPT_NAMES or name.startswith(STARTUP_PHASE_PREFIX)
+
+
+@dataclass
+class Incarnation:
+    """One ``pretrain()`` of one rank.
+
+    ``ended`` is ``"shutdown"`` (telemetry shut down normally), ``"failed"``
+    (an uncaught exception; ``error_type`` names its class), ``"interrupted"``
+    (SIGINT: a ``KeyboardInterrupt``), ``"cut_short"`` (SIGTERM or SIGHUP,
+    ``error_type`` names it; or spans still open at shutdown), ``"killed"``
+    (SIGKILL: in-flight interval missing) or, once
+    :mod:`megatron.trace.analysis.liveness` has judged the trace, ``"running"`` (still
+    alive: its newest record, at ``as_of_ns``, is recent and it has not shut
+    down; ``in_flight`` is the open stretch the file cannot show yet). ``intervals``,
+    ``saves``, ``loads``, ``evaluations``, ``launch`` and ``pre_startup`` are
+    sequences of the reader's :class:`~megatron.trace.otlp.records.SpanRecord`
+    in start order (read from a file: views of the process's
+    :class:`~megatron.trace._store.record_log.RecordLog`, each record decoded as it
+    is read). ``iterations`` holds the finished (not cut short)
+    ``megatron.train.iteration`` spans as :class:`Iterations` (empty without
+    the ``per_step`` groups). ``interval_facts`` holds each interval's index
+    and iteration range (:mod:`megatron.trace.model.intervals`: its attributes, else
+    derived); ``checkpoint_time`` the time Megatron-LM's other checkpoint
+    spans cover; ``finalize_starts`` the starts of its async-save finalizes.
+    ``waits`` holds the finished ``megatron.grad_sync.finish`` spans, numbered
+    by their ``megatron.iteration``, as :class:`Iterations` (empty without the
+    ``communication`` group or with one rank). ``hangs`` and ``recoveries``
+    are the hang watchdog's ``megatron.hang`` and ``megatron.hang.recovered``
+    records.
+    """
+
+    rank: str
+    index: int  # 0-based position among the rank's incarnations, in time order
+    process: tuple[Any, ...]
+    startup: SpanRecord | None = None
+    pre_startup: Sequence[SpanRecord] = field(default_factory=list)
+    launch: Sequence[SpanRecord] = field(default_factory=list)
+    intervals: Sequence[SpanRecord] = field(default_factory=list)
+    saves: Sequence[SpanRecord] = field(default_factory=list)
+    loads: Sequence[SpanRecord] = field(default_factory=list)
+    evaluations: Sequence[SpanRecord] = field(default_factory=list)
+    cut_short: Sequence[SpanRecord] = field(default_factory=list)
+    # the startup's phases (megatron.startup.*, but the launch's): not in ``records``
+    startup_phases: Sequence[SpanRecord] = field(default_factory=list)
+    iterations: Iterations = field(default_factory=lambda: Iterations())
+    # interval_facts (a property): derived on first use, which export never makes
+    _facts: list[IntervalFacts] | None = field(default=None, repr=False, compare=False)
+    _facts_rerooted: bool = field(default=False, repr=False, compare=False)
+    checkpoint_time: Stretches = field(default_factory=lambda: Stretches())
+    finalize_starts: array = field(default_factory=lambda: array("q"))
+    waits: Iterations = field(default_factory=lambda: Iterations())
+    hangs: Sequence[SpanRecord] = field(default_factory=list)
+    recoveries: Sequence[SpanRecord] = field(default_factory=list)
+    start_ns: int = 0
+    end_ns: int = 0
+    ended: str = "shutdown"
+    as_of_ns: int | None = None  # running: the time of the newest record seen
+    in_flight: SpanRecord | None = None  # running: the open interval (or startup) so far
+    # error.type of what ended it: the exception's class, or the signal's name
+    error_type: str | None = None
+
+    @property
+    def interval_facts(self) -> list[IntervalFacts]:
+        """Each interval's index and iteration range (:func:`intervals.derive`), worked out
+        when first asked for: with thousands of intervals that is a tenth of a read,
+        and only the goodput accounting and the pictures ask."""
+        if self._facts is None:
+            self._facts = intervals.derive(self, last_closed_by_reroot=self._facts_rerooted)
+        return self._facts
+
+    @interval_facts.setter
+    def interval_facts(self, facts: list[IntervalFacts]) -> None:
+        self._facts = facts
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank} incarnation {self.index}"
+
+    def _record_lists(self) -> tuple[Sequence[SpanRecord], ...]:
+        """The lists :attr:`records` chains, in its order, the startup as a list of one."""
+        startup = [self.startup] if self.startup else []
+        return (
+            self.pre_startup,
+            startup,
+            self.launch,
+            self.intervals,
+            self.loads,
+            self.saves,
+            self.evaluations,
+        )
+
+    @property
+    def records(self) -> Iterator[SpanRecord]:
+        """Every structural span of the incarnation, its startup included (one at a time:
+        a week's intervals are decoded as they are read, not all at once)."""
+        return itertools.chain.from_iterable(self._record_lists())
+
+    def records_with_facts(self) -> Iterator[tuple[SpanRecord, IntervalFacts | None]]:
+        """:attr:`records`, each paired with its :attr:`interval_facts` if it is an
+        interval (None if not): the timeline's labels, without a map of every interval."""
+        for records in self._record_lists():
+            if records is self.intervals:
+                yield from zip(records, self.interval_facts, strict=True)
+            else:
+                yield from zip(records, itertools.repeat(None))
+
+    def extents(self) -> Iterator[tuple[int, int, str]]:
+        """(start, end, name) of each of :attr:`records`, without decoding them."""
+        return itertools.chain.from_iterable(map(extents, self._record_lists()))
+
+    @property
+    def first_iteration(self) -> int | None:
+        """The first iteration this incarnation ran (its first interval's, else its
+        first iteration span's); None when neither is known."""
+        facts = self.interval_facts[:1]
+        candidates = [f.first_iteration for f in facts if f.first_iteration is not None]
+        first = self.iterations.first_number()
+        candidates += [] if first is None else [first]
+        return min(candidates) if candidates else None
+
+    @property
+    def last_iteration(self) -> int | None:
+        """The last iteration this incarnation finished, as far as the file shows (its
+        last interval's, or a later iteration span's: a killed one's lost interval)."""
+        facts = self.interval_facts[-1:]
+        candidates = [f.last_iteration for f in facts if f.last_iteration is not None]
+        last = self.iterations.last_number()
+        candidates += [] if last is None else [last]
+        return max(candidates) if candidates else None
+
+    def durable_saves(self) -> list[int]:
+        """Iterations of the checkpoint saves that became durable, in save order.
+
+        A save is durable when it ends; with Megatron-LM's async saves (the
+        incarnation has finalize spans) only once a finalize that started
+        after it ended, since the save span itself only dispatched the write.
+        Upstream's spans do not say which finalize completed which save, so
+        the first finalize after a save is taken as its completion.
+        """
+        last_finalize = max(self.finalize_starts, default=None)
+        return [
+            save["attributes"][ITERATION]
+            for save in self.saves
+            if isinstance(save["attributes"].get(ITERATION), int)
+            and (last_finalize is None or last_finalize >= save["end_ns"])
+        ]
+
+    @property
+    def resumed_from(self) -> int | None:
+        """The iteration a checkpoint load put this incarnation at (None: no load)."""
+        for load in self.loads:
+            if ITERATION in load["attributes"]:
+                return load["attributes"][ITERATION]
+        return None
+
+
+# The incarnation's sequences of records (intervals, saves, ...), by field name.
+_RECORD_LISTS = tuple(f.name for f in fields(Incarnation) if f.type == "Sequence[SpanRecord]")
+
+
+@dataclass
+class Trace:
+    """What :class:`TraceBuilder` learnt: ``ranks`` maps rank -> incarnations in time order.
+
+    ``processes`` maps each writing process (:func:`process_of`) to where it
+    was split (the start of each ``megatron.startup`` but its first) and its
+    incarnations in that order.
+    """
+
+    ranks: dict[str, list[Incarnation]]
+    stats: ReadStats
+    span_count: int
+    processes: dict[tuple[Any, ...], tuple[list[int], list[Incarnation]]] = field(
+        default_factory=dict, repr=False
+    )
+
+    @property
+    def incarnations(self) -> list[Incarnation]:
+        """Every incarnation of every rank, rank by rank."""
+        return [inc for incs in self.ranks.values() for inc in incs]
+
+    def incarnation_of(self, span: Mapping[str, Any]) -> Incarnation:
+        """The incarnation that wrote ``span``, any span of the files read (:func:`slot_of`)."""
+        boundaries, incs = self.processes[process_of(span)]
+        return incs[slot_of(boundaries, span["name"], span["start_ns"], span["end_ns"])]
+
+
+class _Process:
+    """Running aggregates of one writing process."""
+
+    __slots__ = (
+        "checkpoint_time",
+        "file",
+        "finalize_starts",
+        "iterations",
+        "max_end",
+        "max_end_child",
+        "max_end_root",
+        "min_start",
+        "rank",
+        "records",
+        "waits",
+    )
+
+    def __init__(self, rank: str, file: Path) -> None:
+        self.rank = rank
+        self.file = file
+        self.records = RecordLog()
+        self.iterations = Iterations()
+        self.checkpoint_time = Stretches()
+        self.finalize_starts = array("q")
+        self.waits = Iterations()
+        self.min_start: int | None = None
+        self.max_end = 0
+        self.max_end_root = 0
+        self.max_end_child = 0
+
+    def merge(self, other: _Process) -> None:
+        """Add what ``other`` (the same process, read later) learnt."""
+        self.records.extend(other.records)
+        self.iterations.extend(other.iterations)
+        self.waits.extend(other.waits)
+        for start, end in other.checkpoint_time:
+            self.checkpoint_time.add(start, end)
+        self.finalize_starts.extend(other.finalize_starts)
+        if other.min_start is not None and (
+            self.min_start is None or other.min_start < self.min_start
+        ):
+            self.min_start = other.min_start
+        self.max_end = max(self.max_end, other.max_end)
+        self.max_end_root = max(self.max_end_root, other.max_end_root)
+        self.max_end_child = max(self.max_end_child, other.max_end_child)
+
+
+def _kept(span: Any) -> tuple[Any, ...]:
+    """The fields of :func:`~megatron.trace.otlp.reader.flat_span` of a span to keep, up
+    to ``kind`` (its process's :class:`~megatron.trace._store.record_log.RecordLog` adds the
+    resource, file and line, and pickles the rest)."""
+    links = span.link_pairs() if span.has_links() else []
+    return (
+        span.name,
+        span.trace_id,
+        span.span_id,
+        span.parent_span_id or None,
+        span.start_time_unix_nano,
+        span.end_time_unix_nano,
+        span.attribute_dict() if span.has_attributes() else {},
+        links,
+        span.link_attribute_dicts() if links else [],
+        span.event_dicts() or [],
+        span.status_code() if span.status else "UNSET",
+        span.status_message() if span.status else "",
+        span.kind,
+    )
+
+
+def _rank(resource: Mapping[str, Any], path: Path | str | None) -> str:
+    if DL_RANK in resource:
+        return str(resource[DL_RANK])
+    if SERVICE_INSTANCE_ID in resource:
+        return str(resource[SERVICE_INSTANCE_ID])
+    return str(path)
+
+
+def process_key(resource: Mapping[str, Any], path: Path | str | None) -> tuple[Any, ...]:
+    """The process that wrote the spans of ``resource``, read from ``path``: its rank and
+    every identity the resource carries (:data:`PROCESS_KEYS`)."""
+    return (_rank(resource, path), *map(resource.get, PROCESS_KEYS))
+
+
+def rank_of(span: Mapping[str, Any]) -> str:
+    """The rank a span's writer ran as (``dl.rank``, else instance id, else file)."""
+    return _rank(span["resource"], span["file"])
+
+
+def process_of(span: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The process that wrote a span: :func:`process_key` of its resource."""
+    return process_key(span["resource"], span["file"])
+
+
+def process_of_resource(resource: Mapping[str, Any], file: Any) -> tuple[Any, ...]:
+    """:func:`process_of` for anything carrying this resource (the metrics' heartbeat too)."""
+    return process_of({"resource": resource, "file": file})
+
+
+def slot_of(boundaries: Sequence[int], name: str, start_ns: int, end_ns: int) -> int:
+    """Which of a process's incarnations a span belongs to: the incarnation-split rule.
+
+    ``boundaries`` are the start times of the process's ``megatron.startup``
+    spans but the first, in order; a span goes to the incarnation whose
+    startup last began at or before it. A ``pre_startup`` ends where its own
+    startup begins, so it is placed by its end; every other span by its start.
+    """
+    at = end_ns if name == PRE_STARTUP_SPAN else start_ns
+    return bisect.bisect_right(boundaries, at)
+
+
+class TraceBuilder:
+    """Feed spans (:meth:`add_line`, or :meth:`add` one flat record at a time), then
+    :meth:`finish` into a :class:`Trace`.
+
+    A builder is also the per-file summary of a parallel read: build one per
+    file (:func:`scan_file`), :meth:`merge` them in file order, then finish.
+    Merging is associative, so any grouping of the files gives the same trace.
+    """
+
+    def __init__(self, stats: ReadStats | None = None) -> None:
+        self.stats = stats if stats is not None else ReadStats()
+        self._processes: dict[tuple[Any, ...], _Process] = {}
+        self.span_count = 0
+        # The reader shares one resource dict among the spans of a request: its process
+        # is worked out once per request, not once per span (the file too: the rank of a
+        # resource without one is the file's).
+        self._resource: object = None
+        self._file: object = None
+        self._process: _Process | None = None
+        self._kinds: dict[str, int] = {}  # span name -> what a line adds of such spans
+        self._resources: dict[tuple[Any, ...], dict[str, Any]] = {}  # see _shared
+        self._ignored: set[str] = set()  # the names whose kind is _IGNORED
+
+    def _process_for(self, resource: dict[str, Any], path: Path) -> _Process:
+        key = process_key(resource, path)
+        proc = self._processes.get(key)
+        if proc is None:
+            proc = self._processes[key] = _Process(key[0], path)
+        return proc
+
+    def _shared(self, resource: dict[str, Any]) -> dict[str, Any]:
+        """One dict for each distinct resource the kept records point to.
+
+        Every line decodes its own copy of its process's resource (twenty-odd
+        attributes), and a kept record would keep that copy alive: at ten million
+        spans, a fifth of ``check``'s memory was copies of the same few dicts.
+        """
+        try:
+            key = tuple(resource.items())
+            return self._resources.setdefault(key, resource)
+        except TypeError:  # an unhashable value (an array attribute): keep this copy
+            return resource
+
+    def _kind(self, name: str) -> int:
+        """What add() does with a span of this name (:data:`_KINDS`), worked out once."""
+        kind = self._kinds.get(name)
+        if kind is None:
+            if _kept_name(name):
+                kind = _STRUCTURAL
+            elif name == ITERATION_SPAN:
+                kind = _ITERATION
+            elif name == GRAD_SYNC_FINISH_SPAN:
+                kind = _WAIT
+            elif name.startswith(CHECKPOINT_SPAN_PREFIX):
+                kind = _FINALIZE if name in _FINALIZE_NAMES else _CHECKPOINT
+                if name.startswith(CHECKPOINT_LOAD_SPAN):  # a load's children lie inside it
+                    kind = _FINALIZE_ONLY if kind == _FINALIZE else _IGNORED
+            else:
+                kind = _IGNORED
+            self._kinds[name] = kind
+            if kind == _IGNORED:
+                self._ignored.add(name)
+        return kind
+
+    def add_line(self, line: DecodedLine) -> None:
+        """Add every span of one decoded line (the fast path: no dict per span)."""
+        try:
+            self._add_line(line)
+        except DAMAGE_ERRORS as error:
+            raise damaged(line.path, line.number, error) from error
+
+    def _add_line(self, line: DecodedLine) -> None:
+        # The same facts as add(), gathered per batch with comprehensions.
+        maybe_cut = line.may_hold(_CUT_SHORT_KEY)
+        path, number = line.path, line.number
+        for batch in line.batches:
+            spans = batch.spans
+            if not spans:
+                continue
+            proc = self._process_for(batch.resource, path)
+            self.span_count += len(spans)
+            kinds, ignored = self._kinds, self._ignored
+            low = min([s.start_time_unix_nano for s in spans])
+            if proc.min_start is None or low < proc.min_start:
+                proc.min_start = low
+            proc.max_end = max(proc.max_end, max([s.end_time_unix_nano for s in spans]))
+            root_ends = [s.end_time_unix_nano for s in spans if not s.parent_span_id]
+            if root_ends:
+                proc.max_end_root = max(proc.max_end_root, max(root_ends))
+            if maybe_cut:  # the rare line that may hold a span marked cut short
+                cut = {id(s) for s in spans if s.has_attributes() and s.attribute(SPAN_CUT_SHORT)}
+                child_ends = [
+                    s.end_time_unix_nano for s in spans if s.parent_span_id and id(s) not in cut
+                ]
+                kept = [s for s in spans if s.name not in ignored or id(s) in cut]
+            else:
+                cut = set()
+                child_ends = [s.end_time_unix_nano for s in spans if s.parent_span_id]
+                kept = [s for s in spans if s.name not in ignored]  # and names not seen yet
+            if child_ends:
+                proc.max_end_child = max(proc.max_end_child, max(child_ends))
+            numbers, starts, ends = proc.iterations.arrays()
+            resource = None  # the batch's shared resource, looked up at its first record
+            for span in kept:
+                kind = kinds.get(span.name)
+                if kind is None:
+                    kind = self._kind(span.name)
+                if kind == _STRUCTURAL or id(span) in cut:
+                    if resource is None:
+                        resource = self._shared(batch.resource)
+                    proc.records.add(_kept(span), resource, path, number)
+                    if kind in (_STRUCTURAL, _IGNORED):
+                        continue
+                if kind == _ITERATION:
+                    # an iteration whose step raised (ERROR status) did not finish
+                    # (an UNSET status is usually absent or {}: no call for it)
+                    failed = span.status and span.status_code() == "ERROR"
+                    if id(span) not in cut and not failed:
+                        value = span.attribute(ITERATION)
+                        if value is not None:
+                            numbers.append(int(value))
+                            starts.append(span.start_time_unix_nano)
+                            ends.append(span.end_time_unix_nano)
+                    continue
+                if kind == _WAIT:
+                    value = span.attribute(ITERATION)
+                    if value is not None and id(span) not in cut:
+                        proc.waits.append(
+                            int(value), span.start_time_unix_nano, span.end_time_unix_nano
+                        )
+                    continue
+                start, end = span.start_time_unix_nano, span.end_time_unix_nano
+                if kind in (_CHECKPOINT, _FINALIZE):
+                    proc.checkpoint_time.add(start, end)
+                if kind in (_FINALIZE, _FINALIZE_ONLY):
+                    proc.finalize_starts.append(start)
+
+    def merge(self, other: TraceBuilder) -> TraceBuilder:
+        """Add ``other``'s spans, as if its files were read after this one's; returns self."""
+        for key, proc in other._processes.items():
+            mine = self._processes.get(key)
+            if mine is None:
+                self._processes[key] = proc
+            else:
+                mine.merge(proc)
+        self.span_count += other.span_count
+        self.stats.torn.extend(other.stats.torn)
+        self.stats.lines += other.stats.lines
+        return self
+
+    def add(self, span: SpanRecord) -> None:
+        self.span_count += 1
+        proc = self._process
+        same_request = span["resource"] is self._resource and span["file"] is self._file
+        if proc is None or not same_request:
+            key = process_of(span)
+            proc = self._processes.get(key)
+            if proc is None:
+                proc = self._processes[key] = _Process(key[0], span["file"])
+            self._resource, self._file, self._process = span["resource"], span["file"], proc
+        start, end = span["start_ns"], span["end_ns"]
+        if proc.min_start is None or start < proc.min_start:
+            proc.min_start = start
+        proc.max_end = max(proc.max_end, end)
+        cut_short = is_cut_short(span)
+        if span["parent_id"] is None:
+            proc.max_end_root = max(proc.max_end_root, end)
+        elif not cut_short:
+            proc.max_end_child = max(proc.max_end_child, end)
+        name = span["name"]
+        if cut_short or _kept_name(name):
+            proc.records.append(span)
+        if name in (ITERATION_SPAN, GRAD_SYNC_FINISH_SPAN):
+            number = span["attributes"].get(ITERATION)
+            # an iteration whose step raised (ERROR status) did not finish
+            finished = not cut_short and not (
+                name == ITERATION_SPAN and span["status_code"] == "ERROR"
+            )
+            if number is not None and finished:
+                target = proc.iterations if name == ITERATION_SPAN else proc.waits
+                target.append(int(number), start, end)
+        elif name.startswith(CHECKPOINT_SPAN_PREFIX) and name not in STRUCTURAL_SPAN_NAMES:
+            if not name.startswith(CHECKPOINT_LOAD_SPAN):  # a load's children lie inside it
+                proc.checkpoint_time.add(start, end)
+            if name in _FINALIZE_NAMES:
+                proc.finalize_starts.append(start)
+
+    def earliest_start(self) -> int | None:
+        """The earliest start of any span added (None: no span)."""
+        starts = [p.min_start for p in self._processes.values() if p.min_start is not None]
+        return min(starts, default=None)
+
+    def root_end(self, process: tuple[Any, ...]) -> int:
+        """The latest end of a root span the process wrote (0: none)."""
+        proc = self._processes.get(process)
+        return proc.max_end_root if proc is not None else 0
+
+    def finish(self) -> Trace:
+        ranks: dict[str, list[Incarnation]] = {}
+        processes = {}
+        for key, proc in self._processes.items():
+            boundaries, incs = _split_process(key, proc)
+            processes[key] = (boundaries, incs)
+            ranks.setdefault(proc.rank, []).extend(incs)
+        for incarnations in ranks.values():
+            incarnations.sort(key=lambda inc: inc.start_ns)
+            for index, inc in enumerate(incarnations):
+                inc.index = index
+        ordered = dict(sorted(ranks.items(), key=lambda item: _rank_sort_key(item[0])))
+        return Trace(ordered, self.stats, self.span_count, processes)
+
+
+def _rank_sort_key(rank: str) -> tuple[int, int | str]:
+    return (0, int(rank)) if rank.isdigit() else (1, rank)
+
+
+def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], list[Incarnation]]:
+    """One incarnation per ``megatron.startup`` of the process (at least one), and the
+    boundaries they were split at (:func:`slot_of`).
+
+    Each incarnation's lists are views of the process's record log in start order
+    (:class:`~megatron.trace._store.record_log.RecordList`): a record is placed by its
+    name and times, which the log holds undecoded; the readers decode it."""
+    log = proc.records
+    starts = log.starts
+    order = sorted(range(len(log)), key=starts.__getitem__)  # stable: file order on ties
+    startups = [i for i in order if log.name(i) == STARTUP_SPAN]
+    boundaries = [starts[i] for i in startups[1:]]
+    incs = [Incarnation(proc.rank, 0, key) for _ in range(len(boundaries) + 1)]
+
+    for inc in incs:  # first the positions of each list's records, then views of them
+        for name in _RECORD_LISTS:
+            setattr(inc, name, array("q"))
+    lists = [_lists_by_name(inc) for inc in incs]  # the name -> positions table of each
+    spans = [(2**63, -(2**63))] * len(incs)  # the first start and last end of inc.records
+    ends = log.ends
+    for position in order:  # placed by name and times: only a startup is decoded
+        name, start, end = log.name(position), starts[position], ends[position]
+        slot = slot_of(boundaries, name, start, end) if boundaries else 0
+        inc = incs[slot]
+        if log.cut_short(position):
+            inc.cut_short.append(position)  # type: ignore[attr-defined]
+        if name == STARTUP_SPAN:
+            inc.startup = log[position]
+        else:
+            target = lists[slot].get(name)
+            if target is not None:
+                target.append(position)
+            elif name.startswith(STARTUP_PHASE_PREFIX):
+                inc.startup_phases.append(position)  # type: ignore[attr-defined]
+        if name in SPAN_CATEGORY:  # a span of Incarnation.records
+            first, last = spans[slot]
+            spans[slot] = min(first, start), max(last, end)
+    for inc in incs:
+        for name in _RECORD_LISTS:
+            setattr(inc, name, log.view(getattr(inc, name)))
+    _distribute_iterations(proc.iterations, incs, boundaries)
+    _distribute_iterations(proc.waits, incs, boundaries, "waits")
+    for position, inc in enumerate(incs):
+        lo = boundaries[position - 1] if position else -(2**63)
+        hi = boundaries[position] if position < len(boundaries) else 2**63 - 1
+        inc.checkpoint_time = proc.checkpoint_time.clipped(lo, hi)
+        inc.finalize_starts = array("q", (s for s in proc.finalize_starts if lo <= s < hi))
+    for index, inc in enumerate(incs):
+        times = [spans[index]] if spans[index][0] <= spans[index][1] else []
+        if inc.checkpoint_time:
+            times.append((inc.checkpoint_time.starts[0], inc.checkpoint_time.ends[-1]))
+        if inc.iterations:
+            times.append((inc.iterations.min_start(), inc.iterations.max_end()))
+        if index == len(incs) - 1:
+            times.append((proc.min_start or 0, proc.max_end))
+        inc.start_ns = min((s for s, _ in times), default=0)
+        inc.end_ns = max((e for _, e in times), default=0)
+        if index > 0:
+            inc.start_ns = max(inc.start_ns, boundaries[index - 1])
+        inc.ended, inc.error_type = _ending(inc)
+    last = incs[-1]
+    if last.ended == "shutdown" and (proc.max_end_child > proc.max_end_root or _lost_next(last)):
+        last.ended = "killed"
+    for inc in incs:
+        # a killed incarnation's last interval was closed by the reroot that opened the lost
+        # one (as judged here: liveness may later call the last incarnation running)
+        inc._facts_rerooted = inc.ended == "killed"
+    return boundaries, incs
+
+
+def _lists_by_name(inc: Incarnation) -> dict[str, Any]:
+    """Span name -> the incarnation's list for it: the structural spans of each report
+    category (but startup, a single record) and the hang watchdog's."""
+    by_category = {
+        CATEGORY_QUEUE: inc.pre_startup,
+        CATEGORY_LAUNCH: inc.launch,
+        CATEGORY_GOODPUT: inc.intervals,
+        CATEGORY_CHECKPOINT_SAVE: inc.saves,
+        CATEGORY_CHECKPOINT_LOAD: inc.loads,
+        CATEGORY_EVALUATION: inc.evaluations,
+    }
+    lists = {
+        name: by_category[category]
+        for name, category in SPAN_CATEGORY.items()
+        if category != CATEGORY_STARTUP
+    }
+    return {**lists, HANG_SPAN: inc.hangs, HANG_RECOVERED_SPAN: inc.recoveries}
+
+
+def _ending(inc: Incarnation) -> tuple[str, str | None]:
+    """How the lifecycle's shutdown said the incarnation ended, and the error type."""
+    records = itertools.chain([inc.startup], inc.intervals)
+    marked = [r for r in records if r is not None and SHUTDOWN_REASON in r["attributes"]]
+    for reason, ended in _ENDED_BY_REASON.items():
+        for record in marked:
+            if record["attributes"][SHUTDOWN_REASON] == reason:
+                return ended, record["attributes"].get(ERROR_TYPE)
+    return ("cut_short" if inc.cut_short else "shutdown"), None
+
+
+def _lost_next(inc: Incarnation) -> bool:
+    """Whether the incarnation's last interval was closed by a reroot that opened
+    an interval the file does not hold (it was in flight at a SIGKILL)."""
+    if not inc.intervals:
+        return False
+    last = latest(inc.intervals)
+    return last is not None and last["attributes"].get(INTERVAL_REROOTED) is True
+
+
+def _distribute_iterations(
+    iterations: Iterations,
+    incs: list[Incarnation],
+    boundaries: list[int],
+    attribute: str = "iterations",
+) -> None:
+    """Hand a process's iterations (or waits) to its incarnations, in start order.
+
+    They come in start order (a process runs its iterations one after another, and
+    the pieces of a file merge in file order): then one incarnation takes them as
+    they are, and several (``pretrain()`` called again in the process: an in-process
+    restart) take a slice each, cut where their startups began. Otherwise they are
+    sorted one by one first (a Python object per iteration: never seen in a file).
+    """
+    if iterations.in_start_order():
+        if len(incs) == 1:
+            setattr(incs[0], attribute, iterations)  # the usual case: no copy
+            return
+        starts = iterations.starts  # (a read, once spilled: an in-process restart)
+        # slot_of places a start equal to a boundary after it, as bisect_left cuts
+        cuts = [0, *(bisect.bisect_left(starts, boundary) for boundary in boundaries)]
+        for inc, lo, hi in zip(incs, cuts, [*cuts[1:], len(starts)], strict=True):
+            setattr(inc, attribute, iterations.slice(lo, hi))
+        return
+    numbers, starts, ends = iterations.numbers, iterations.starts, iterations.ends
+    for i in sorted(range(len(starts)), key=starts.__getitem__):
+        start, end = starts[i], ends[i]
+        slot = slot_of(boundaries, ITERATION_SPAN, start, end)
+        getattr(incs[slot], attribute).append(numbers[i], start, end)
+
+
+def scan_file(path: Path | str | FilePiece) -> TraceBuilder:
+    """The map step of a parallel read: one file's (or piece's) spans in a builder."""
+    builder = TraceBuilder()
+    with paused_gc():
+        for line in iter_batches(path, builder.stats):
+            builder.add_line(line)
+    return builder
+
+
+def scan(
+    paths: Iterable[Path | str], jobs: int | None = None, executor: Executor | None = None
+) -> TraceBuilder:
+    """Every file scanned (in parallel processes when there are several) and merged in order."""
+    work = pieces(list(paths), jobs, count_lines=False)  # numbered as handed out
+    return map_reduce(scan_file, TraceBuilder.merge, work, jobs, executor)
+
+
+def load_trace(
+    paths: Iterable[Path | str], jobs: int | None = None, executor: Executor | None = None
+) -> Trace:
+    """Read the files once, streaming, into a :class:`Trace`.
+
+    Several files are read in ``jobs`` parallel processes (default: one per
+    file, up to the cores), or on ``executor``. Raises
+    :class:`~megatron.trace.otlp.reader.TraceFileDamaged` on damage; torn
+    writes are in ``trace.stats.torn``.
+    """
+    return scan(paths, jobs, executor).finish()

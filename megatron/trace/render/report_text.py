@@ -1,0 +1,130 @@
+"""The text of ``megatron-trace report``: the report's figures as a few lines to read.
+
+The figures are :func:`megatron.trace.analysis.goodput.build_report`'s; this
+module only lays them out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["format_report"]
+
+_PRINTED_ANOMALIES = 5  # the slowest iterations the text names (the JSON lists 20)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as a few human-readable lines."""
+    wall = report["wall_s"]
+
+    def share(seconds: float) -> str:
+        return f"{seconds:10.3f} s  {100 * seconds / wall if wall else 0:5.1f} %"
+
+    lines = []
+    if report.get("running"):
+        age = report.get("as_of_age_s")
+        lines.append(
+            f"running: figures as of {report['as_of']} (the newest record"
+            + (f", {age:.1f} s before now)" if age is not None else ")")
+        )
+    lines += [
+        f"wall clock      {share(wall)}   (rank {report['rank']}, {report['spans']} spans)",
+        f"goodput         {share(report['goodput_s'])}",
+        "badput:",
+    ]
+    lines += [
+        f"  {name:<15}{share(s) if s is not None else '  not computed (see below)'}"
+        for name, s in report["badput_s"].items()
+    ]
+    lines.append(f"wasted iterations: {report['wasted_iterations']}")
+    lines.append("incarnations:")
+    for inc in report["incarnations"]:
+        startup = f"{inc['startup_s']:.3f} s" if inc["startup_s"] is not None else "-"
+        first, last = inc["first_iteration"], inc["last_iteration"]
+        if first is None and last is None:
+            trained = "no iterations"
+        else:  # a bound the spans could not give is "?" (see not computed)
+            bounds = ["?" if bound is None else str(bound) for bound in (first, last)]
+            trained = f"iterations {bounds[0]}..{bounds[1]}"
+        ended = inc["ended"] + (f" ({inc['error_type']})" if inc.get("error_type") else "")
+        lines.append(
+            f"  {inc['index']}: {ended:<9} {trained}"
+            f"  startup {startup}  intervals {inc['intervals']}"
+            f"  wasted {inc['wasted_iterations']} it / {inc['wasted_s']:.3f} s"
+        )
+        if inc.get("as_of"):
+            lines.append(
+                f"     as of {inc['as_of']}; in flight {inc['in_flight_s']:.3f} s since the last "
+                "span written (not in the file yet)"
+            )
+    stats = report["iterations"]
+    if stats:
+        anomalous = stats["anomalous"]
+        lines.append(
+            f"iterations: {stats['count']}  median {stats['median_ms']} ms  "
+            f"p90 {stats['p90_ms']} ms  max {stats['max_ms']} ms  "
+            f"anomalous: {anomalous['count']} over {anomalous['threshold_ms']} ms"
+        )
+        lines.append(f"  anomaly rule: {anomalous['rule']}")
+        if anomalous["slowest"]:
+            slowest = ", ".join(
+                f"{a['iteration']} ({a['duration_ms']} ms)"
+                for a in anomalous["slowest"][:_PRINTED_ANOMALIES]
+            )
+            lines.append(f"  slowest: {slowest}")
+    if len(report["ranks"]) > 1:
+        lines.append("ranks:")
+        lines += [_rank_line(r) for r in report["ranks"]]
+    lines += _straggler_lines(report)
+    lines += _hang_lines(report)
+    if report["torn_lines"]:
+        lines.append(f"torn lines skipped: {report['torn_lines']}")
+    lines += [f"not computed: {reason}" for reason in report["not_computed"]]
+    liveness = report.get("liveness")
+    if liveness is not None and (report.get("running") or liveness["notes"]):
+        lines.append(f"liveness rule: {liveness['rule']}")
+        lines += [f"liveness: {note}" for note in liveness["notes"]]
+    return "\n".join(lines)
+
+
+def _rank_line(entry: dict[str, Any]) -> str:
+    line = (
+        f"  rank {entry['rank']}: wall {entry['wall_s']:.3f} s  "
+        f"goodput {100 * entry['goodput_fraction']:.1f} %"
+    )
+    if entry.get("score") is not None:
+        line += (
+            f"  work {entry['work_ms_median']:.1f} ms  wait {entry['wait_ms_median']:.1f} ms"
+            f"  score {entry['score']:.2f}{'  STRAGGLER' if entry['straggler'] else ''}"
+        )
+    return line
+
+
+def _straggler_lines(report: dict[str, Any]) -> list[str]:
+    found = report.get("stragglers")
+    if found is None:
+        return []
+    names = ", ".join(f"rank {rank}" for rank in found["ranks"]) or "none"
+    return [
+        f"stragglers: {names}  (rule: {found['rule']})",
+        f"time lost waiting for slower ranks: {report['straggler_s']:.3f} s",
+    ]
+
+
+def _hang_lines(report: dict[str, Any]) -> list[str]:
+    lines = []
+    for hang in report.get("hangs", []):
+        role = "culprit, stopped in its own work" if hang["culprit"] else "waiting for others"
+        last = hang["last_iteration"]
+        lines.append(
+            f"hang: rank {hang['rank']} incarnation {hang['incarnation']}: "
+            f"{hang['stalled_s']:.3f} s without progress after iteration "
+            f"{'(none)' if last is None else last}, in {hang['span'] or '?'} at "
+            f"{hang['frame']} ({role}; ended {hang['ended']})"
+        )
+    for stall in report.get("recovered_stalls", []):
+        lines.append(
+            f"recovered stall: rank {stall['rank']} incarnation {stall['incarnation']}: "
+            f"{stall['stalled_s']} s before iteration {stall['iteration']} finished"
+        )
+    return lines
