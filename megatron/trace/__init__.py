@@ -1,7 +1,89 @@
-"""``megatron-trace``: read a run's OTLP/JSON trace files back.
+"""``megatron-trace``: read a training job's OpenTelemetry trace files back.
 
-Subcommands (one module each, registered in :mod:`megatron.trace.cli.main`):
-``check`` verifies the span lifecycle's invariants, ``report`` computes the
-goodput report. :mod:`megatron.trace.model.trace` groups spans into ranks and
-incarnations for all of them.
+The command line (``megatron-trace check | report | timeline | export``,
+:mod:`megatron.trace.cli`) is a thin layer over this API::
+
+    from megatron.trace import load_trace, build_report, check_files
+
+    trace = load_trace(["runs/demo/telemetry/traces.jsonl"])
+    report = build_report(trace)            # a Report: where the wall clock went
+    result = check_files(rank_files)        # the lifecycle's rules: result.violations
+    export_files(rank_files, Path("job.pftrace"), "perfetto")
+    write_timeline(rank_files, Path("timeline.html"))
+
+Every function takes many files (one per rank, rotated pieces), reads them
+in parallel processes (``jobs``) or on any ``concurrent.futures.Executor``,
+and raises a :class:`TraceError` (with its ``exit_code``) for what it cannot
+do. The package imports nothing from ``megatron.core`` or
+``megatron.training``: it reads traces wherever Megatron-LM is installed, or
+no trainer at all. Names load on first use, so importing the vocabulary
+(:mod:`megatron.trace.semconv`) costs a writer nothing more.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from megatron.trace.analysis.check import CheckResult, check_files
+    from megatron.trace.analysis.goodput import build_report, report_files
+    from megatron.trace.analysis.liveness import Clock, judge
+    from megatron.trace.analysis.report import Report
+    from megatron.trace.errors import NoSpansError, TraceError, TraceInputError
+    from megatron.trace.model.trace import Incarnation, Trace, load_trace
+    from megatron.trace.render.export import export_files
+    from megatron.trace.render.timeline import write_timeline
+    from megatron.trace.semconv import Category
+
+#: Public name -> the module that defines it.
+_HOMES = {
+    "load_trace": "megatron.trace.model.trace",
+    "Trace": "megatron.trace.model.trace",
+    "Incarnation": "megatron.trace.model.trace",
+    "build_report": "megatron.trace.analysis.goodput",
+    "report_files": "megatron.trace.analysis.goodput",
+    "Report": "megatron.trace.analysis.report",
+    "check_files": "megatron.trace.analysis.check",
+    "CheckResult": "megatron.trace.analysis.check",
+    "Clock": "megatron.trace.analysis.liveness",
+    "judge": "megatron.trace.analysis.liveness",
+    "export_files": "megatron.trace.render.export",
+    "write_timeline": "megatron.trace.render.timeline",
+    "Category": "megatron.trace.semconv",
+    "TraceError": "megatron.trace.errors",
+    "TraceInputError": "megatron.trace.errors",
+    "NoSpansError": "megatron.trace.errors",
+}
+
+__all__ = [
+    "Category",
+    "CheckResult",
+    "Clock",
+    "Incarnation",
+    "NoSpansError",
+    "Report",
+    "Trace",
+    "TraceError",
+    "TraceInputError",
+    "build_report",
+    "check_files",
+    "export_files",
+    "judge",
+    "load_trace",
+    "report_files",
+    "write_timeline",
+]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # once: the next access is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])

@@ -17,21 +17,11 @@ changes; only its Python name may.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import Enum
 from types import MappingProxyType
 
 __all__ = [
     "BADPUT_CATEGORIES",
-    "CATEGORY_CHECKPOINT_LOAD",
-    "CATEGORY_CHECKPOINT_SAVE",
-    "CATEGORY_EVALUATION",
-    "CATEGORY_GOODPUT",
-    "CATEGORY_HANG",
-    "CATEGORY_LAUNCH",
-    "CATEGORY_OTHER",
-    "CATEGORY_QUEUE",
-    "CATEGORY_RESTART_GAP",
-    "CATEGORY_STARTUP",
-    "CATEGORY_WASTED_PROGRESS",
     "CHECKPOINT_EXIT_FINALIZE_SPAN",
     "CHECKPOINT_FINALIZE_SPAN",
     "CHECKPOINT_LOAD_SPAN",
@@ -85,6 +75,7 @@ __all__ = [
     "STARTUP_PHASE_PREFIX",
     "STARTUP_SPAN",
     "STRUCTURAL_SPAN_NAMES",
+    "Category",
 ]
 
 # ---------------------------------------------------------------------------
@@ -230,55 +221,71 @@ DL_WORLD_SIZE = "dl.world_size"
 # Report categories: where ``megatron-trace report`` puts each nanosecond
 # ---------------------------------------------------------------------------
 
-#: The training intervals, less what nests in them: the useful time.
-CATEGORY_GOODPUT = "goodput"
-#: The scheduler queue (``pre_startup``).
-CATEGORY_QUEUE = "queue"
-#: The launch script and the container's load.
-CATEGORY_LAUNCH = "launch"
-#: Startup, less what nests in it.
-CATEGORY_STARTUP = "startup"
-#: Checkpoint loads.
-CATEGORY_CHECKPOINT_LOAD = "checkpoint_load"
-#: Checkpoint saves.
-CATEGORY_CHECKPOINT_SAVE = "checkpoint_save"
-#: Evaluations.
-CATEGORY_EVALUATION = "evaluation"
-#: Training whose results were lost: past the progress that survived an incarnation.
-CATEGORY_WASTED_PROGRESS = "wasted_progress"
-#: An incarnation's unrecovered stall: from its last progress to its end.
-CATEGORY_HANG = "hang"
-#: Between one incarnation's last span and the next one's first.
-CATEGORY_RESTART_GAP = "restart_gap"
-#: Time no category covers.
-CATEGORY_OTHER = "other"
+
+class Category(str, Enum):
+    """A report category: where ``megatron-trace report`` puts each nanosecond.
+
+    A ``str`` whose value is the wire name (the JSON keys of ``badput_s`` and
+    ``accounting_ns``, the metrics' ``category`` attribute), so it compares,
+    hashes, formats and serialises as that name.
+    """
+
+    #: The training intervals, less what nests in them: the useful time.
+    GOODPUT = "goodput"
+    #: The scheduler queue (``pre_startup``).
+    QUEUE = "queue"
+    #: The launch script and the container's load.
+    LAUNCH = "launch"
+    #: Startup, less what nests in it.
+    STARTUP = "startup"
+    #: Checkpoint loads.
+    CHECKPOINT_LOAD = "checkpoint_load"
+    #: Checkpoint saves.
+    CHECKPOINT_SAVE = "checkpoint_save"
+    #: Evaluations.
+    EVALUATION = "evaluation"
+    #: Training whose results were lost: past the progress that survived an incarnation.
+    WASTED_PROGRESS = "wasted_progress"
+    #: An incarnation's unrecovered stall: from its last progress to its end.
+    HANG = "hang"
+    #: Between one incarnation's last span and the next one's first.
+    RESTART_GAP = "restart_gap"
+    #: Time no category covers.
+    OTHER = "other"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
 
 #: The badput categories, in the order the report lists them.
 BADPUT_CATEGORIES = (
-    CATEGORY_QUEUE,
-    CATEGORY_LAUNCH,
-    CATEGORY_STARTUP,
-    CATEGORY_CHECKPOINT_LOAD,
-    CATEGORY_CHECKPOINT_SAVE,
-    CATEGORY_EVALUATION,
-    CATEGORY_HANG,
-    CATEGORY_WASTED_PROGRESS,
-    CATEGORY_RESTART_GAP,
-    CATEGORY_OTHER,
+    Category.QUEUE,
+    Category.LAUNCH,
+    Category.STARTUP,
+    Category.CHECKPOINT_LOAD,
+    Category.CHECKPOINT_SAVE,
+    Category.EVALUATION,
+    Category.HANG,
+    Category.WASTED_PROGRESS,
+    Category.RESTART_GAP,
+    Category.OTHER,
 )
 
 #: Span name -> the report category its time counts as. Its keys are the
 #: structural spans: all the goodput accounting is built from.
 SPAN_CATEGORY: Mapping[str, str] = MappingProxyType(
     {
-        PRE_STARTUP_SPAN: CATEGORY_QUEUE,
-        STARTUP_SPAN: CATEGORY_STARTUP,
-        LAUNCH_SCRIPT_SPAN: CATEGORY_LAUNCH,
-        CONTAINER_LOAD_SPAN: CATEGORY_LAUNCH,
-        INTERVAL_SPAN: CATEGORY_GOODPUT,
-        CHECKPOINT_LOAD_SPAN: CATEGORY_CHECKPOINT_LOAD,
-        CHECKPOINT_SAVE_SPAN: CATEGORY_CHECKPOINT_SAVE,
-        EVALUATE_SPAN: CATEGORY_EVALUATION,
+        PRE_STARTUP_SPAN: Category.QUEUE,
+        STARTUP_SPAN: Category.STARTUP,
+        LAUNCH_SCRIPT_SPAN: Category.LAUNCH,
+        CONTAINER_LOAD_SPAN: Category.LAUNCH,
+        INTERVAL_SPAN: Category.GOODPUT,
+        CHECKPOINT_LOAD_SPAN: Category.CHECKPOINT_LOAD,
+        CHECKPOINT_SAVE_SPAN: Category.CHECKPOINT_SAVE,
+        EVALUATE_SPAN: Category.EVALUATION,
     }
 )
 

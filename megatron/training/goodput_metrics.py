@@ -58,7 +58,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from megatron.trace.analysis.goodput import rank_accounting
 from megatron.trace.model.trace import TraceBuilder
-from megatron.trace.semconv import BADPUT_CATEGORIES, CATEGORY_GOODPUT
+from megatron.trace.semconv import BADPUT_CATEGORIES, Category
 from megatron.training.checkpointing import sidecar_path
 
 __all__ = [
@@ -170,7 +170,7 @@ class GoodputFigures:
 
     @property
     def goodput_fraction(self) -> float:
-        return self.totals_ns[CATEGORY_GOODPUT] / self.wall_ns if self.wall_ns > 0 else 0.0
+        return self.totals_ns[Category.GOODPUT] / self.wall_ns if self.wall_ns > 0 else 0.0
 
 
 class LiveGoodput:
@@ -289,7 +289,7 @@ class LiveGoodput:
             incs[-1].ended = "running"  # nothing of a live run is lost yet
         accounting = rank_accounting(incs)
         totals = {category: accounting["totals_ns"][category] for category in BADPUT_CATEGORIES}
-        totals[CATEGORY_GOODPUT] = accounting["totals_ns"][CATEGORY_GOODPUT]
+        totals[Category.GOODPUT] = accounting["totals_ns"][Category.GOODPUT]
         start, wall = accounting["start_ns"], accounting["wall_ns"]
         carried = self.carried
         if carried is None:
@@ -317,16 +317,16 @@ class LiveGoodput:
 
     def _observe_goodput(self, _options: CallbackOptions) -> Iterable[Observation]:
         figures = self._safe_figures()
-        return [self._scoped(figures.totals_ns[CATEGORY_GOODPUT] / 1e9)] if figures else []
+        return [self._scoped(figures.totals_ns[Category.GOODPUT] / 1e9)] if figures else []
 
     def _observe_badput(self, _options: CallbackOptions) -> Iterable[Observation]:
         figures = self._safe_figures()
         if figures is None:
             return []
         return [
-            self._scoped(ns / 1e9, **{CATEGORY_ATTRIBUTE: category})
+            self._scoped(ns / 1e9, **{CATEGORY_ATTRIBUTE: str(category)})
             for category, ns in figures.totals_ns.items()
-            if category != CATEGORY_GOODPUT
+            if category != Category.GOODPUT
         ]
 
     def _observe_wall(self, _options: CallbackOptions) -> Iterable[Observation]:

@@ -21,9 +21,9 @@ from megatron.trace.otlp.files import metrics_file_for
 from megatron.trace.otlp.records import SpanRecord
 from megatron.trace.semconv import (
     BADPUT_CATEGORIES,
-    CATEGORY_GOODPUT,
     INTERVAL_SPAN,
     STARTUP_SPAN,
+    Category,
 )
 
 __all__ = ["goodput_line", "summarize", "unaccounted"]
@@ -58,7 +58,7 @@ def goodput_line(kept: list[SpanRecord]) -> str | None:
         reverse=True,
     )[:3]
     badput = ", ".join(f"{name} {100 * ns / wall:.1f} %" for ns, name in largest) or "none"
-    goodput = 100 * totals[CATEGORY_GOODPUT] / wall
+    goodput = 100 * totals[Category.GOODPUT] / wall
     return (
         f"  goodput: {goodput:.1f} % of {wall / 1e9:.1f} s wall clock;   largest badput: {badput}"
     )

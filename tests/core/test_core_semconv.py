@@ -67,6 +67,6 @@ def test_values_are_unique() -> None:
 def test_structural_spans_are_the_categorised_ones() -> None:
     assert frozenset(semconv.SPAN_CATEGORY) == semconv.STRUCTURAL_SPAN_NAMES
     assert set(semconv.SPAN_CATEGORY.values()) <= {
-        semconv.CATEGORY_GOODPUT,
+        semconv.Category.GOODPUT,
         *semconv.BADPUT_CATEGORIES,
     }

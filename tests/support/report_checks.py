@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import math
 
+import jsonschema
+
+from megatron.trace.analysis.report import schema
 from megatron.trace.semconv import BADPUT_CATEGORIES
 
 
+def assert_schema(report: dict) -> None:
+    """The report, as ``report --json`` prints it, is what ``report.schema.json`` says."""
+    jsonschema.validate(json.loads(json.dumps(report)), schema())
+
+
 def assert_accounted(report: dict) -> None:
-    """goodput + badput == wall: exactly in ns, and in seconds up to float rounding."""
+    """goodput + badput == wall: exactly in ns, and in seconds up to float rounding; and the
+    report is what its JSON Schema says (every report a test checks is checked against it)."""
+    assert_schema(report)
     exact = report["accounting_ns"]
     assert exact["goodput"] + sum(exact[c] for c in BADPUT_CATEGORIES) == exact["wall"]
     assert all(exact[c] >= 0 for c in (*BADPUT_CATEGORIES, "goodput"))

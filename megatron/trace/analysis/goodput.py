@@ -64,26 +64,18 @@ from megatron.trace._store.selection import float_keys, from_float_keys, select
 from megatron.trace._store.stretches import Stretches
 from megatron.trace.analysis.hangs import find_hang, hang_entries, recovered_stalls
 from megatron.trace.analysis.liveness import Clock, Liveness, judge, utc_text
+from megatron.trace.analysis.report import Report
 from megatron.trace.analysis.stragglers import find_stragglers
+from megatron.trace.errors import NoSpansError
 from megatron.trace.model.trace import Incarnation, Trace, load_trace
 from megatron.trace.semconv import (
     BADPUT_CATEGORIES,
-    CATEGORY_CHECKPOINT_LOAD,
-    CATEGORY_CHECKPOINT_SAVE,
-    CATEGORY_EVALUATION,
-    CATEGORY_GOODPUT,
-    CATEGORY_HANG,
-    CATEGORY_LAUNCH,
-    CATEGORY_OTHER,
-    CATEGORY_QUEUE,
-    CATEGORY_RESTART_GAP,
-    CATEGORY_STARTUP,
-    CATEGORY_WASTED_PROGRESS,
     CHECKPOINT_LOAD_SPAN,
     INTERVAL_SPAN,
     ITERATION_SPAN,
     SPAN_CATEGORY,
     STARTUP_SPAN,
+    Category,
 )
 
 __all__ = [
@@ -101,16 +93,16 @@ __all__ = [
 # over everything: whatever span it stalled in (a save, an iteration whose
 # progress is also wasted), that time was lost to the hang.
 PRECEDENCE = (
-    CATEGORY_HANG,
-    CATEGORY_CHECKPOINT_LOAD,
-    CATEGORY_CHECKPOINT_SAVE,
-    CATEGORY_EVALUATION,
-    CATEGORY_LAUNCH,
-    CATEGORY_QUEUE,
-    CATEGORY_STARTUP,
-    CATEGORY_WASTED_PROGRESS,
-    CATEGORY_GOODPUT,
-    CATEGORY_RESTART_GAP,
+    Category.HANG,
+    Category.CHECKPOINT_LOAD,
+    Category.CHECKPOINT_SAVE,
+    Category.EVALUATION,
+    Category.LAUNCH,
+    Category.QUEUE,
+    Category.STARTUP,
+    Category.WASTED_PROGRESS,
+    Category.GOODPUT,
+    Category.RESTART_GAP,
 )
 #: k of the anomaly rule: an iteration is anomalous when it took longer than
 #: median + k * MAD of the iteration durations (ml-goodput-measurement's k).
@@ -140,7 +132,7 @@ def _segments(inc: Incarnation) -> list[tuple[int, int, str]]:
     segments = [(start, end, SPAN_CATEGORY[name]) for start, end, name in spans]
     hang = find_hang(inc)
     if hang is not None:
-        segments.append((hang.start_ns, hang.end_ns, CATEGORY_HANG))
+        segments.append((hang.start_ns, hang.end_ns, Category.HANG))
     return segments
 
 
@@ -223,11 +215,11 @@ def _sweep(
             events.append((end, -1, rank[category]))
     events.sort()
     streams = [_stretch_events(s, rank[category], lo, hi) for s, category in stretches if s]
-    totals = dict.fromkeys((*PRECEDENCE, CATEGORY_OTHER), 0)
+    totals = dict.fromkeys((*PRECEDENCE, Category.OTHER), 0)
     # The winner is the lowest category index covering the time: with bit i of `covered`
     # set while category i is active, that is its lowest set bit (a scan of the
     # categories at every event was half of a many-interval report's time).
-    winners = (CATEGORY_OTHER, *PRECEDENCE)  # by (lowest set bit).bit_length()
+    winners = (Category.OTHER, *PRECEDENCE)  # by (lowest set bit).bit_length()
     active = [0] * len(PRECEDENCE)
     covered = 0
     cursor = lo
@@ -240,7 +232,7 @@ def _sweep(
             covered |= 1 << index
         else:
             covered &= ~(1 << index)
-    totals[CATEGORY_OTHER] += hi - cursor
+    totals[Category.OTHER] += hi - cursor
     return totals
 
 
@@ -267,9 +259,9 @@ def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
         horizon = _horizon(inc, incs[position + 1 :])
         window_start, count, count_exact = _wasted(inc, horizon)
         if window_start is not None and inc.end_ns > window_start:
-            segments.append((window_start, inc.end_ns, CATEGORY_WASTED_PROGRESS))
+            segments.append((window_start, inc.end_ns, Category.WASTED_PROGRESS))
         if position + 1 < len(incs):
-            segments.append((inc.end_ns, incs[position + 1].start_ns, CATEGORY_RESTART_GAP))
+            segments.append((inc.end_ns, incs[position + 1].start_ns, Category.RESTART_GAP))
         wasted_total += count or 0
         exact = exact and count_exact
         per_incarnation.append(
@@ -281,7 +273,7 @@ def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
                 else 0,
             }
         )
-    stretches = [(inc.checkpoint_time, CATEGORY_CHECKPOINT_SAVE) for inc in incs]
+    stretches = [(inc.checkpoint_time, Category.CHECKPOINT_SAVE) for inc in incs]
     totals = _sweep(segments, (start, end), stretches)
     return {
         "start_ns": start,
@@ -451,8 +443,9 @@ def _loads_unrecorded(incs: list[Incarnation]) -> bool:
     return any(not inc.loads and (inc.first_iteration or 0) > 0 for inc in incs)
 
 
-def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, Any]:
-    """The goodput report as one JSON-able dict (see the module docstring and README).
+def build_report(trace: Trace, liveness: Liveness | None = None) -> Report:
+    """The goodput report as one JSON-able dict: a :class:`~megatron.trace.analysis.report.Report`
+    (its JSON Schema is ``report.schema.json``); see the module docstring.
 
     Keys: ``wall_s``, ``goodput_s``, ``goodput_fraction``, ``badput_s``
     (category -> s), ``accounting_ns`` (the same in exact integer ns, with
@@ -486,7 +479,7 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, An
     """
     not_computed: list[str] = []
     if not trace.ranks:
-        raise ValueError("no spans in the trace files")
+        raise NoSpansError("the trace")
     ranks = {}
     for rank, incs in trace.ranks.items():
         accounting = rank_accounting(incs)
@@ -515,12 +508,12 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, An
     not_computed += stragglers.not_computed
     if not any(inc.startup or inc.intervals for inc in incs):
         not_computed.append(
-            f"{CATEGORY_GOODPUT}: no {STARTUP_SPAN} or {INTERVAL_SPAN} span (the job span group "
+            f"{Category.GOODPUT}: no {STARTUP_SPAN} or {INTERVAL_SPAN} span (the job span group "
             "was off): only the other spans' time is accounted, the rest is other"
         )
     if _loads_unrecorded(incs):
         not_computed.append(
-            f"{CATEGORY_CHECKPOINT_LOAD}: an incarnation resumed past iteration 0 but the trace "
+            f"{Category.CHECKPOINT_LOAD}: an incarnation resumed past iteration 0 but the trace "
             f"holds no {CHECKPOINT_LOAD_SPAN} span (the load_checkpoint span group is off, as in "
             "the default groups); its load time is counted in startup"
         )
@@ -531,17 +524,17 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, An
             "figure is a lower bound"
         )
     not_computed_categories = {reason.split(":")[0] for reason in not_computed}
-    return {
+    report: Report = {
         "wall_s": _seconds(wall),
-        "goodput_s": _seconds(totals[CATEGORY_GOODPUT]),
-        "goodput_fraction": round(totals[CATEGORY_GOODPUT] / wall, 6) if wall else 0.0,
+        "goodput_s": _seconds(totals[Category.GOODPUT]),
+        "goodput_fraction": round(totals[Category.GOODPUT] / wall, 6) if wall else 0.0,
         "badput_s": {
             category: None if category in not_computed_categories else _seconds(totals[category])
             for category in BADPUT_CATEGORIES
         },
         "accounting_ns": {
             "wall": wall,
-            CATEGORY_GOODPUT: totals[CATEGORY_GOODPUT],
+            Category.GOODPUT: totals[Category.GOODPUT],
             **{category: totals[category] for category in BADPUT_CATEGORIES},
         },
         "wasted_iterations": accounting["wasted_iterations"],
@@ -555,8 +548,8 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, An
             {
                 "rank": rank,
                 "wall_s": _seconds(acc["wall_ns"]),
-                "goodput_s": _seconds(acc["totals_ns"][CATEGORY_GOODPUT]),
-                "goodput_fraction": round(acc["totals_ns"][CATEGORY_GOODPUT] / acc["wall_ns"], 6)
+                "goodput_s": _seconds(acc["totals_ns"][Category.GOODPUT]),
+                "goodput_fraction": round(acc["totals_ns"][Category.GOODPUT] / acc["wall_ns"], 6)
                 if acc["wall_ns"]
                 else 0.0,
                 "wasted_iterations": acc["wasted_iterations"],
@@ -572,8 +565,9 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> dict[str, An
         "spans": trace.span_count,
         "torn_lines": len(trace.stats.torn),
         "not_computed": not_computed,
-        **_liveness_entry(incs, liveness),
+        **_liveness_entry(incs, liveness),  # type: ignore[typeddict-item]
     }
+    return report
 
 
 def _liveness_entry(incs: list[Incarnation], liveness: Liveness | None) -> dict[str, Any]:
@@ -599,7 +593,7 @@ def _liveness_entry(incs: list[Incarnation], liveness: Liveness | None) -> dict[
 
 def report_files(
     paths: Iterable[Path | str], clock: Clock | None = None, jobs: int | None = None
-) -> dict[str, Any]:
+) -> Report:
     """Stream the files (several in ``jobs`` parallel processes) and build the report.
 
     Raises ``TraceFileDamaged`` on damage. Whether the job is still running

@@ -11,9 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace.cli.options import add_command, clock, writing
-from megatron.trace.errors import MissingExtraError, NoSpansError
-from megatron.trace.otlp.spans import span_source
-from megatron.trace.render.timeline import collect, write_page
+from megatron.trace.render.timeline import write_timeline
 
 __all__ = ["add_parser", "run"]
 
@@ -37,16 +35,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``timeline`` for parsed arguments; returns the exit status."""
-    try:
-        import plotly  # noqa: F401
-    except ImportError:
-        raise MissingExtraError("timeline", "plotly") from None
-    timeline = collect(
-        span_source(args.files), [str(path) for path in args.files], clock(args), args.jobs
-    )
-    if not timeline.lanes:
-        raise NoSpansError(args.files)
     with writing(args.output):
-        write_page(timeline, args.output)
+        write_timeline(args.files, args.output, clock(args), args.jobs)
     print(f"timeline written to {args.output}")
     return 0

@@ -78,13 +78,6 @@ from megatron.trace.otlp.reader import (
 )
 from megatron.trace.otlp.records import SpanRecord, is_cut_short
 from megatron.trace.semconv import (
-    CATEGORY_CHECKPOINT_LOAD,
-    CATEGORY_CHECKPOINT_SAVE,
-    CATEGORY_EVALUATION,
-    CATEGORY_GOODPUT,
-    CATEGORY_LAUNCH,
-    CATEGORY_QUEUE,
-    CATEGORY_STARTUP,
     CHECKPOINT_EXIT_FINALIZE_SPAN,
     CHECKPOINT_FINALIZE_SPAN,
     CHECKPOINT_LOAD_SPAN,
@@ -111,6 +104,7 @@ from megatron.trace.semconv import (
     STARTUP_PHASE_PREFIX,
     STARTUP_SPAN,
     STRUCTURAL_SPAN_NAMES,
+    Category,
 )
 
 __all__ = [
@@ -741,17 +735,17 @@ def _lists_by_name(inc: Incarnation) -> dict[str, Any]:
     """Span name -> the incarnation's list for it: the structural spans of each report
     category (but startup, a single record) and the hang watchdog's."""
     by_category = {
-        CATEGORY_QUEUE: inc.pre_startup,
-        CATEGORY_LAUNCH: inc.launch,
-        CATEGORY_GOODPUT: inc.intervals,
-        CATEGORY_CHECKPOINT_SAVE: inc.saves,
-        CATEGORY_CHECKPOINT_LOAD: inc.loads,
-        CATEGORY_EVALUATION: inc.evaluations,
+        Category.QUEUE: inc.pre_startup,
+        Category.LAUNCH: inc.launch,
+        Category.GOODPUT: inc.intervals,
+        Category.CHECKPOINT_SAVE: inc.saves,
+        Category.CHECKPOINT_LOAD: inc.loads,
+        Category.EVALUATION: inc.evaluations,
     }
     lists = {
         name: by_category[category]
         for name, category in SPAN_CATEGORY.items()
-        if category != CATEGORY_STARTUP
+        if category != Category.STARTUP
     }
     return {**lists, HANG_SPAN: inc.hangs, HANG_RECOVERED_SPAN: inc.recoveries}
 

@@ -18,8 +18,11 @@ drawn (a day-long job has millions). What is drawn is decided in
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
+from megatron.trace.analysis.liveness import Clock
+from megatron.trace.errors import MissingExtraError, NoSpansError
 from megatron.trace.otlp.spans import span_source
 from megatron.trace.render.output import replacing
 from megatron.trace.render.timeline_data import Bar, Timeline, collect
@@ -33,6 +36,7 @@ __all__ = [
     "render_html",
     "write_beside_trace",
     "write_page",
+    "write_timeline",
 ]
 
 
@@ -63,6 +67,30 @@ def write_beside_trace(trace: Path | None) -> Path | None:
         return None
     print(f"timeline: {output}", flush=True)
     return output
+
+
+def write_timeline(
+    paths: Sequence[Path | str],
+    output: Path,
+    clock: Clock | None = None,
+    jobs: int | None = None,
+) -> Timeline:
+    """Draw the spans of ``paths`` as the timeline page at ``output``; returns what was drawn.
+
+    Raises :class:`~megatron.trace.errors.MissingExtraError` without plotly,
+    :class:`~megatron.trace.errors.NoSpansError` for files without a span, and
+    the reader's errors for a missing or damaged file; ``output`` is then untouched.
+    """
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        raise MissingExtraError("timeline", "plotly") from None
+    files = [Path(path) for path in paths]
+    timeline = collect(span_source(files), [str(path) for path in files], clock, jobs)
+    if not timeline.lanes:
+        raise NoSpansError(files)
+    write_page(timeline, output)
+    return timeline
 
 
 def write_page(timeline: Timeline, output: Path) -> None:

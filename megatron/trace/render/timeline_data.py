@@ -31,11 +31,6 @@ from megatron.trace.otlp.spans import FileSpans, reading
 from megatron.trace.render.lanes import Lane, LaneIndex
 from megatron.trace.render.timeline_ranks import RankSeries, rank_series
 from megatron.trace.semconv import (
-    CATEGORY_GOODPUT,
-    CATEGORY_HANG,
-    CATEGORY_LAUNCH,
-    CATEGORY_OTHER,
-    CATEGORY_RESTART_GAP,
     HANG_FRAME,
     HANG_LAST_ITERATION,
     HANG_STALLED_S,
@@ -44,6 +39,7 @@ from megatron.trace.semconv import (
     SPAN_CATEGORY,
     STARTUP_PHASE_PREFIX,
     STARTUP_SPAN,
+    Category,
 )
 
 __all__ = [
@@ -193,7 +189,7 @@ class Bars:
 
     def _incarnation(self, lane: Lane, inc: Incarnation) -> Iterator[Bar]:
         for record, interval in inc.records_with_facts():
-            bar = _bar(lane, _category(record["name"]) or CATEGORY_OTHER, record, with_status=False)
+            bar = _bar(lane, _category(record["name"]) or Category.OTHER, record, with_status=False)
             if interval is not None:
                 _label_interval(bar, interval)
             yield bar
@@ -217,7 +213,7 @@ def _category(name: str) -> str | None:
     """The bar category of a span: its report category (goodput drawn as ``interval``)."""
     category = SPAN_CATEGORY.get(name)
     if category is not None:
-        return BAR_INTERVAL if category == CATEGORY_GOODPUT else category
+        return BAR_INTERVAL if category == Category.GOODPUT else category
     if name.startswith(STARTUP_PHASE_PREFIX):
         return BAR_STARTUP_PHASE
     return None
@@ -229,7 +225,7 @@ def _bar(lane: Lane, category: str, span: SpanRecord, with_status: bool = True) 
     attributes = span["attributes"]
     text = ""
     details = []
-    if category in (BAR_STARTUP_PHASE, CATEGORY_LAUNCH):
+    if category in (BAR_STARTUP_PHASE, Category.LAUNCH):
         text = span["name"].removeprefix(STARTUP_PHASE_PREFIX)
     elif ITERATION in attributes:
         details.append(f"at iteration {attributes[ITERATION]}")
@@ -306,7 +302,7 @@ def _hang_bar(lane: Lane, hang: Hang) -> Bar:
         "waiting for other ranks" if hang.waiting else "stopped in its own work: the culprit",
         f"reported by the watchdog after {attributes.get(HANG_STALLED_S)} s",
     ]
-    return Bar(lane, CATEGORY_HANG, "hang", hang.start_ns, hang.end_ns, "hang", details)
+    return Bar(lane, Category.HANG, "hang", hang.start_ns, hang.end_ns, "hang", details)
 
 
 def _restart_gaps(lanes: list[LaneSummary]) -> Iterable[Bar]:
@@ -318,7 +314,7 @@ def _restart_gaps(lanes: list[LaneSummary]) -> Iterable[Bar]:
         if before is not None and summary.start_ns > before.end_ns:
             yield Bar(
                 summary.lane,
-                CATEGORY_RESTART_GAP,
+                Category.RESTART_GAP,
                 "restart gap",
                 before.end_ns,
                 summary.start_ns,

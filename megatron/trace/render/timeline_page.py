@@ -39,17 +39,8 @@ from megatron.trace.render.timeline_summary import (
     summary_html,
 )
 from megatron.trace.semconv import (
-    CATEGORY_CHECKPOINT_LOAD,
-    CATEGORY_CHECKPOINT_SAVE,
-    CATEGORY_EVALUATION,
-    CATEGORY_GOODPUT,
-    CATEGORY_HANG,
-    CATEGORY_LAUNCH,
-    CATEGORY_QUEUE,
-    CATEGORY_RESTART_GAP,
-    CATEGORY_STARTUP,
-    CATEGORY_WASTED_PROGRESS,
     GRAD_SYNC_FINISH_SPAN,
+    Category,
 )
 
 __all__ = ["CATEGORIES", "figure", "page_pieces", "render_html"]
@@ -58,28 +49,28 @@ __all__ = ["CATEGORIES", "figure", "page_pieces", "render_html"]
 # Later ones are drawn on top, so nested spans stay visible over their parents.
 _C = CATEGORY_COLOURS  # one colour per category, shared with the goodput bar
 CATEGORIES = (
-    (CATEGORY_QUEUE, "scheduler queue", _C[CATEGORY_QUEUE]),
-    (CATEGORY_RESTART_GAP, "restart gap", _C[CATEGORY_RESTART_GAP]),
-    (CATEGORY_STARTUP, "startup, between phases", "#c6dbef"),
-    (CATEGORY_LAUNCH, "launch, container", _C[CATEGORY_LAUNCH]),
-    (BAR_STARTUP_PHASE, "startup phase", _C[CATEGORY_STARTUP]),
-    (BAR_INTERVAL, "training interval", _C[CATEGORY_GOODPUT]),
-    (BAR_IN_FLIGHT, "in flight (running; not in the file yet)", _C[CATEGORY_GOODPUT]),
-    (BAR_WASTED, "wasted progress", _C[CATEGORY_WASTED_PROGRESS]),
-    (CATEGORY_HANG, "hang (no progress)", _C[CATEGORY_HANG]),
-    (CATEGORY_CHECKPOINT_LOAD, "checkpoint load", _C[CATEGORY_CHECKPOINT_LOAD]),
-    (CATEGORY_CHECKPOINT_SAVE, "checkpoint save", _C[CATEGORY_CHECKPOINT_SAVE]),
-    (CATEGORY_EVALUATION, "evaluation", _C[CATEGORY_EVALUATION]),
+    (Category.QUEUE, "scheduler queue", _C[Category.QUEUE]),
+    (Category.RESTART_GAP, "restart gap", _C[Category.RESTART_GAP]),
+    (Category.STARTUP, "startup, between phases", "#c6dbef"),
+    (Category.LAUNCH, "launch, container", _C[Category.LAUNCH]),
+    (BAR_STARTUP_PHASE, "startup phase", _C[Category.STARTUP]),
+    (BAR_INTERVAL, "training interval", _C[Category.GOODPUT]),
+    (BAR_IN_FLIGHT, "in flight (running; not in the file yet)", _C[Category.GOODPUT]),
+    (BAR_WASTED, "wasted progress", _C[Category.WASTED_PROGRESS]),
+    (Category.HANG, "hang (no progress)", _C[Category.HANG]),
+    (Category.CHECKPOINT_LOAD, "checkpoint load", _C[Category.CHECKPOINT_LOAD]),
+    (Category.CHECKPOINT_SAVE, "checkpoint save", _C[Category.CHECKPOINT_SAVE]),
+    (Category.EVALUATION, "evaluation", _C[Category.EVALUATION]),
 )
-_NESTED = {CATEGORY_CHECKPOINT_LOAD, CATEGORY_CHECKPOINT_SAVE, CATEGORY_EVALUATION}
+_NESTED = {Category.CHECKPOINT_LOAD, Category.CHECKPOINT_SAVE, Category.EVALUATION}
 # Markers above the lane (checkpoints) and below it (evaluations): the two often
 # happen in the same millisecond, so they must not share a spot. Rows grow downwards.
 _MARKER_OFFSET = {
-    CATEGORY_CHECKPOINT_LOAD: -0.38,
-    CATEGORY_CHECKPOINT_SAVE: -0.38,
-    CATEGORY_EVALUATION: 0.38,
+    Category.CHECKPOINT_LOAD: -0.38,
+    Category.CHECKPOINT_SAVE: -0.38,
+    Category.EVALUATION: 0.38,
 }
-_PATTERNED = {CATEGORY_RESTART_GAP: "/", BAR_IN_FLIGHT: "."}
+_PATTERNED = {Category.RESTART_GAP: "/", BAR_IN_FLIGHT: "."}
 
 
 def _when(ns: int) -> str:
@@ -178,7 +169,7 @@ def _figure(timeline: Timeline, values: Mapping[str, Mapping[str, Sequence[Any]]
                 y=columns["y"],
                 base=columns["base"],
                 x=columns["x"],
-                width=0.3 if nested else (0.45 if key == CATEGORY_STARTUP else 0.6),
+                width=0.3 if nested else (0.45 if key == Category.STARTUP else 0.6),
                 marker=_marker(key, colour),
                 # Wasted progress is hatched, without a label.
                 text=columns.get("text"),

@@ -14,40 +14,30 @@ import html
 from typing import Any
 
 from megatron.trace.semconv import (
-    CATEGORY_CHECKPOINT_LOAD,
-    CATEGORY_CHECKPOINT_SAVE,
-    CATEGORY_EVALUATION,
-    CATEGORY_GOODPUT,
-    CATEGORY_HANG,
-    CATEGORY_LAUNCH,
-    CATEGORY_OTHER,
-    CATEGORY_QUEUE,
-    CATEGORY_RESTART_GAP,
-    CATEGORY_STARTUP,
-    CATEGORY_WASTED_PROGRESS,
+    Category,
 )
 
 __all__ = ["CATEGORY_COLOURS", "duration_text", "summary_figure", "summary_html"]
 
 # The report's categories in the timeline's colours (goodput is the interval green).
 CATEGORY_COLOURS = {
-    CATEGORY_GOODPUT: "#31a354",
-    CATEGORY_QUEUE: "#9e9e9e",
-    CATEGORY_LAUNCH: "#8c6d31",
-    CATEGORY_STARTUP: "#3182bd",
-    CATEGORY_CHECKPOINT_LOAD: "#17becf",
-    CATEGORY_CHECKPOINT_SAVE: "#ff7f0e",
-    CATEGORY_EVALUATION: "#9467bd",
-    CATEGORY_WASTED_PROGRESS: "#d62728",
-    CATEGORY_HANG: "#7b3294",
-    CATEGORY_RESTART_GAP: "#cfcfcf",
-    CATEGORY_OTHER: "#f0f0f0",
+    Category.GOODPUT: "#31a354",
+    Category.QUEUE: "#9e9e9e",
+    Category.LAUNCH: "#8c6d31",
+    Category.STARTUP: "#3182bd",
+    Category.CHECKPOINT_LOAD: "#17becf",
+    Category.CHECKPOINT_SAVE: "#ff7f0e",
+    Category.EVALUATION: "#9467bd",
+    Category.WASTED_PROGRESS: "#d62728",
+    Category.HANG: "#7b3294",
+    Category.RESTART_GAP: "#cfcfcf",
+    Category.OTHER: "#f0f0f0",
 }
 
 
 def _shares(report: dict[str, Any]) -> list[tuple[str, float]]:
     """(category, seconds) for goodput and every badput category that took time."""
-    shares = [(CATEGORY_GOODPUT, report["goodput_s"])]
+    shares = [(Category.GOODPUT, report["goodput_s"])]
     shares += [(name, seconds) for name, seconds in report["badput_s"].items() if seconds]
     return shares
 

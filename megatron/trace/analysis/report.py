@@ -1,0 +1,179 @@
+"""The shape of the goodput report: typed, and as a JSON Schema for ``report --json``.
+
+:func:`megatron.trace.analysis.goodput.build_report` returns a :class:`Report`,
+a plain ``dict`` at run time (so ``report --json`` is ``json.dumps`` of it as
+is), typed here field by field. The same shape, as JSON Schema (draft
+2020-12), is ``report.schema.json`` beside this module (:func:`schema` loads
+it); the tests validate real reports against it, so neither can drift from
+what ``build_report`` writes. Times are seconds (``*_s``), milliseconds
+(``*_ms``) or exact integer nanoseconds (``accounting_ns``); wall-clock
+instants are UTC text; a figure the trace cannot give is ``None`` (JSON
+``null``) and its reason is in ``not_computed``.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from typing import Any, Literal, TypedDict
+
+__all__ = [
+    "Anomalies",
+    "Ended",
+    "HangEntry",
+    "IncarnationEntry",
+    "IterationStats",
+    "LivenessEntry",
+    "RankEntry",
+    "RecoveredStall",
+    "Report",
+    "SlowIteration",
+    "StragglerSummary",
+    "schema",
+]
+
+#: How an incarnation ended (``megatron/trace/README.md``, "How an incarnation ended").
+Ended = Literal["shutdown", "failed", "interrupted", "cut_short", "killed", "running"]
+
+
+class IncarnationEntry(TypedDict):
+    """One incarnation (one process's ``pretrain()``) of the job rank."""
+
+    rank: str
+    index: int
+    ended: Ended
+    error_type: str | None
+    first_iteration: int | None
+    last_iteration: int | None
+    resumed_from: int | None
+    startup_s: float | None
+    intervals: int
+    start_s: float
+    duration_s: float
+    wasted_iterations: int | None
+    wasted_s: float
+    as_of: str | None
+    in_flight_s: float
+
+
+class SlowIteration(TypedDict):
+    incarnation: int
+    iteration: int
+    duration_ms: float
+
+
+class Anomalies(TypedDict):
+    """The iterations over median + k x MAD: the rule, its figures, the slowest 20."""
+
+    rule: str
+    mad_ms: float
+    threshold_ms: float
+    count: int
+    slowest: list[SlowIteration]
+
+
+class IterationStats(TypedDict):
+    count: int
+    median_ms: float
+    p90_ms: float
+    max_ms: float
+    anomalous: Anomalies
+
+
+class RankEntry(TypedDict):
+    """One rank's own accounting, and its straggler figures (``None`` when not computed)."""
+
+    rank: str
+    wall_s: float
+    goodput_s: float
+    goodput_fraction: float
+    wasted_iterations: int | None
+    incarnations: int
+    work_ms_median: float | None
+    wait_ms_median: float | None
+    score: float | None
+    straggler: bool | None
+
+
+class StragglerSummary(TypedDict):
+    rule: str
+    ranks: list[str]
+
+
+class HangEntry(TypedDict):
+    """An incarnation that stopped making progress for good, on one rank."""
+
+    rank: str
+    incarnation: int
+    ended: Ended
+    last_iteration: int | None
+    iteration: int | None
+    span: str | None
+    frame: str | None
+    stalled_s: float
+    detected_after_s: float | None
+    waiting: bool | None
+    culprit: bool | None
+
+
+class RecoveredStall(TypedDict):
+    rank: str
+    incarnation: int
+    iteration: int | None
+    stalled_s: float | None
+
+
+class LivenessEntry(TypedDict):
+    """The rule a running job was judged by, against which clock, from which files."""
+
+    rule: str
+    now: str
+    stale_after_s: float
+    heartbeat_files: list[str]
+    notes: list[str]
+
+
+class _WhenJudged(TypedDict, total=False):
+    """Present when the report was built with a liveness judgement (the command line's
+    always is): the rule, and how old the newest record of a running job is."""
+
+    as_of_age_s: float
+    liveness: LivenessEntry
+
+
+class Report(_WhenJudged):
+    """The goodput report: where the job rank's wall clock went, and what else was found.
+
+    ``badput_s`` and ``accounting_ns`` are keyed by
+    :class:`~megatron.trace.semconv.Category` values (``accounting_ns`` also
+    by ``wall``); ``goodput + sum(badput) == wall`` exactly in
+    ``accounting_ns``.
+    """
+
+    wall_s: float
+    goodput_s: float
+    goodput_fraction: float
+    badput_s: dict[str, float | None]
+    accounting_ns: dict[str, int]
+    wasted_iterations: int | None
+    incarnations: list[IncarnationEntry]
+    iterations: IterationStats | None
+    rank: str
+    ranks: list[RankEntry]
+    stragglers: StragglerSummary | None
+    straggler_s: float | None
+    hangs: list[HangEntry]
+    recovered_stalls: list[RecoveredStall]
+    spans: int
+    torn_lines: int
+    not_computed: list[str]
+    running: bool
+    as_of: str | None
+
+
+@cache
+def schema() -> dict[str, Any]:
+    """The JSON Schema of ``report --json`` (``report.schema.json``, shipped in the package)."""
+    text = resources.files(__package__).joinpath("report.schema.json").read_text("utf-8")
+    return json.loads(text)
