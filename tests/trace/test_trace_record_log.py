@@ -21,7 +21,7 @@ from megatron.trace._store import record_log, spill
 from megatron.trace._store.record_log import RecordLog
 from megatron.trace.cli.report import build_report
 from megatron.trace.model import trace as model
-from megatron.trace.otlp.records import SpanRecord, is_cut_short, span_record
+from megatron.trace.otlp.records import SpanFields, SpanRecord, is_cut_short, span_record
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ _FILES = [Path("/traces/a.jsonl"), None]
 
 def _record(rng: random.Random) -> SpanRecord:
     links = [(f"{rng.randrange(9):032x}", f"{rng.randrange(9):016x}")] if rng.random() < 0.5 else []
-    return span_record(
+    fields = SpanFields(
         rng.choice(["megatron.train", "megatron.checkpoint.save", "megatron.hang"]),
         f"{rng.randrange(99):032x}",
         f"{rng.randrange(9**9):016x}",
@@ -56,11 +56,10 @@ def _record(rng: random.Random) -> SpanRecord:
         rng.choice(["UNSET", "OK", "ERROR"]),
         rng.choice(["", "boom"]),
         rng.choice([1, None]),
-        # an equal copy of a resource, as every line decodes its own
-        dict(rng.choice(_RESOURCES)),
-        rng.choice(_FILES),
-        rng.randrange(1, 999),
     )
+    # an equal copy of a resource, as every line decodes its own
+    resource = dict(rng.choice(_RESOURCES))
+    return span_record(fields, resource, rng.choice(_FILES), rng.randrange(1, 999))
 
 
 @pytest.mark.parametrize("seed", range(12))

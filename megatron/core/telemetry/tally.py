@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import StatusCode
 
 from megatron.core.telemetry.jsonl import JsonlFile
-from megatron.trace.otlp.records import SpanRecord, span_record
+from megatron.trace.otlp.records import SpanFields, SpanRecord, span_record
 from megatron.trace.semconv import SPAN_CUT_SHORT, STRUCTURAL_SPAN_NAMES
 
 __all__ = ["SpanTally"]
@@ -118,7 +118,7 @@ def _flat(span: ReadableSpan) -> SpanRecord:
     Except what the summary never looks at: no events, and no file or line.
     """
     parent = span.parent
-    return span_record(
+    fields = SpanFields(
         span.name,
         f"{span.context.trace_id:032x}",
         f"{span.context.span_id:016x}",
@@ -132,7 +132,5 @@ def _flat(span: ReadableSpan) -> SpanRecord:
         _STATUS.get(span.status.status_code, "UNSET"),
         span.status.description or "",
         span.kind.value + 1,
-        dict(span.resource.attributes),
-        None,
-        0,
     )
+    return span_record(fields, dict(span.resource.attributes), None, 0)

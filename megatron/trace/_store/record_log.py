@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from megatron.trace._store import spill
-from megatron.trace.otlp.records import SpanRecord, attributes_cut_short, span_record
+from megatron.trace.otlp.records import SpanFields, SpanRecord, attributes_cut_short, span_record
 
 __all__ = ["SPILL_RECORDS", "RecordList", "RecordLog", "extents", "latest"]
 
@@ -43,23 +43,9 @@ __all__ = ["SPILL_RECORDS", "RecordList", "RecordLog", "extents", "latest"]
 #: (about 150 KB of pickles; a read holds a log per process).
 SPILL_RECORDS = 512
 
-# What a record's pickle holds: every field of span_record() before the resource (the
-# resource and the file are the log's contexts; the line is kept beside the starts).
-_PICKLED = operator.itemgetter(
-    "name",
-    "trace_id",
-    "span_id",
-    "parent_id",
-    "start_ns",
-    "end_ns",
-    "attributes",
-    "links",
-    "link_attributes",
-    "events",
-    "status_code",
-    "status_message",
-    "kind",
-)
+# What a record's pickle holds: its SpanFields, as a plain tuple (the resource and the
+# file are the log's contexts; the line is kept beside the starts).
+_PICKLED = operator.itemgetter(*SpanFields._fields)
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
@@ -137,7 +123,7 @@ class RecordLog:
         self._ends.append(fields[5])
         self._cut.append(1 if fields[6] and attributes_cut_short(fields[6]) else 0)
         self._line.append(line)
-        self._tail.append(pickle.dumps(fields, _PROTOCOL))
+        self._tail.append(pickle.dumps(tuple(fields), _PROTOCOL))
         if len(self._tail) >= SPILL_RECORDS:
             self._spill()
 
@@ -237,7 +223,7 @@ class RecordLog:
                     hi = lo + len(pickles)
                 data = pickles[position - lo]
             resource, file = contexts[context[position]]
-            yield span_record(*loads(data), resource, file, lines[position])
+            yield span_record(loads(data), resource, file, lines[position])
 
     def view(self, positions: array) -> RecordList:
         """The records at ``positions`` as a sequence (read as it is iterated)."""

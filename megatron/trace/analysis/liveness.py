@@ -47,7 +47,7 @@ from megatron.trace._store.record_log import latest
 from megatron.trace.model.trace import Incarnation, Trace, process_of_resource
 from megatron.trace.otlp.files import metrics_file_for
 from megatron.trace.otlp.reader import decode_attributes, iter_requests_backwards
-from megatron.trace.otlp.records import SpanRecord, span_record
+from megatron.trace.otlp.records import SpanFields, SpanRecord, span_record
 from megatron.trace.semconv import (
     HEARTBEAT_METRIC,
     INTERVAL_REROOTED,
@@ -232,8 +232,11 @@ def _in_flight(inc: Incarnation, as_of_ns: int) -> SpanRecord | None:
     if as_of_ns <= start:
         return None
     anchor = inc.startup or next(iter(inc.intervals), None)
+    fields = SpanFields(
+        name, "", "", None, start, as_of_ns, {IN_FLIGHT: True}, [], [], [], "UNSET", "", None
+    )
     return span_record(
-        name, "", "", None, start, as_of_ns, {IN_FLIGHT: True}, [], [], [], "UNSET", "", None,
+        fields,
         anchor["resource"] if anchor is not None else {},
         anchor["file"] if anchor is not None else None,
         0,

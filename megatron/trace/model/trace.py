@@ -75,6 +75,7 @@ from megatron.trace.otlp.reader import (
     damaged,
     iter_batches,
     paused_gc,
+    span_fields,
 )
 from megatron.trace.otlp.records import SpanRecord, is_cut_short
 from megatron.trace.semconv import (
@@ -382,28 +383,6 @@ class _Process:
         self.max_end_child = max(self.max_end_child, other.max_end_child)
 
 
-def _kept(span: Any) -> tuple[Any, ...]:
-    """The fields of :func:`~megatron.trace.otlp.reader.flat_span` of a span to keep, up
-    to ``kind`` (its process's :class:`~megatron.trace._store.record_log.RecordLog` adds the
-    resource, file and line, and pickles the rest)."""
-    links = span.link_pairs() if span.has_links() else []
-    return (
-        span.name,
-        span.trace_id,
-        span.span_id,
-        span.parent_span_id or None,
-        span.start_time_unix_nano,
-        span.end_time_unix_nano,
-        span.attribute_dict() if span.has_attributes() else {},
-        links,
-        span.link_attribute_dicts() if links else [],
-        span.event_dicts() or [],
-        span.status_code() if span.status else "UNSET",
-        span.status_message() if span.status else "",
-        span.kind,
-    )
-
-
 def _rank(resource: Mapping[str, Any], path: Path | str | None) -> str:
     if DL_RANK in resource:
         return str(resource[DL_RANK])
@@ -555,7 +534,7 @@ class TraceBuilder:
                 if kind == _STRUCTURAL or id(span) in cut:
                     if resource is None:
                         resource = self._shared(batch.resource)
-                    proc.records.add(_kept(span), resource, path, number)
+                    proc.records.add(span_fields(span), resource, path, number)
                     if kind in (_STRUCTURAL, _IGNORED):
                         continue
                 if kind == _ITERATION:

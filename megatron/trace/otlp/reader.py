@@ -50,7 +50,7 @@ from megatron.trace.otlp.decode import (
 )
 from megatron.trace.otlp.files import FilePiece, is_compressed
 from megatron.trace.otlp.files import iter_piece_lines as piece_lines
-from megatron.trace.otlp.records import SpanRecord, span_record
+from megatron.trace.otlp.records import SpanFields, SpanRecord, span_record
 
 __all__ = [
     "DAMAGE_ERRORS",
@@ -73,6 +73,7 @@ __all__ = [
     "iter_spans",
     "paused_gc",
     "read_spans",
+    "span_fields",
 ]
 
 #: What a failed decode of a whole line's structure raises (then: damage).
@@ -314,26 +315,29 @@ def damaged(path: Path, number: int, error: BaseException) -> TraceFileDamaged:
     return TraceFileDamaged(path, number, f"not an OTLP trace request: {error!r}")
 
 
-def flat_span(span: Any, resource: dict[str, Any], path: Path, line: int) -> SpanRecord:
-    """One decoded span object as the flat :class:`SpanRecord` :func:`iter_spans` yields."""
-    return span_record(
+def span_fields(span: Any) -> SpanFields:
+    """A decoded span object's own fields (what :func:`flat_span` adds where it was read to)."""
+    links = span.link_pairs() if span.has_links() else []
+    return SpanFields(
         span.name,
         span.trace_id,
         span.span_id,
         span.parent_span_id or None,
         span.start_time_unix_nano,
         span.end_time_unix_nano,
-        span.attribute_dict(),
-        span.link_pairs(),
-        span.link_attribute_dicts(),
-        span.event_dicts(),
-        span.status_code(),
-        span.status_message(),
+        span.attribute_dict() if span.has_attributes() else {},
+        links,
+        span.link_attribute_dicts() if links else [],
+        span.event_dicts() or [],
+        span.status_code() if span.status else "UNSET",
+        span.status_message() if span.status else "",
         span.kind,
-        resource,
-        path,
-        line,
     )
+
+
+def flat_span(span: Any, resource: dict[str, Any], path: Path, line: int) -> SpanRecord:
+    """One decoded span object as the flat :class:`SpanRecord` :func:`iter_spans` yields."""
+    return span_record(span_fields(span), resource, path, line)
 
 
 def iter_spans(

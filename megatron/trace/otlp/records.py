@@ -16,11 +16,11 @@ knows every key). Consumers index it by key, ``span["name"]``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 from megatron.trace.semconv import SPAN_CUT_SHORT, SPAN_TRUNCATED
 
-__all__ = ["SpanEvent", "SpanRecord", "is_cut_short", "span_record"]
+__all__ = ["SpanEvent", "SpanFields", "SpanRecord", "is_cut_short", "span_record"]
 
 
 class SpanEvent(TypedDict):
@@ -52,25 +52,46 @@ class SpanRecord(TypedDict):
     line: int  # 1-based line in ``file``; 0 when not read from a file
 
 
+class SpanFields(NamedTuple):
+    """A span's own fields, in :class:`SpanRecord`'s order: all of it but where it was read
+    (``resource``, ``file``, ``line``). The one spelling of that order: the producers build
+    it, the record log pickles it as a plain tuple, :func:`span_record` makes the record."""
+
+    name: str
+    trace_id: str
+    span_id: str
+    parent_id: str | None
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    links: list[tuple[str, str]]
+    link_attributes: list[dict[str, Any]]
+    events: list[SpanEvent]
+    status_code: str
+    status_message: str
+    kind: int | None
+
+
 def span_record(
-    name: str,
-    trace_id: str,
-    span_id: str,
-    parent_id: str | None,
-    start_ns: int,
-    end_ns: int,
-    attributes: dict[str, Any],
-    links: list[tuple[str, str]],
-    link_attributes: list[dict[str, Any]],
-    events: list[SpanEvent],
-    status_code: str,
-    status_message: str,
-    kind: int | None,
-    resource: dict[str, Any],
-    file: Path | None,
-    line: int,
+    fields: tuple[Any, ...], resource: dict[str, Any], file: Path | None, line: int
 ) -> SpanRecord:
-    """The one place a :class:`SpanRecord` is built (positional: this is the reader's hot path)."""
+    """The one place a :class:`SpanRecord` is built: ``fields`` a :class:`SpanFields` (or the
+    plain tuple of one), and where it was read (a dict literal: the reader's hot path)."""
+    (
+        name,
+        trace_id,
+        span_id,
+        parent_id,
+        start_ns,
+        end_ns,
+        attributes,
+        links,
+        link_attributes,
+        events,
+        status_code,
+        status_message,
+        kind,
+    ) = fields
     return {
         "name": name,
         "trace_id": trace_id,
