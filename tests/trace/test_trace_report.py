@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -326,13 +327,13 @@ def test_text_report_says_when_an_incarnation_trained_nothing(
 
 @pytest.mark.parametrize("radix", [False, True])
 @pytest.mark.parametrize("count", [1, 2, 7, 1000, 1001])
-def test_iteration_statistics_are_the_same_with_and_without_numpy(
+def test_iteration_statistics_are_those_of_a_sort(
     count: int, radix: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Few iterations are counted with the standard library, many selected with numpy:
-    the same figures and the same anomalies, to the bit (odd and even counts, ties,
-    outliers, several incarnations), with the values partitioned in memory and selected
-    digit by digit over parts of a few rows (as a week's are)."""
+    """The figures selected over the columns are those a plain sort of every duration
+    gives, to the bit, and so are the anomalies (odd and even counts, ties, outliers,
+    several incarnations), with the values partitioned in memory and selected digit by
+    digit over parts of a few rows (as a week's are)."""
     from megatron.trace._store import columns, selection
     from megatron.trace.analysis.goodput import _iteration_stats
     from megatron.trace.model.trace import Incarnation
@@ -352,7 +353,44 @@ def test_iteration_statistics_are_the_same_with_and_without_numpy(
         inc.iterations.append(number, clock, clock + duration)
         clock += duration + rng.randrange(1000)
     incs = [inc for inc in incs if inc.iterations]
-    with_numpy = _iteration_stats(incs, numpy_from=0)
-    without = _iteration_stats(incs, numpy_from=count + 1)
-    assert with_numpy == without
-    assert with_numpy is not None and with_numpy["count"] == count
+    stats = _iteration_stats(incs)
+    assert stats is not None and stats["count"] == count
+    assert stats == _sorted_reference(incs)
+
+
+def _sorted_reference(incs: list) -> dict:
+    """The iteration figures by the definition: sort every duration (ms), take the middle."""
+    from megatron.trace.analysis.goodput import ANOMALY_MAD_FACTOR, ANOMALY_MAD_FLOOR, ANOMALY_RULE
+
+    def median(values: list[float]) -> float:
+        middle = len(values) // 2
+        return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+    each = [
+        ((end - start) / 1e6, inc.index, number)
+        for inc in incs
+        for number, start, end in zip(
+            inc.iterations.numbers, inc.iterations.starts, inc.iterations.ends, strict=True
+        )
+    ]
+    durations = sorted(duration for duration, _, _ in each)
+    mid = median(durations)
+    mad = max(median(sorted(abs(d - mid) for d in durations)), ANOMALY_MAD_FLOOR * mid)
+    threshold = mid + ANOMALY_MAD_FACTOR * mad
+    slow = sorted((entry for entry in each if entry[0] > threshold), reverse=True)
+    return {
+        "count": len(durations),
+        "median_ms": round(mid, 3),
+        "p90_ms": round(durations[max(0, math.ceil(0.9 * len(durations)) - 1)], 3),
+        "max_ms": round(durations[-1], 3),
+        "anomalous": {
+            "rule": ANOMALY_RULE,
+            "mad_ms": round(mad, 3),
+            "threshold_ms": round(threshold, 3),
+            "count": len(slow),
+            "slowest": [
+                {"incarnation": index, "iteration": number, "duration_ms": round(d, 3)}
+                for d, index, number in slow[:20]
+            ],
+        },
+    }

@@ -46,8 +46,11 @@ name the stragglers (:mod:`megatron.trace.analysis.stragglers`); ``hangs`` lists
 hung incarnation of each rank and whether that rank was the culprit.
 
 Memory: :func:`~megatron.trace.model.trace.load_trace` streams; iteration
-durations are kept in compact arrays and sorted once, in numpy, for the
-statistics.
+durations are kept in compact columns (on disk once there are many), and the
+median, MAD, p90 and maximum are exact order statistics selected a radix
+digit at a time over them, a part at a time
+(:mod:`megatron.trace._store.selection`), so the report's memory does not
+grow with the job's length.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +67,7 @@ from megatron.trace._store.selection import float_keys, from_float_keys, select
 from megatron.trace._store.stretches import Stretches
 from megatron.trace.analysis.hangs import find_hang, hang_entries, recovered_stalls
 from megatron.trace.analysis.liveness import Clock, Liveness, judge, utc_text
-from megatron.trace.analysis.report import Report
+from megatron.trace.analysis.report import IterationStats, Report
 from megatron.trace.analysis.stragglers import find_stragglers
 from megatron.trace.errors import NoSpansError
 from megatron.trace.model.trace import Incarnation, Trace, load_trace
@@ -289,25 +292,6 @@ def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
 #: columns a part at a time (:mod:`megatron.trace._store.selection`: flat in memory); below
 #: it, taken from a sorted list (32 bytes an iteration), which costs less than
 #: importing numpy (a tenth of a small report). Both give the same.
-NUMPY_FROM_ITERATIONS = 1 << 18
-
-
-def _durations_ms(inc: Incarnation) -> list[float]:
-    """The incarnation's iteration durations in ms, in its order (below
-    :data:`NUMPY_FROM_ITERATIONS`: a Python float an iteration)."""
-    iterations = inc.iterations
-    return [
-        (end - start) / 1e6 for start, end in zip(iterations.starts, iterations.ends, strict=True)
-    ]
-
-
-def _median_of_sorted(values: Sequence[float]) -> float:
-    """The median of sorted values (``np.median`` would sort them again, and its first
-    call imports ``numpy.ma``)."""
-    middle = len(values) // 2
-    return float(values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2)
-
-
 def _duration_parts(incs: list[Incarnation]) -> Iterator[tuple[Incarnation, Any, Any]]:
     """(incarnation, numbers, durations in ns) of every iteration, a part of the columns at
     a time (the durations an int64 numpy array)."""
@@ -367,36 +351,16 @@ def _slowest_of(incs: list[Incarnation], threshold: float) -> tuple[int, list[tu
     return count, slowest
 
 
-def _iteration_stats(
-    incs: list[Incarnation], numpy_from: int = NUMPY_FROM_ITERATIONS
-) -> dict[str, Any] | None:
+def _iteration_stats(incs: list[Incarnation]) -> IterationStats | None:
+    """The iteration figures of ``incs``: exact order statistics selected over the columns a
+    part at a time (:func:`_sorted_figures`), then the anomalies against them."""
     count = sum(len(inc.iterations) for inc in incs)
     if not count:
         return None
-    with_numpy = count >= numpy_from
-    if with_numpy:
-        median, mad, p90, longest = _sorted_figures(incs, count)
-    else:
-        durations = sorted(itertools.chain.from_iterable(_durations_ms(inc) for inc in incs))
-        median = _median_of_sorted(durations)
-        mad = _median_of_sorted(sorted(abs(duration - median) for duration in durations))
-        p90 = durations[max(0, math.ceil(0.9 * count) - 1)]  # nearest rank
-        longest = durations[-1]
-        del durations
+    median, mad, p90, longest = _sorted_figures(incs, count)
     mad = max(mad, ANOMALY_MAD_FLOOR * median)
     threshold = median + ANOMALY_MAD_FACTOR * mad
-    if with_numpy:
-        slow_count, slow = _slowest_of(incs, threshold)
-    else:
-        slow = []
-        for inc in incs:  # the durations again, an incarnation at a time, for the slow ones
-            inc_durations = _durations_ms(inc)
-            over = [i for i, duration in enumerate(inc_durations) if duration > threshold]
-            numbers = inc.iterations.numbers if over else ()  # (a read, once spilled)
-            for position in over:
-                slow.append((float(inc_durations[position]), inc.index, numbers[position]))
-        slow.sort(reverse=True)
-        slow_count = len(slow)
+    slow_count, slow = _slowest_of(incs, threshold)
     return {
         "count": count,
         "median_ms": round(median, 3),

@@ -77,7 +77,7 @@ from megatron.trace.otlp.reader import (
     paused_gc,
     span_fields,
 )
-from megatron.trace.otlp.records import SpanRecord, is_cut_short
+from megatron.trace.otlp.records import SpanRecord
 from megatron.trace.semconv import (
     CHECKPOINT_EXIT_FINALIZE_SPAN,
     CHECKPOINT_FINALIZE_SPAN,
@@ -424,6 +424,52 @@ def slot_of(boundaries: Sequence[int], name: str, start_ns: int, end_ns: int) ->
     return bisect.bisect_right(boundaries, at)
 
 
+class _Flat:
+    """A :class:`~megatron.trace.otlp.records.SpanRecord` seen as the decoded span objects
+    of a line are (:mod:`megatron.trace.otlp.decode`), so both take one path into the model."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: SpanRecord) -> None:
+        self.record = record
+
+    name = property(lambda self: self.record["name"])
+    trace_id = property(lambda self: self.record["trace_id"])
+    span_id = property(lambda self: self.record["span_id"])
+    parent_span_id = property(lambda self: self.record["parent_id"])
+    start_time_unix_nano = property(lambda self: self.record["start_ns"])
+    end_time_unix_nano = property(lambda self: self.record["end_ns"])
+    kind = property(lambda self: self.record["kind"])
+    status = True  # (the record always carries its status code)
+
+    def has_attributes(self) -> bool:
+        return bool(self.record["attributes"])
+
+    def attribute(self, key: str, default: Any = None) -> Any:
+        return self.record["attributes"].get(key, default)
+
+    def attribute_dict(self) -> dict[str, Any]:
+        return self.record["attributes"]
+
+    def has_links(self) -> bool:
+        return bool(self.record["links"])
+
+    def link_pairs(self) -> list[tuple[str, str]]:
+        return self.record["links"]
+
+    def link_attribute_dicts(self) -> list[dict[str, Any]]:
+        return self.record["link_attributes"]
+
+    def event_dicts(self) -> list[Any]:
+        return self.record["events"]
+
+    def status_code(self) -> str:
+        return self.record["status_code"]
+
+    def status_message(self) -> str:
+        return self.record["status_message"]
+
+
 class TraceBuilder:
     """Feed spans (:meth:`add_line`, or :meth:`add` one flat record at a time), then
     :meth:`finish` into a :class:`Trace`.
@@ -437,12 +483,6 @@ class TraceBuilder:
         self.stats = stats if stats is not None else ReadStats()
         self._processes: dict[tuple[Any, ...], _Process] = {}
         self.span_count = 0
-        # The reader shares one resource dict among the spans of a request: its process
-        # is worked out once per request, not once per span (the file too: the rank of a
-        # resource without one is the file's).
-        self._resource: object = None
-        self._file: object = None
-        self._process: _Process | None = None
         self._kinds: dict[str, int] = {}  # span name -> what a line adds of such spans
         self._resources: dict[tuple[Any, ...], dict[str, Any]] = {}  # see _shared
         self._ignored: set[str] = set()  # the names whose kind is _IGNORED
@@ -468,7 +508,7 @@ class TraceBuilder:
             return resource
 
     def _kind(self, name: str) -> int:
-        """What add() does with a span of this name (:data:`_KINDS`), worked out once."""
+        """What a span of this name adds (``_STRUCTURAL`` ... ``_IGNORED``), worked out once."""
         kind = self._kinds.get(name)
         if kind is None:
             if _kept_name(name):
@@ -496,70 +536,78 @@ class TraceBuilder:
             raise damaged(line.path, line.number, error) from error
 
     def _add_line(self, line: DecodedLine) -> None:
-        # The same facts as add(), gathered per batch with comprehensions.
         maybe_cut = line.may_hold(_CUT_SHORT_KEY)
-        path, number = line.path, line.number
         for batch in line.batches:
-            spans = batch.spans
-            if not spans:
-                continue
-            proc = self._process_for(batch.resource, path)
-            self.span_count += len(spans)
-            kinds, ignored = self._kinds, self._ignored
-            low = min([s.start_time_unix_nano for s in spans])
-            if proc.min_start is None or low < proc.min_start:
-                proc.min_start = low
-            proc.max_end = max(proc.max_end, max([s.end_time_unix_nano for s in spans]))
-            root_ends = [s.end_time_unix_nano for s in spans if not s.parent_span_id]
-            if root_ends:
-                proc.max_end_root = max(proc.max_end_root, max(root_ends))
-            if maybe_cut:  # the rare line that may hold a span marked cut short
-                cut = {id(s) for s in spans if s.has_attributes() and s.attribute(SPAN_CUT_SHORT)}
-                child_ends = [
-                    s.end_time_unix_nano for s in spans if s.parent_span_id and id(s) not in cut
-                ]
-                kept = [s for s in spans if s.name not in ignored or id(s) in cut]
-            else:
-                cut = set()
-                child_ends = [s.end_time_unix_nano for s in spans if s.parent_span_id]
-                kept = [s for s in spans if s.name not in ignored]  # and names not seen yet
-            if child_ends:
-                proc.max_end_child = max(proc.max_end_child, max(child_ends))
-            numbers, starts, ends = proc.iterations.arrays()
-            resource = None  # the batch's shared resource, looked up at its first record
-            for span in kept:
-                kind = kinds.get(span.name)
-                if kind is None:
-                    kind = self._kind(span.name)
-                if kind == _STRUCTURAL or id(span) in cut:
-                    if resource is None:
-                        resource = self._shared(batch.resource)
-                    proc.records.add(span_fields(span), resource, path, number)
-                    if kind in (_STRUCTURAL, _IGNORED):
-                        continue
-                if kind == _ITERATION:
-                    # an iteration whose step raised (ERROR status) did not finish
-                    # (an UNSET status is usually absent or {}: no call for it)
-                    failed = span.status and span.status_code() == "ERROR"
-                    if id(span) not in cut and not failed:
-                        value = span.attribute(ITERATION)
-                        if value is not None:
-                            numbers.append(int(value))
-                            starts.append(span.start_time_unix_nano)
-                            ends.append(span.end_time_unix_nano)
+            if batch.spans:
+                self._add_batch(batch.spans, batch.resource, line.path, line.number, maybe_cut)
+
+    def _add_batch(
+        self,
+        spans: Sequence[Any],
+        resource: dict[str, Any],
+        path: Path | None,
+        number: int,
+        maybe_cut: bool,
+    ) -> None:
+        """Add decoded spans of one process (one request's batch), gathered with comprehensions;
+        ``maybe_cut``: whether any may be marked cut short (the line holds the key)."""
+        proc = self._process_for(resource, path)
+        shared = None  # the batch's shared resource, looked up at its first record
+        self.span_count += len(spans)
+        kinds, ignored = self._kinds, self._ignored
+        low = min([s.start_time_unix_nano for s in spans])
+        if proc.min_start is None or low < proc.min_start:
+            proc.min_start = low
+        proc.max_end = max(proc.max_end, max([s.end_time_unix_nano for s in spans]))
+        root_ends = [s.end_time_unix_nano for s in spans if not s.parent_span_id]
+        if root_ends:
+            proc.max_end_root = max(proc.max_end_root, max(root_ends))
+        if maybe_cut:  # the rare line that may hold a span marked cut short
+            cut = {id(s) for s in spans if s.has_attributes() and s.attribute(SPAN_CUT_SHORT)}
+            child_ends = [
+                s.end_time_unix_nano for s in spans if s.parent_span_id and id(s) not in cut
+            ]
+            kept = [s for s in spans if s.name not in ignored or id(s) in cut]
+        else:
+            cut = set()
+            child_ends = [s.end_time_unix_nano for s in spans if s.parent_span_id]
+            kept = [s for s in spans if s.name not in ignored]  # and names not seen yet
+        if child_ends:
+            proc.max_end_child = max(proc.max_end_child, max(child_ends))
+        numbers, starts, ends = proc.iterations.arrays()
+        for span in kept:
+            kind = kinds.get(span.name)
+            if kind is None:
+                kind = self._kind(span.name)
+            if kind == _STRUCTURAL or id(span) in cut:
+                if shared is None:
+                    shared = self._shared(resource)
+                proc.records.add(span_fields(span), shared, path, number)
+                if kind in (_STRUCTURAL, _IGNORED):
                     continue
-                if kind == _WAIT:
+            if kind == _ITERATION:
+                # an iteration whose step raised (ERROR status) did not finish
+                # (an UNSET status is usually absent or {}: no call for it)
+                failed = span.status and span.status_code() == "ERROR"
+                if id(span) not in cut and not failed:
                     value = span.attribute(ITERATION)
-                    if value is not None and id(span) not in cut:
-                        proc.waits.append(
-                            int(value), span.start_time_unix_nano, span.end_time_unix_nano
-                        )
-                    continue
-                start, end = span.start_time_unix_nano, span.end_time_unix_nano
-                if kind in (_CHECKPOINT, _FINALIZE):
-                    proc.checkpoint_time.add(start, end)
-                if kind in (_FINALIZE, _FINALIZE_ONLY):
-                    proc.finalize_starts.append(start)
+                    if value is not None:
+                        numbers.append(int(value))
+                        starts.append(span.start_time_unix_nano)
+                        ends.append(span.end_time_unix_nano)
+                continue
+            if kind == _WAIT:
+                value = span.attribute(ITERATION)
+                if value is not None and id(span) not in cut:
+                    proc.waits.append(
+                        int(value), span.start_time_unix_nano, span.end_time_unix_nano
+                    )
+                continue
+            start, end = span.start_time_unix_nano, span.end_time_unix_nano
+            if kind in (_CHECKPOINT, _FINALIZE):
+                proc.checkpoint_time.add(start, end)
+            if kind in (_FINALIZE, _FINALIZE_ONLY):
+                proc.finalize_starts.append(start)
 
     def merge(self, other: TraceBuilder) -> TraceBuilder:
         """Add ``other``'s spans, as if its files were read after this one's; returns self."""
@@ -575,41 +623,9 @@ class TraceBuilder:
         return self
 
     def add(self, span: SpanRecord) -> None:
-        self.span_count += 1
-        proc = self._process
-        same_request = span["resource"] is self._resource and span["file"] is self._file
-        if proc is None or not same_request:
-            key = process_of(span)
-            proc = self._processes.get(key)
-            if proc is None:
-                proc = self._processes[key] = _Process(key[0], span["file"])
-            self._resource, self._file, self._process = span["resource"], span["file"], proc
-        start, end = span["start_ns"], span["end_ns"]
-        if proc.min_start is None or start < proc.min_start:
-            proc.min_start = start
-        proc.max_end = max(proc.max_end, end)
-        cut_short = is_cut_short(span)
-        if span["parent_id"] is None:
-            proc.max_end_root = max(proc.max_end_root, end)
-        elif not cut_short:
-            proc.max_end_child = max(proc.max_end_child, end)
-        name = span["name"]
-        if cut_short or _kept_name(name):
-            proc.records.append(span)
-        if name in (ITERATION_SPAN, GRAD_SYNC_FINISH_SPAN):
-            number = span["attributes"].get(ITERATION)
-            # an iteration whose step raised (ERROR status) did not finish
-            finished = not cut_short and not (
-                name == ITERATION_SPAN and span["status_code"] == "ERROR"
-            )
-            if number is not None and finished:
-                target = proc.iterations if name == ITERATION_SPAN else proc.waits
-                target.append(int(number), start, end)
-        elif name.startswith(CHECKPOINT_SPAN_PREFIX) and name not in STRUCTURAL_SPAN_NAMES:
-            if not name.startswith(CHECKPOINT_LOAD_SPAN):  # a load's children lie inside it
-                proc.checkpoint_time.add(start, end)
-            if name in _FINALIZE_NAMES:
-                proc.finalize_starts.append(start)
+        """Add one flat record (the trainer's tally hands its spans this way): the same path
+        as :meth:`add_line`, a batch of one."""
+        self._add_batch([_Flat(span)], span["resource"], span["file"], span["line"], True)
 
     def earliest_start(self) -> int | None:
         """The earliest start of any span added (None: no span)."""
