@@ -76,7 +76,7 @@ class WindowError(TraceInputError):
 
 
 class SpillError(TraceError, RuntimeError):
-    """What a read spills could not be written (or read back): a full or unwritable ``TMPDIR``."""
+    """What a read spilled could not be read back (a write that fails keeps it in memory)."""
 
 
 class MissingExtraError(TraceError):

@@ -200,22 +200,55 @@ class _FullDisk(io.BytesIO):
         raise OSError(errno.ENOSPC, "No space left on device")
 
 
-def test_check_on_a_full_tmpdir_says_so_and_names_the_variable(
+def test_check_on_a_full_tmpdir_goes_on_in_memory_and_says_so_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Exit 2 and one line naming TMPDIR, not a traceback; the trace is not touched."""
+    """The one spill policy (``_store/spill.py``): the same answer, one warning line naming
+    TMPDIR, not a traceback nor a refusal; the trace is not touched."""
+    from megatron.trace._store import spill
     from megatron.trace.cli.main import main
 
     (path,) = synthetic.write_per_step(tmp_path / "t.jsonl", synthetic.Shape(spans=2000))
     before = path.read_bytes()
+    assert main(["check", "--jobs", "1", str(path)]) == 0
+    expected = capsys.readouterr().out
+    monkeypatch.setattr(spill, "_UNWRITABLE", [])
     monkeypatch.setattr(span_ids, "SPILL_FROM_IDS", 100)
     monkeypatch.setattr(span_ids.tempfile, "TemporaryFile", lambda **_: _FullDisk())
-    assert main(["check", "--jobs", "1", str(path)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    assert main(["check", "--jobs", "1", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == expected
+    err = captured.err.strip().splitlines()
     assert len(err) == 1, err
-    assert err[0].startswith("megatron-trace check: error: cannot write the span ids")
+    assert err[0].startswith("megatron-trace: warning: cannot write temporary files in ")
     assert "No space left on device" in err[0] and "set TMPDIR" in err[0]
+    assert len(spill._UNWRITABLE) == 1  # tried once, then kept in memory
     assert path.read_bytes() == before
+
+
+def test_spilled_ids_come_back_when_a_later_write_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ids spilled by earlier merges are read back into memory when a later write fails,
+    none twice and none lost: the duplicates and missing parents are still exact."""
+    from megatron.trace._store import spill
+
+    (path,) = synthetic.write_per_step(tmp_path / "t.jsonl", synthetic.Shape(spans=6000))
+    expected = check.check_files([path], jobs=1).violations
+    monkeypatch.setattr(spill, "_UNWRITABLE", [])
+    monkeypatch.setattr(span_ids, "SPILL_FROM_IDS", 100)
+    real_add, calls = span_ids._Spill.add, []
+
+    def add_then_fail(self, ids):
+        calls.append(len(ids))
+        if len(calls) == 3:  # after two whole writes, a write that fails half-way
+            real_add(self, ids[: len(ids) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_add(self, ids)
+
+    monkeypatch.setattr(span_ids._Spill, "add", add_then_fail)
+    assert check.check_files([path], jobs=1).violations == expected
+    assert len(calls) == 3 and len(spill._UNWRITABLE) == 1
 
 
 @pytest.mark.parametrize("in_order", [True, False], ids=["in_order", "out_of_order"])

@@ -26,7 +26,6 @@ order.
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from array import array
 from collections.abc import Iterator, Sequence
@@ -35,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from megatron.trace._store import spill
 from megatron.trace.errors import SpillError
 
 __all__ = ["SPILL_FROM_IDS", "IdCollector", "IdSet", "SpillError", "parse_span_ids"]
@@ -154,18 +154,6 @@ def _partition_of(ids: np.ndarray) -> np.ndarray:
 _SPILL_CHUNK = 1 << 19
 
 
-@contextlib.contextmanager
-def _spilling() -> Iterator[None]:
-    try:
-        yield
-    except OSError as error:
-        raise SpillError(
-            f"cannot write the span ids to temporary files in {tempfile.gettempdir()}: "
-            f"{error.strerror or error}; set TMPDIR to a directory with room for 8 bytes "
-            "a span"
-        ) from error
-
-
 class _Spill:
     """Ids spread by :func:`_partition_of` over anonymous temporary files, one per
     partition: a duplicate or a parent always falls in the same partition as the id
@@ -175,16 +163,15 @@ class _Spill:
 
     def __init__(self) -> None:
         self.files: list[Any] = []  # closed by close(), or when the set is dropped
-        with _spilling():
-            for _ in range(1 << _PARTITION_BITS):
-                file = tempfile.TemporaryFile(prefix="megatron-trace-ids-")  # noqa: SIM115
-                self.files.append(file)
+        self.counts = [0] * (1 << _PARTITION_BITS)  # ids each file holds from whole adds
+        for _ in range(1 << _PARTITION_BITS):  # (an OSError: the caller keeps them in memory)
+            file = tempfile.TemporaryFile(prefix="megatron-trace-ids-")  # noqa: SIM115
+            self.files.append(file)
 
     def add(self, ids: np.ndarray) -> None:
-        with _spilling():
-            self._add(ids)
-
-    def _add(self, ids: np.ndarray) -> None:
+        """Spread ``ids`` over the files, all or none: on an ``OSError`` none of them
+        counts as held (what was written of them is never read back)."""
+        held = list(self.counts)
         for start in range(0, len(ids), _SPILL_CHUNK):
             chunk = ids[start : start + _SPILL_CHUNK]
             partitions = _partition_of(chunk)
@@ -195,15 +182,21 @@ class _Spill:
                 if count:
                     file.write(spread[at : at + count])  # its bytes, not a copy
                     at += count
+            held = [before + count for before, count in zip(held, counts, strict=True)]
+        for file in self.files:
+            file.flush()  # (a full disk says so here, not at a later read)
+        self.counts = held
 
     def partitions(self) -> Iterator[np.ndarray]:
         """Each partition's ids, sorted (read one at a time)."""
-        for file in self.files:
-            with _spilling():
-                file.flush()
-                file.seek(0)
-                ids = np.fromfile(file, dtype=np.uint64)
-                file.seek(0, 2)  # appending again, should more be merged
+        for file, count in zip(self.files, self.counts, strict=True):
+            if not count:
+                yield np.empty(0, dtype=np.uint64)
+                continue
+            file.flush()
+            file.seek(0)
+            ids = np.fromfile(file, dtype=np.uint64, count=count)
+            file.seek(0, 2)  # appending again, should more be merged
             ids.sort()
             yield ids
 
@@ -269,15 +262,40 @@ class IdSet:
         self.__init__(*state)  # type: ignore[misc]
 
     def _take(self, ids: array | np.ndarray) -> None:
-        if self._spill is None and len(self._ids) + len(ids) < SPILL_FROM_IDS:
+        if self._spill is None and (
+            len(self._ids) + len(ids) < SPILL_FROM_IDS or not spill.writable()
+        ):
             self._ids.frombytes(memoryview(ids).cast("B"))  # either's bytes, copied once
             return
+        try:
+            if self._spill is None:
+                self._spill = _Spill()
+            if len(self._ids):
+                self._spill.add(_as_ints(self._ids))
+                self._ids = array("Q")
+            self._spill.add(_as_ints(ids))
+        except OSError as error:  # the one spill policy (spill.py): go on in memory
+            spill.unwritable(error)
+            self._unspill()
+            self._ids.frombytes(memoryview(ids).cast("B"))
+
+    def _unspill(self) -> None:
+        """Bring what was spilled back into memory (what a failed write left is read back:
+        the ids written so far and not yet taken out are still in the buffer)."""
         if self._spill is None:
-            self._spill = _Spill()
-        if len(self._ids):
-            self._spill.add(_as_ints(self._ids))
-            self._ids = array("Q")
-        self._spill.add(_as_ints(ids))
+            return
+        try:
+            for spilled in self._spill.partitions():
+                self._ids.frombytes(memoryview(spilled).cast("B"))
+        except OSError as error:  # not even read back: the answers cannot be exact
+            raise SpillError(
+                f"cannot read back the span ids spilled to {tempfile.gettempdir()}: "
+                f"{error.strerror or error}; set TMPDIR to a directory with room for 8 "
+                "bytes a span"
+            ) from error
+        finally:
+            self._spill.close()
+            self._spill = None
 
     def close(self) -> None:
         """Give back the files of spilled ids (the answers found stay)."""

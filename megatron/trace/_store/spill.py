@@ -13,13 +13,20 @@ processes forked from the one that wrote it (the export's workers) read it too;
 a process writes only to a file of its own (:func:`store` checks the pid).
 The file is held weakly here and strongly by its blocks: it closes, and its
 disk space is freed, with the last block of a read, so a long-lived process
-that reads trace after trace does not pile files up. Where no temporary file
-can be written (``TMPDIR`` read-only or full), or there is no positioned I/O
-(not POSIX), :func:`write` says so once and the caller keeps its data in memory.
+that reads trace after trace does not pile files up.
+
+The one spill policy of a read (the iteration columns, the record log, the
+JSON columns and ``check``'s span ids alike): where no temporary file can be
+written (``TMPDIR`` read-only or full), or there is no positioned I/O (not
+POSIX), the read goes on with its data in memory, as for a small trace, and
+says so once (:func:`unwritable`: one warning line naming ``TMPDIR``). A
+read is never refused for want of a temporary file; it may then need more
+memory.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import threading
@@ -27,7 +34,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Store", "store", "write"]
+__all__ = ["Store", "store", "unwritable", "writable", "write"]
 
 
 class Store:
@@ -84,6 +91,27 @@ def store() -> Store:
         return current
 
 
+_logger = logging.getLogger("megatron.trace")
+
+
+def writable() -> bool:
+    """Whether a read may still try to spill (no temporary file has failed it yet)."""
+    return not _UNWRITABLE
+
+
+def unwritable(error: OSError) -> None:
+    """Record that temporary files cannot be written here; warn once, naming ``TMPDIR``."""
+    first = not _UNWRITABLE
+    _UNWRITABLE.append(error)
+    if first:
+        _logger.warning(
+            "megatron-trace: warning: cannot write temporary files in %s (%s): keeping the "
+            "read in memory; set TMPDIR to a writable directory with room to bound it",
+            tempfile.gettempdir(),
+            error.strerror or error,
+        )
+
+
 def write(buffers: Sequence[Any]) -> tuple[Store, int] | None:
     """Write the buffers to this process's store: the store and where they begin, or
     None when nothing can be written here (tried once: then the data stays in memory)."""
@@ -93,5 +121,5 @@ def write(buffers: Sequence[Any]) -> tuple[Store, int] | None:
         current = store()
         return current, current.write(buffers)
     except OSError as error:  # no room for a temporary file
-        _UNWRITABLE.append(error)
+        unwritable(error)
         return None

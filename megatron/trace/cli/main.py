@@ -18,11 +18,13 @@ input); 2 for a file the system will not let us read, likewise; 141
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from megatron.trace.errors import TraceError
 from megatron.trace.otlp.reader import paused_gc
@@ -60,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(chosen)
     args = parser.parse_args(words)
     try:
-        with paused_gc():  # a command's data holds no cycles: see paused_gc
+        with paused_gc(), _warnings_to_stderr():  # (a command's data holds no cycles)
             status = int(args.func(args))
         sys.stdout.flush()  # here, so a reader that went away is caught below
         return status
@@ -73,6 +75,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(args.command, str(error), error.exit_code)
     except OSError as error:  # a trace file the system will not let us read
         return _fail(args.command, f"cannot read {error.filename}: {error.strerror}", 2)
+
+
+@contextlib.contextmanager
+def _warnings_to_stderr() -> Iterator[None]:
+    """The library's warnings (``logging.getLogger("megatron.trace")``: a spill that stayed
+    in memory, say) as the lines they are, on the stderr of this command."""
+    logger = logging.getLogger("megatron.trace")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 def _fail(command: str, message: str, status: int) -> int:
