@@ -140,3 +140,56 @@ def test_an_import_of_a_higher_room_is_found(
     path.write_text(source)
     (violation,) = _violations(root)
     assert f"imports {expected}" in violation
+
+
+def _module_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports anywhere (for types, in functions too)."""
+    names = {
+        ".".join(path.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
+        for path in root.rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        module = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        module = module.removesuffix(".__init__")
+        found = set()
+        for _, name in _imports(path, root):
+            while name and name not in names:  # ``from pkg import name``: pkg's module
+                name = name.rpartition(".")[0]
+            if name and name != module and name not in ("megatron", "megatron.trace"):
+                found.add(name)
+        graph[module] = found
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found = []
+    for start in sorted(graph):
+        stack, seen = [(start, [start])], {start}
+        while stack:
+            node, path = stack.pop()
+            for target in sorted(graph.get(node, ())):
+                if target == start:
+                    found.append(path)
+                elif target not in seen:
+                    seen.add(target)
+                    stack.append((target, [*path, target]))
+    return found
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    # not even for types only: a cycle means the two are one concept, or a layer is wrong
+    assert _cycles(_module_graph(SOURCE)) == []
+
+
+def test_a_type_only_cycle_is_found(tmp_path: Path) -> None:
+    root = tmp_path / "megatron"
+    (root / "trace" / "model").mkdir(parents=True)
+    (root / "trace" / "model" / "a.py").write_text("from megatron.trace.model import b\n")
+    (root / "trace" / "model" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import X\n"
+    )
+    assert _cycles(_module_graph(root)) == [
+        ["megatron.trace.model.a", "megatron.trace.model.b"],
+        ["megatron.trace.model.b", "megatron.trace.model.a"],
+    ]

@@ -38,7 +38,7 @@ from megatron.trace.semconv import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from megatron.trace.model.trace import Incarnation
+    from megatron.trace._store.columns import Iterations
     from megatron.trace.otlp.records import SpanRecord
 
 __all__ = ["IntervalFacts", "derive"]
@@ -57,8 +57,17 @@ class IntervalFacts(NamedTuple):
     derived: bool
 
 
-def derive(inc: Incarnation, *, last_closed_by_reroot: bool = False) -> list[IntervalFacts]:
-    """The facts of ``inc.intervals`` (in start order), one per interval.
+def derive(
+    intervals: Sequence[SpanRecord],
+    iterations: Iterations,
+    saves: Sequence[SpanRecord],
+    resumed_from: int | None,
+    *,
+    last_closed_by_reroot: bool = False,
+) -> list[IntervalFacts]:
+    """The facts of an incarnation's ``intervals`` (in start order), one per interval, from
+    their attributes, else from its finished ``iterations``, its checkpoint ``saves`` and
+    the iteration it ``resumed_from``.
 
     ``last_closed_by_reroot``: the last interval in the file was followed by
     another (lost to a kill), so it too is full length.
@@ -71,7 +80,7 @@ def derive(inc: Incarnation, *, last_closed_by_reroot: bool = False) -> list[Int
     ordered = False
     save_starts: list[int] | None = None
     previous_last: int | None = None
-    for position, interval in enumerate(inc.intervals):
+    for position, interval in enumerate(intervals):
         attributes = interval["attributes"]
         first = attributes.get(INTERVAL_FIRST_ITERATION)
         last = attributes.get(INTERVAL_LAST_ITERATION)
@@ -79,14 +88,14 @@ def derive(inc: Incarnation, *, last_closed_by_reroot: bool = False) -> list[Int
         if derived:
             lo, hi = interval["start_ns"], interval["end_ns"]
             if numbers is None:
-                ordered = inc.iterations.in_start_order()
-                numbers, starts = inc.iterations.numbers, inc.iterations.starts
+                ordered = iterations.in_start_order()
+                numbers, starts = iterations.numbers, iterations.starts
             inside = _numbers_inside(numbers, starts, ordered, lo, hi)
             if first is None:
                 if inside:
                     first = min(inside)
                 elif position == 0:
-                    first = inc.resumed_from
+                    first = resumed_from
                 elif previous_last is not None:
                     first = previous_last + 1
             if last is None:
@@ -94,8 +103,8 @@ def derive(inc: Incarnation, *, last_closed_by_reroot: bool = False) -> list[Int
                     last = max(inside)
                 else:
                     if save_starts is None:
-                        save_starts = [save["start_ns"] for save in inc.saves]
-                    saved = _saved_inside(inc.saves, save_starts, lo, hi)
+                        save_starts = [save["start_ns"] for save in saves]
+                    saved = _saved_inside(saves, save_starts, lo, hi)
                     if saved:
                         last = max(saved) - 1
         index = attributes.get(INTERVAL_INDEX)
@@ -139,7 +148,9 @@ def _numbers_inside(
     return [n for n, s in zip(numbers, starts, strict=True) if lo <= s < hi]
 
 
-def _saved_inside(saves: list[SpanRecord], save_starts: list[int], lo: int, hi: int) -> list[int]:
+def _saved_inside(
+    saves: Sequence[SpanRecord], save_starts: list[int], lo: int, hi: int
+) -> list[int]:
     """The iterations of the saves that started in ``[lo, hi)`` (they are in start order:
     found by bisection, not by a scan of every save for every interval)."""
     within = saves[bisect.bisect_left(save_starts, lo) : bisect.bisect_left(save_starts, hi)]

@@ -216,7 +216,13 @@ class Incarnation:
         when first asked for: with thousands of intervals that is a tenth of a read,
         and only the goodput accounting and the pictures ask."""
         if self._facts is None:
-            self._facts = intervals.derive(self, last_closed_by_reroot=self._facts_rerooted)
+            self._facts = intervals.derive(
+                self.intervals,
+                self.iterations,
+                self.saves,
+                self.resumed_from,
+                last_closed_by_reroot=self._facts_rerooted,
+            )
         return self._facts
 
     @interval_facts.setter
