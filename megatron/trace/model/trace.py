@@ -35,20 +35,29 @@ everything else as running aggregates.
 A million-span file therefore costs a few tens of MB, whatever its size on
 disk.
 
-A process killed by SIGKILL leaves no trace of its in-flight interval; the
-spans that interval's finished children wrote then end later than any root
-span the process wrote (in every other case a child ends inside its root).
-That is how :attr:`Incarnation.ended` tells ``"killed"`` apart; so does a last
-interval whose ``megatron.interval.rerooted`` is true (a reroot closed it, so
-the interval that followed was lost), which catches a kill that left no
-finished child behind. A kill before the first interval opened, with no
-finished child written, still looks like a clean end.
+How an incarnation ended (:attr:`Incarnation.ended`; this is the one
+statement of the rule, the report, ``check``, the timeline and the README
+refer to it):
 
-Every other ending is written down by the lifecycle: its ``shutdown`` marks
-the spans it ends with ``megatron.shutdown.reason`` (``exception``,
-``interrupt``, ``signal``) and ``error.type``, read back as ``"failed"``,
-``"interrupted"`` and ``"cut_short"``. An iteration span with ERROR status
-(the step raised, or was interrupted) did not finish, like a cut-short one.
+* ``"shutdown"``: telemetry shut down normally (no mark below).
+* ``"failed"``, ``"interrupted"``, ``"cut_short"``: the lifecycle's
+  ``shutdown`` marked the spans it ended with ``megatron.shutdown.reason``
+  ``exception`` (an uncaught exception), ``interrupt`` (SIGINT: a
+  ``KeyboardInterrupt``) or ``signal`` (SIGTERM, SIGHUP), and ``error.type``
+  (the exception's class or the signal's name); ``"cut_short"`` too when a
+  span was still open at shutdown (``megatron.span.cut_short``).
+* ``"killed"``: SIGKILL leaves no trace of the in-flight interval; the spans
+  its finished children wrote then end later than any root span the process
+  wrote (in every other case a child ends inside its root), or its last
+  interval says ``megatron.interval.rerooted`` true (a reroot closed it, so
+  the interval that followed was lost), which catches a kill that left no
+  finished child behind. A kill before the first interval opened, with no
+  finished child written, still looks like a clean end.
+* ``"running"``: set by :func:`megatron.trace.analysis.liveness.judge`, not
+  here: not seen to end, and its newest record is recent (that module's rule).
+
+An iteration span with ERROR status (the step raised, or was interrupted)
+did not finish, like a cut-short one.
 """
 
 from __future__ import annotations
@@ -155,14 +164,10 @@ def _kept_name(name: str) -> bool:
 class Incarnation:
     """One ``pretrain()`` of one rank.
 
-    ``ended`` is ``"shutdown"`` (telemetry shut down normally), ``"failed"``
-    (an uncaught exception; ``error_type`` names its class), ``"interrupted"``
-    (SIGINT: a ``KeyboardInterrupt``), ``"cut_short"`` (SIGTERM or SIGHUP,
-    ``error_type`` names it; or spans still open at shutdown), ``"killed"``
-    (SIGKILL: in-flight interval missing) or, once
-    :mod:`megatron.trace.analysis.liveness` has judged the trace, ``"running"`` (still
-    alive: its newest record, at ``as_of_ns``, is recent and it has not shut
-    down; ``in_flight`` is the open stretch the file cannot show yet). ``intervals``,
+    ``ended`` is how it ended (the module docstring's rule); once
+    :mod:`megatron.trace.analysis.liveness` has judged a running one, ``as_of_ns`` is
+    the time of its newest record and ``in_flight`` the open stretch the file cannot
+    show yet. ``intervals``,
     ``saves``, ``loads``, ``evaluations``, ``launch`` and ``pre_startup`` are
     sequences of the reader's :class:`~megatron.trace.otlp.records.SpanRecord`
     in start order (read from a file: views of the process's
