@@ -262,9 +262,9 @@ def test_each_rank_is_judged_on_its_own(tmp_path: Path) -> None:
     g.beat(zero, 50, rank=0, pid=100)
     g.beat(one, 20, rank=1, pid=110)  # rank 1's last beat is 35 s old at 55 s
     trace_report = report_files([zero, one], at(55))
-    assert [(i["rank"], i["ended"]) for i in trace_report["incarnations"]] == [("0", "running")]
+    assert [(i["rank"], i["ended"]) for i in trace_report["incarnations"]] == [(0, "running")]
     assert trace_report["running"]
-    assert [r["rank"] for r in trace_report["ranks"]] == ["0", "1"]
+    assert [r["rank"] for r in trace_report["ranks"]] == [0, 1]
     result = check_files([one, zero], at(55))
     assert sorted(note.split(":")[0] for note in result.notes) == ["killed", "running"]
     assert "rank 1 incarnation 0: its in-flight interval is missing" in " ".join(result.notes)

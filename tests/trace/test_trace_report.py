@@ -30,7 +30,7 @@ def test_clean_run(tmp_path: Path) -> None:
     assert report["wasted_iterations"] == 0
     (inc,) = report["incarnations"]
     assert inc | {"start_s": 0} == {
-        "rank": "0",
+        "rank": 0,
         "index": 0,
         "ended": "shutdown",
         "error_type": None,
@@ -287,9 +287,9 @@ def test_several_ranks(tmp_path: Path) -> None:
     one = g.write(tmp_path / "r1.jsonl", g.lifecycle(0, kill_after=1), rank=1)
     report = report_files([one, zero])
     assert_accounted(report)
-    assert report["rank"] == "0"
+    assert report["rank"] == 0
     assert report["wall_s"] == 8.75
-    assert [(r["rank"], r["wasted_iterations"]) for r in report["ranks"]] == [("0", 0), ("1", 1)]
+    assert [(r["rank"], r["wasted_iterations"]) for r in report["ranks"]] == [(0, 0), (1, 1)]
 
 
 def test_cli_json_is_the_last_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -48,7 +48,7 @@ def test_several_ranks_with_a_straggler(tmp_path: Path, capsys) -> None:
     one = g.write(tmp_path / "r1.jsonl", g.with_waits(steady, 0.0), rank=1)
     report = _json_report(capsys, str(zero), str(one))
     assert_schema(report)
-    assert [entry["rank"] for entry in report["ranks"]] == ["0", "1"]
+    assert [entry["rank"] for entry in report["ranks"]] == [0, 1]
     assert report["stragglers"] is not None
 
 

@@ -35,7 +35,7 @@ def two_ranks(tmp_path: Path, rank0: list[dict], rank1: list[dict]) -> dict:
     return report
 
 
-def by_rank(report: dict) -> dict[str, dict]:
+def by_rank(report: dict) -> dict[int, dict]:
     return {entry["rank"]: entry for entry in report["ranks"]}
 
 
@@ -49,8 +49,8 @@ def test_the_slow_rank_is_named_with_its_score_and_the_time_it_cost(tmp_path: Pa
     # Every iteration lasts 1 s on both ranks; rank 0 waits 0.6 s of it, rank 1 0.1 s.
     report = two_ranks(tmp_path, long_run(0.6), long_run(0.1))
     ranks = by_rank(report)
-    assert ranks["0"] | {"wall_s": 0} == {
-        "rank": "0",
+    assert ranks[0] | {"wall_s": 0} == {
+        "rank": 0,
         "wall_s": 0,
         "goodput_s": 12.0,
         "goodput_fraction": round(12 / 15, 6),
@@ -61,10 +61,10 @@ def test_the_slow_rank_is_named_with_its_score_and_the_time_it_cost(tmp_path: Pa
         "score": 1.0,
         "straggler": False,
     }
-    assert (ranks["1"]["work_ms_median"], ranks["1"]["wait_ms_median"]) == (900.0, 100.0)
-    assert ranks["1"]["score"] == round(400 / 900, 3)
-    assert ranks["1"]["straggler"] is True
-    assert report["stragglers"] == {"rule": STRAGGLER_RULE, "ranks": ["1"]}
+    assert (ranks[1]["work_ms_median"], ranks[1]["wait_ms_median"]) == (900.0, 100.0)
+    assert ranks[1]["score"] == round(400 / 900, 3)
+    assert ranks[1]["straggler"] is True
+    assert report["stragglers"] == {"rule": STRAGGLER_RULE, "ranks": [1]}
     # iterations 2-11: the first two are warm-up
     assert report["straggler_s"] == pytest.approx(10 * 0.5)
     assert not [note for note in report["not_computed"] if note.startswith("stragglers")]
@@ -74,7 +74,7 @@ def test_balanced_ranks_name_no_straggler(tmp_path: Path) -> None:
     report = two_ranks(tmp_path, long_run(0.12), long_run(0.1))
     assert report["stragglers"] == {"rule": STRAGGLER_RULE, "ranks": []}
     assert [r["straggler"] for r in report["ranks"]] == [False, False]
-    assert by_rank(report)["1"]["score"] == round(0.88 / 0.9, 3)
+    assert by_rank(report)[1]["score"] == round(0.88 / 0.9, 3)
     assert report["straggler_s"] == pytest.approx(10 * 0.02)
 
 
@@ -121,13 +121,13 @@ def test_a_hang_is_badput_from_the_last_progress_and_the_stopped_rank_is_the_cul
             "span": "megatron.train.iteration",
             "frame": frame,
             "stalled_s": 4.0,
-            "detected_after_s": 1.0 if rank == "0" else 1.01,
-            "waiting": rank == "0",
-            "culprit": rank == "1",
+            "detected_after_s": 1.0 if rank == 0 else 1.01,
+            "waiting": rank == 0,
+            "culprit": rank == 1,
         }
         for rank, frame in (
-            ("0", "/x/torch/autograd/graph.py:979 in _engine_run_backward"),
-            ("1", "/x/fault_injection.py:70 in _hang"),
+            (0, "/x/torch/autograd/graph.py:979 in _engine_run_backward"),
+            (1, "/x/fault_injection.py:70 in _hang"),
         )
     ]
     assert PRECEDENCE[0] == "hang"
@@ -161,7 +161,7 @@ def test_a_stall_that_recovered_is_no_hang(tmp_path: Path) -> None:
     assert report["badput_s"]["hang"] == 0.0
     assert report["hangs"] == []
     assert report["recovered_stalls"] == [
-        {"rank": "0", "incarnation": 0, "iteration": 3, "stalled_s": 1.75}
+        {"rank": 0, "incarnation": 0, "iteration": 3, "stalled_s": 1.75}
     ]
 
 

@@ -238,7 +238,7 @@ def test_lines_with_several_resources_and_scopes_as_a_collector_writes(tmp_path,
     assert read.check_status == 0, read.check_lines
     assert read.check_lines[-1].endswith(" 4 incarnations on 2 ranks, 0 violations")
     wasted = [(r["rank"], r["wasted_iterations"]) for r in read.report["ranks"]]
-    assert wasted == [("0", 5), ("1", 5)]
+    assert wasted == [(0, 5), (1, 5)]
     assert incarnations(read.report) == [("killed", 0, 24), ("shutdown", 20, 39)]
     assert_whole_export(read)
     threads = chrome_helpers.names(read.chrome, "thread_name")

@@ -80,16 +80,16 @@ def test_the_slowed_rank_is_the_straggler_with_its_slowdown_as_the_score(trainin
     _run(cli, {"MEGATRON_TEST_ITERATION_SLEEP": str(SLEEP_S)})
     report, text = _report(cli, capsys)
     ranks = {entry["rank"]: entry for entry in report["ranks"]}
-    assert (ranks["0"]["straggler"], ranks["1"]["straggler"]) == (False, True)
-    assert report["stragglers"]["ranks"] == ["1"]
+    assert (ranks[0]["straggler"], ranks[1]["straggler"]) == (False, True)
+    assert report["stragglers"]["ranks"] == [1]
     # Both ranks' iterations last as long (the all-reduce waits for rank 1) ...
     assert report["iterations"]["median_ms"] > 1000 * SLEEP_S
     # ... but rank 0 spends the 30 ms waiting, and rank 1 working.
-    work0, work1 = ranks["0"]["work_ms_median"], ranks["1"]["work_ms_median"]
+    work0, work1 = ranks[0]["work_ms_median"], ranks[1]["work_ms_median"]
     assert 0.7 * 1000 * SLEEP_S < work1 - work0 < 1.5 * 1000 * SLEEP_S
-    assert ranks["0"]["wait_ms_median"] > 0.7 * 1000 * SLEEP_S > ranks["1"]["wait_ms_median"]
-    assert ranks["0"]["score"] == 1.0
-    assert ranks["1"]["score"] == pytest.approx(work0 / work1, abs=0.002)
+    assert ranks[0]["wait_ms_median"] > 0.7 * 1000 * SLEEP_S > ranks[1]["wait_ms_median"]
+    assert ranks[0]["score"] == 1.0
+    assert ranks[1]["score"] == pytest.approx(work0 / work1, abs=0.002)
     # the job time lost: about 30 ms for each iteration after the two of warm-up
     assert report["straggler_s"] == pytest.approx((ITERATIONS - 2) * SLEEP_S, rel=0.3)
     assert "stragglers: rank 1  (rule: score < 0.75" in text
@@ -152,10 +152,10 @@ def test_a_hung_rank_is_caught_named_and_accounted(training_cli, capsys):
     assert trace_main(["check", str(cli.cwd / "ckpt/telemetry/traces.jsonl")]) == 0
     report, text = _report(cli, capsys)
     entries = {entry["rank"]: entry for entry in report["hangs"]}
-    assert sorted(entries) == ["0", "1"]
-    assert entries["1"]["culprit"] and not entries["0"]["culprit"]
-    assert entries["1"]["frame"].endswith("in _hang")  # rank 1 stopped in its own forward step
-    assert entries["0"]["span"] == "megatron.grad_sync.finish"  # rank 0 waited for it
+    assert sorted(entries) == [0, 1]
+    assert entries[1]["culprit"] and not entries[0]["culprit"]
+    assert entries[1]["frame"].endswith("in _hang")  # rank 1 stopped in its own forward step
+    assert entries[0]["span"] == "megatron.grad_sync.finish"  # rank 0 waited for it
     assert {e["last_iteration"] for e in entries.values()} == {4}
     assert {e["iteration"] for e in entries.values()} == {5}
     # hang badput: from the last progress to the SIGTERM, as the job lived it
@@ -163,6 +163,6 @@ def test_a_hung_rank_is_caught_named_and_accounted(training_cli, capsys):
     stalled_s = (terminated_ns - last_progress) / 1e9
     assert stalled_s > 1.5
     assert report["badput_s"]["hang"] == pytest.approx(stalled_s, abs=0.5)
-    assert entries["0"]["stalled_s"] == pytest.approx(stalled_s, abs=0.5)
+    assert entries[0]["stalled_s"] == pytest.approx(stalled_s, abs=0.5)
     assert "(culprit, stopped in its own work; ended cut_short)" in text
     assert [inc["ended"] for inc in report["incarnations"]] == ["cut_short"]

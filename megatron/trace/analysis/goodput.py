@@ -70,7 +70,7 @@ from megatron.trace.analysis.liveness import Clock, Liveness, judge, utc_text
 from megatron.trace.analysis.report import IterationStats, Report
 from megatron.trace.analysis.stragglers import find_stragglers
 from megatron.trace.errors import NoSpansError
-from megatron.trace.model.trace import Incarnation, Trace, load_trace
+from megatron.trace.model.trace import Incarnation, Trace, load_trace, rank_value
 from megatron.trace.semconv import (
     BADPUT_CATEGORIES,
     CHECKPOINT_LOAD_SPAN,
@@ -382,7 +382,7 @@ def _iteration_stats(incs: list[Incarnation]) -> IterationStats | None:
 def _incarnation_entry(inc: Incarnation, wall_start: int, waste: dict[str, Any]) -> dict:
     startup = inc.startup
     return {
-        "rank": inc.rank,
+        "rank": rank_value(inc.rank),
         "index": inc.index,
         "ended": inc.ended,
         "error_type": inc.error_type,
@@ -507,10 +507,10 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> Report:
             for inc, waste in zip(incs, accounting["per_incarnation"], strict=True)
         ],
         "iterations": iterations,
-        "rank": job_rank,
+        "rank": rank_value(job_rank),
         "ranks": [
             {
-                "rank": rank,
+                "rank": rank_value(rank),
                 "wall_s": _seconds(acc["wall_ns"]),
                 "goodput_s": _seconds(acc["totals_ns"][Category.GOODPUT]),
                 "goodput_fraction": round(acc["totals_ns"][Category.GOODPUT] / acc["wall_ns"], 6)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from megatron.trace.model.trace import Incarnation, Trace
+from megatron.trace.model.trace import Incarnation, Trace, rank_value
 from megatron.trace.otlp.records import SpanRecord
 from megatron.trace.semconv import (
     HANG_FRAME,
@@ -87,7 +87,7 @@ def hang_entries(trace: Trace) -> list[dict[str, Any]]:
 def _entry(hang: Hang) -> dict[str, Any]:
     attributes = hang.record["attributes"]
     return {
-        "rank": hang.inc.rank,
+        "rank": rank_value(hang.inc.rank),
         "incarnation": hang.inc.index,
         "ended": hang.inc.ended,
         "last_iteration": attributes.get(HANG_LAST_ITERATION),
@@ -109,7 +109,7 @@ def recovered_stalls(trace: Trace) -> list[dict[str, Any]]:
             for recovery in inc.recoveries:
                 found.append(
                     {
-                        "rank": inc.rank,
+                        "rank": rank_value(inc.rank),
                         "incarnation": inc.index,
                         "iteration": recovery["attributes"].get(ITERATION),
                         "stalled_s": recovery["attributes"].get(HANG_STALLED_S),

@@ -40,7 +40,7 @@ Ended = Literal["shutdown", "failed", "interrupted", "cut_short", "killed", "run
 class IncarnationEntry(TypedDict):
     """One incarnation (one process's ``pretrain()``) of the job rank."""
 
-    rank: str
+    rank: int | str
     index: int
     ended: Ended
     error_type: str | None
@@ -84,7 +84,7 @@ class IterationStats(TypedDict):
 class RankEntry(TypedDict):
     """One rank's own accounting, and its straggler figures (``None`` when not computed)."""
 
-    rank: str
+    rank: int | str
     wall_s: float
     goodput_s: float
     goodput_fraction: float
@@ -98,13 +98,13 @@ class RankEntry(TypedDict):
 
 class StragglerSummary(TypedDict):
     rule: str
-    ranks: list[str]
+    ranks: list[int | str]
 
 
 class HangEntry(TypedDict):
     """An incarnation that stopped making progress for good, on one rank."""
 
-    rank: str
+    rank: int | str
     incarnation: int
     ended: Ended
     last_iteration: int | None
@@ -118,7 +118,7 @@ class HangEntry(TypedDict):
 
 
 class RecoveredStall(TypedDict):
-    rank: str
+    rank: int | str
     incarnation: int
     iteration: int | None
     stalled_s: float | None
@@ -159,7 +159,7 @@ class Report(_WhenJudged):
     wasted_iterations: int | None
     incarnations: list[IncarnationEntry]
     iterations: IterationStats | None
-    rank: str
+    rank: int | str
     ranks: list[RankEntry]
     stragglers: StragglerSummary | None
     straggler_s: float | None

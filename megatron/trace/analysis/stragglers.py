@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from megatron.trace._store.selection import median
-from megatron.trace.model.trace import Incarnation, Trace
+from megatron.trace.model.trace import Incarnation, Trace, rank_value
 from megatron.trace.semconv import GRAD_SYNC_FINISH_SPAN, ITERATION_SPAN
 
 __all__ = [
@@ -111,7 +111,7 @@ class Stragglers:
         """The report's top-level ``stragglers``: the rule and the ranks it flags."""
         if not self.ranks:
             return None
-        return {"rule": STRAGGLER_RULE, "ranks": self.flagged}
+        return {"rule": STRAGGLER_RULE, "ranks": [rank_value(rank) for rank in self.flagged]}
 
 
 def iteration_work(inc: Incarnation) -> tuple[Any, Any, Any, Any]:

@@ -667,6 +667,12 @@ def _rank_sort_key(rank: str) -> tuple[int, int | str]:
     return (0, int(rank)) if rank.isdigit() else (1, rank)
 
 
+def rank_value(rank: str) -> int | str:
+    """A rank as the report writes it: the integer ``dl.rank`` gave, or (a resource without
+    one) the instance id or file name the model named it by."""
+    return int(rank) if rank.isdigit() else rank
+
+
 def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], list[Incarnation]]:
     """One incarnation per ``megatron.startup`` of the process (at least one), and the
     boundaries they were split at (:func:`slot_of`).

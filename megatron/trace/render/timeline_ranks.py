@@ -97,7 +97,7 @@ def ranks_figure(series: list[RankSeries], report: dict[str, Any] | None) -> Any
     """The panel (plotly figure): work per iteration per rank, iteration time dotted."""
     import plotly.graph_objects as go
 
-    entries = {entry["rank"]: entry for entry in (report or {}).get("ranks", [])}
+    entries = {str(entry["rank"]): entry for entry in (report or {}).get("ranks", [])}
     fig = go.Figure()
     for position, one in enumerate(series):
         colour = _RANK_COLOURS[position % len(_RANK_COLOURS)]
