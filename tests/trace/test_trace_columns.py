@@ -138,6 +138,7 @@ def _figures(path: Path, jobs: int, executor: Executor | None) -> tuple:
     )
 
 
+@pytest.mark.needs_extras  # the report is compared with the timeline drawn (plotly)
 @pytest.mark.parametrize("how", ["here", "forked", "threads"])
 def test_reports_on_spilled_columns_equal_those_in_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str

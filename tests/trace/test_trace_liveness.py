@@ -198,8 +198,8 @@ def test_check_says_running_then_killed(tmp_path: Path, capsys: pytest.CaptureFi
     assert capsys.readouterr().out.startswith("killed: rank 0 incarnation 0: its in-flight")
 
 
+@pytest.mark.needs_extras  # the timeline draws with plotly
 def test_timeline_and_export_say_running(tmp_path: Path) -> None:
-    pytest.importorskip("plotly")
     path = killed_looking(tmp_path, iterations=False)
     g.beat(path, 10, 20)
     tl = timeline.collect(span_source([path]), [str(path)], at(21))

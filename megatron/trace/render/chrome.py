@@ -35,6 +35,7 @@ standard library's ``json`` without it).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 from collections.abc import Iterable, Sequence
@@ -52,7 +53,7 @@ __all__ = ["ChromePart", "ChromeWriter", "micros"]
 
 try:
     import msgspec
-except ImportError:  # pragma: no cover - the fallback's own test runs without it
+except ImportError:  # tox -e noextras runs without it
     msgspec = None  # type: ignore[assignment]
 
 
@@ -64,6 +65,22 @@ def micros(ns: int) -> str:
 
 
 _FRACTIONS = [b".%03d" % n for n in range(1000)]
+# One span as a complete event: (name, type[, default]) in the order written, the one
+# definition of both encoders' event (msgspec's struct, or the standard library's).
+_COMPLETE_FIELDS: list[tuple[Any, ...]] = [
+    ("ts", Any),
+    ("dur", Any),
+    ("name", str),
+    ("pid", int),
+    ("tid", int),
+    ("args", dict),
+    ("ph", str),
+    ("cat", str),
+    ("bind_id", int | None, None),
+    ("flow_in", bool, False),
+    ("flow_out", bool, False),
+]
+_REQUIRED = object()
 
 if msgspec is not None:
     _encode = msgspec.json.Encoder().encode
@@ -77,25 +94,13 @@ if msgspec is not None:
         fractions, raw = _FRACTIONS, _Raw
         return [raw(b"%d" % (ns // 1000) + fractions[ns % 1000]) for ns in values]
 
-    class _Complete(msgspec.Struct, gc=False, omit_defaults=True):
-        """One span as a complete event (encoded field by field, in this order)."""
-
-        ts: Any
-        dur: Any
-        name: str
-        pid: int
-        tid: int
-        args: dict[str, Any]
-        ph: str
-        cat: str
-        bind_id: int | None = None  # these three omitted when unset
-        flow_in: bool = False
-        flow_out: bool = False
+    # encoded field by field, in this order; the last three omitted when unset
+    _Complete = msgspec.defstruct("_Complete", _COMPLETE_FIELDS, gc=False, omit_defaults=True)
 
     def _events_json(events: list[Any]) -> bytes:
         return _encode(events)[1:-1]
 
-else:  # pragma: no cover
+else:  # without msgspec (tox -e noextras runs this)
 
     class _Exact:
         """Exact microsecond text, written as the number it spells."""
@@ -111,40 +116,30 @@ else:  # pragma: no cover
     def _exact_all(values: list[int]) -> list[Any]:
         return [_Exact(ns) for ns in values]
 
-    class _Complete:  # type: ignore[no-redef]
-        def __init__(self, ts, dur, name, pid, tid, args):
-            self.ts, self.dur, self.name, self.pid, self.tid, self.args = (
-                ts,
-                dur,
-                name,
-                pid,
-                tid,
-                args,
+    _Complete = dataclasses.make_dataclass(  # type: ignore[misc]
+        "_Complete",
+        [
+            (name, kind, dataclasses.field(default=default))
+            if default is not _REQUIRED
+            else (name, kind)
+            for name, kind, default in (
+                (*field, _REQUIRED) if len(field) == 2 else field for field in _COMPLETE_FIELDS
             )
-            self.bind_id, self.flow_in, self.flow_out = None, False, False
+        ],
+    )
 
-        def as_dict(self) -> dict[str, Any]:
-            event = {
-                "ts": self.ts,
-                "dur": self.dur,
-                "name": self.name,
-                "pid": self.pid,
-                "tid": self.tid,
-                "args": self.args,
-                "ph": "X",
-                "cat": "span",
-            }
-            if self.bind_id is not None:
-                event["bind_id"] = self.bind_id
-            if self.flow_in:
-                event["flow_in"] = True
-            if self.flow_out:
-                event["flow_out"] = True
-            return event
+    def _as_dict(event: Any) -> dict[str, Any]:
+        """The event's fields in order, those at their default left out (as msgspec does)."""
+        out = {}
+        for field in dataclasses.fields(event):
+            value = getattr(event, field.name)
+            if field.default is dataclasses.MISSING or value != field.default:
+                out[field.name] = value
+        return out
 
     def _event_json(event: Any) -> str:
         if isinstance(event, _Complete):
-            event = event.as_dict()
+            event = _as_dict(event)
         exact = "".join(f'"{key}":{event[key].text},' for key in ("ts", "dur") if key in event)
         rest = {key: value for key, value in event.items() if key not in ("ts", "dur")}
         return "{" + exact + json.dumps(rest, separators=(",", ":"), default=str)[1:]

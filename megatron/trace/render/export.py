@@ -246,7 +246,7 @@ def export_files(
         try:
             import perfetto.protos.perfetto.trace.perfetto_trace_pb2  # noqa: F401
         except ImportError:
-            raise MissingExtraError("--format perfetto", "perfetto (its trace protos)") from None
+            raise MissingExtraError("--format perfetto", "perfetto") from None
     # both passes read the same lines, however much a running job appends meanwhile
     fixed = [fixed_end(piece) for piece in pieces(files, jobs, count_lines=False)]
     plan, trace = _plan(fmt, files, fixed, jobs, clock or Clock.system(), executor)
