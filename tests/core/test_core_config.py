@@ -244,3 +244,21 @@ def test_bad_hang_timeout(value: str) -> None:
     )
     with pytest.raises(TelemetryConfigError, match="hang_timeout_s=-3"):
         TelemetryConfig(hang_timeout_s=-3)
+
+
+@pytest.mark.parametrize("value", ["", " ", ".", "..", "runs/", "runs/.", "runs/.."])
+def test_a_trace_file_that_names_no_file_is_refused(value: str) -> None:
+    expected = (
+        f"--otel-trace-file={value!r} is not valid; expected the path of the trace file to "
+        "write (e.g. telemetry/traces.jsonl; metrics.jsonl is written beside it)"
+    )
+    assert message(argv=["--otel-trace-file", value]) == expected
+    # the variable: an empty value counts as unset (the default), any other is checked
+    if value.strip():
+        assert message(env={"MEGATRON_OTEL_TRACE_FILE": value}) == expected.replace(
+            "--otel-trace-file", "MEGATRON_OTEL_TRACE_FILE"
+        )
+    else:
+        assert TelemetryConfig.from_env({"MEGATRON_OTEL_TRACE_FILE": value}).trace_file == Path(
+            "telemetry/traces.jsonl"
+        )

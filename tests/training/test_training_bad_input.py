@@ -263,6 +263,15 @@ def _listing(root: Path) -> dict[str, bytes | None]:
         ("trace-file-under-proc", ("--otel-trace-file", "/proc/x/t.jsonl"), {}, "/proc/x/t.jsonl"),
         ("trace-file-under-a-file", ("--otel-trace-file", "afile/t.jsonl"), {}, "afile/t.jsonl"),
         ("trace-file-read-only", ("--otel-trace-file", "{ro}/t.jsonl"), {}, "{ro}/t.jsonl"),
+        ("trace-file-empty", ("--otel-trace-file", ""), {}, "--otel-trace-file=''"),
+        ("trace-file-dot", ("--otel-trace-file", "."), {}, "--otel-trace-file='.'"),
+        ("trace-file-slash", ("--otel-trace-file", "adir/"), {}, "--otel-trace-file='adir/'"),
+        (
+            "trace-file-env-dot",
+            (),
+            {"MEGATRON_OTEL_TRACE_FILE": "."},
+            "MEGATRON_OTEL_TRACE_FILE='.'",
+        ),
     ],
 )
 def test_a_start_that_fails_leaves_the_disk_as_it_found_it(

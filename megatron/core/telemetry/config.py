@@ -274,9 +274,9 @@ def _build(
     value, source = _pick(given.get("exporter"), env, ENV_EXPORTER, names["exporter"])
     exporter = DEFAULT_EXPORTER if value is None else _check_choice(value, EXPORTERS, source)
 
-    value, _ = _pick(given.get("trace_file"), env, ENV_TRACE_FILE, names["trace_file"])
+    value, source = _pick(given.get("trace_file"), env, ENV_TRACE_FILE, names["trace_file"])
     trace_file = (
-        default_trace_file(given.get("save")) if value is None else Path(value).expanduser()
+        default_trace_file(given.get("save")) if value is None else _check_trace_file(value, source)
     )
 
     value, source = _pick(
@@ -407,6 +407,22 @@ def _check_hang_timeout(value: Any, source: str) -> float:
             "iteration before a stall is reported (a number >= 0; 0 turns the watchdog off)"
         )
     return seconds
+
+
+def _check_trace_file(value: Any, source: str) -> Path:
+    """A path naming a file: not empty, and not ending as a directory does (``/``, ``.``).
+
+    A path that names an existing directory, or lies under a file, is refused
+    when the sink opens it, with the reason the system gives.
+    """
+    text = os.fspath(value)
+    path = Path(text).expanduser()
+    if not text.strip() or os.path.basename(text) in ("", ".", ".."):
+        raise TelemetryConfigError(
+            f"{source}={text!r} is not valid; expected the path of the trace file to write "
+            "(e.g. telemetry/traces.jsonl; metrics.jsonl is written beside it)"
+        )
+    return path
 
 
 def _check_export_rank(value: Any, source: str) -> int:
