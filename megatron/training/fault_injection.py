@@ -1,4 +1,4 @@
-"""Fault, delay and hang injection for tests, from three environment variables.
+"""Fault, delay and hang injection for tests, from four environment variables.
 
 * ``MEGATRON_TEST_FAULT_AT_ITERATION=N``: the forward step of iteration ``N``
   (the span with ``megatron.iteration == N``) raises
@@ -10,6 +10,9 @@
   ends the process; one that returns lets the block go on). Set on one rank
   of a torchrun job, it is a hung rank: the others block in the next
   collective, waiting for it.
+* ``MEGATRON_TEST_HANG_AT_STARTUP=PHASE``: the same block at the start of a
+  startup phase, ``model_init``, ``load_checkpoint`` or ``dataloader``, so a
+  test can land a signal (a Ctrl-C) while the job is still starting.
 
 They are test hooks, but a typo in one is still bad input: the arguments
 check reads them at startup (exit 2, one line naming the variable), not the
@@ -23,11 +26,14 @@ import os
 import time
 from dataclasses import dataclass
 
-__all__ = ["FAULT_ENV", "HANG_ENV", "SLEEP_ENV", "FaultInjection"]
+__all__ = ["FAULT_ENV", "HANG_ENV", "SLEEP_ENV", "STARTUP_HANG_ENV", "FaultInjection"]
 
 FAULT_ENV = "MEGATRON_TEST_FAULT_AT_ITERATION"
 SLEEP_ENV = "MEGATRON_TEST_ITERATION_SLEEP"
 HANG_ENV = "MEGATRON_TEST_HANG_AT_ITERATION"
+STARTUP_HANG_ENV = "MEGATRON_TEST_HANG_AT_STARTUP"
+#: The startup phases ``MEGATRON_TEST_HANG_AT_STARTUP`` may name, in the order they run.
+STARTUP_PHASES = ("model_init", "load_checkpoint", "dataloader")
 
 # How long each wait of the hang lasts: any signal interrupts it, so this only
 # bounds how often the loop wakes to wait again.
@@ -41,6 +47,7 @@ class FaultInjection:
     fault_at_iteration: int | None = None
     sleep_s: float = 0.0
     hang_at_iteration: int | None = None
+    hang_at_startup: str | None = None
 
     @classmethod
     def from_env(cls) -> FaultInjection:
@@ -49,7 +56,13 @@ class FaultInjection:
             fault_at_iteration=_iteration(FAULT_ENV),
             sleep_s=_seconds(SLEEP_ENV),
             hang_at_iteration=_iteration(HANG_ENV),
+            hang_at_startup=_startup_phase(STARTUP_HANG_ENV),
         )
+
+    def at_startup(self, phase: str) -> None:
+        """Called as each startup phase of :data:`STARTUP_PHASES` begins."""
+        if phase == self.hang_at_startup:
+            _hang()
 
     def before_forward(self, iteration: int) -> None:
         if self.sleep_s:
@@ -94,3 +107,12 @@ def _seconds(variable: str) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{variable}={text!r}: expected seconds (a number >= 0)")
     return value
+
+
+def _startup_phase(variable: str) -> str | None:
+    text = os.environ.get(variable)
+    if not text:
+        return None
+    if text not in STARTUP_PHASES:
+        raise ValueError(f"{variable}={text!r}: expected one of {', '.join(STARTUP_PHASES)}")
+    return text

@@ -47,9 +47,9 @@ Two choices worth knowing:
   first completed step is a goodput number worth having in every trace.
 
 Test hooks (``MEGATRON_TEST_FAULT_AT_ITERATION``,
-``MEGATRON_TEST_ITERATION_SLEEP``, ``MEGATRON_TEST_HANG_AT_ITERATION``): see
-:mod:`megatron.training.fault_injection`; checked at startup, read again when
-``train()`` starts.
+``MEGATRON_TEST_ITERATION_SLEEP``, ``MEGATRON_TEST_HANG_AT_ITERATION``,
+``MEGATRON_TEST_HANG_AT_STARTUP``): see :mod:`megatron.training.fault_injection`;
+checked at startup, read again when the job starts.
 """
 
 from __future__ import annotations
@@ -197,10 +197,13 @@ def _run_job(
     phases.record_phase("megatron.startup.arg_parse", main_entry, pretrain_entry)
     phases.record_phase("megatron.startup.initialize_megatron", pretrain_entry, initialized)
     exit_reason = None
+    hooks = FaultInjection.from_env()
     try:
         with managed_span(SpanGroup.JOB, "megatron.startup.model_init", is_goodput_span=True):
+            hooks.at_startup("model_init")
             state = setup_model_and_optimizer(config.model, config.optimizer, env)
             if checkpoint.load:
+                hooks.at_startup("load_checkpoint")
                 with managed_span(
                     SpanGroup.LOAD_CHECKPOINT,
                     semconv.CHECKPOINT_LOAD_SPAN,
@@ -214,6 +217,7 @@ def _run_job(
             goodput.follow_iteration(lambda: state.iteration)
 
         with managed_span(SpanGroup.JOB, "megatron.startup.dataloader", is_goodput_span=True):
+            hooks.at_startup("dataloader")
             train_data, valid_data = build_train_valid_datasets(
                 config.data, config.model.seq_length, config.training.seed
             )
@@ -252,8 +256,10 @@ def _run_job(
     except BaseException as exc:
         never_trained = phases.state in ("job", "startup")
         _shutdown_if_allowed(phases, exc)  # the trace records how the run ended
-        if never_trained:
-            footprint.undo()  # a failed start leaves the disk as it found it
+        if never_trained and isinstance(exc, Exception):
+            # A start that failed leaves the disk as it found it; an interrupted one
+            # (Ctrl-C, a handler's SystemExit) keeps what it wrote, as any ending does.
+            footprint.undo()
         raise
     _shutdown_if_allowed(phases)
 

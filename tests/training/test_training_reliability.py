@@ -10,6 +10,7 @@ SIGHUP, and ``pretrain()`` replacing a user's ``SystemExit``.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import time
@@ -22,6 +23,7 @@ from trace_helpers import incarnations
 from megatron.trace.otlp.reader import read_spans
 from megatron.training import checkpointing
 from megatron.training.arguments import parse_args
+from megatron.training.fault_injection import STARTUP_HANG_ENV, STARTUP_PHASES
 from megatron.training.training_log import parse_log_losses
 
 TRACE = Path("ckpt") / "telemetry" / "traces.jsonl"
@@ -341,6 +343,7 @@ def test_data_path_directory_is_said_to_be_a_directory(tmp_path, capsys, clean_e
         ("MEGATRON_TEST_ITERATION_SLEEP", "nan"),
         ("MEGATRON_TEST_HANG_AT_ITERATION", "x"),
         ("MEGATRON_TEST_HANG_AT_ITERATION", "-2"),
+        ("MEGATRON_TEST_HANG_AT_STARTUP", "model-init"),
     ],
 )
 def test_test_hook_variables_are_validated_at_startup(
@@ -388,6 +391,39 @@ def test_sigint_ends_with_one_line_status_130_and_a_complete_trace(training_cli)
     in_flight = max(iterations, key=lambda s: s["attributes"]["megatron.iteration"])
     assert in_flight["status_code"] == "ERROR"
     assert {s["name"] for s in spans} >= {"megatron.startup", "megatron.train"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", STARTUP_PHASES)
+def test_sigint_during_startup_keeps_a_trace_that_check_accepts(training_cli, phase):
+    """A Ctrl-C while the job is still starting keeps what it wrote, and says how it ended.
+
+    (A start that fails on bad input removes what it created; an interrupted one is
+    an ending like any other.)
+    """
+    cli = training_cli
+    load: tuple[str, ...] = ()
+    if phase == "load_checkpoint":  # a checkpoint to load, saved with telemetry off
+        assert cli.run(*cli.TINY, "--train-iters", "2", "--save", "ckpt").returncode == 0
+        load = ("--load", "ckpt")
+    trainer = cli.start(*_long_run(cli, *cli.TELEMETRY_ON, *load), env={STARTUP_HANG_ENV: phase})
+    path = cli.cwd / "traces.jsonl"
+    trainer.wait_until(path.exists)
+    time.sleep(1.0)  # into the phase: the hang comes milliseconds after the file opens
+    trainer.signal(signal.SIGINT)
+    assert trainer.wait() == -signal.SIGINT
+    assert "Traceback" not in trainer.stderr, trainer.stderr
+
+    spans = read_spans(path)
+    by_name = {s["name"]: s for s in spans}
+    assert by_name["megatron.startup"]["status_code"] == "ERROR"
+    assert "megatron.train" not in by_name
+    check = cli.run("check", str(path), module=("-m", "megatron.trace"))
+    assert check.returncode == 0, check.stdout + check.stderr
+    report = cli.run("report", str(path), "--json", module=("-m", "megatron.trace"))
+    assert report.returncode == 0, report.stderr
+    (incarnation,) = json.loads(report.stdout.splitlines()[-1])["incarnations"]
+    assert incarnation["ended"] == "interrupted"
 
 
 @pytest.mark.slow
