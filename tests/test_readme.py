@@ -1,4 +1,4 @@
-"""The README says what the code does: the metrics it lists, the trace tree it draws."""
+"""The package READMEs say what the code does: the metrics they list, the trace tree they draw."""
 
 from __future__ import annotations
 
@@ -7,11 +7,14 @@ from pathlib import Path
 
 from megatron.core.telemetry import training_metrics
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+MEGATRON = Path(__file__).resolve().parents[1] / "megatron"
+# The metrics are the base layer's; the trace tree is what the trainer emits.
+TELEMETRY_README = (MEGATRON / "core" / "telemetry" / "README.md").read_text(encoding="utf-8")
+TRAINING_README = (MEGATRON / "training" / "README.md").read_text(encoding="utf-8")
 
 
 def _paragraph(containing: str) -> str:
-    (found,) = [p for p in README.split("\n\n") if containing in p]
+    (found,) = [p for p in TELEMETRY_README.split("\n\n") if containing in p]
     return found
 
 
@@ -30,7 +33,7 @@ def test_every_training_metric_is_listed_and_nothing_else():
 
 def _tree() -> list[tuple[int, str]]:
     """(depth, span name) for each line of the per_step trace tree."""
-    block = README.split("### What the trace looks like", 1)[1].split("```", 2)[1]
+    block = TRAINING_README.split("## What the trace looks like", 1)[1].split("```", 2)[1]
     lines = []
     for line in block.splitlines():
         found = re.search(r"(megatron\.[\w.]+|pre_startup)", line)

@@ -41,7 +41,7 @@ def goodput_line(kept: list[SpanRecord]) -> str | None:
     ``kept`` are flat span records (:attr:`SpanTally.kept`); the accounting is
     ``megatron-trace report``'s (:mod:`megatron.trace.analysis.goodput`), applied to
     this run alone (so a later restart's re-done iterations cannot be known
-    yet: see the README).
+    yet: ``megatron/training/README.md``, "The end-of-run summary").
     """
     builder = TraceBuilder()
     for span in kept:

@@ -1,4 +1,5 @@
-"""The span-phase machine as the README documents it: span names, states, triggers, table.
+"""The span-phase machine as ``megatron/training/README.md`` documents it: span names,
+states, triggers, table.
 
 Written out by hand on purpose: the lifecycle tests derive what is legal from
 these, never from the module's own ``TRANSITIONS``.
@@ -25,7 +26,7 @@ TRIGGERS = (
     "step",
 )
 
-# The transition table as the README documents it, written out by hand on purpose: the
+# The transition table as megatron/training/README.md documents it, written out by hand: the
 # tests derive legality from this, never from the module's own TRANSITIONS.
 # (state, trigger) -> destination state.  ``step`` is not in that table (it is a
 # method that fires ``reroot`` on a boundary); its entries describe a lifecycle that

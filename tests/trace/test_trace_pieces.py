@@ -158,8 +158,9 @@ def test_check_reads_again_only_the_pieces_that_hold_a_killed_incarnations_orpha
 def test_the_readmes_cluster_recipe_reports_what_one_process_does(
     tmp_path: Path, tiny_pieces: None
 ) -> None:
-    """The README's map and merge by hand, on any executor: ``pieces`` numbers its pieces
-    (only the commands leave that to the hand-out), so ``scan_file`` reads them as is."""
+    """``megatron/trace/README.md``'s map and merge by hand, on any executor: ``pieces``
+    numbers its pieces (only the commands leave that to the hand-out), so ``scan_file``
+    reads them as is."""
     import functools
 
     from megatron.trace.model.trace import TraceBuilder, scan_file

@@ -1,4 +1,5 @@
-"""The exit hooks (README, "Exit paths"), in process, with the process faked.
+"""The exit hooks (``megatron/training/README.md``, "Exit paths and the exit-hook
+machine"), in process, with the process faked.
 
 ``atexit.register``, ``signal.signal``, ``signal.getsignal``, ``os.kill`` and
 ``signal.raise_signal`` are replaced by recorders, so installing and chaining can

@@ -1,5 +1,6 @@
-"""SIGTERM exit paths in real subprocesses (README, "Exit paths", paths 4 and 5,
-and "a SIGTERM that arrives while a transition's callback is running").
+"""SIGTERM exit paths in real subprocesses (``megatron/training/README.md``, "Exit
+paths and the exit-hook machine", paths 4 and 5, and a signal that interrupts a
+transition).
 
 Each test writes a small driver script that builds a real TelemetryHandle with
 the JSONL exporter, drives SpanPhases + install_exit_hooks, prints a marker and

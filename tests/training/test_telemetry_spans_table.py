@@ -1,4 +1,5 @@
-"""The transition table, pair by pair (README, "The span-phase machine").
+"""The transition table, pair by pair (``megatron/training/README.md``, "The span-phase
+machine").
 
 Legality comes from the documented table written out in lifecycle_spec.SPEC_TABLE, not
 from the module's TRANSITIONS; a separate test then checks that the module's

@@ -1,7 +1,8 @@
 """End-to-end: every way a run can die still leaves a readable, complete trace.
 
-The exception, hard SIGTERM, graceful SIGTERM and SIGKILL paths of the
-README's "Exit paths", each on a real trainer process.
+The exception, hard SIGTERM, graceful SIGTERM and SIGKILL paths of
+``megatron/training/README.md``, "Exit paths and the exit-hook machine", each on
+a real trainer process.
 """
 
 from __future__ import annotations

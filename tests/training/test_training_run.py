@@ -149,7 +149,7 @@ def test_iterations_saves_and_evaluations_nest_under_their_interval(reference_ru
     )
     (first,) = [s for s in spans if s["name"] == "megatron.train.first_iteration"]
     assert ancestor_names(first, spans) == ["megatron.train.iteration", "megatron.train"]
-    # ...and it is the parent of that iteration's work, as the README draws it
+    # ...and it is the parent of that iteration's work, as megatron/training/README.md draws it
     under_first = {s["name"] for s in spans if s["parent_id"] == first["span_id"]}
     assert under_first == {"megatron.train.forward_backward", "megatron.train.optimizer"}
 

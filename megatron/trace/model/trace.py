@@ -35,29 +35,12 @@ everything else as running aggregates.
 A million-span file therefore costs a few tens of MB, whatever its size on
 disk.
 
-How an incarnation ended (:attr:`Incarnation.ended`; this is the one
-statement of the rule, the report, ``check``, the timeline and the README
-refer to it):
-
-* ``"shutdown"``: telemetry shut down normally (no mark below).
-* ``"failed"``, ``"interrupted"``, ``"cut_short"``: the lifecycle's
-  ``shutdown`` marked the spans it ended with ``megatron.shutdown.reason``
-  ``exception`` (an uncaught exception), ``interrupt`` (SIGINT: a
-  ``KeyboardInterrupt``) or ``signal`` (SIGTERM, SIGHUP), and ``error.type``
-  (the exception's class or the signal's name); ``"cut_short"`` too when a
-  span was still open at shutdown (``megatron.span.cut_short``).
-* ``"killed"``: SIGKILL leaves no trace of the in-flight interval; the spans
-  its finished children wrote then end later than any root span the process
-  wrote (in every other case a child ends inside its root), or its last
-  interval says ``megatron.interval.rerooted`` true (a reroot closed it, so
-  the interval that followed was lost), which catches a kill that left no
-  finished child behind. A kill before the first interval opened, with no
-  finished child written, still looks like a clean end.
-* ``"running"``: set by :func:`megatron.trace.analysis.liveness.judge`, not
-  here: not seen to end, and its newest record is recent (that module's rule).
-
-An iteration span with ERROR status (the step raised, or was interrupted)
-did not finish, like a cut-short one.
+How an incarnation ended (:attr:`Incarnation.ended`: ``shutdown``,
+``failed``, ``interrupted``, ``cut_short``, ``killed``, or ``running``, which
+:func:`megatron.trace.analysis.liveness.judge` sets) follows the rule stated
+once in ``megatron/trace/README.md``, "How an incarnation ended"; this module
+applies it, and the report, ``check``, the timeline and the export read it
+from here.
 """
 
 from __future__ import annotations
@@ -164,7 +147,7 @@ def _kept_name(name: str) -> bool:
 class Incarnation:
     """One ``pretrain()`` of one rank.
 
-    ``ended`` is how it ended (the module docstring's rule); once
+    ``ended`` is how it ended (the rule in ``megatron/trace/README.md``); once
     :mod:`megatron.trace.analysis.liveness` has judged a running one, ``as_of_ns`` is
     the time of its newest record and ``in_flight`` the open stretch the file cannot
     show yet. ``intervals``,

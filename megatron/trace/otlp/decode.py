@@ -8,9 +8,9 @@ reader then walked those dicts again; that was most of the time of every
 against a typed schema of the ``ExportTraceServiceRequest``: one C pass
 straight into small slotted objects, skipping fields nobody reads, and
 converting the decimal-string integers of the protobuf JSON mapping on the
-way. ``msgspec`` was chosen over ``orjson`` by measurement (the README's
-Performance section): ``orjson`` is a faster ``json.loads`` but still builds
-the dicts, while the typed decode avoids them.
+way. ``msgspec`` was chosen over ``orjson``: ``orjson`` is a faster
+``json.loads`` but still builds the dicts, while the typed decode avoids
+them.
 
 Without ``msgspec`` (it is an optional dependency: the ``trace`` extra) the
 same objects are built from ``json.loads`` output by :func:`decode_python`;

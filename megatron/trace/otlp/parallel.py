@@ -8,7 +8,7 @@ has an associative ``merge``, so the grouping does not matter: the same map
 function can run on any ``concurrent.futures.Executor`` — a local process
 pool here, or a cluster's (Dask's ``Client.get_executor()``, Ray's, an MPI
 pool) — and the merge is a fold (:func:`functools.reduce`) wherever the
-results land. The README says how.
+results land. ``megatron/trace/README.md``, "On a cluster", says how.
 
 A big plain file is cut into pieces at line ends (:func:`pieces`), each
 piece mapped like a file of its own, so one ``all_ranks`` file of many
