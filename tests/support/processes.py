@@ -9,6 +9,10 @@ tests that signal it mid-run; :class:`TrainingCLI` runs
 ``python -m megatron.training`` to completion or starts it as a
 :class:`Process`; :class:`ScriptRun` is a :class:`Process` running a script
 written on :data:`SCRIPT_PRELUDE`.
+
+Every child also starts with the default action of the signals the tests send
+it, however the suite itself was started (:func:`give_children_default_signals`,
+which ``tests/conftest.py`` applies to the whole test session).
 """
 
 from __future__ import annotations
@@ -58,6 +62,71 @@ def subprocess_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
+
+
+#: The signals whose default action (death by the signal) a test expects of a child
+#: it sends one to. SIGPIPE, the fourth, is not among them: Python ignores it in
+#: itself, and ``subprocess`` resets it in every child (``restore_signals``, on by
+#: default), whatever this process inherited.
+CHILD_DEFAULT_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
+def _still_ignored(signum: int, frame: object) -> None:
+    """Stands for SIG_IGN in this process (:func:`give_children_default_signals`)."""
+
+
+def give_children_default_signals() -> None:
+    """Have every child this process starts from now on begin with the default action of
+    :data:`CHILD_DEFAULT_SIGNALS`, while this process goes on ignoring those it ignores.
+
+    A non-interactive shell starts a background job with SIGINT (and SIGQUIT)
+    ignored (``bash -c 'tox &'``), ``nohup`` starts its command with SIGHUP
+    ignored, and an ignored signal stays ignored through fork and exec: the
+    trainer a test interrupts would not notice the signal. A caught signal,
+    though, is reset to its default action by exec. So each of these signals
+    this process ignores is given a handler that does nothing: this process
+    still carries on when it arrives (a system call it interrupts is retried,
+    PEP 475), and every program it starts (through this harness, by a test's
+    own ``subprocess`` call, or through a launcher such as torchrun, down to
+    its ranks) begins with the default action. Signals this process does not
+    ignore are left as they are: exec resets a handler, and SIG_DFL is
+    inherited as it is.
+
+    Not ``preexec_fn`` (unsafe in a process with threads, and the harness reads
+    every child's output in threads), and not SIG_DFL here: a Ctrl-C meant for
+    the shell's foreground job, or the hangup ``nohup`` guards against, would
+    then end the test run itself. Main thread only (``signal.signal``'s rule);
+    calling it again changes nothing.
+    """
+    for signum in CHILD_DEFAULT_SIGNALS:
+        if signal.getsignal(signum) == signal.SIG_IGN:
+            signal.signal(signum, _still_ignored)
+
+
+#: ``python -c IGNORING_THEN_EXEC SIGNAL[,SIGNAL...] PROGRAM ARG...``: runs PROGRAM (in
+#: the same process: the pid a test signals is PROGRAM's) with those signals ignored,
+#: as a shell's background job (SIGINT, SIGQUIT) or ``nohup`` (SIGHUP) starts it.
+#: SIGPIPE and SIGXFSZ, which Python ignores in itself, go back to their default
+#: first, as ``subprocess`` leaves them; a signal named here is ignored all the same.
+IGNORING_THEN_EXEC = textwrap.dedent(
+    """
+    import os, signal, sys
+
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    for name in sys.argv[1].split(","):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    os.execvp(sys.argv[2], sys.argv[2:])
+    """
+)
+
+
+def ignoring(signals: Iterable[str], argv: Sequence[str]) -> list[str]:
+    """The command line that runs ``argv`` with ``signals`` (names) ignored from its start."""
+    return [sys.executable, "-c", IGNORING_THEN_EXEC, ",".join(signals), *argv]
 
 
 class Process:
