@@ -4,8 +4,11 @@ Uninstalling removes every file our ``RECORD`` lists: had we shipped one of
 megatron-core's (its ``megatron/core/__init__.py``), megatron-core would be
 broken once we are gone. The tox env keeps us installed for the other tests,
 so this runs in a new venv of its own, as a user's: megatron-core installed
-first (with torch and numpy, which its ``megatron/core/__init__.py`` imports),
-then us from this source tree, then us uninstalled.
+first, then us from this source tree, then us uninstalled. The venv borrows the
+tox env's other packages (torch and numpy, which megatron-core's
+``megatron/core/__init__.py`` imports, and our dependencies), so pip finds them
+installed instead of unpacking torch again (a minute): every ``megatron`` file
+and both distributions' metadata are the venv's own.
 """
 
 from __future__ import annotations
@@ -13,11 +16,8 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import pytest
 
 if TYPE_CHECKING:
     from conftest import Beside
@@ -29,7 +29,7 @@ _IMPORTS = """
 import importlib, json
 from megatron.core import InferenceParams
 found = {}
-for name in ("megatron.core.telemetry", "megatron.trace"):
+for name in ("megatron.core", "megatron.core.telemetry", "megatron.trace"):
     try:
         found[name] = importlib.import_module(name).__file__
     except ModuleNotFoundError:
@@ -38,24 +38,35 @@ print(json.dumps([InferenceParams.__module__, found]))
 """
 
 
-@pytest.fixture
-def venv(tmp_path: Path) -> Iterator[Path]:
-    """A new venv, removed afterwards (with torch in it, about 1 GB)."""
-    path = tmp_path / "venv"
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+def _lend(site: Path, lent: Path, to: Path) -> None:
+    """Put the packages of ``site`` on the path of the site folder ``to`` through
+    ``lent``, a folder of links to them: all but the ``megatron`` folder,
+    megatron-core's and our metadata, and pip."""
+    lent.mkdir()
+    for entry in site.iterdir():
+        name = entry.name.lower()
+        if name in ("megatron", "__pycache__", "pip") or name.startswith(
+            ("megatron_core-", "megatron_telemetry_spans-", "pip-")
+        ):
+            continue
+        if entry.suffix != ".pth":  # (a .pth works only in a site folder)
+            (lent / entry.name).symlink_to(entry)
+    (to / "lent.pth").write_text(f"{lent}\n")
 
 
 def test_megatron_core_stays_whole_through_our_install_and_uninstall(
-    beside: Beside, venv: Path, tmp_path: Path, trace: Path
+    beside: Beside, site: Path, tmp_path: Path, trace: Path
 ) -> None:
+    venv = tmp_path / "venv"
     beside.ok([sys.executable, "-m", "venv", venv])
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    own = venv / "lib" / version / "site-packages"
+    _lend(site, tmp_path / "lent", own)
     user = beside.using(venv / "bin" / "python")
-    user.pip("install", "-q", "megatron-core==0.16.1")
+    user.pip("install", "-q", "megatron-core==0.16.1")  # torch and numpy: found lent
     count, damaged = user.damaged(CORE)
     assert count > 400 and damaged == []
+    assert (own / "megatron/core/__init__.py").is_file()
 
     # our sources alone (a build in the tree itself would leave build/ there)
     source = tmp_path / "source"
@@ -66,12 +77,12 @@ def test_megatron_core_stays_whole_through_our_install_and_uninstall(
         shutil.copy(REPO_ROOT / name, source / name)
     user.pip("install", "-q", source)
     assert user.damaged(CORE) == (count, [])
-    site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
     home, found = json.loads(user.code(_IMPORTS).splitlines()[-1])
     assert home.startswith("megatron.core.inference")
     assert found == {
-        "megatron.core.telemetry": str(site / "megatron/core/telemetry/__init__.py"),
-        "megatron.trace": str(site / "megatron/trace/__init__.py"),
+        "megatron.core": str(own / "megatron/core/__init__.py"),
+        "megatron.core.telemetry": str(own / "megatron/core/telemetry/__init__.py"),
+        "megatron.trace": str(own / "megatron/trace/__init__.py"),
     }
     user.trace_works(trace)
 
@@ -79,6 +90,10 @@ def test_megatron_core_stays_whole_through_our_install_and_uninstall(
     assert user.damaged(CORE) == (count, [])
     home, found = json.loads(user.code(_IMPORTS).splitlines()[-1])
     assert home.startswith("megatron.core.inference")
-    assert found == {"megatron.core.telemetry": None, "megatron.trace": None}
+    assert found == {
+        "megatron.core": str(own / "megatron/core/__init__.py"),
+        "megatron.core.telemetry": None,
+        "megatron.trace": None,
+    }
     assert not (venv / "bin" / "megatron-trace").exists()
-    assert sorted(p.name for p in (site / "megatron").iterdir()) == ["core"]
+    assert sorted(p.name for p in (own / "megatron").iterdir()) == ["core"]
