@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -37,8 +38,9 @@ except PackageNotFoundError as missing:
         f"(not found: {missing}): run them with `tox -e beside-megatron`"
     ) from None
 
-# Each name -> its file, or None when no such module is found (any other import error
-# fails the child). Run as ``python -c RESOLVE NAME...``.
+# Each name -> its file; None when no such module is found; "needs X" when it is
+# found but a module it imports (X) is not (any other import error fails the child).
+# Run as ``python -c RESOLVE NAME...``.
 RESOLVE = """
 import importlib, json, sys
 found = {}
@@ -46,9 +48,7 @@ for name in sys.argv[1:]:
     try:
         found[name] = importlib.import_module(name).__file__
     except ModuleNotFoundError as error:
-        if error.name != name:
-            raise
-        found[name] = None
+        found[name] = None if error.name == name else f"needs {error.name}"
 print(json.dumps(found))
 """
 
@@ -96,6 +96,28 @@ class Beside:
         """The same, with another interpreter (a venv's)."""
         return Beside(self.cwd, python)
 
+    def new_venv(self, path: Path, lend: Path) -> tuple[Beside, Path]:
+        """A new venv at ``path`` (and one for it, and its site-packages folder) that
+        borrows the packages of the site folder ``lend`` but the ``megatron`` folder,
+        megatron-core's and our metadata, and pip: pip finds torch and the rest
+        installed (unpacking torch takes a minute), while every ``megatron`` file and
+        both distributions are installed into the venv's own site-packages."""
+        self.ok([sys.executable, "-m", "venv", path])
+        version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        own = path / "lib" / version / "site-packages"
+        lent = path.parent / f"{path.name}-lent"
+        lent.mkdir()
+        for entry in lend.iterdir():
+            name = entry.name.lower()
+            if name in ("megatron", "__pycache__", "pip") or name.startswith(
+                ("megatron_core-", "megatron_telemetry_spans-", "pip-")
+            ):
+                continue
+            if entry.suffix != ".pth":  # (a .pth works only in a site folder)
+                (lent / entry.name).symlink_to(entry)
+        (own / "lent.pth").write_text(f"{lent}\n")
+        return self.using(path / "bin" / "python"), own
+
     def pip(self, *args: str | Path) -> str:
         """``python -m pip ARGS`` with torch pinned by the CI's constraint file
         (2.13.0, the CPU wheel on this disk: unpinned, pip takes a multi-GB CUDA build)."""
@@ -114,7 +136,7 @@ class Beside:
         return self.ok([self.python, "-c", source, *args], pythonpath)
 
     def resolve(self, *names: str, pythonpath: Sequence[Path | str] = ()) -> dict[str, str | None]:
-        """Where each module is imported from (None: not importable) in a fresh child."""
+        """Where each module is imported from in a fresh child (see ``RESOLVE``)."""
         return json.loads(self.code(RESOLVE, *names, pythonpath=pythonpath))
 
     def damaged(self, dist: str, pythonpath: Sequence[Path | str] = ()) -> tuple[int, list[str]]:
@@ -145,6 +167,19 @@ def beside(tmp_path: Path) -> Beside:
 @pytest.fixture
 def trace(tmp_path: Path) -> Path:
     return g.write(tmp_path / "traces.jsonl", g.lifecycle(0))
+
+
+@pytest.fixture
+def our_source(tmp_path: Path) -> Path:
+    """A copy of what our wheel is built from: ``pip install`` of this tree itself
+    would leave a ``build/`` folder in it, whose files the next build ships."""
+    source = tmp_path / "source"
+    shutil.copytree(
+        REPO_ROOT / "megatron", source / "megatron", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO_ROOT / name, source / name)
+    return source
 
 
 @pytest.fixture

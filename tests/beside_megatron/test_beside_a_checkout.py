@@ -3,11 +3,13 @@
 Megatron-LM runs from its checkout: ``megatron`` is a namespace there, and
 ``megatron/core`` and ``megatron/training`` are regular packages. Python joins
 every ``megatron`` folder on the path into one namespace, but a regular
-package is found whole at the first place that has it: whichever of the
-checkout and site-packages comes first owns ``megatron.core`` and
-``megatron.training`` (with every module under them, ours in
-``megatron/core/telemetry`` included). ``megatron.trace`` is ours alone and
-imports neither, so ``megatron-trace`` works either way.
+package is found whole, at the first place on the path that has one, and
+beats a namespace portion wherever that lies. So the checkout owns
+``megatron.core`` and ``megatron.training`` (with every module under them,
+ours in ``megatron/core/telemetry`` included) from first place, and
+``megatron.core`` from anywhere when megatron-core is not installed (ours is
+a namespace portion). ``megatron.trace`` is ours alone and imports neither,
+so ``megatron-trace`` works in every case.
 """
 
 from __future__ import annotations
@@ -63,6 +65,37 @@ def test_a_checkout_last_is_shadowed_and_megatron_trace_works(
         "megatron.trace.cli.main": str(site / "megatron/trace/cli/main.py"),
     }
     beside.trace_works(trace, pythonpath=path)
+
+
+def test_without_megatron_core_a_checkout_anywhere_owns_megatron_core(
+    beside: Beside, site: Path, our_source: Path, checkout: Path, tmp_path: Path, trace: Path
+) -> None:
+    # How most Megatron-LM users run: a checkout, and us installed (no megatron-core).
+    # Our megatron/core is a namespace portion, and a regular package found anywhere
+    # on the path beats one: the checkout's megatron.core wins even from behind.
+    user, own = beside.new_venv(tmp_path / "venv", lend=site)
+    user.pip("install", "-q", our_source)
+    names = (
+        "megatron.core.parallel_state",
+        "megatron.core.telemetry",
+        "megatron.training.training",
+        "megatron.trace.cli.main",
+    )
+    assert user.resolve(*names, pythonpath=[own, checkout]) == {
+        "megatron.core.parallel_state": str(checkout / "megatron/core/parallel_state.py"),
+        "megatron.core.telemetry": None,
+        # our trainer is found first, but what it imports of megatron.core.telemetry is not
+        "megatron.training.training": "needs megatron.core.telemetry",
+        "megatron.trace.cli.main": str(own / "megatron/trace/cli/main.py"),
+    }
+    assert user.resolve(*names, pythonpath=[checkout]) == {
+        "megatron.core.parallel_state": str(checkout / "megatron/core/parallel_state.py"),
+        "megatron.core.telemetry": None,
+        "megatron.training.training": str(checkout / "megatron/training/training.py"),
+        "megatron.trace.cli.main": str(own / "megatron/trace/cli/main.py"),
+    }
+    user.trace_works(trace, pythonpath=[checkout])
+    user.trace_works(trace, pythonpath=[own, checkout])
 
 
 # Imports every module of megatron.trace, runs three commands in this process,

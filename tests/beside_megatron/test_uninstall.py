@@ -7,22 +7,19 @@ so this runs in a new venv of its own, as a user's: megatron-core installed
 first, then us from this source tree, then us uninstalled. The venv borrows the
 tox env's other packages (torch and numpy, which megatron-core's
 ``megatron/core/__init__.py`` imports, and our dependencies), so pip finds them
-installed instead of unpacking torch again (a minute): every ``megatron`` file
-and both distributions' metadata are the venv's own.
+installed instead of unpacking torch again (a minute; see ``Beside.new_venv``):
+every ``megatron`` file and both distributions' metadata are the venv's own.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from conftest import Beside
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CORE, OURS = "megatron-core", "megatron-telemetry-spans"
 
 _IMPORTS = """
@@ -38,44 +35,17 @@ print(json.dumps([InferenceParams.__module__, found]))
 """
 
 
-def _lend(site: Path, lent: Path, to: Path) -> None:
-    """Put the packages of ``site`` on the path of the site folder ``to`` through
-    ``lent``, a folder of links to them: all but the ``megatron`` folder,
-    megatron-core's and our metadata, and pip."""
-    lent.mkdir()
-    for entry in site.iterdir():
-        name = entry.name.lower()
-        if name in ("megatron", "__pycache__", "pip") or name.startswith(
-            ("megatron_core-", "megatron_telemetry_spans-", "pip-")
-        ):
-            continue
-        if entry.suffix != ".pth":  # (a .pth works only in a site folder)
-            (lent / entry.name).symlink_to(entry)
-    (to / "lent.pth").write_text(f"{lent}\n")
-
-
 def test_megatron_core_stays_whole_through_our_install_and_uninstall(
-    beside: Beside, site: Path, tmp_path: Path, trace: Path
+    beside: Beside, site: Path, our_source: Path, tmp_path: Path, trace: Path
 ) -> None:
     venv = tmp_path / "venv"
-    beside.ok([sys.executable, "-m", "venv", venv])
-    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    own = venv / "lib" / version / "site-packages"
-    _lend(site, tmp_path / "lent", own)
-    user = beside.using(venv / "bin" / "python")
+    user, own = beside.new_venv(venv, lend=site)
     user.pip("install", "-q", "megatron-core==0.16.1")  # torch and numpy: found lent
     count, damaged = user.damaged(CORE)
     assert count > 400 and damaged == []
     assert (own / "megatron/core/__init__.py").is_file()
 
-    # our sources alone (a build in the tree itself would leave build/ there)
-    source = tmp_path / "source"
-    shutil.copytree(
-        REPO_ROOT / "megatron", source / "megatron", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO_ROOT / name, source / name)
-    user.pip("install", "-q", source)
+    user.pip("install", "-q", our_source)
     assert user.damaged(CORE) == (count, [])
     home, found = json.loads(user.code(_IMPORTS).splitlines()[-1])
     assert home.startswith("megatron.core.inference")
