@@ -1,10 +1,9 @@
 """A span processor that counts what this run wrote, for the end-of-run summary.
 
-The summary used to re-read the whole trace file at exit, every earlier
-incarnation included: its cost grew with the file (1.4 s and 200 MB on a
-42 MB file, minutes and gigabytes at ten million spans). :class:`SpanTally`
-counts as the run goes instead, so the summary costs the same after a
-minute or a week: spans and traces by count, spans by name, cut-short and
+Re-reading the whole trace file at exit, every earlier incarnation
+included, would cost more the longer the job ran. :class:`SpanTally` counts
+as the run goes instead, so the summary costs the same after a minute or a
+week: spans and traces by count, spans by name, cut-short and
 ERROR spans, the torn line of a killed predecessor the sink sealed, and a
 flat record (:class:`~megatron.trace.otlp.records.SpanRecord`, what the
 reader yields) of the few structural spans the goodput line needs, a handful

@@ -53,9 +53,9 @@ MIN_PIECE_BYTES = 32 * 2**20
 #: ... and, read in parallel, into pieces of at most this size, however big the
 #: file (a 3 GB file: 96 pieces): a piece's summary crosses a pipe to the merging
 #: process whole, and while a few are in flight their size is what the merging
-#: process holds beyond the merged model. So the same size whatever the file's:
-#: with 128 MB pieces, the load of ``report`` of four million spans peaked 15 MB
-#: above one million's; with these, 1 MB. Merging costs the same per piece whatever their count.
+#: process holds beyond the merged model. So the same size whatever the file's,
+#: and a read's peak does not grow with the file (the bench's growth keys); merging
+#: costs the same per piece whatever their count.
 MAX_PIECE_BYTES = 32 * 2**20
 
 R = TypeVar("R")
