@@ -223,6 +223,67 @@ def test_precedence_where_spans_overlap(tmp_path: Path) -> None:
     assert report["goodput_s"] == 2.0
 
 
+def test_ours_without_checkpointing_is_one_interval(tmp_path: Path) -> None:
+    """``save_interval`` 0: this project's lifecycle opens exactly one interval for the loop."""
+    report = report_of(tmp_path, g.lifecycle(0, intervals=1, per=6, save=False))
+    assert (report["wall_s"], report["goodput_s"]) == (8.0, 6.0)
+    assert nonzero(report) == {"startup": 2.0}
+    assert report["incarnations"][0]["intervals"] == 1
+    assert main(["check", str(tmp_path / "t.jsonl")]) == 0
+
+
+def _without_interval(save_at: int | None = None, killed_in: int | None = None) -> list[dict]:
+    """Megatron-LM without checkpointing: startup 0..2, then root iterations of 1 s (no
+    interval), a root checkpoint save of 0.25 s before iteration ``save_at``, and a SIGKILL
+    half a second into iteration ``killed_in`` (its finished child is written, it is not)."""
+    spans = [g.span("megatron.startup", 0, 2, is_goodput_span=True)]
+    now = 2.0
+    for number in range(killed_in if killed_in is not None else 4):
+        if number == save_at:
+            spans.append(g.span("megatron.checkpoint.save", now, now + 0.25,
+                                **{"megatron.iteration": number}))  # fmt: skip
+            now += 0.25
+        spans.append(g.span("megatron.train.iteration", now, now + 1,
+                            **{"megatron.iteration": number, "is_goodput_span": True}))  # fmt: skip
+        now += 1
+    if killed_in is not None:
+        if killed_in == save_at:
+            spans.append(g.span("megatron.checkpoint.save", now, now + 0.25,
+                                **{"megatron.iteration": killed_in}))  # fmt: skip
+            now += 0.25
+        doomed = g.span("megatron.train.iteration", now, now + 1)
+        spans.append(g.span("megatron.train.get_batch", now, now + 0.5, parent=doomed))
+    return spans
+
+
+def test_iterations_without_an_interval_are_goodput(tmp_path: Path) -> None:
+    report = report_of(tmp_path, _without_interval())
+    assert (report["wall_s"], report["goodput_s"]) == (6.0, 4.0)
+    assert nonzero(report) == {"startup": 2.0}
+    assert report["iterations"]["count"] == 4
+    assert report["not_computed"] == [
+        "stragglers: the files hold one rank (export every rank: "
+        "MEGATRON_OTEL_RANK_STRATEGY=all_ranks)"
+    ]
+
+
+def test_without_an_interval_a_kill_wastes_what_the_last_save_did_not_keep(
+    tmp_path: Path,
+) -> None:
+    """Saved at 3, killed in iteration 3: iterations 0..2 survive, only the pass in flight
+    (from where iteration 2 ended, the save winning its own time) is wasted."""
+    report = report_of(tmp_path, _without_interval(save_at=3, killed_in=3))
+    assert [i["ended"] for i in report["incarnations"]] == ["killed"]
+    assert report["wasted_iterations"] == 0
+    assert report["goodput_s"] == 3.0
+    assert nonzero(report) == {"startup": 2.0, "checkpoint_save": 0.25, "wasted_progress": 0.5}
+    # never saved: all three iterations, from the first one's start, are lost
+    (tmp_path / "never").mkdir()
+    lost = report_of(tmp_path / "never", _without_interval(killed_in=3))
+    assert lost["wasted_iterations"] == 3
+    assert (lost["goodput_s"], lost["badput_s"]["wasted_progress"]) == (0.0, 3.5)
+
+
 def _jittered(planted: set[int]) -> list[dict]:
     """200 iterations of 0.9 s with a steady jitter of up to 5 % (a clean run's spread),
     the ``planted`` ones (by position) slowed down 1.5 x."""

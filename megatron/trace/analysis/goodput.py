@@ -14,7 +14,10 @@ the first in ``PRECEDENCE`` wins; time no category covers is ``other``. So
 Categories: a structural span's time counts as the category
 :data:`~megatron.trace.semconv.SPAN_CATEGORY` gives its name (an
 interval's is goodput; the queue, launch, startup, checkpoint loads and
-saves and evaluations are badput); Megatron-LM's other checkpoint spans
+saves and evaluations are badput); outside any interval (Megatron-LM with
+``save_interval`` 0 opens none) the training loop's root spans, iterations
+and spans marked ``is_goodput_span``, are goodput too
+(:attr:`~megatron.trace.model.trace.Incarnation.goodput_time`); Megatron-LM's other checkpoint spans
 (``exposed_save``, ``save.finalize``, ``exit_finalize``, the bookkeeping ones,
 kept by the model as the union of the time they cover) count as
 ``checkpoint_save``; the wasted window (below) is
@@ -171,6 +174,10 @@ def _wasted(inc: Incarnation, horizon: int | None) -> tuple[int | None, int | No
             start = max(before)
         elif inc.intervals:
             start = inc.intervals[0]["start_ns"]
+        elif inc.iterations and inc.iterations.end_before(horizon) is not None:
+            # no interval (Megatron-LM without checkpointing): where the last iteration
+            # before the horizon ended
+            start = inc.iterations.end_before(horizon)
         elif inc.startup is not None:
             start = inc.startup["end_ns"]
     if inc.iterations:
@@ -277,6 +284,8 @@ def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
             }
         )
     stretches = [(inc.checkpoint_time, Category.CHECKPOINT_SAVE) for inc in incs]
+    # the training loop's time outside any interval (Megatron-LM without checkpointing)
+    stretches += [(inc.goodput_time, Category.GOODPUT) for inc in incs]
     totals = _sweep(segments, (start, end), stretches)
     return {
         "start_ns": start,
@@ -402,6 +411,14 @@ def _incarnation_entry(inc: Incarnation, wall_start: int, waste: dict[str, Any])
     }
 
 
+def _loop_unrecorded(inc: Incarnation) -> bool:
+    """Whether the incarnation went past its startup but no span covers its training loop:
+    no interval (Megatron-LM without checkpointing) and no iteration span."""
+    if inc.intervals or inc.goodput_time or inc.in_flight is not None or inc.startup is None:
+        return False
+    return inc.end_ns > inc.startup["end_ns"]
+
+
 def _loads_unrecorded(incs: list[Incarnation]) -> bool:
     """Whether an incarnation resumed from a checkpoint whose load left no span."""
     return any(not inc.loads and (inc.first_iteration or 0) > 0 for inc in incs)
@@ -470,11 +487,19 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> Report:
             )
     stragglers = find_stragglers(trace)
     not_computed += stragglers.not_computed
-    if not any(inc.startup or inc.intervals for inc in incs):
+    if not any(inc.startup or inc.intervals or inc.goodput_time for inc in incs):
         not_computed.append(
             f"{Category.GOODPUT}: no {STARTUP_SPAN} or {INTERVAL_SPAN} span (the job span group "
             "was off): only the other spans' time is accounted, the rest is other"
         )
+    else:
+        uncovered = [inc.index for inc in incs if _loop_unrecorded(inc)]
+        if uncovered:
+            not_computed.append(
+                f"{Category.GOODPUT}: incarnations {uncovered} have no {INTERVAL_SPAN} interval "
+                f"(save_interval 0) and no {ITERATION_SPAN} spans (the step span group is off): "
+                "their training loop's time is other"
+            )
     if _loads_unrecorded(incs):
         not_computed.append(
             f"{Category.CHECKPOINT_LOAD}: an incarnation resumed past iteration 0 but the trace "
