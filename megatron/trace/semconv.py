@@ -230,7 +230,8 @@ class Category(str, Enum):
     hashes, formats and serialises as that name.
     """
 
-    #: The training intervals, less what nests in them: the useful time.
+    #: The training intervals, less what nests in them (without intervals, the training
+    #: loop's iterations and spans marked ``is_goodput_span``): the useful time.
     GOODPUT = "goodput"
     #: The scheduler queue (``pre_startup``).
     QUEUE = "queue"

@@ -313,6 +313,30 @@ def killed_and_resumed(
     return path
 
 
+def without_checkpointing(
+    path: Path, *, groups: frozenset[str] = PER_STEP_GROUPS, **kw: Any
+) -> Path:
+    """``save_interval`` 0 (or unset): the loop never reroots, so there is no
+    ``megatron.train`` at all; each loop pass's spans (the iteration, the heartbeat and
+    finalize, the garbage collection, the evaluation) are roots of traces of their own.
+    One incarnation: 0 -> 30, an evaluation every 10."""
+    Process(path, pid=4242, groups=groups, **kw).pretrain(
+        train_iters=30, save_interval=0, eval_interval=10, gc_interval=7, queue_ns=30 * SECOND
+    )
+    return path
+
+
+def killed_and_restarted_without_checkpointing(path: Path, **kw: Any) -> Path:
+    """``save_interval`` 0: incarnation 0 is SIGKILLed in iteration 25; with no checkpoint
+    to load, incarnation 1 (a new process, 60 s later) starts again from 0 and trains to 30."""
+    first = Process(path, pid=4242, **kw)
+    first.pretrain(train_iters=100, save_interval=0, kill=Kill(25))
+    Process(path, pid=5151, clock=first.clock + 60 * SECOND, **kw).pretrain(
+        train_iters=30, save_interval=0
+    )
+    return path
+
+
 def async_save_lost(path: Path, **kw: Any) -> Path:
     """Async saves: the one at 10 is finalized at the top of pass 10; the one at 20 is
     dispatched, then the SIGKILL lands in its finalize (top of pass 20), so it never

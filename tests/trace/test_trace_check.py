@@ -147,6 +147,26 @@ def test_killed_right_after_a_reroot_is_reported(
     assert lines[0].startswith("killed: rank 0 incarnation 0: its in-flight interval is missing")
 
 
+def test_killed_without_an_interval_names_the_iteration_in_flight(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Megatron-LM without checkpointing opens no interval: each iteration is a root. A kill
+    in iteration 3 loses that iteration, whose finished child has no parent in the file: a
+    fact about the kill, and no rule is broken by the missing interval."""
+    spans = [g.span("megatron.startup", 0, 2, is_goodput_span=True)]
+    for number in range(3):
+        spans.append(g.span("megatron.train.iteration", 2 + number, 3 + number,
+                            **{"megatron.iteration": number, "is_goodput_span": True}))  # fmt: skip
+    doomed = g.span("megatron.train.iteration", 5, 6, **{"megatron.iteration": 3})
+    spans.append(g.span("megatron.train.get_batch", 5, 5.5, parent=doomed))
+    status, lines = run_check(capsys, g.write(tmp_path / "t.jsonl", spans))
+    assert status == 0, lines
+    assert lines[0].startswith(
+        "killed: rank 0 incarnation 0: its in-flight iteration is missing (SIGKILL); 1 finished"
+    )
+    assert lines[-1] == "ok: 5 spans, 1 incarnations on 1 ranks, 0 violations"
+
+
 def test_killed_during_startup_is_reported(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

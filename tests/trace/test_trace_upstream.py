@@ -140,6 +140,68 @@ def test_a_clean_run_checks_and_accounts(tmp_path, capsys, groups) -> None:
     assert_whole_export(read)
 
 
+# -- without checkpointing (save_interval 0): no interval at all -------------------------
+
+
+def test_a_run_without_checkpointing_is_goodput_not_other(tmp_path, capsys) -> None:
+    """With ``save_interval`` 0 upstream's loop never reroots: no ``megatron.train``, each
+    iteration the root of its own trace. Its iterations (and the garbage collection, marked
+    ``is_goodput_span``) are the productive time, not ``other``; and nothing is a violation."""
+    read = read_all(tmp_path, capsys, up.without_checkpointing(tmp_path / "traces.jsonl"))
+    assert not [s for s in read.spans if s["name"] == "megatron.train"]
+    assert {s["parent_id"] for s in read.spans if s["name"] == "megatron.train.iteration"} == {None}
+    assert read.check_status == 0, read.check_lines
+    summary = f"ok: {len(read.spans)} spans, 1 incarnations on 1 ranks, 0 violations"
+    assert read.check_lines == [summary]
+    report = read.report
+    assert incarnations(report) == [("shutdown", 0, 29)]
+    assert report["incarnations"][0]["intervals"] == 0
+    ns = report["accounting_ns"]
+    assert ns["goodput"] == 30 * 100 * MS + 4 * 20 * MS  # the iterations and the gc_collects
+    assert ns["other"] == 0
+    assert ns["evaluation"] == 3 * 61 * MS
+    assert ns["checkpoint_save"] == 30 * 150_000 + MS  # heartbeats, finalizes, exit finalize
+    assert report["goodput_fraction"] > 0.08  # 3.08 s of 35.2 s, 30 s of them queued
+    assert report["wasted_iterations"] == 0
+    assert [r.split(":")[0] for r in report["not_computed"]] == ["stragglers"]  # one rank
+    assert_accounts_exactly(report)
+    assert_whole_export(read)
+
+
+def test_a_run_without_checkpointing_or_iteration_spans_says_goodput_is_not_computed(
+    tmp_path, capsys
+) -> None:
+    """The default groups and no interval: nothing in the file covers the training loop, so
+    its time is ``other`` and the report says why, rather than reading 0 % goodput."""
+    path = up.without_checkpointing(tmp_path / "traces.jsonl", groups=up.DEFAULT_GROUPS)
+    read = read_all(tmp_path, capsys, path)
+    assert read.check_status == 0, read.check_lines
+    report = read.report
+    assert report["accounting_ns"]["goodput"] == 0
+    reasons = [r for r in report["not_computed"] if r.startswith("goodput:")]
+    assert len(reasons) == 1 and "megatron.train.iteration" in reasons[0], report["not_computed"]
+    assert_accounts_exactly(report)
+
+
+def test_a_run_without_checkpointing_killed_and_restarted_from_scratch(tmp_path, capsys) -> None:
+    """Killed in iteration 25 with no checkpoint: the restart starts again at 0, so all 25
+    finished iterations were re-done (wasted); the restart's 30 are goodput."""
+    path = up.killed_and_restarted_without_checkpointing(tmp_path / "traces.jsonl")
+    read = read_all(tmp_path, capsys, path)
+    assert read.check_status == 0, read.check_lines
+    report = read.report
+    # Without an interval nothing in this file shows the kill (the iteration in flight had
+    # finished no child), so incarnation 0 reads shutdown; the restart's horizon (iteration
+    # 0) still decides what it lost.
+    assert incarnations(report) == [("shutdown", 0, 24), ("shutdown", 0, 29)]
+    assert report["wasted_iterations"] == 25
+    ns = report["accounting_ns"]
+    assert ns["wasted_progress"] == 25 * 100 * MS
+    assert ns["goodput"] == 30 * 100 * MS
+    assert ns["other"] == 0
+    assert_accounts_exactly(report)
+
+
 # -- killed and resumed -------------------------------------------------------------------
 
 KILLED = "killed: rank 0 incarnation 0: its in-flight interval is missing (SIGKILL)"

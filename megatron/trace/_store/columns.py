@@ -188,6 +188,18 @@ class Iterations:
         )
         return min((start for start in found if start is not None), default=None)
 
+    def end_before(self, number: int) -> int | None:
+        """End of the last finished iteration numbered below ``number`` (None: none): where
+        iteration ``number`` began, or would have."""
+        found = (
+            max(
+                (e for n, e in zip(part.numbers, part.ends, strict=True) if n < number),
+                default=None,
+            )
+            for part in self.parts()
+        )
+        return max((end for end in found if end is not None), default=None)
+
     def count_from(self, number: int) -> int:
         """How many finished iterations are numbered ``number`` or higher."""
         return sum(sum(1 for n in part.numbers if n >= number) for part in self.parts())

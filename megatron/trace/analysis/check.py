@@ -389,7 +389,12 @@ def _check_incarnation(
     clock: Clock,
 ) -> None:
     violations = result.violations
-    open_part = "its startup" if inc.startup is None else "its in-flight interval"
+    if inc.startup is None:
+        open_part = "its startup"
+    elif not inc.intervals and inc.goodput_time:
+        open_part = "its in-flight iteration"  # no interval: Megatron-LM without checkpointing
+    else:
+        open_part = "its in-flight interval"
     if inc.ended == "killed":
         result.notes.append(
             f"killed: {inc.label}: {open_part} is missing (SIGKILL); {orphans} finished spans "

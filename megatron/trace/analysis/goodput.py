@@ -14,7 +14,10 @@ the first in ``PRECEDENCE`` wins; time no category covers is ``other``. So
 Categories: a structural span's time counts as the category
 :data:`~megatron.trace.semconv.SPAN_CATEGORY` gives its name (an
 interval's is goodput; the queue, launch, startup, checkpoint loads and
-saves and evaluations are badput); Megatron-LM's other checkpoint spans
+saves and evaluations are badput); outside any interval (Megatron-LM with
+``save_interval`` 0 opens none) the training loop's root spans, iterations
+and spans marked ``is_goodput_span``, are goodput too
+(:attr:`~megatron.trace.model.trace.Incarnation.goodput_time`); Megatron-LM's other checkpoint spans
 (``exposed_save``, ``save.finalize``, ``exit_finalize``, the bookkeeping ones,
 kept by the model as the union of the time they cover) count as
 ``checkpoint_save``; the wasted window (below) is
@@ -83,6 +86,8 @@ from megatron.trace.semconv import (
 
 __all__ = [
     "ANOMALY_MAD_FACTOR",
+    "ANOMALY_MAD_FLOOR",
+    "ANOMALY_MAX_SHARE",
     "ANOMALY_RULE",
     "BADPUT_CATEGORIES",
     "PRECEDENCE",
@@ -110,13 +115,20 @@ PRECEDENCE = (
 #: k of the anomaly rule: an iteration is anomalous when it took longer than
 #: median + k * MAD of the iteration durations (ml-goodput-measurement's k).
 ANOMALY_MAD_FACTOR = 3.0
-#: The MAD is floored at this share of the median, so a run whose iterations
-#: nearly all took the same time to the nanosecond does not flag jitter.
-ANOMALY_MAD_FLOOR = 0.01
+#: The MAD is floored at this share of the median, so nothing within 45 % of the
+#: median is anomalous: a steady run's jitter (lognormal, sigma 0.1: 95 % of the
+#: iterations within 20 % of the median, as on a busy machine) flags none (the 1 %
+#: floor flagged two of 60), while a 1.5 x slowdown is still found.
+ANOMALY_MAD_FLOOR = 0.15
+#: More iterations than this share of them (and more than one) over the threshold are
+#: not anomalies but the run's own spread (a machine so loaded its iterations vary
+#: several-fold, or a lasting slowdown): the count is then not computed.
+ANOMALY_MAX_SHARE = 0.1
 ANOMALY_RULE = (
     f"duration > median + {ANOMALY_MAD_FACTOR:g} x MAD "
     f"(median absolute deviation of the iteration durations, at least "
-    f"{100 * ANOMALY_MAD_FLOOR:g} % of the median)"
+    f"{100 * ANOMALY_MAD_FLOOR:g} % of the median); not computed when over "
+    f"{100 * ANOMALY_MAX_SHARE:g} % of the iterations (and more than one) are over it"
 )
 _LISTED_ANOMALIES = 20
 
@@ -171,6 +183,10 @@ def _wasted(inc: Incarnation, horizon: int | None) -> tuple[int | None, int | No
             start = max(before)
         elif inc.intervals:
             start = inc.intervals[0]["start_ns"]
+        elif inc.iterations and inc.iterations.end_before(horizon) is not None:
+            # no interval (Megatron-LM without checkpointing): where the last iteration
+            # before the horizon ended
+            start = inc.iterations.end_before(horizon)
         elif inc.startup is not None:
             start = inc.startup["end_ns"]
     if inc.iterations:
@@ -277,6 +293,8 @@ def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
             }
         )
     stretches = [(inc.checkpoint_time, Category.CHECKPOINT_SAVE) for inc in incs]
+    # the training loop's time outside any interval (Megatron-LM without checkpointing)
+    stretches += [(inc.goodput_time, Category.GOODPUT) for inc in incs]
     totals = _sweep(segments, (start, end), stretches)
     return {
         "start_ns": start,
@@ -361,6 +379,7 @@ def _iteration_stats(incs: list[Incarnation]) -> IterationStats | None:
     mad = max(mad, ANOMALY_MAD_FLOOR * median)
     threshold = median + ANOMALY_MAD_FACTOR * mad
     slow_count, slow = _slowest_of(incs, threshold)
+    steady = slow_count <= max(1, ANOMALY_MAX_SHARE * count)
     return {
         "count": count,
         "median_ms": round(median, 3),
@@ -370,11 +389,13 @@ def _iteration_stats(incs: list[Incarnation]) -> IterationStats | None:
             "rule": ANOMALY_RULE,
             "mad_ms": round(mad, 3),
             "threshold_ms": round(threshold, 3),
-            "count": slow_count,
+            "count": slow_count if steady else None,
             "slowest": [
                 {"incarnation": index, "iteration": number, "duration_ms": round(dur, 3)}
                 for dur, index, number in slow[:_LISTED_ANOMALIES]
-            ],
+            ]
+            if steady
+            else [],
         },
     }
 
@@ -400,6 +421,14 @@ def _incarnation_entry(inc: Incarnation, wall_start: int, waste: dict[str, Any])
         if inc.in_flight is not None
         else 0.0,
     }
+
+
+def _loop_unrecorded(inc: Incarnation) -> bool:
+    """Whether the incarnation went past its startup but no span covers its training loop:
+    no interval (Megatron-LM without checkpointing) and no iteration span."""
+    if inc.intervals or inc.goodput_time or inc.in_flight is not None or inc.startup is None:
+        return False
+    return inc.end_ns > inc.startup["end_ns"]
 
 
 def _loads_unrecorded(incs: list[Incarnation]) -> bool:
@@ -457,6 +486,12 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> Report:
         not_computed.append(
             f"iterations: no {ITERATION_SPAN} spans (enable the per_step span groups)"
         )
+    elif iterations["anomalous"]["count"] is None:
+        not_computed.append(
+            f"anomalous iterations: over {100 * ANOMALY_MAX_SHARE:g} % of the iterations took "
+            f"longer than {iterations['anomalous']['threshold_ms']} ms: that is their own spread "
+            "(a loaded machine, or a lasting slowdown: see p90 and max), not a few slow ones"
+        )
     for inc in incs:
         unknown = [
             f.index
@@ -470,11 +505,19 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> Report:
             )
     stragglers = find_stragglers(trace)
     not_computed += stragglers.not_computed
-    if not any(inc.startup or inc.intervals for inc in incs):
+    if not any(inc.startup or inc.intervals or inc.goodput_time for inc in incs):
         not_computed.append(
             f"{Category.GOODPUT}: no {STARTUP_SPAN} or {INTERVAL_SPAN} span (the job span group "
             "was off): only the other spans' time is accounted, the rest is other"
         )
+    else:
+        uncovered = [inc.index for inc in incs if _loop_unrecorded(inc)]
+        if uncovered:
+            not_computed.append(
+                f"{Category.GOODPUT}: incarnations {uncovered} have no {INTERVAL_SPAN} interval "
+                f"(save_interval 0) and no {ITERATION_SPAN} spans (the step span group is off): "
+                "their training loop's time is other"
+            )
     if _loads_unrecorded(incs):
         not_computed.append(
             f"{Category.CHECKPOINT_LOAD}: an incarnation resumed past iteration 0 but the trace "

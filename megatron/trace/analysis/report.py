@@ -64,12 +64,13 @@ class SlowIteration(TypedDict):
 
 
 class Anomalies(TypedDict):
-    """The iterations over median + k x MAD: the rule, its figures, the slowest 20."""
+    """The iterations over median + k x MAD: the rule, its figures, the slowest 20
+    (``count`` None and ``slowest`` empty when too many are over it: not computed)."""
 
     rule: str
     mad_ms: float
     threshold_ms: float
-    count: int
+    count: int | None
     slowest: list[SlowIteration]
 
 

@@ -82,6 +82,7 @@ from megatron.trace.semconv import (
     HANG_SPAN,
     HOST_NAME,
     INTERVAL_REROOTED,
+    IS_GOODPUT_SPAN,
     ITERATION,
     ITERATION_SPAN,
     NEMO_RUN_ID,
@@ -160,7 +161,10 @@ class Incarnation:
     the ``per_step`` groups). ``interval_facts`` holds each interval's index
     and iteration range (:mod:`megatron.trace.model.intervals`: its attributes, else
     derived); ``checkpoint_time`` the time Megatron-LM's other checkpoint
-    spans cover; ``finalize_starts`` the starts of its async-save finalizes.
+    spans cover; ``goodput_time`` the time training-loop spans outside any interval
+    cover (root iteration spans, and root spans marked ``is_goodput_span``: Megatron-LM
+    without checkpointing opens no interval); ``finalize_starts`` the starts of its
+    async-save finalizes.
     ``waits`` holds the finished ``megatron.grad_sync.finish`` spans, numbered
     by their ``megatron.iteration``, as :class:`Iterations` (empty without the
     ``communication`` group or with one rank). ``hangs`` and ``recoveries``
@@ -186,6 +190,7 @@ class Incarnation:
     _facts: list[IntervalFacts] | None = field(default=None, repr=False, compare=False)
     _facts_rerooted: bool = field(default=False, repr=False, compare=False)
     checkpoint_time: Stretches = field(default_factory=lambda: Stretches())
+    goodput_time: Stretches = field(default_factory=lambda: Stretches())
     finalize_starts: array = field(default_factory=lambda: array("q"))
     waits: Iterations = field(default_factory=lambda: Iterations())
     hangs: Sequence[SpanRecord] = field(default_factory=list)
@@ -337,6 +342,7 @@ class _Process:
         "checkpoint_time",
         "file",
         "finalize_starts",
+        "goodput_time",
         "iterations",
         "max_end",
         "max_end_child",
@@ -353,6 +359,7 @@ class _Process:
         self.records = RecordLog()
         self.iterations = Iterations()
         self.checkpoint_time = Stretches()
+        self.goodput_time = Stretches()
         self.finalize_starts = array("q")
         self.waits = Iterations()
         self.min_start: int | None = None
@@ -367,6 +374,8 @@ class _Process:
         self.waits.extend(other.waits)
         for start, end in other.checkpoint_time:
             self.checkpoint_time.add(start, end)
+        for start, end in other.goodput_time:
+            self.goodput_time.add(start, end)
         self.finalize_starts.extend(other.finalize_starts)
         if other.min_start is not None and (
             self.min_start is None or other.min_start < self.min_start
@@ -522,6 +531,23 @@ class TraceBuilder:
                 self._ignored.add(name)
         return kind
 
+    def _add_loop_roots(self, proc: _Process, roots: Sequence[Any]) -> None:
+        """Add the training loop's time that no interval holds: a root iteration span, or a
+        root span marked ``is_goodput_span`` that no report category claims by its name
+        (Megatron-LM with ``save_interval`` 0 never opens an interval, so each loop pass's
+        spans are roots). Inside an interval such spans are covered by it already."""
+        kinds = self._kinds
+        for span in roots:
+            kind = kinds.get(span.name)
+            if kind is None:
+                kind = self._kind(span.name)
+            if kind == _ITERATION or (
+                kind == _IGNORED
+                and span.has_attributes()
+                and span.attribute(IS_GOODPUT_SPAN) is True
+            ):
+                proc.goodput_time.add(span.start_time_unix_nano, span.end_time_unix_nano)
+
     def add_line(self, line: DecodedLine) -> None:
         """Add every span of one decoded line (the fast path: no dict per span)."""
         try:
@@ -553,9 +579,10 @@ class TraceBuilder:
         if proc.min_start is None or low < proc.min_start:
             proc.min_start = low
         proc.max_end = max(proc.max_end, max([s.end_time_unix_nano for s in spans]))
-        root_ends = [s.end_time_unix_nano for s in spans if not s.parent_span_id]
-        if root_ends:
-            proc.max_end_root = max(proc.max_end_root, max(root_ends))
+        roots = [s for s in spans if not s.parent_span_id]
+        if roots:
+            proc.max_end_root = max(proc.max_end_root, max([s.end_time_unix_nano for s in roots]))
+            self._add_loop_roots(proc, roots)
         if maybe_cut:  # the rare line that may hold a span marked cut short
             cut = {id(s) for s in spans if s.has_attributes() and s.attribute(SPAN_CUT_SHORT)}
             child_ends = [
@@ -702,11 +729,13 @@ def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], lis
         lo = boundaries[position - 1] if position else -(2**63)
         hi = boundaries[position] if position < len(boundaries) else 2**63 - 1
         inc.checkpoint_time = proc.checkpoint_time.clipped(lo, hi)
+        inc.goodput_time = proc.goodput_time.clipped(lo, hi)
         inc.finalize_starts = array("q", (s for s in proc.finalize_starts if lo <= s < hi))
     for index, inc in enumerate(incs):
         times = [spans[index]] if spans[index][0] <= spans[index][1] else []
-        if inc.checkpoint_time:
-            times.append((inc.checkpoint_time.starts[0], inc.checkpoint_time.ends[-1]))
+        for stretches in (inc.checkpoint_time, inc.goodput_time):
+            if stretches:
+                times.append((stretches.starts[0], stretches.ends[-1]))
         if inc.iterations:
             times.append((inc.iterations.min_start(), inc.iterations.max_end()))
         if index == len(incs) - 1:

@@ -63,7 +63,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"iterations: {stats['count']}  median {stats['median_ms']} ms  "
             f"p90 {stats['p90_ms']} ms  max {stats['max_ms']} ms  "
-            f"anomalous: {anomalous['count']} over {anomalous['threshold_ms']} ms"
+            f"anomalous: {'?' if anomalous['count'] is None else anomalous['count']} over "
+            f"{anomalous['threshold_ms']} ms"
         )
         lines.append(f"  anomaly rule: {anomalous['rule']}")
         if anomalous["slowest"]:

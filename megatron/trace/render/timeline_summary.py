@@ -108,7 +108,8 @@ def summary_html(report: dict[str, Any]) -> str:
         anomalous = stats["anomalous"]
         items.append(
             f"iteration median {stats['median_ms']:.1f} ms, p90 {stats['p90_ms']:.1f} ms, "
-            f"max {stats['max_ms']:.1f} ms; {anomalous['count']} anomalous "
+            f"max {stats['max_ms']:.1f} ms; "
+            f"{'?' if anomalous['count'] is None else anomalous['count']} anomalous "
             f"({html.escape(anomalous['rule'])})"
         )
     found = report.get("stragglers")
