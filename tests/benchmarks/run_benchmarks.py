@@ -5,31 +5,40 @@ training loop, the same run of this script), interleaved repetition by
 repetition so drift in machine load hits both sides alike; we report medians.
 Nothing here asserts a time: the figures are printed, a readable table first,
 and as the last line one JSON object (the keys of the README's Performance table).
+``--json PATH`` also writes them, with their targets, descriptions and the run's
+machine, to a results file, from which ``table.py`` writes the README's table.
 
 Run with ``tox -e bench`` (or ``python tests/benchmarks/run_benchmarks.py``);
 ``--only encode,pipeline`` runs some sections (``--list`` names them all).
 Each section is one function in the module of its subject (``lifecycle``,
 ``export_pipeline``, ``training``, ``reader``, ``timeline``, ``trace_commands``;
 what they share is in ``harness``), registered in ``SECTIONS`` with the keys it
-records; a new benchmark is a function, a ``SECTIONS`` row and its targets
-(in ``targets``).
+records; a new benchmark is a function, a ``SECTIONS`` row and its target and
+description in ``targets``.
 Kept out of the default test run: pytest collects only ``test_*.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import math
 import os
+import platform
+import subprocess
 import sys
 import time
 from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
 
 from export_pipeline import section_encode, section_pipeline
-from harness import Run
+from harness import REPO_ROOT, Run
 from lifecycle import section_lifecycle, section_reroot, section_step
 from reader import section_report, section_selection
-from targets import TARGETS
+from targets import DESCRIPTIONS, TARGETS, unit
 from timeline import section_timeline
 from trace_commands import section_trace
 from training import section_sigterm, section_training
@@ -51,6 +60,71 @@ SECTIONS: dict[str, Callable[[Run], None]] = {
 }
 
 
+#: Packages whose versions the results file records beside Python's.
+PACKAGES = ("torch", "opentelemetry-sdk", "transitions", "msgspec", "numpy", "plotly")
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout.strip()
+
+
+def machine(sections: list[str], quick: bool) -> dict[str, Any]:
+    """What the figures were measured on and from: taken before the run, so the
+    commit and whether the tree was clean are those of the code measured."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    # the results file and the README's table, which a run rewrites, are not the code
+    status = _git(
+        "status", "--porcelain", "--untracked-files=no", "--", ".",
+        ":(exclude)tests/benchmarks/results.json", ":(exclude,glob)**/*.md",
+    )  # fmt: skip
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": None if status is None else bool(status),
+        "python": platform.python_version(),
+        "torch": versions.pop("torch"),
+        "packages": versions,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "sections": sections,
+        "quick": quick,
+    }
+
+
+def _number(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def results_file(run: Run, run_info: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """The results file's content: the run, then each key in the order measured with
+    its figure, target, unit, description, whether it meets its target and the two
+    texts the printed table shows beside it (ours, the baseline)."""
+    results = {}
+    for key, _, ours, base in run.rows:
+        value, target = run.results[key], TARGETS[key]
+        results[key] = {
+            "value": _number(value),
+            "target": _number(target),
+            "meets": None if math.isnan(target) or math.isnan(value) else value <= target,
+            "unit": unit(key),
+            "description": DESCRIPTIONS[key],
+            "ours": ours,
+            "baseline": base,
+        }
+    return {"run": {**run_info, "seconds": round(seconds)}, "results": results}
+
+
 def main(argv: list[str] | None = None) -> int:
     # Not taken from __doc__, which ``python -OO`` strips.
     parser = argparse.ArgumentParser(
@@ -64,7 +138,18 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated sections to run (default: all): {', '.join(SECTIONS)}",
     )
     parser.add_argument("--list", action="store_true", help="print the section names and exit")
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        type=Path,
+        help="also write the results, with targets, descriptions and the machine, to PATH "
+        "(tests/benchmarks/table.py turns it into the README's table)",
+    )
     args = parser.parse_args(argv)
+    if set(DESCRIPTIONS) != set(TARGETS):  # before a run's minutes, not after them
+        parser.error(
+            f"targets.py: TARGETS and DESCRIPTIONS differ in {set(DESCRIPTIONS) ^ set(TARGETS)}"
+        )
     if args.list:
         print("\n".join(SECTIONS))
         return 0
@@ -78,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"valid: {', '.join(SECTIONS)}"
             )
 
+    run_info = machine(chosen, args.quick) if args.json else {}
+    started = time.perf_counter()
     run = Run(quick=args.quick)
     for name in chosen:
         SECTIONS[name](run)
@@ -88,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:<{width}}{value:>10}  {TARGETS[key]:>7}  {ours_text:<22} {base_text}")
     print(f"# {os.cpu_count()} cpus, python {sys.version.split()[0]}, {time.strftime('%Y-%m-%d')}")
     print(json.dumps(run.results))
+    if args.json:
+        document = results_file(run, run_info, time.perf_counter() - started)
+        args.json.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
     return 0
 
 
