@@ -1,0 +1,169 @@
+"""The span lifecycle against the raw SDK: ``step()``, one ``reroot`` and a whole
+lifecycle (sections ``step``, ``reroot`` and ``lifecycle``)."""
+
+from __future__ import annotations
+
+import time
+
+from harness import Run, _InMemoryTelemetry, _interleaved, _time_calls
+from opentelemetry import context as otel_context
+from opentelemetry import trace as otel_trace
+from opentelemetry.trace import Link
+
+from megatron.training.telemetry_spans import SpanPhases
+
+
+class _Comparable:
+    """The step() baseline: an object with an empty method of the same shape."""
+
+    def __init__(self) -> None:
+        self._countdown = 1
+        self.save_interval = 100
+
+    def step(self, iteration: int | None = None) -> None:
+        pass
+
+
+# -- step() -----------------------------------------------------------------
+
+
+def bench_step(enabled: bool, repeats: int, n: int):
+    telemetry = _InMemoryTelemetry() if enabled else None
+    phases = SpanPhases(telemetry, save_interval=10**12, enabled=enabled)
+    phases.start_job(model_type="GPT")
+    phases.start_train()
+    phases.step(0)  # the boundary pass: opens the interval; the rest are not boundaries
+    baseline = _Comparable()
+    return _interleaved(
+        lambda: _time_calls(phases.step, n), lambda: _time_calls(baseline.step, n), repeats
+    )
+
+
+# -- reroot -----------------------------------------------------------------
+
+
+def bench_reroot(repeats: int, n: int):
+    ours_telemetry = _InMemoryTelemetry()
+    phases = SpanPhases(ours_telemetry, save_interval=1)
+    phases.start_job(model_type="GPT")
+    phases.start_train()
+    phases.step(0)
+
+    raw_telemetry = _InMemoryTelemetry()
+    tracer = raw_telemetry.tracer
+    first = tracer.start_span("megatron.train", context=otel_context.Context())
+    raw = {"span": first, "token": otel_context.attach(otel_trace.set_span_in_context(first))}
+    index = [0]
+
+    def raw_reroot(_: int) -> None:
+        # The minimal SDK calls for the same two spans and link: detach and end
+        # C(k), start C(k+1) in an empty context linked to it, attach it.
+        previous = raw["span"]
+        otel_context.detach(raw["token"])
+        previous.set_attribute("megatron.interval.rerooted", True)  # as ours writes it
+        previous.end()
+        index[0] += 1
+        span = tracer.start_span(
+            "megatron.train",
+            context=otel_context.Context(),
+            links=[Link(previous.get_span_context())],
+            attributes={"is_goodput_span": True, "megatron.interval.index": index[0]},
+        )
+        raw["span"] = span
+        raw["token"] = otel_context.attach(otel_trace.set_span_in_context(span))
+
+    def ours() -> float:
+        ours_telemetry.exporter.clear()
+        return _time_calls(lambda _: phases.reroot(), n)
+
+    def baseline() -> float:
+        raw_telemetry.exporter.clear()
+        return _time_calls(raw_reroot, n)
+
+    result = _interleaved(ours, baseline, repeats)
+    otel_context.detach(raw["token"])
+    return result
+
+
+# -- a whole lifecycle -------------------------------------------------------
+
+
+def bench_lifecycle(repeats: int, passes: int = 10_000, save_interval: int = 100):
+    def ours() -> float:
+        telemetry = _InMemoryTelemetry()
+        phases = SpanPhases(telemetry, save_interval=save_interval)
+        start = time.perf_counter()
+        phases.start_job(model_type="GPT", timestamps={"program_start": time.time() - 1})
+        phases.start_train()
+        for iteration in range(passes):
+            phases.step(iteration)
+        phases.end_train()
+        phases.shutdown()
+        elapsed = time.perf_counter() - start
+        assert len(telemetry.exporter.get_finished_spans()) == 1 + passes // save_interval
+        return elapsed
+
+    def baseline() -> float:
+        telemetry = _InMemoryTelemetry()
+        tracer = telemetry.tracer
+        start = time.perf_counter()
+        startup = tracer.start_span(
+            "megatron.startup",
+            context=otel_context.Context(),
+            start_time=int((time.time() - 1) * 1e9),
+            attributes={"is_goodput_span": True, "megatron.model_type": "GPT"},
+        )
+        token = otel_context.attach(otel_trace.set_span_in_context(startup))
+        otel_context.detach(token)
+        startup.end()
+        link_to, interval, index, first = startup.get_span_context(), None, 0, 0
+        for iteration in range(passes):
+            if iteration % save_interval == 0:
+                if interval is not None:
+                    otel_context.detach(token)
+                    interval.set_attributes(
+                        {
+                            "megatron.interval.first_iteration": first,
+                            "megatron.interval.last_iteration": iteration - 1,
+                            "megatron.interval.rerooted": True,
+                        }
+                    )
+                    interval.end()
+                    link_to = interval.get_span_context()
+                interval = tracer.start_span(
+                    "megatron.train",
+                    context=otel_context.Context(),
+                    links=[Link(link_to)],
+                    attributes={"is_goodput_span": True, "megatron.interval.index": index},
+                )
+                token = otel_context.attach(otel_trace.set_span_in_context(interval))
+                index, first = index + 1, iteration
+        otel_context.detach(token)
+        interval.set_attributes(
+            {
+                "megatron.interval.first_iteration": first,
+                "megatron.interval.last_iteration": passes - 1,
+                "megatron.interval.rerooted": False,
+            }
+        )
+        interval.end()
+        telemetry.shutdown()
+        return time.perf_counter() - start
+
+    return _interleaved(ours, baseline, repeats)
+
+
+def section_step(run: Run) -> None:
+    for key, enabled in (("step_ratio_off", False), ("step_ratio_on", True)):
+        ratio, ours, base = bench_step(enabled, run.reps, 200_000)
+        run.record(key, ratio, f"{ours * 1e9:.1f} ns", f"{base * 1e9:.1f} ns (empty method)")
+
+
+def section_reroot(run: Run) -> None:
+    ratio, ours, base = bench_reroot(run.reps, 2_000)
+    run.record("reroot_ratio", ratio, f"{ours * 1e6:.2f} us", f"{base * 1e6:.2f} us (raw SDK)")
+
+
+def section_lifecycle(run: Run) -> None:
+    ratio, ours, base = bench_lifecycle(max(run.reps // 2, 3))
+    run.record("lifecycle_ratio", ratio, f"{ours * 1e3:.2f} ms", f"{base * 1e3:.2f} ms (raw SDK)")

@@ -1,0 +1,122 @@
+"""Every key the benchmarks record: its target, and what it measures in one line.
+
+A figure meets its target when it is at most the target; ``nan`` is a figure
+measured with no target. Plain data, imported by ``run_benchmarks.py`` (which
+writes all three into its results file) and by ``table.py`` (which turns that
+file into the README's table); ``tests/test_benchmark_table.py`` holds the dicts
+to the same keys, so a new key is a target here and a line of the table.
+"""
+
+from __future__ import annotations
+
+TARGETS = {
+    "step_ratio_off": 2.0,
+    "step_ratio_on": 2.0,
+    "reroot_ratio": 1.5,
+    "lifecycle_ratio": 1.3,
+    "train_overhead_default": 1.01,
+    "train_overhead_per_step": 1.05,
+    "sigterm_exit_s": 1.0,
+    "encode_ratio_vs_official": 0.7,
+    "pipeline_cpu_ratio": 0.8,
+    "report_s_per_million_spans": 30.0,
+    "report_peak_mb_1m_spans": 200.0,
+    "report_floor_ratio": 1.0,
+    "check_floor_ratio": 1.2,
+    "export_floor_ratio": 2.0,
+    "export_perfetto_floor_ratio": 2.0,
+    "report_fallback_floor_ratio": float("nan"),  # measured, no target
+    "export_many_intervals_floor_ratio": 2.0,
+    # the same file, every reader: independent of the number of intervals, as above
+    "report_many_intervals_floor_ratio": 1.0,
+    "check_many_intervals_floor_ratio": 1.2,
+    "export_perfetto_many_intervals_floor_ratio": 2.0,
+    "check_peak_mb_1m_spans": 300.0,
+    "export_perfetto_size_ratio": 1.0,
+    # with the communication group (the straggler split): as fast as any report
+    "report_communication_floor_ratio": 1.0,
+    # peak RSS at 4M spans / at 1M, the same shape: flat memory is about 1
+    "report_peak_growth_4x_spans": 1.1,
+    "check_peak_growth_4x_spans": 1.1,
+    "export_peak_growth_4x_spans": 1.1,
+    "export_perfetto_peak_growth_4x_spans": 1.1,
+    "timeline_peak_growth_4x_spans": 1.1,
+    # the timeline's lanes into their page: ours (msgspec for the bars) must beat plotly's
+    "timeline_page_ratio_vs_plotly": 1.0,
+    # the report's order statistics by selection over the columns' parts against numpy's
+    # partition of the whole column: a small fraction of its memory, for a few passes' time
+    "selection_peak_ratio_vs_partition": 0.25,
+    "selection_time_ratio_vs_partition": float("nan"),  # measured, no target
+}
+
+
+#: What each key measures, one line: ours, then what it is over.
+DESCRIPTIONS = {
+    "step_ratio_off": "`SpanPhases.step()` on a non-boundary pass, telemetry off, over an empty "
+    "method call",
+    "step_ratio_on": "`SpanPhases.step()` on a non-boundary pass, telemetry on, over an empty "
+    "method call",
+    "reroot_ratio": "one `reroot`, over the raw SDK calls for the same two spans, link and "
+    "attributes",
+    "lifecycle_ratio": "`start_job` … `shutdown`, 10,000 passes, `save_interval` 100, over "
+    "hand-written raw SDK calls",
+    "train_overhead_default": "the demo model's ms/iteration with the `default` groups, over "
+    "telemetry off (interleaved runs)",
+    "train_overhead_per_step": "the demo model's ms/iteration with the `per_step` groups, over "
+    "telemetry off",
+    "sigterm_exit_s": "hard SIGTERM to process exit with 10,000 spans queued (absolute)",
+    "encode_ratio_vs_official": "CPU to turn one `per_step` export batch (513 spans) into its "
+    "OTLP/JSON line: our encoder over the official `opentelemetry-exporter-otlp-json-common`",
+    "pipeline_cpu_ratio": "process CPU per exported span, `managed_span` → our batch processor → "
+    "our JSONL file, over raw SDK spans → `BatchSpanProcessor` → the official `FileSpanExporter`",
+    "report_s_per_million_spans": "`report` in-process on a synthetic `per_step` trace of 1M "
+    "spans, per million spans (absolute)",
+    "report_peak_mb_1m_spans": "peak RSS (`VmHWM`) of that report, in a fresh process",
+    "report_floor_ratio": "`megatron-trace report` as a whole process on a two-rank `per_step` "
+    "file of 1M spans, over the floor: `json.loads` of every line, a process of its own",
+    "check_floor_ratio": "`megatron-trace check` on the same file, over the same floor",
+    "export_floor_ratio": "`export --format chrome` on the same file, over the same floor",
+    "export_perfetto_floor_ratio": "`export --format perfetto` on the same file, over the same "
+    "floor",
+    "report_fallback_floor_ratio": "`report` without msgspec (the stdlib fallback), over the same "
+    "floor (no target)",
+    "export_many_intervals_floor_ratio": "`export --format chrome` on a file as big with an "
+    "interval every 4 iterations, over `json.loads` of that file",
+    "report_many_intervals_floor_ratio": "`report` on that file of many intervals, over its floor",
+    "check_many_intervals_floor_ratio": "`check` on that file of many intervals, over its floor",
+    "export_perfetto_many_intervals_floor_ratio": "`export --format perfetto` on that file of "
+    "many intervals, over its floor",
+    "check_peak_mb_1m_spans": "peak RSS of `check` on the 1M-span file, of its biggest process",
+    "export_perfetto_size_ratio": "the protobuf export's size, over the Chrome JSON of the same "
+    "file",
+    "report_communication_floor_ratio": "`report` on a two-rank file of 1M spans with the "
+    "`communication` group too (the straggler split runs), over `json.loads` of that file",
+    "report_peak_growth_4x_spans": "`report`'s peak RSS at 4M spans, over the same shape at 1M "
+    "(`communication` group too)",
+    "check_peak_growth_4x_spans": "`check`'s peak RSS at 4M spans, over the same at 1M",
+    "export_peak_growth_4x_spans": "`export --format chrome`'s peak RSS at 4M spans, over the same "
+    "at 1M",
+    "export_perfetto_peak_growth_4x_spans": "`export --format perfetto`'s peak RSS at 4M spans, "
+    "over the same at 1M",
+    "timeline_peak_growth_4x_spans": "`timeline`'s peak RSS at 4M spans, over the same at 1M",
+    "timeline_page_ratio_vs_plotly": "the timeline's lanes (a file with an interval every 4 "
+    "iterations) from the read trace into their page, over plotly's own figure and `to_html`",
+    "selection_peak_ratio_vs_partition": "the median and p90 of 4M iteration durations selected a "
+    "radix digit at a time over the spilled columns' parts: peak memory (tracemalloc) over "
+    "`np.partition` of the whole column",
+    "selection_time_ratio_vs_partition": "the same selection's time, over `np.partition`'s (no "
+    "target)",
+}
+
+#: The unit of each key that is not a ratio of ours over a baseline.
+UNITS = {
+    "sigterm_exit_s": "s",
+    "report_s_per_million_spans": "s per million spans",
+    "report_peak_mb_1m_spans": "MB",
+    "check_peak_mb_1m_spans": "MB",
+}
+
+
+def unit(key: str) -> str:
+    """The unit of ``key``'s figure: ``ratio`` unless ``UNITS`` names another."""
+    return UNITS.get(key, "ratio")
