@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import socket
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import synthetic
@@ -266,3 +268,66 @@ def test_without_dask_the_scheduler_option_names_the_extra(tmp_path: Path, addre
         "megatron-trace report: error: --scheduler needs the dask.distributed package: "
         "pip install 'megatron-telemetry-spans[cluster]'\n"
     )
+
+
+@pytest.mark.needs_extras  # dask
+def test_a_cluster_that_loses_the_work_is_one_line_and_no_answer(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, rank_files: list[Path]
+) -> None:
+    """Beyond Dask's retries (a piece that killed its worker each time it ran)."""
+    from distributed import KilledWorker
+
+    from megatron.trace.cli import report
+
+    def lost(*args: object) -> None:
+        raise KilledWorker("scan_file-1234", SimpleNamespace(address="tcp://127.0.0.1:4321"), 3)
+
+    monkeypatch.setattr(report, "load_trace", lost)
+    status, out, err = _run(capsys, "report", str(rank_files[0]), "--scheduler", "local:1")
+    assert (status, out) == (2, "")
+    assert err.count("\n") == 1
+    assert err.startswith("megatron-trace report: error: the Dask cluster at local:1 lost the work")
+    assert "tcp://127.0.0.1:4321" in err
+
+
+class _DiesOnce:
+    """The map step, but the worker reading ``victim`` dies the first time (the marker
+    file says it did): the process ends as a kill would end it, mid-piece."""
+
+    def __init__(self, victim: Path, marker: Path) -> None:
+        self.victim, self.marker = victim, marker
+
+    def __call__(self, item: object) -> object:
+        from megatron.trace.model.trace import scan_file
+
+        path = item.path if isinstance(item, parallel.FilePiece) else item
+        if path == self.victim and not self.marker.exists():
+            self.marker.touch()
+            os._exit(1)
+        return scan_file(item)  # type: ignore[arg-type]
+
+
+@pytest.mark.needs_extras  # dask
+def test_a_worker_that_dies_mid_run_costs_a_retry_not_the_answer(
+    tmp_path: Path, scheduler: str, rank_files: list[Path]
+) -> None:
+    """Dask's nanny starts a new worker and the lost piece runs again: the whole answer.
+    (Last here: the cluster has a new worker after it.)"""
+    import cloudpickle
+    import dask.config
+    from distributed import Client
+
+    from megatron.trace.model.trace import TraceBuilder, scan_file
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import us
+    files = rank_files[:16]
+    expected = build_report(parallel.map_reduce(scan_file, TraceBuilder.merge, files, 1).finish())
+    dies = _DiesOnce(files[5], tmp_path / "died")
+    # a result the dead worker held is fetched again from the new one; a try to reach the
+    # dead one first may wait the connect timeout (30 s by default): keep it short here
+    with dask.config.set({"distributed.comm.timeouts.connect": "2s"}), Client(scheduler) as client:
+        merged = parallel.map_reduce(
+            dies, TraceBuilder.merge, files, executor=client.get_executor()
+        )
+    assert (tmp_path / "died").exists()
+    assert build_report(merged.finish()) == expected

@@ -219,10 +219,16 @@ class _Remote:
 
     def __init__(self, function: Callable[[Any], Any]) -> None:
         self.key = uuid.uuid4().hex
+        # what Dask names the tasks by (scan_file-…), in its dashboard and logs
+        self.__name__ = getattr(function, "__name__", type(function).__name__)
+        try:  # cloudpickle (Dask's) also carries a function of a script's __main__
+            from cloudpickle import dumps
+        except ImportError:
+            dumps = pickle.dumps
         try:
-            self.function: Any = pickle.dumps(function, pickle.HIGHEST_PROTOCOL)
-        except (pickle.PicklingError, AttributeError, TypeError):  # a lambda: the executor's
-            self.function = function  # own serializer may manage it (Dask's cloudpickle)
+            self.function: Any = dumps(function, pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, AttributeError, TypeError):  # the executor's own
+            self.function = function  # serializer may manage it
 
     def __call__(self, item: Any) -> Any:
         function = self.function
