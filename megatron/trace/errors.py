@@ -86,6 +86,11 @@ class MissingExtraError(TraceError):
         super().__init__(
             f"{what} needs the {package} package: pip install 'megatron-telemetry-spans[{extra}]'"
         )
+        self.what, self.package, self.extra = what, package, extra
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # so it crosses a process pool or a Dask cluster intact (a worker without zstandard)
+        return (type(self), (self.what, self.package, self.extra))
 
 
 class TraceOutputError(TraceError):

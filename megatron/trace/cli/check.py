@@ -10,14 +10,15 @@ import argparse
 from typing import Any
 
 from megatron.trace.analysis.check import check_files
-from megatron.trace.cli.options import add_command, clock
+from megatron.trace.cli.options import add_command, clock, reading_on
 from megatron.trace.errors import NoSpansError
 
 __all__ = ["add_parser", "run"]
 
 
 def run(args: argparse.Namespace) -> int:
-    result = check_files(args.files, clock(args), args.jobs)
+    with reading_on(args) as (jobs, executor):
+        result = check_files(args.files, clock(args), jobs, executor)
     trace = result.trace
     assert trace is not None
     if not trace.span_count:  # nothing to check is not a whole trace

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from megatron.trace.cli.options import add_command, clock, writing
+from megatron.trace.cli.options import add_command, clock, reading_on, writing
 from megatron.trace.render.export import FORMATS, export_files, size_warning
 
 __all__ = ["add_parser", "run"]
@@ -43,7 +43,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``export`` for parsed arguments; returns the exit status."""
-    with writing(args.output):
+    with reading_on(args) as (jobs, executor), writing(args.output):
         result = export_files(
             args.files,
             args.output,
@@ -51,8 +51,9 @@ def run(args: argparse.Namespace) -> int:
             args.since,
             args.until,
             args.ranks,
-            args.jobs,
+            jobs,
             clock(args),
+            executor,
         )
     mb = result.size / 2**20
     size = f"{mb:.1f} MB" if mb < 1024 else f"{mb / 1024:.2f} GB"

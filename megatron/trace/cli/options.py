@@ -1,19 +1,25 @@
-"""What every ``megatron-trace`` subcommand shares: its parser, the FILE arguments, the clock."""
+"""What every ``megatron-trace`` subcommand shares: its parser, the FILE arguments, the clock,
+and where the files are read (``--jobs`` local processes, or ``--scheduler``: a Dask cluster)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import math
 from collections.abc import Callable, Iterator
+from concurrent.futures import CancelledError, Executor
 from pathlib import Path
 from typing import Any
 
 from megatron.trace.analysis.liveness import Clock
-from megatron.trace.errors import TraceOutputError
+from megatron.trace.errors import MissingExtraError, TraceError, TraceOutputError
 from megatron.trace.semconv import STALE_AFTER_S
 
-__all__ = ["add_command", "clock", "writing"]
+__all__ = ["CONNECT_TIMEOUT_S", "add_command", "clock", "reading_on", "writing"]
+
+#: How long ``--scheduler tcp://...`` waits for the scheduler before giving up (exit 2).
+CONNECT_TIMEOUT_S = 10.0
 
 
 def _jobs(text: str) -> int:
@@ -26,6 +32,18 @@ def _jobs(text: str) -> int:
             f"--jobs must be a whole number of processes, 1 or more: {text!r}"
         )
     return value
+
+
+def _scheduler(text: str) -> str:
+    if text.startswith("local:"):
+        workers = text.removeprefix("local:")
+        if not (workers.isdigit() and int(workers) >= 1):
+            raise argparse.ArgumentTypeError(
+                f"--scheduler local:N needs N worker processes, 1 or more: {text!r}"
+            )
+    elif not text:
+        raise argparse.ArgumentTypeError("--scheduler needs an address, e.g. tcp://host:8786")
+    return text
 
 
 def _positive_seconds(text: str) -> float:
@@ -57,7 +75,7 @@ def add_command(
 ) -> argparse.ArgumentParser:
     """Add subcommand ``name`` taking ``FILE...`` (trace files); ``run`` gives the exit status.
 
-    Every command also takes ``--jobs`` and the liveness options
+    Every command also takes ``--jobs``, ``--scheduler`` and the liveness options
     (``--stale-after``, ``--now``): they all say whether the job is still
     running. Returns the parser, for the subcommand's own options.
     """
@@ -68,7 +86,18 @@ def add_command(
         type=_jobs,
         default=None,
         metavar="N",
-        help="read the files in N parallel processes (default: one per file, up to the cores)",
+        help="read the files in N parallel processes (default: one per file, up to the cores); "
+        "with --scheduler, in about N pieces (default: one per worker thread)",
+    )
+    parser.add_argument(
+        "--scheduler",
+        type=_scheduler,
+        default=None,
+        metavar="ADDRESS",
+        help="read the files on a Dask cluster instead: its scheduler's address "
+        "(tcp://host:8786), or local:N for a cluster of N worker processes started here for "
+        "this command; every worker must see the files at the same paths (needs the "
+        "'cluster' extra)",
     )
     parser.add_argument(
         "--stale-after",
@@ -102,3 +131,52 @@ def writing(output: Path) -> Iterator[None]:
         yield
     except OSError as error:
         raise TraceOutputError(f"cannot write {output}: {error.strerror or error}") from error
+
+
+@contextlib.contextmanager
+def reading_on(args: argparse.Namespace) -> Iterator[tuple[int | None, Executor | None]]:
+    """Where the command reads its files: ``(jobs, executor)`` for the library's calls.
+
+    Without ``--scheduler``: ``--jobs`` local processes, no executor. With it: the Dask
+    cluster's executor, and as many pieces as its workers have threads (or ``--jobs``);
+    a ``local:N`` cluster lives as long as this block. A scheduler that cannot be
+    reached, or a cluster that loses the work beyond Dask's own retries (a worker that
+    dies is replaced, its pieces run again), is one :class:`TraceError` (exit 2) raised
+    before anything is printed: the commands print once the whole answer is in.
+    """
+    address = getattr(args, "scheduler", None)
+    jobs = getattr(args, "jobs", None)
+    if address is None:
+        yield jobs, None
+        return
+    try:
+        import distributed
+        from distributed.comm.core import CommClosedError
+    except ImportError:
+        raise MissingExtraError("--scheduler", "dask.distributed", "cluster") from None
+    with contextlib.ExitStack() as stack:
+        try:
+            if address.startswith("local:"):
+                cluster = distributed.LocalCluster(
+                    n_workers=int(address.removeprefix("local:")),
+                    processes=True,
+                    threads_per_worker=1,
+                    dashboard_address=":0",  # (None still takes 8787: two clusters would clash)
+                    silence_logs=logging.ERROR,
+                )
+                stack.enter_context(cluster)
+                client = stack.enter_context(distributed.Client(cluster))
+            else:
+                client = distributed.Client(address, timeout=CONNECT_TIMEOUT_S)
+                stack.enter_context(client)
+        except (OSError, TimeoutError) as error:
+            raise TraceError(f"cannot reach the Dask scheduler at {address}: {error}") from None
+        if jobs is None:
+            jobs = max(1, sum(client.nthreads().values()))
+        try:
+            yield jobs, client.get_executor(pure=False)
+        except (distributed.KilledWorker, CommClosedError, CancelledError) as error:
+            raise TraceError(
+                f"the Dask cluster at {address} lost the work "
+                f"({type(error).__name__}: {error or 'cancelled'}); no answer"
+            ) from None

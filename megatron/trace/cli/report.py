@@ -15,7 +15,7 @@ from typing import Any
 
 from megatron.trace.analysis.goodput import build_report
 from megatron.trace.analysis.liveness import judge
-from megatron.trace.cli.options import add_command, clock
+from megatron.trace.cli.options import add_command, clock, reading_on
 from megatron.trace.errors import NoSpansError
 from megatron.trace.model.trace import load_trace
 from megatron.trace.render.report_text import format_report
@@ -24,7 +24,8 @@ __all__ = ["add_parser", "run"]
 
 
 def run(args: argparse.Namespace) -> int:
-    trace = load_trace(args.files, args.jobs)
+    with reading_on(args) as (jobs, executor):
+        trace = load_trace(args.files, jobs, executor)
     if not trace.ranks:
         raise NoSpansError(args.files)
     report = build_report(trace, judge(trace, args.files, clock(args)))

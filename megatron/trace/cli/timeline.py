@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from megatron.trace.cli.options import add_command, clock, writing
+from megatron.trace.cli.options import add_command, clock, reading_on, writing
 from megatron.trace.render.timeline import write_timeline
 
 __all__ = ["add_parser", "run"]
@@ -35,7 +35,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``timeline`` for parsed arguments; returns the exit status."""
-    with writing(args.output):
-        write_timeline(args.files, args.output, clock(args), args.jobs)
+    with reading_on(args) as (jobs, executor), writing(args.output):
+        write_timeline(args.files, args.output, clock(args), jobs, executor)
     print(f"timeline written to {args.output}")
     return 0

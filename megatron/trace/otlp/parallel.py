@@ -27,12 +27,17 @@ import functools
 import itertools
 import multiprocessing
 import os
+import pickle
+import socket
+import sys
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from megatron.trace.errors import TraceInputError
 from megatron.trace.otlp.files import FilePiece, numbered, split_file
 from megatron.trace.otlp.reader import paused_gc
 
@@ -149,7 +154,7 @@ def imap_files(
     # out: the counting overlaps the reading of the pieces handed out before
     work = _numbered(files)
     if executor is not None:
-        yield from executor.map(function, work)
+        yield from _on_executor(executor, function, work, len(files))
         return
     jobs = default_jobs(len(files)) if jobs is None else max(1, jobs)
     if jobs == 1 or len(files) < 2:
@@ -184,6 +189,83 @@ def imap_files(
     finally:
         if forked:
             _inherited = None
+
+
+def _on_executor(
+    executor: Executor, function: Callable[[Any], R], work: Iterator[Any], count: int
+) -> Iterator[R]:
+    """The calls on a caller's executor: each piece submitted as it is numbered (not
+    ``executor.map`` over the generator, which Dask refuses), the results taken in order.
+
+    Nothing is inherited there: ``function`` travels with every call (so it must
+    pickle), wrapped so that a file a worker cannot open is named with the worker."""
+    remote = _Remote(function)
+    try:
+        yield from _in_order(executor, remote, work, count)
+    finally:  # an executor in this process (threads) unpickled it here
+        _unpickled.pop(remote.key, None)
+
+
+class _Remote:
+    """``function`` as a call on some other process or machine (picklable): an ``OSError``
+    there (a file that worker cannot see) becomes a :class:`TraceInputError` naming the
+    file and the worker, which crosses back intact.
+
+    ``function`` is pickled once, here, and each call carries those bytes: a worker
+    unpickles them on its first call and keeps the function for the calls after
+    (:data:`_unpickled`). An export's function holds the trace's lanes, whose pickling
+    per call cost more than reading the pieces; bytes are copied, not pickled again.
+    """
+
+    def __init__(self, function: Callable[[Any], Any]) -> None:
+        self.key = uuid.uuid4().hex
+        # what Dask names the tasks by (scan_file-…), in its dashboard and logs
+        self.__name__ = getattr(function, "__name__", type(function).__name__)
+        try:  # cloudpickle (Dask's) also carries a function of a script's __main__
+            from cloudpickle import dumps
+        except ImportError:
+            dumps = pickle.dumps
+        try:
+            self.function: Any = dumps(function, pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, AttributeError, TypeError):  # the executor's own
+            self.function = function  # serializer may manage it
+
+    def __call__(self, item: Any) -> Any:
+        function = self.function
+        if isinstance(function, bytes):
+            function = _unpickled.get(self.key)
+            if function is None:
+                function = pickle.loads(self.function)
+                while len(_unpickled) >= 2:  # a long-lived worker keeps the newest ones only
+                    _unpickled.pop(next(iter(_unpickled)), None)
+                _unpickled[self.key] = function
+        try:
+            return function(item)
+        except OSError as error:
+            raise _unreadable(item, error) from None
+        except TraceInputError as error:
+            if isinstance(error.__cause__, OSError):  # the reader's own wording, from reading()
+                raise _unreadable(item, error.__cause__) from None
+            raise
+
+
+def _unreadable(item: Any, error: OSError) -> TraceInputError:
+    name = error.filename or (item.path if isinstance(item, FilePiece) else item)
+    return TraceInputError(
+        f"{name}: {error.strerror or error} on the worker at {_worker()} (every worker must "
+        "see the trace files, and an export's output directory, at the same paths)"
+    )
+
+
+def _worker() -> str:
+    """This worker's address: Dask's, when this is a Dask worker; else host and pid."""
+    distributed = sys.modules.get("distributed")
+    if distributed is not None:
+        try:
+            return str(distributed.get_worker().address)
+        except ValueError:  # not in a Dask worker
+            pass
+    return f"{socket.gethostname()} (pid {os.getpid()})"
 
 
 def _give_back_free_memory() -> None:
@@ -243,6 +325,10 @@ def _numbered(files: list[Path | FilePiece]) -> Iterator[Path | FilePiece]:
     for item in files:
         yield next(numbering) if isinstance(item, FilePiece) else item
 
+
+#: The functions a worker of a caller's executor has unpickled, by the call they belong
+#: to (:class:`_Remote`): filled from the calls' own arguments, never inherited.
+_unpickled: dict[str, Callable[[Any], Any]] = {}
 
 #: The function forked workers of :func:`map_files` call (set before they fork).
 _inherited: Callable[[Any], Any] | None = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from pathlib import Path
 
 from megatron.trace.analysis.liveness import Clock
@@ -74,19 +75,22 @@ def write_timeline(
     output: Path,
     clock: Clock | None = None,
     jobs: int | None = None,
+    executor: Executor | None = None,
 ) -> Timeline:
     """Draw the spans of ``paths`` as the timeline page at ``output``; returns what was drawn.
 
     Raises :class:`~megatron.trace.errors.MissingExtraError` without plotly,
     :class:`~megatron.trace.errors.NoSpansError` for files without a span, and
     the reader's errors for a missing or damaged file; ``output`` is then untouched.
+    The files are read in ``jobs`` processes, or on ``executor`` (any
+    ``concurrent.futures.Executor``: a Dask cluster's, say).
     """
     try:
         import plotly  # noqa: F401
     except ImportError:
         raise MissingExtraError("timeline", "plotly") from None
     files = [Path(path) for path in paths]
-    timeline = collect(span_source(files), [str(path) for path in files], clock, jobs)
+    timeline = collect(span_source(files), [str(path) for path in files], clock, jobs, executor)
     if not timeline.lanes:
         raise NoSpansError(files)
     write_page(timeline, output)

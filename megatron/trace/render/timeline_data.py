@@ -17,6 +17,7 @@ per-rank iteration times come from the model's compact arrays
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,16 +122,17 @@ def collect(
     files: list[str] | None = None,
     clock: Clock | None = None,
     jobs: int | None = None,
+    executor: Executor | None = None,
 ) -> Timeline:
     """Read the spans in one pass into the trace model, then into bars and lane summaries.
 
     The model (shared with ``check`` and ``report``, read as they read it: in
-    pieces, in ``jobs`` processes) decides incarnations and how each ended,
+    pieces, in ``jobs`` processes or on ``executor``) decides incarnations and how each ended,
     and :func:`~megatron.trace.analysis.liveness.judge` which are still running
     (against ``clock``, default the system clock; the heartbeat is read
     beside ``files``).
     """
-    trace = _read(source, jobs)
+    trace = _read(source, jobs, executor)
     liveness = judge(trace, [Path(f) for f in files or []], clock or Clock.system())
     index = LaneIndex(trace)
     summaries = [
@@ -203,10 +205,10 @@ class Bars:
             yield _in_flight_bar(lane, inc.in_flight)
 
 
-def _read(source: FileSpans, jobs: int | None) -> Trace:
+def _read(source: FileSpans, jobs: int | None, executor: Executor | None = None) -> Trace:
     """The trace model of the files, their errors as :class:`TraceInputError` (exit 2)."""
     with reading():
-        return load_trace(source.paths, jobs)
+        return load_trace(source.paths, jobs, executor)
 
 
 def _category(name: str) -> str | None:
