@@ -11,7 +11,8 @@ machine, to a results file, from which ``table.py`` writes the README's table.
 Run with ``tox -e bench`` (or ``python tests/benchmarks/run_benchmarks.py``);
 ``--only encode,pipeline`` runs some sections (``--list`` names them all).
 Each section is one function in the module of its subject (``lifecycle``,
-``export_pipeline``, ``training``, ``reader``, ``timeline``, ``trace_commands``;
+``export_pipeline``, ``training``, ``reader``, ``timeline``, ``trace_commands``,
+``cluster``;
 what they share is in ``harness``), registered in ``SECTIONS`` with the keys it
 records; a new benchmark is a function, a ``SECTIONS`` row and its target and
 description in ``targets``.
@@ -34,6 +35,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from cluster import section_cluster
 from export_pipeline import section_encode, section_pipeline
 from harness import REPO_ROOT, Run
 from lifecycle import section_lifecycle, section_reroot, section_step
@@ -57,6 +59,7 @@ SECTIONS: dict[str, Callable[[Run], None]] = {
     "timeline": section_timeline,
     "selection": section_selection,
     "trace": section_trace,
+    "cluster": section_cluster,
 }
 
 

@@ -47,6 +47,10 @@ TARGETS = {
     # partition of the whole column: a small fraction of its memory, for a few passes' time
     "selection_peak_ratio_vs_partition": 0.25,
     "selection_time_ratio_vs_partition": float("nan"),  # measured, no target
+    # reading on a Dask cluster: about as fast as the local pool on as many workers, and
+    # a piece's summary grows by the iteration columns' 24 bytes an iteration (+1 of slack)
+    "cluster_report_ratio": 1.3,
+    "cluster_bytes_per_piece": 25.0,
 }
 
 
@@ -106,6 +110,12 @@ DESCRIPTIONS = {
     "`np.partition` of the whole column",
     "selection_time_ratio_vs_partition": "the same selection's time, over `np.partition`'s (no "
     "target)",
+    "cluster_report_ratio": "`report` of 64 rank files (230 MB) with `--scheduler` on a "
+    "2-worker Dask `LocalCluster` started beforehand, over `--jobs 2` (the local pool), each "
+    "timed in a process of its own",
+    "cluster_bytes_per_piece": "bytes a worker's summary of one piece (`report`'s map step, "
+    "serialized as Dask sends it) grows by per iteration: a one-rank file at 4x the "
+    "iterations, as many checkpoint intervals, over 1x",
 }
 
 #: The unit of each key that is not a ratio of ours over a baseline.
@@ -114,6 +124,7 @@ UNITS = {
     "report_s_per_million_spans": "s per million spans",
     "report_peak_mb_1m_spans": "MB",
     "check_peak_mb_1m_spans": "MB",
+    "cluster_bytes_per_piece": "bytes per iteration",
 }
 
 
