@@ -201,7 +201,7 @@ def bench_cluster(repeats: int, ranks: int = 64, spans_per_rank: int = 12_000) -
 
 
 def section_cluster(run: Run) -> None:
-    figures = bench_cluster(3 if run.quick else 9)
+    figures = bench_cluster(run.reps)
     run.record(
         "cluster_report_ratio",
         figures["ratio"],
