@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import logging
 import math
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import CancelledError, Executor
 from pathlib import Path
@@ -16,7 +17,16 @@ from megatron.trace.analysis.liveness import Clock
 from megatron.trace.errors import MissingExtraError, TraceError, TraceOutputError
 from megatron.trace.semconv import STALE_AFTER_S
 
-__all__ = ["CONNECT_TIMEOUT_S", "add_command", "clock", "reading_on", "writing"]
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "add_command",
+    "clock",
+    "exit_statuses",
+    "finding",
+    "percent",
+    "reading_on",
+    "writing",
+]
 
 #: How long ``--scheduler tcp://...`` waits for the scheduler before giving up (exit 2).
 CONNECT_TIMEOUT_S = 10.0
@@ -56,6 +66,26 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def percent(text: str) -> float:
+    """A bound in per cent (``--fail-under-goodput 80``, ``--fail-if-slower 5``): 0 or more."""
+    try:
+        value = float(text.removesuffix("%"))
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a percentage, 0 or more, got {text!r}")
+    return value
+
+
+def finding(command: str, line: str | None) -> int:
+    """A gate's verdict as the exit status: 1 with its one line (on stderr, after the
+    command's output, so ``--json`` stays the last line of stdout) when it was crossed."""
+    if line is None:
+        return 0
+    print(f"megatron-trace {command}: {line}", file=sys.stderr)
+    return 1
+
+
 def _epoch_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -72,14 +102,20 @@ def add_command(
     help: str,
     description: str,
     run: Callable[[argparse.Namespace], int],
+    *,
+    finding: str | None = None,
 ) -> argparse.ArgumentParser:
     """Add subcommand ``name`` taking ``FILE...`` (trace files); ``run`` gives the exit status.
 
     Every command also takes ``--jobs``, ``--scheduler`` and the liveness options
     (``--stale-after``, ``--now``): they all say whether the job is still
-    running. Returns the parser, for the subcommand's own options.
+    running. ``finding`` says when the command exits 1 (None: it never does);
+    the help's epilog lists every exit status. Returns the parser, for the
+    subcommand's own options.
     """
-    parser = subparsers.add_parser(name, help=help, description=description)
+    parser = subparsers.add_parser(
+        name, help=help, description=description, epilog=exit_statuses(finding)
+    )
     parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="trace files")
     parser.add_argument(
         "--jobs",
@@ -116,6 +152,16 @@ def add_command(
     )
     parser.set_defaults(func=run)
     return parser
+
+
+def exit_statuses(finding: str | None) -> str:
+    """The help's epilog: every exit status a command can end with (``finding``: its 1)."""
+    one = f"1 {finding}; " if finding else ""
+    return (
+        f"exit status: 0 success; {one}2 bad input (a file missing, unreadable or damaged, "
+        "no spans, a bad option, a missing optional package, an output that cannot be "
+        "written); 141 the output pipe was closed"
+    )
 
 
 def clock(args: argparse.Namespace) -> Clock:
