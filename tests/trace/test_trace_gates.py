@@ -96,9 +96,11 @@ def test_every_help_lists_the_exit_statuses(command: str | None, capsys) -> None
     epilog = text[text.index("exit status:") :]
     for status in ("0 success", "2 bad input", "141 the output pipe was closed"):
         assert status in epilog
-    if command in (None, "check", "report"):
+    if command in (None, "check", "report", "diff"):
         assert "; 1 " in epilog
     if command == "report":
         assert "1 the goodput is under --fail-under-goodput" in epilog
+    if command == "diff":
+        assert "1 B's median iteration time is over --fail-if-slower" in epilog
     if command in ("timeline", "export"):
         assert "; 1 " not in epilog

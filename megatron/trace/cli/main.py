@@ -36,6 +36,7 @@ COMMANDS = {
     "report": "megatron.trace.cli.report",
     "timeline": "megatron.trace.cli.timeline",
     "export": "megatron.trace.cli.export",
+    "diff": "megatron.trace.cli.diff",
 }
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -47,10 +48,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="megatron-trace",
         description="Check, report on and draw the OTLP/JSON trace files a training job wrote.",
         epilog="exit status: 0 success; 1 a finding: check found a violation, or a gate's "
-        "bound was crossed (report --fail-under-goodput); 2 bad input (a file missing, "
-        "unreadable or damaged, no spans, a bad option, a missing optional package, an "
-        "output that cannot be written, a gate on a figure not computed); 141 the output "
-        "pipe was closed; each command's --help lists its own",
+        "bound was crossed (report --fail-under-goodput, diff --fail-if-slower); 2 bad "
+        "input (a file missing, unreadable or damaged, no spans, a bad option, a missing "
+        "optional package, an output that cannot be written, a gate on a figure not "
+        "computed); 141 the output pipe was closed; each command's --help lists its own",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module in COMMANDS.items():

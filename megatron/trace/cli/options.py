@@ -104,19 +104,22 @@ def add_command(
     run: Callable[[argparse.Namespace], int],
     *,
     finding: str | None = None,
+    files: bool = True,
 ) -> argparse.ArgumentParser:
     """Add subcommand ``name`` taking ``FILE...`` (trace files); ``run`` gives the exit status.
 
     Every command also takes ``--jobs``, ``--scheduler`` and the liveness options
     (``--stale-after``, ``--now``): they all say whether the job is still
-    running. ``finding`` says when the command exits 1 (None: it never does);
+    running. ``files=False`` leaves the ``FILE...`` arguments to the command (``diff``
+    reads two sets). ``finding`` says when the command exits 1 (None: it never does);
     the help's epilog lists every exit status. Returns the parser, for the
     subcommand's own options.
     """
     parser = subparsers.add_parser(
         name, help=help, description=description, epilog=exit_statuses(finding)
     )
-    parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="trace files")
+    if files:
+        parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="trace files")
     parser.add_argument(
         "--jobs",
         type=_jobs,
