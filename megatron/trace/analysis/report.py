@@ -30,6 +30,8 @@ __all__ = [
     "Report",
     "SlowIteration",
     "StragglerSummary",
+    "WindowEntry",
+    "Windows",
     "schema",
 ]
 
@@ -135,6 +137,34 @@ class LivenessEntry(TypedDict):
     notes: list[str]
 
 
+class WindowEntry(TypedDict):
+    """One window of the job rank's wall clock (``report --window``): its accounting, as
+    the whole report's, its largest badput categories (time > 0), largest first, and the
+    iterations that ended in it: their count (None without iteration spans) and mean
+    duration (None when none did)."""
+
+    index: int
+    start: str
+    start_s: float
+    end_s: float
+    wall_s: float
+    goodput_s: float
+    goodput_fraction: float
+    badput_s: dict[str, float | None]
+    accounting_ns: dict[str, int]
+    top_badput: list[str]
+    iterations: int | None
+    iteration_mean_ms: float | None
+
+
+class Windows(TypedDict):
+    """``report --window DURATION``: the wall clock cut every ``window_s`` from its start
+    (the last window ends with it); the windows' ``accounting_ns`` add up to the whole's."""
+
+    window_s: float
+    entries: list[WindowEntry]
+
+
 class _WhenJudged(TypedDict, total=False):
     """Present when the report was built with a liveness judgement (the command line's
     always is): the rule, and how old the newest record of a running job is."""
@@ -143,7 +173,13 @@ class _WhenJudged(TypedDict, total=False):
     liveness: LivenessEntry
 
 
-class Report(_WhenJudged):
+class _WhenWindowed(TypedDict, total=False):
+    """Present when the report was asked for windows (``report --window``)."""
+
+    windows: Windows
+
+
+class Report(_WhenJudged, _WhenWindowed):
     """The goodput report: where the job rank's wall clock went, and what else was found.
 
     ``badput_s`` and ``accounting_ns`` are keyed by

@@ -15,12 +15,14 @@ from typing import Any
 
 from megatron.trace.analysis.liveness import Clock
 from megatron.trace.errors import MissingExtraError, TraceError, TraceOutputError
+from megatron.trace.model.window import parse_duration
 from megatron.trace.semconv import STALE_AFTER_S
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
     "add_command",
     "clock",
+    "duration",
     "exit_statuses",
     "finding",
     "percent",
@@ -75,6 +77,16 @@ def percent(text: str) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise argparse.ArgumentTypeError(f"expected a percentage, 0 or more, got {text!r}")
     return value
+
+
+def duration(text: str) -> int:
+    """A duration (``--window 1h``): ``90s``, ``30m``, ``1.5h``, ``2d``, ``500ms``; in ns."""
+    ns = parse_duration(text)
+    if ns is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 90s, 30m, 1.5h or 2d (units ms s m h d), got {text!r}"
+        )
+    return ns
 
 
 def finding(command: str, line: str | None) -> int:

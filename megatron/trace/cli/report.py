@@ -5,6 +5,7 @@ This module is the command; its text is
 categories, the sweep, wasted progress, the iteration statistics) are
 computed by :mod:`megatron.trace.analysis.goodput`, whose module docstring says how.
 ``--json`` prints :func:`~megatron.trace.analysis.goodput.build_report`'s dict as is.
+``--window DURATION`` adds the accounting per window of the wall clock.
 ``--fail-under-goodput PCT`` is a gate for CI (:mod:`megatron.trace.analysis.gates`):
 exit 1, with one line on stderr after the report, when the goodput is under PCT %.
 """
@@ -18,7 +19,14 @@ from typing import Any
 from megatron.trace.analysis.gates import goodput_gate
 from megatron.trace.analysis.goodput import build_report
 from megatron.trace.analysis.liveness import judge
-from megatron.trace.cli.options import add_command, clock, finding, percent, reading_on
+from megatron.trace.cli.options import (
+    add_command,
+    clock,
+    duration,
+    finding,
+    percent,
+    reading_on,
+)
 from megatron.trace.errors import NoSpansError
 from megatron.trace.model.trace import load_trace
 from megatron.trace.render.report_text import format_report
@@ -31,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         trace = load_trace(args.files, jobs, executor)
     if not trace.ranks:
         raise NoSpansError(args.files)
-    report = build_report(trace, judge(trace, args.files, clock(args)))
+    report = build_report(trace, judge(trace, args.files, clock(args)), window_ns=args.window)
     # judged before printing, so a gate that cannot judge (exit 2) prints nothing
     bound = args.fail_under_goodput
     gate = goodput_gate(report, bound) if bound is not None else None
@@ -56,6 +64,15 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--json", action="store_true", help="also print the report as one JSON object, last"
+    )
+    parser.add_argument(
+        "--window",
+        type=duration,
+        default=None,
+        metavar="DURATION",
+        help="also goodput and the top badput categories per window of the wall clock, "
+        "cut every DURATION from its start (90s, 30m, 1h, 1.5h, 2d); the windows add up to "
+        "the whole",
     )
     parser.add_argument(
         "--fail-under-goodput",
