@@ -110,6 +110,8 @@ def _schema_keys(node: dict) -> tuple[set[str], set[str]]:
         (types.RecoveredStall, ("$defs", "recovered_stall")),
         (types.LivenessEntry, ("$defs", "liveness")),
         (types.Windows, ("properties", "windows")),
+        (types.CheckpointAdvice, ("$defs", "checkpoint_advice")),
+        (types.IntervalChoice, ("$defs", "interval_choice")),
         (types.WindowEntry, ("$defs", "window")),
     ],
 )

@@ -68,6 +68,7 @@ from typing import Any
 from megatron.trace._store.record_log import extents
 from megatron.trace._store.selection import float_keys, from_float_keys, select
 from megatron.trace._store.stretches import Stretches
+from megatron.trace.analysis.checkpoint_advice import checkpoint_advice
 from megatron.trace.analysis.hangs import find_hang, hang_entries, recovered_stalls
 from megatron.trace.analysis.liveness import Clock, Liveness, judge, utc_text
 from megatron.trace.analysis.report import IterationStats, Report, WindowEntry
@@ -489,7 +490,11 @@ def _loads_unrecorded(incs: list[Incarnation]) -> bool:
 
 
 def build_report(
-    trace: Trace, liveness: Liveness | None = None, *, window_ns: int | None = None
+    trace: Trace,
+    liveness: Liveness | None = None,
+    *,
+    window_ns: int | None = None,
+    mtbf_s: float | None = None,
 ) -> Report:
     """The goodput report as one JSON-able dict: a :class:`~megatron.trace.analysis.report.Report`
     (its JSON Schema is ``report.schema.json``); see the module docstring.
@@ -525,6 +530,9 @@ def build_report(
     another category of ``accounting_ns``, which still adds up. With
     ``window_ns``, also ``windows`` (``window_s``, ``entries``): the job
     rank's accounting per window of its wall clock (:func:`_window_entries`).
+    ``checkpoint_advice``: how often to checkpoint
+    (:mod:`~megatron.trace.analysis.checkpoint_advice`; ``mtbf_s``, ``--mtbf``,
+    stands in for the observed mean time between failures).
     """
     not_computed: list[str] = []
     if not trace.ranks:
@@ -630,6 +638,12 @@ def build_report(
         "not_computed": not_computed,
         **_liveness_entry(incs, liveness),  # type: ignore[typeddict-item]
     }
+    report["checkpoint_advice"] = checkpoint_advice(
+        incs,
+        report["incarnations"],  # type: ignore[arg-type]
+        iterations["median_ms"] if iterations is not None else None,
+        mtbf_s,
+    )
     if window_ns is not None:
         windows = accounting["windows_ns"]
         report["windows"] = {

@@ -20,9 +20,11 @@ from typing import Any, Literal, TypedDict
 
 __all__ = [
     "Anomalies",
+    "CheckpointAdvice",
     "Ended",
     "HangEntry",
     "IncarnationEntry",
+    "IntervalChoice",
     "IterationStats",
     "LivenessEntry",
     "RankEntry",
@@ -137,6 +139,37 @@ class LivenessEntry(TypedDict):
     notes: list[str]
 
 
+class IntervalChoice(TypedDict):
+    """An interval between checkpoint saves: in seconds of training, in iterations (None
+    without iteration spans), and the badput a day it is expected to cost (None without a
+    mean time between failures)."""
+
+    interval_s: float
+    iterations: int | None
+    badput_per_day_s: float | None
+
+
+class CheckpointAdvice(TypedDict):
+    """How often to checkpoint (:mod:`megatron.trace.analysis.checkpoint_advice`): the
+    figures, the interval now, and Young's and Daly's optimum (None: not computed, the
+    reason in its own ``not_computed``)."""
+
+    rule: str
+    save_s: float | None
+    saves: int
+    failures: int
+    run_s: float
+    mtbf_s: float | None
+    mtbf_source: Literal["observed", "option"] | None
+    restart_s: float | None
+    iteration_ms: float | None
+    save_every: int | None
+    now: IntervalChoice | None
+    young: IntervalChoice | None
+    daly: IntervalChoice | None
+    not_computed: list[str]
+
+
 class WindowEntry(TypedDict):
     """One window of the job rank's wall clock (``report --window``): its accounting, as
     the whole report's, its largest badput categories (time > 0), largest first, and the
@@ -207,6 +240,7 @@ class Report(_WhenJudged, _WhenWindowed):
     not_computed: list[str]
     running: bool
     as_of: str | None
+    checkpoint_advice: CheckpointAdvice
 
 
 @cache

@@ -5,7 +5,8 @@ This module is the command; its text is
 categories, the sweep, wasted progress, the iteration statistics) are
 computed by :mod:`megatron.trace.analysis.goodput`, whose module docstring says how.
 ``--json`` prints :func:`~megatron.trace.analysis.goodput.build_report`'s dict as is.
-``--window DURATION`` adds the accounting per window of the wall clock.
+``--window DURATION`` adds the accounting per window of the wall clock; ``--mtbf
+DURATION`` sets the mean time between failures the checkpoint-interval advice assumes.
 ``--fail-under-goodput PCT`` is a gate for CI (:mod:`megatron.trace.analysis.gates`):
 exit 1, with one line on stderr after the report, when the goodput is under PCT %.
 """
@@ -39,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
         trace = load_trace(args.files, jobs, executor)
     if not trace.ranks:
         raise NoSpansError(args.files)
-    report = build_report(trace, judge(trace, args.files, clock(args)), window_ns=args.window)
+    mtbf_s = args.mtbf / 1e9 if args.mtbf is not None else None
+    liveness = judge(trace, args.files, clock(args))
+    report = build_report(trace, liveness, window_ns=args.window, mtbf_s=mtbf_s)
     # judged before printing, so a gate that cannot judge (exit 2) prints nothing
     bound = args.fail_under_goodput
     gate = goodput_gate(report, bound) if bound is not None else None
@@ -73,6 +76,14 @@ def add_parser(subparsers: Any) -> None:
         help="also goodput and the top badput categories per window of the wall clock, "
         "cut every DURATION from its start (90s, 30m, 1h, 1.5h, 2d); the windows add up to "
         "the whole",
+    )
+    parser.add_argument(
+        "--mtbf",
+        type=duration,
+        default=None,
+        metavar="DURATION",
+        help="the mean time between failures the checkpoint-interval advice assumes (12h, "
+        "3d), instead of the one observed (which needs at least two failures)",
     )
     parser.add_argument(
         "--fail-under-goodput",

@@ -74,6 +74,7 @@ def format_report(report: dict[str, Any]) -> str:
                 for a in anomalous["slowest"][:_PRINTED_ANOMALIES]
             )
             lines.append(f"  slowest: {slowest}")
+    lines += _advice_lines(report)
     if len(report["ranks"]) > 1:
         lines.append("ranks:")
         lines += [_rank_line(r) for r in report["ranks"]]
@@ -172,3 +173,32 @@ def _window_iterations(entry: dict[str, Any]) -> str:
     if count is None:
         return ""
     return f"  {count:6d} it" + (f" of {mean:8.1f} ms" if mean is not None else " " * 15)
+
+
+def _advice_lines(report: dict[str, Any]) -> list[str]:
+    advice = report.get("checkpoint_advice")
+    if advice is None:
+        return []
+
+    def figure(value: float | None, unit: str, spec: str = ".3f") -> str:
+        return "?" if value is None else f"{value:{spec}} {unit}"
+
+    source = {"observed": "observed", "option": "--mtbf"}.get(advice["mtbf_source"] or "", "")
+    lines = [
+        f"checkpoint interval: save {figure(advice['save_s'], 's')} ({advice['saves']} saves), "
+        f"{advice['failures']} failures in {advice['run_s']:.3f} s, mean time between failures "
+        f"{figure(advice['mtbf_s'], 's')}{f' ({source})' if source else ''}, restart "
+        f"{figure(advice['restart_s'], 's')}"
+    ]
+    for name in ("now", "young", "daly"):
+        choice = advice[name]
+        if choice is None:
+            lines.append(f"  {name:<6} ?")
+            continue
+        every = "?" if choice["iterations"] is None else choice["iterations"]
+        lines.append(
+            f"  {name:<6} every {every} iterations ({choice['interval_s']:.3f} s of training): "
+            f"badput {figure(choice['badput_per_day_s'], 's', '.1f')} a day"
+        )
+    lines += [f"  not computed: {reason}" for reason in advice["not_computed"]]
+    return lines
