@@ -1,5 +1,6 @@
 """Issue 33 on real runs: ``diff`` of a run against itself and against a slowed run,
-``--fail-if-slower`` at its exact bound, and ``report --window`` showing where a run slowed.
+``--fail-if-slower`` at its exact bound, ``report --window`` showing where a run slowed,
+and the checkpoint-interval advice of a job killed three times.
 
 The runs are the real trainer's (``python -m megatron.training``), slowed with
 ``MEGATRON_TEST_ITERATION_SLEEP``. A run "slowed in its second half" is a run
@@ -10,9 +11,12 @@ the second incarnation's iterations are the slow ones.
 from __future__ import annotations
 
 import json
+import math
+import signal
 from pathlib import Path
 
 import pytest
+from processes import finished_iteration
 
 from megatron.trace.cli.main import main as trace_main
 
@@ -112,3 +116,45 @@ def test_a_run_slowed_in_its_second_half_shows_it_in_the_later_windows(
     assert first_half and second_half
     assert min(second_half) > 0.7 * 3000 * SLEEP_S  # each iteration sleeps 3 x SLEEP_S
     assert max(first_half) < min(second_half)
+
+
+def test_a_job_killed_three_times_gets_the_formula_s_optimum(training_cli, capsys) -> None:
+    """Saves every 10 iterations; SIGKILLed three times once an iteration past 12, 22, 32
+    is on disk (the per_step spans reach the file as their interval ends, so each kill
+    lands just after a save), each time resumed from the last save; the last run
+    finishes at 60."""
+    cli = training_cli
+    args = (*cli.TINY, *cli.TELEMETRY_ON, "--save", "ckpt", "--save-interval", "10")
+    trace = cli.cwd / "ckpt" / "telemetry" / "traces.jsonl"
+    slow = dict(ENV, MEGATRON_TEST_ITERATION_SLEEP="0.05")
+    for kill_after in (12, 22, 32):
+        load = ("--load", "ckpt") if kill_after > 12 else ()
+        trainer = cli.start(*args, *load, "--train-iters", "100", env=slow)
+        trainer.wait_until(lambda n=kill_after: finished_iteration(trace, n), timeout=120)
+        trainer.kill()
+        assert trainer.process.returncode == -signal.SIGKILL
+    last = cli.run(*args, "--load", "ckpt", "--train-iters", "60", env=ENV, timeout=240)
+    assert last.returncode == 0, last.stderr[-3000:]
+
+    report = _json(capsys, "report", str(trace))
+    ended = [inc["ended"] for inc in report["incarnations"]]
+    assert ended == ["killed", "killed", "killed", "shutdown"]
+    advice = report["checkpoint_advice"]
+    assert advice["not_computed"] == []
+    assert (advice["failures"], advice["mtbf_source"], advice["save_every"]) == (3, "observed", 10)
+    # the formula by hand, from the report's own figures
+    run_s = sum(inc["duration_s"] for inc in report["incarnations"])
+    assert advice["mtbf_s"] == round(run_s / 3, 6)
+    c, m, r = advice["save_s"], advice["mtbf_s"], advice["restart_s"]
+    assert 0 < c < m
+    iteration_s = report["iterations"]["median_ms"] / 1000
+    tau = math.sqrt(2 * c * m)
+    assert advice["young"]["interval_s"] == round(tau, 3)
+    assert advice["young"]["iterations"] == max(1, round(tau / iteration_s))
+    assert advice["young"]["badput_per_day_s"] == round(86400 * (c / tau + (tau / 2 + r) / m), 3)
+    ratio = c / (2 * m)
+    assert advice["daly"]["interval_s"] == round(
+        tau * (1 + math.sqrt(ratio) / 3 + ratio / 9) - c, 3
+    )
+    assert advice["now"]["iterations"] == 10
+    assert advice["now"]["interval_s"] == round(10 * iteration_s, 3)
