@@ -104,3 +104,5 @@ def test_every_help_lists_the_exit_statuses(command: str | None, capsys) -> None
         assert "1 B's median iteration time is over --fail-if-slower" in epilog
     if command in ("timeline", "export"):
         assert "; 1 " not in epilog
+    gated = command in (None, "report", "diff")
+    assert ("a gate on a figure not computed" in epilog) == gated

@@ -81,6 +81,7 @@ def add_parser(subparsers: Any) -> None:
         "(--a FILE repeated, --b FILE repeated).",
         run,
         finding="B's median iteration time is over --fail-if-slower",
+        gate=True,
         files=False,
     )
     parser.add_argument(

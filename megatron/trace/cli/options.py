@@ -116,6 +116,7 @@ def add_command(
     run: Callable[[argparse.Namespace], int],
     *,
     finding: str | None = None,
+    gate: bool = False,
     files: bool = True,
 ) -> argparse.ArgumentParser:
     """Add subcommand ``name`` taking ``FILE...`` (trace files); ``run`` gives the exit status.
@@ -123,12 +124,13 @@ def add_command(
     Every command also takes ``--jobs``, ``--scheduler`` and the liveness options
     (``--stale-after``, ``--now``): they all say whether the job is still
     running. ``files=False`` leaves the ``FILE...`` arguments to the command (``diff``
-    reads two sets). ``finding`` says when the command exits 1 (None: it never does);
+    reads two sets). ``finding`` says when the command exits 1 (None: it never does),
+    ``gate`` that it is a gate's (a CI bound);
     the help's epilog lists every exit status. Returns the parser, for the
     subcommand's own options.
     """
     parser = subparsers.add_parser(
-        name, help=help, description=description, epilog=exit_statuses(finding)
+        name, help=help, description=description, epilog=exit_statuses(finding, gate)
     )
     if files:
         parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="trace files")
@@ -169,13 +171,15 @@ def add_command(
     return parser
 
 
-def exit_statuses(finding: str | None) -> str:
-    """The help's epilog: every exit status a command can end with (``finding``: its 1)."""
+def exit_statuses(finding: str | None, gate: bool = False) -> str:
+    """The help's epilog: every exit status a command can end with (``finding``: its 1;
+    ``gate``: it has a gate, which cannot judge a figure not computed)."""
     one = f"1 {finding}; " if finding else ""
+    ungated = ", a gate on a figure not computed" if gate else ""
     return (
         f"exit status: 0 success; {one}2 bad input (a file missing, unreadable or damaged, "
         "no spans, a bad option, a missing optional package, an output that cannot be "
-        "written); 141 the output pipe was closed"
+        f"written{ungated}); 141 the output pipe was closed"
     )
 
 

@@ -64,6 +64,7 @@ def add_parser(subparsers: Any) -> None:
         "statistics. Figures the trace cannot give are listed as not computed.",
         run,
         finding="the goodput is under --fail-under-goodput",
+        gate=True,
     )
     parser.add_argument(
         "--json", action="store_true", help="also print the report as one JSON object, last"
