@@ -1,6 +1,6 @@
 """``megatron-trace``: read a training job's OpenTelemetry trace files back.
 
-The command line (``megatron-trace check | report | timeline | export``,
+The command line (``megatron-trace check | report | timeline | export | diff``,
 :mod:`megatron.trace.cli`) is a thin layer over this API::
 
     from megatron.trace import load_trace, build_report, check_files
@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from megatron.trace.analysis.check import CheckResult, check_files
+    from megatron.trace.analysis.diff import Diff, build_diff
     from megatron.trace.analysis.goodput import build_report, report_files
     from megatron.trace.analysis.liveness import Clock, judge
     from megatron.trace.analysis.report import Report
@@ -44,6 +45,8 @@ _HOMES = {
     "build_report": "megatron.trace.analysis.goodput",
     "report_files": "megatron.trace.analysis.goodput",
     "Report": "megatron.trace.analysis.report",
+    "build_diff": "megatron.trace.analysis.diff",
+    "Diff": "megatron.trace.analysis.diff",
     "check_files": "megatron.trace.analysis.check",
     "CheckResult": "megatron.trace.analysis.check",
     "Clock": "megatron.trace.analysis.liveness",
@@ -60,12 +63,14 @@ __all__ = [
     "Category",
     "CheckResult",
     "Clock",
+    "Diff",
     "Incarnation",
     "NoSpansError",
     "Report",
     "Trace",
     "TraceError",
     "TraceInputError",
+    "build_diff",
     "build_report",
     "check_files",
     "export_files",

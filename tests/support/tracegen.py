@@ -282,6 +282,25 @@ def with_waits(spans: list[dict], wait_s: float) -> list[dict]:
     return waits + spans
 
 
+def slowed(spans: list[dict], factor: float, since: float) -> list[dict]:
+    """The same spans with everything after ``since`` seconds ``factor`` times as slow: a
+    time ``t`` past it moves to ``since + (t - since) * factor`` (a run whose iterations,
+    saves and intervals slowed down from ``since`` on). New span dicts, the same ids."""
+
+    def moved(ns: str) -> str:
+        t = int(ns) / SECOND
+        return str(round((since + (t - since) * factor if t > since else t) * SECOND))
+
+    return [
+        {
+            **s,
+            "startTimeUnixNano": moved(s["startTimeUnixNano"]),
+            "endTimeUnixNano": moved(s["endTimeUnixNano"]),
+        }
+        for s in spans
+    ]
+
+
 def hang_record(
     parent: dict,
     at_s: float,

@@ -81,7 +81,8 @@ def test_every_command_says_no_spans_in_the_same_one_line(tmp_path, capsys, comm
     empty = tmp_path / "t.jsonl"
     empty.write_text("\n")
     extra = ["-o", str(tmp_path / "out")] if command in ("export", "timeline") else []
-    assert main([command, str(empty), *extra]) == 2
+    runs = [str(empty)] * (2 if command == "diff" else 1)  # diff: run A and run B
+    assert main([command, *runs, *extra]) == 2
     captured = capsys.readouterr()
     assert captured.err == f"megatron-trace {command}: error: no spans in {empty}\n"
     assert captured.out == "" and not (tmp_path / "out").exists()

@@ -61,6 +61,17 @@ def test_a_running_job_carries_its_age_and_the_liveness_rule(tmp_path: Path, cap
     assert report["running"] is True and "as_of_age_s" in report and "liveness" in report
 
 
+def test_a_windowed_report(tmp_path: Path, capsys) -> None:
+    killed, resumed = g.lifecycle(0, kill_after=1), g.lifecycle(20, first=6, load=6)
+    path = g.write(tmp_path / "t.jsonl", killed, resumed)
+    report = _json_report(capsys, str(path), "--window", "2s")
+    assert_schema(report)
+    assert len(report["windows"]["entries"]) == 15  # 29.5 s
+    report["windows"]["entries"][0]["top_badput"] = ["surprise"]
+    with pytest.raises(jsonschema.ValidationError, match="surprise"):
+        jsonschema.validate(report, schema())
+
+
 @pytest.mark.parametrize(
     ("mutate", "where"),
     [
@@ -98,6 +109,10 @@ def _schema_keys(node: dict) -> tuple[set[str], set[str]]:
         (types.HangEntry, ("$defs", "hang")),
         (types.RecoveredStall, ("$defs", "recovered_stall")),
         (types.LivenessEntry, ("$defs", "liveness")),
+        (types.Windows, ("properties", "windows")),
+        (types.CheckpointAdvice, ("$defs", "checkpoint_advice")),
+        (types.IntervalChoice, ("$defs", "interval_choice")),
+        (types.WindowEntry, ("$defs", "window")),
     ],
 )
 def test_the_schema_names_the_typed_fields(typed: type, path: tuple[str, ...]) -> None:

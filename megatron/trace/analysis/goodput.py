@@ -61,18 +61,19 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from megatron.trace._store.record_log import extents
 from megatron.trace._store.selection import float_keys, from_float_keys, select
 from megatron.trace._store.stretches import Stretches
+from megatron.trace.analysis.checkpoint_advice import checkpoint_advice
 from megatron.trace.analysis.hangs import find_hang, hang_entries, recovered_stalls
 from megatron.trace.analysis.liveness import Clock, Liveness, judge, utc_text
-from megatron.trace.analysis.report import IterationStats, Report
+from megatron.trace.analysis.report import IterationStats, Report, WindowEntry
 from megatron.trace.analysis.stragglers import find_stragglers
-from megatron.trace.errors import NoSpansError
+from megatron.trace.errors import NoSpansError, TraceInputError
 from megatron.trace.model.trace import Incarnation, Trace, load_trace, rank_value
 from megatron.trace.semconv import (
     BADPUT_CATEGORIES,
@@ -90,10 +91,13 @@ __all__ = [
     "ANOMALY_MAX_SHARE",
     "ANOMALY_RULE",
     "BADPUT_CATEGORIES",
+    "MAX_WINDOWS",
     "PRECEDENCE",
+    "TOP_BADPUT",
     "build_report",
     "rank_accounting",
     "report_files",
+    "window_cuts",
 ]
 
 # Highest first. Checkpoint loads nest in startup, saves and evaluations in
@@ -131,6 +135,10 @@ ANOMALY_RULE = (
     f"{100 * ANOMALY_MAX_SHARE:g} % of the iterations (and more than one) are over it"
 )
 _LISTED_ANOMALIES = 20
+#: ``report --window`` cuts the wall clock into at most this many windows.
+MAX_WINDOWS = 100_000
+#: The badput categories a window names (the largest first, time > 0).
+TOP_BADPUT = 3
 
 
 def _seconds(ns: int) -> float:
@@ -217,12 +225,16 @@ def _sweep(
     segments: list[tuple[int, int, str]],
     wall: tuple[int, int],
     stretches: Iterable[tuple[Stretches, str]] = (),
-) -> dict[str, int]:
+    cuts: Sequence[int] = (),
+) -> list[dict[str, int]]:
     """Nanoseconds per category; the highest-precedence covering category wins.
 
     ``stretches`` are disjoint sorted unions (Megatron-LM writes some spans on
     every loop pass, so possibly many): merged into the sweep as streams, not
-    sorted with the rest.
+    sorted with the rest. ``cuts`` (sorted, inside the wall clock) split it
+    into windows: one dict per window, ``len(cuts) + 1`` of them, each
+    stretch of time counted in the window it falls in (cut where it crosses
+    one), so the windows add up to the whole exactly.
     """
     rank = {category: i for i, category in enumerate(PRECEDENCE)}
     events: list[tuple[int, int, int]] = []
@@ -234,7 +246,12 @@ def _sweep(
             events.append((end, -1, rank[category]))
     events.sort()
     streams = [_stretch_events(s, rank[category], lo, hi) for s, category in stretches if s]
-    totals = dict.fromkeys((*PRECEDENCE, Category.OTHER), 0)
+    boxes = [dict.fromkeys((*PRECEDENCE, Category.OTHER), 0) for _ in range(len(cuts) + 1)]
+    totals = boxes[0]
+    # the next cut, past every time when there is none (one comparison an event)
+    upcoming = iter([*cuts, hi + 1])
+    cut = next(upcoming)
+    box = 0
     # The winner is the lowest category index covering the time: with bit i of `covered`
     # set while category i is active, that is its lowest set bit (a scan of the
     # categories at every event was half of a many-interval report's time).
@@ -244,15 +261,24 @@ def _sweep(
     cursor = lo
     for time, delta, index in heapq.merge(events, *streams) if streams else events:
         if time > cursor:
-            totals[winners[(covered & -covered).bit_length()]] += time - cursor
+            winner = winners[(covered & -covered).bit_length()]
+            while time > cut:  # a window ends inside (cursor, time]: cut there
+                totals[winner] += cut - cursor
+                cursor, box = cut, box + 1
+                totals, cut = boxes[box], next(upcoming)
+            totals[winner] += time - cursor
             cursor = time
         count = active[index] = active[index] + delta
         if count:
             covered |= 1 << index
         else:
             covered &= ~(1 << index)
+    while hi > cut:
+        totals[Category.OTHER] += cut - cursor
+        cursor, box = cut, box + 1
+        totals, cut = boxes[box], next(upcoming)
     totals[Category.OTHER] += hi - cursor
-    return totals
+    return boxes
 
 
 def _wall_start(inc: Incarnation) -> int:
@@ -261,12 +287,28 @@ def _wall_start(inc: Incarnation) -> int:
     return min(starts) if starts else inc.start_ns
 
 
-def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
+def window_cuts(start_ns: int, end_ns: int, window_ns: int) -> list[int]:
+    """Where windows of ``window_ns`` from ``start_ns`` end inside ``(start_ns, end_ns)``."""
+    if window_ns <= 0:
+        raise TraceInputError(f"a window must be longer than 0 ns, got {window_ns}")
+    count = max(0, -(-(end_ns - start_ns) // window_ns) - 1)  # windows, less the last
+    if count >= MAX_WINDOWS:
+        raise TraceInputError(
+            f"--window {window_ns / 1e9:g} s cuts the {(end_ns - start_ns) / 1e9:g} s wall "
+            f"clock into {count + 1} windows, over {MAX_WINDOWS}: choose a longer window"
+        )
+    return [start_ns + window_ns * (k + 1) for k in range(count)]
+
+
+def rank_accounting(incs: list[Incarnation], window_ns: int | None = None) -> dict[str, Any]:
     """The accounting of one rank's incarnations (in time order).
 
     Returns ``{"wall_ns", "start_ns", "totals_ns": {category: ns, "goodput": ns},
     "wasted_iterations": int, "wasted_exact": bool, "per_incarnation":
-    [{"horizon", "wasted_iterations", "wasted_window_ns"}]}``.
+    [{"horizon", "wasted_iterations", "wasted_window_ns"}]}``; with ``window_ns``
+    also ``"windows_ns"``: ``[(start, end, totals_ns)]``, the wall clock cut
+    every ``window_ns`` from its start (the last window ends with it), whose
+    totals add up to ``totals_ns`` exactly.
     """
     start = min(_wall_start(inc) for inc in incs)
     end = max(max(inc.end_ns for inc in incs), start)
@@ -295,8 +337,19 @@ def rank_accounting(incs: list[Incarnation]) -> dict[str, Any]:
     stretches = [(inc.checkpoint_time, Category.CHECKPOINT_SAVE) for inc in incs]
     # the training loop's time outside any interval (Megatron-LM without checkpointing)
     stretches += [(inc.goodput_time, Category.GOODPUT) for inc in incs]
-    totals = _sweep(segments, (start, end), stretches)
+    cuts = window_cuts(start, end, window_ns) if window_ns is not None else []
+    boxes = _sweep(segments, (start, end), stretches, cuts)
+    totals = boxes[0]
+    if cuts:
+        totals = {key: sum(box[key] for box in boxes) for key in totals}
+    windowed = {}
+    if window_ns is not None:
+        bounds = [start, *cuts, end]
+        windowed["windows_ns"] = [
+            (lo, hi, box) for lo, hi, box in zip(bounds[:-1], bounds[1:], boxes, strict=True)
+        ]
     return {
+        **windowed,
         "start_ns": start,
         "wall_ns": end - start,
         "totals_ns": totals,
@@ -436,7 +489,13 @@ def _loads_unrecorded(incs: list[Incarnation]) -> bool:
     return any(not inc.loads and (inc.first_iteration or 0) > 0 for inc in incs)
 
 
-def build_report(trace: Trace, liveness: Liveness | None = None) -> Report:
+def build_report(
+    trace: Trace,
+    liveness: Liveness | None = None,
+    *,
+    window_ns: int | None = None,
+    mtbf_s: float | None = None,
+) -> Report:
     """The goodput report as one JSON-able dict: a :class:`~megatron.trace.analysis.report.Report`
     (its JSON Schema is ``report.schema.json``); see the module docstring.
 
@@ -468,16 +527,21 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> Report:
     ``stalled_s``). A badput
     category named in ``not_computed`` is None in ``badput_s``
     (``checkpoint_load`` of a resume without load spans); its time is in
-    another category of ``accounting_ns``, which still adds up.
+    another category of ``accounting_ns``, which still adds up. With
+    ``window_ns``, also ``windows`` (``window_s``, ``entries``): the job
+    rank's accounting per window of its wall clock (:func:`_window_entries`).
+    ``checkpoint_advice``: how often to checkpoint
+    (:mod:`~megatron.trace.analysis.checkpoint_advice`; ``mtbf_s``, ``--mtbf``,
+    stands in for the observed mean time between failures).
     """
     not_computed: list[str] = []
     if not trace.ranks:
         raise NoSpansError("the trace")
     ranks = {}
+    job_rank = next(iter(trace.ranks))
     for rank, incs in trace.ranks.items():
-        accounting = rank_accounting(incs)
+        accounting = rank_accounting(incs, window_ns if rank == job_rank else None)
         ranks[rank] = (incs, accounting)
-    job_rank = next(iter(ranks))
     incs, accounting = ranks[job_rank]
     totals = accounting["totals_ns"]
     wall = accounting["wall_ns"]
@@ -574,7 +638,86 @@ def build_report(trace: Trace, liveness: Liveness | None = None) -> Report:
         "not_computed": not_computed,
         **_liveness_entry(incs, liveness),  # type: ignore[typeddict-item]
     }
+    report["checkpoint_advice"] = checkpoint_advice(
+        incs,
+        report["incarnations"],  # type: ignore[arg-type]
+        iterations["median_ms"] if iterations is not None else None,
+        mtbf_s,
+    )
+    if window_ns is not None:
+        windows = accounting["windows_ns"]
+        report["windows"] = {
+            "window_s": _seconds(window_ns),
+            "entries": _window_entries(
+                windows, not_computed_categories, _window_iterations(incs, windows)
+            ),
+        }
     return report
+
+
+def _window_iterations(
+    incs: list[Incarnation], windows: list[tuple[int, int, dict[str, int]]]
+) -> list[tuple[int, int]] | None:
+    """(iterations that ended in it, the sum of their durations in ns) per window, a part of
+    the columns at a time (None without iteration spans). An iteration ending on a cut is
+    the earlier window's."""
+    if not any(inc.iterations for inc in incs):
+        return None
+    import numpy as np
+
+    cuts = np.array([end for _, end, _ in windows[:-1]], dtype=np.int64)
+    counts = np.zeros(len(windows), dtype=np.int64)
+    sums = np.zeros(len(windows), dtype=np.float64)
+    for inc in incs:
+        for part in inc.iterations.parts():
+            where = np.searchsorted(cuts, np.frombuffer(part.ends, dtype=np.int64), "left")
+            counts += np.bincount(where, minlength=len(windows))
+            sums += np.bincount(where, weights=part.durations(), minlength=len(windows))
+    return [(int(count), int(total)) for count, total in zip(counts, sums, strict=True)]
+
+
+def _window_entries(
+    windows: list[tuple[int, int, dict[str, int]]],
+    not_computed: set[str],
+    iterations: list[tuple[int, int]] | None,
+) -> list[WindowEntry]:
+    """Each window's accounting, as the whole report's (a category not computed for the
+    whole is None in each window's ``badput_s``, its time still in ``accounting_ns``), its
+    largest badput categories, ``top_badput``, and the iterations that ended in it (their
+    count and mean duration: a slowdown shows there, as slower iterations are still
+    goodput)."""
+    first = windows[0][0]
+    entries: list[WindowEntry] = []
+    for index, (start, end, totals) in enumerate(windows):
+        count, total_ns = iterations[index] if iterations is not None else (None, 0)
+        wall = end - start
+        largest = sorted(
+            (c for c in BADPUT_CATEGORIES if totals[c] and c not in not_computed),
+            key=lambda c: -totals[c],
+        )
+        entries.append(
+            {
+                "index": index,
+                "start": utc_text(start),
+                "start_s": _seconds(start - first),
+                "end_s": _seconds(end - first),
+                "wall_s": _seconds(wall),
+                "goodput_s": _seconds(totals[Category.GOODPUT]),
+                "goodput_fraction": round(totals[Category.GOODPUT] / wall, 6) if wall else 0.0,
+                "badput_s": {
+                    c: None if c in not_computed else _seconds(totals[c]) for c in BADPUT_CATEGORIES
+                },
+                "accounting_ns": {
+                    "wall": wall,
+                    Category.GOODPUT: totals[Category.GOODPUT],
+                    **{c: totals[c] for c in BADPUT_CATEGORIES},
+                },
+                "top_badput": largest[:TOP_BADPUT],
+                "iterations": count,
+                "iteration_mean_ms": round(total_ns / count / 1e6, 3) if count else None,
+            }
+        )
+    return entries
 
 
 def _liveness_entry(incs: list[Incarnation], liveness: Liveness | None) -> dict[str, Any]:

@@ -20,9 +20,11 @@ from typing import Any, Literal, TypedDict
 
 __all__ = [
     "Anomalies",
+    "CheckpointAdvice",
     "Ended",
     "HangEntry",
     "IncarnationEntry",
+    "IntervalChoice",
     "IterationStats",
     "LivenessEntry",
     "RankEntry",
@@ -30,6 +32,8 @@ __all__ = [
     "Report",
     "SlowIteration",
     "StragglerSummary",
+    "WindowEntry",
+    "Windows",
     "schema",
 ]
 
@@ -135,6 +139,65 @@ class LivenessEntry(TypedDict):
     notes: list[str]
 
 
+class IntervalChoice(TypedDict):
+    """An interval between checkpoint saves: in seconds of training, in iterations (None
+    without iteration spans), and the badput a day it is expected to cost (None without a
+    mean time between failures)."""
+
+    interval_s: float
+    iterations: int | None
+    badput_per_day_s: float | None
+
+
+class CheckpointAdvice(TypedDict):
+    """How often to checkpoint (:mod:`megatron.trace.analysis.checkpoint_advice`): the
+    figures, the interval now, and Young's and Daly's optimum (None: not computed, the
+    reason in its own ``not_computed``)."""
+
+    rule: str
+    save_s: float | None
+    saves: int
+    failures: int
+    run_s: float
+    mtbf_s: float | None
+    mtbf_source: Literal["observed", "option"] | None
+    restart_s: float | None
+    iteration_ms: float | None
+    save_every: int | None
+    now: IntervalChoice | None
+    young: IntervalChoice | None
+    daly: IntervalChoice | None
+    not_computed: list[str]
+
+
+class WindowEntry(TypedDict):
+    """One window of the job rank's wall clock (``report --window``): its accounting, as
+    the whole report's, its largest badput categories (time > 0), largest first, and the
+    iterations that ended in it: their count (None without iteration spans) and mean
+    duration (None when none did)."""
+
+    index: int
+    start: str
+    start_s: float
+    end_s: float
+    wall_s: float
+    goodput_s: float
+    goodput_fraction: float
+    badput_s: dict[str, float | None]
+    accounting_ns: dict[str, int]
+    top_badput: list[str]
+    iterations: int | None
+    iteration_mean_ms: float | None
+
+
+class Windows(TypedDict):
+    """``report --window DURATION``: the wall clock cut every ``window_s`` from its start
+    (the last window ends with it); the windows' ``accounting_ns`` add up to the whole's."""
+
+    window_s: float
+    entries: list[WindowEntry]
+
+
 class _WhenJudged(TypedDict, total=False):
     """Present when the report was built with a liveness judgement (the command line's
     always is): the rule, and how old the newest record of a running job is."""
@@ -143,7 +206,13 @@ class _WhenJudged(TypedDict, total=False):
     liveness: LivenessEntry
 
 
-class Report(_WhenJudged):
+class _WhenWindowed(TypedDict, total=False):
+    """Present when the report was asked for windows (``report --window``)."""
+
+    windows: Windows
+
+
+class Report(_WhenJudged, _WhenWindowed):
     """The goodput report: where the job rank's wall clock went, and what else was found.
 
     ``badput_s`` and ``accounting_ns`` are keyed by
@@ -171,6 +240,7 @@ class Report(_WhenJudged):
     not_computed: list[str]
     running: bool
     as_of: str | None
+    checkpoint_advice: CheckpointAdvice
 
 
 @cache

@@ -46,4 +46,5 @@ def add_parser(subparsers: Any) -> None:
         "orphaned span, a resume at a saved iteration. Exit 1 with one line per violation; "
         "a killed incarnation or a torn write is a note, not a violation.",
         run,
+        finding="a rule is violated",
     )

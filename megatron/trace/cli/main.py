@@ -8,7 +8,8 @@ the chosen subcommand's module is imported (all of them for the top-level
 help): a ``report`` does not wait for the exporters and the timeline to
 import, a third of its start on a small file.
 
-Exit status: whatever the subcommand returns (0, or 1 for a finding); for a
+Exit status: whatever the subcommand returns (0, or 1 for a finding: a ``check``
+violation, a gate's bound crossed); for a
 :class:`~megatron.trace.errors.TraceError`, one line
 ``megatron-trace COMMAND: error: MESSAGE`` and its ``exit_code`` (2: bad
 input); 2 for a file the system will not let us read, likewise; 141
@@ -35,6 +36,7 @@ COMMANDS = {
     "report": "megatron.trace.cli.report",
     "timeline": "megatron.trace.cli.timeline",
     "export": "megatron.trace.cli.export",
+    "diff": "megatron.trace.cli.diff",
 }
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -45,9 +47,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="megatron-trace",
         description="Check, report on and draw the OTLP/JSON trace files a training job wrote.",
-        epilog="exit status: 0 success; 1 check found a violation; 2 bad input (a file "
-        "missing, unreadable or damaged, no spans, a bad option, a missing optional "
-        "package, an output that cannot be written); 141 the output pipe was closed",
+        epilog="exit status: 0 success; 1 a finding: check found a violation, or a gate's "
+        "bound was crossed (report --fail-under-goodput, diff --fail-if-slower); 2 bad "
+        "input (a file missing, unreadable or damaged, no spans, a bad option, a missing "
+        "optional package, an output that cannot be written, a gate on a figure not "
+        "computed); 141 the output pipe was closed; each command's --help lists its own",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module in COMMANDS.items():

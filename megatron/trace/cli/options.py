@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import logging
 import math
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import CancelledError, Executor
 from pathlib import Path
@@ -14,9 +15,20 @@ from typing import Any
 
 from megatron.trace.analysis.liveness import Clock
 from megatron.trace.errors import MissingExtraError, TraceError, TraceOutputError
+from megatron.trace.model.window import parse_duration
 from megatron.trace.semconv import STALE_AFTER_S
 
-__all__ = ["CONNECT_TIMEOUT_S", "add_command", "clock", "reading_on", "writing"]
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "add_command",
+    "clock",
+    "duration",
+    "exit_statuses",
+    "finding",
+    "percent",
+    "reading_on",
+    "writing",
+]
 
 #: How long ``--scheduler tcp://...`` waits for the scheduler before giving up (exit 2).
 CONNECT_TIMEOUT_S = 10.0
@@ -56,6 +68,36 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def percent(text: str) -> float:
+    """A bound in per cent (``--fail-under-goodput 80``, ``--fail-if-slower 5``): 0 or more."""
+    try:
+        value = float(text.removesuffix("%"))
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a percentage, 0 or more, got {text!r}")
+    return value
+
+
+def duration(text: str) -> int:
+    """A duration (``--window 1h``): ``90s``, ``30m``, ``1.5h``, ``2d``, ``500ms``; in ns."""
+    ns = parse_duration(text)
+    if ns is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 90s, 30m, 1.5h or 2d (units ms s m h d), got {text!r}"
+        )
+    return ns
+
+
+def finding(command: str, line: str | None) -> int:
+    """A gate's verdict as the exit status: 1 with its one line (on stderr, after the
+    command's output, so ``--json`` stays the last line of stdout) when it was crossed."""
+    if line is None:
+        return 0
+    print(f"megatron-trace {command}: {line}", file=sys.stderr)
+    return 1
+
+
 def _epoch_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -72,15 +114,26 @@ def add_command(
     help: str,
     description: str,
     run: Callable[[argparse.Namespace], int],
+    *,
+    finding: str | None = None,
+    gate: bool = False,
+    files: bool = True,
 ) -> argparse.ArgumentParser:
     """Add subcommand ``name`` taking ``FILE...`` (trace files); ``run`` gives the exit status.
 
     Every command also takes ``--jobs``, ``--scheduler`` and the liveness options
     (``--stale-after``, ``--now``): they all say whether the job is still
-    running. Returns the parser, for the subcommand's own options.
+    running. ``files=False`` leaves the ``FILE...`` arguments to the command (``diff``
+    reads two sets). ``finding`` says when the command exits 1 (None: it never does),
+    ``gate`` that it is a gate's (a CI bound);
+    the help's epilog lists every exit status. Returns the parser, for the
+    subcommand's own options.
     """
-    parser = subparsers.add_parser(name, help=help, description=description)
-    parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="trace files")
+    parser = subparsers.add_parser(
+        name, help=help, description=description, epilog=exit_statuses(finding, gate)
+    )
+    if files:
+        parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="trace files")
     parser.add_argument(
         "--jobs",
         type=_jobs,
@@ -116,6 +169,18 @@ def add_command(
     )
     parser.set_defaults(func=run)
     return parser
+
+
+def exit_statuses(finding: str | None, gate: bool = False) -> str:
+    """The help's epilog: every exit status a command can end with (``finding``: its 1;
+    ``gate``: it has a gate, which cannot judge a figure not computed)."""
+    one = f"1 {finding}; " if finding else ""
+    ungated = ", a gate on a figure not computed" if gate else ""
+    return (
+        f"exit status: 0 success; {one}2 bad input (a file missing, unreadable or damaged, "
+        "no spans, a bad option, a missing optional package, an output that cannot be "
+        f"written{ungated}); 141 the output pipe was closed"
+    )
 
 
 def clock(args: argparse.Namespace) -> Clock:

@@ -28,7 +28,14 @@ from megatron.trace.errors import WindowError
 from megatron.trace.model.trace import Trace
 from megatron.trace.semconv import INTERVAL_FIRST_ITERATION, INTERVAL_LAST_ITERATION
 
-__all__ = ["Window", "WindowError", "format_offset", "parse_ranks", "resolve_window"]
+__all__ = [
+    "Window",
+    "WindowError",
+    "format_offset",
+    "parse_duration",
+    "parse_ranks",
+    "resolve_window",
+]
 
 _UNITS = {"ms": 1e6, "s": 1e9, "m": 60e9, "h": 3600e9, "d": 86400e9}
 _OFFSET = re.compile(r"\+(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)")
@@ -57,6 +64,19 @@ class Window:
         return (self.since_ns is None or end_ns >= self.since_ns) and (
             self.until_ns is None or start_ns <= self.until_ns
         )
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)")
+
+
+def parse_duration(text: str) -> int | None:
+    """A duration (``90s``, ``30m``, ``1.5h``, ``2d``, ``500ms``) in ns; None for anything
+    else, or for a duration under a nanosecond."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        return None
+    ns = round(float(match.group(1)) * _UNITS[match.group(2)])
+    return ns if ns > 0 else None
 
 
 def parse_ranks(text: str) -> frozenset[str]:

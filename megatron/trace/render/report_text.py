@@ -36,6 +36,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"  {name:<15}{share(s) if s is not None else '  not computed (see below)'}"
         for name, s in report["badput_s"].items()
     ]
+    lines += _window_lines(report)
     lines.append(f"wasted iterations: {report['wasted_iterations']}")
     lines.append("incarnations:")
     for inc in report["incarnations"]:
@@ -73,6 +74,7 @@ def format_report(report: dict[str, Any]) -> str:
                 for a in anomalous["slowest"][:_PRINTED_ANOMALIES]
             )
             lines.append(f"  slowest: {slowest}")
+    lines += _advice_lines(report)
     if len(report["ranks"]) > 1:
         lines.append("ranks:")
         lines += [_rank_line(r) for r in report["ranks"]]
@@ -128,4 +130,75 @@ def _hang_lines(report: dict[str, Any]) -> list[str]:
             f"recovered stall: rank {stall['rank']} incarnation {stall['incarnation']}: "
             f"{stall['stalled_s']} s before iteration {stall['iteration']} finished"
         )
+    return lines
+
+
+def _window_lines(report: dict[str, Any]) -> list[str]:
+    windows = report.get("windows")
+    if windows is None:
+        return []
+    lines = [
+        f"per window of {_duration(windows['window_s'])} from the wall clock's start: "
+        "goodput, iterations ended in it, the largest badput"
+    ]
+    for entry in windows["entries"]:
+        wall = entry["wall_s"]
+        top = ", ".join(
+            f"{name} {100 * entry['badput_s'][name] / wall if wall else 0:.1f} %"
+            for name in entry["top_badput"]
+        )
+        lines.append(
+            f"  {entry['start']}  +{_duration(entry['start_s']):<7}"
+            f"  goodput {100 * entry['goodput_fraction']:5.1f} %"
+            f"  {entry['goodput_s']:10.3f} s of {wall:.3f} s"
+            + _window_iterations(entry)
+            + (f"   {top}" if top else "")
+        )
+    return lines
+
+
+_UNITS_S = (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0))
+
+
+def _duration(seconds: float) -> str:
+    """``5400`` -> ``1.5h``, ``30`` -> ``30s``, ``0`` -> ``0s``."""
+    for unit, size in _UNITS_S:
+        if seconds >= size:
+            return f"{seconds / size:.4g}{unit}"
+    return f"{seconds * 1000:.4g}ms" if seconds else "0s"
+
+
+def _window_iterations(entry: dict[str, Any]) -> str:
+    count, mean = entry["iterations"], entry["iteration_mean_ms"]
+    if count is None:
+        return ""
+    return f"  {count:6d} it" + (f" of {mean:8.1f} ms" if mean is not None else " " * 15)
+
+
+def _advice_lines(report: dict[str, Any]) -> list[str]:
+    advice = report.get("checkpoint_advice")
+    if advice is None:
+        return []
+
+    def figure(value: float | None, unit: str, spec: str = ".3f") -> str:
+        return "?" if value is None else f"{value:{spec}} {unit}"
+
+    source = {"observed": "observed", "option": "--mtbf"}.get(advice["mtbf_source"] or "", "")
+    lines = [
+        f"checkpoint interval: save {figure(advice['save_s'], 's')} ({advice['saves']} saves), "
+        f"{advice['failures']} failures in {advice['run_s']:.3f} s, mean time between failures "
+        f"{figure(advice['mtbf_s'], 's')}{f' ({source})' if source else ''}, restart "
+        f"{figure(advice['restart_s'], 's')}"
+    ]
+    for name in ("now", "young", "daly"):
+        choice = advice[name]
+        if choice is None:
+            lines.append(f"  {name:<6} ?")
+            continue
+        every = "?" if choice["iterations"] is None else choice["iterations"]
+        lines.append(
+            f"  {name:<6} every {every} iterations ({choice['interval_s']:.3f} s of training): "
+            f"badput {figure(choice['badput_per_day_s'], 's', '.1f')} a day"
+        )
+    lines += [f"  not computed: {reason}" for reason in advice["not_computed"]]
     return lines

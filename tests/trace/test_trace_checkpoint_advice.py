@@ -1,0 +1,114 @@
+"""``report``'s checkpoint-interval advice: Young's and Daly's optimum from the report's own
+figures, redone here by hand; ``--mtbf``; what it cannot compute, and why."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+import tracegen as g
+from report_checks import assert_accounted
+
+from megatron.trace.analysis.checkpoint_advice import daly, young
+from megatron.trace.cli.main import main
+
+
+def _report(tmp_path: Path, capsys, *incarnations: list[dict], argv: tuple[str, ...] = ()) -> dict:
+    path = g.write(tmp_path / "t.jsonl", *incarnations)
+    assert main(["report", str(path), *argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert_accounted(report)
+    return report
+
+
+def _killed_three_times() -> list[list[dict]]:
+    """Saves every 2 iterations (one each interval); killed one iteration into the fourth
+    interval three times, each restart resuming from the last save."""
+    return [
+        g.lifecycle(0, kill_after=1),
+        g.lifecycle(20, first=6, load=6, kill_after=1),
+        g.lifecycle(40, first=12, load=12, kill_after=1),
+        g.lifecycle(60, first=18, load=18),
+    ]
+
+
+def test_killed_three_times_the_optimum_is_the_formula_s_from_the_report_s_figures(
+    tmp_path: Path, capsys
+) -> None:
+    report = _report(tmp_path, capsys, *_killed_three_times())
+    advice = report["checkpoint_advice"]
+    incarnations = report["incarnations"]
+    assert advice["failures"] == 3 and advice["mtbf_source"] == "observed"
+    assert advice["saves"] == 12 and advice["save_s"] == 0.25  # every save takes 0.25 s
+    run_s = sum(inc["duration_s"] for inc in incarnations)
+    assert advice["run_s"] == pytest.approx(run_s)
+    assert advice["mtbf_s"] == round(run_s / 3, 6)
+    restarts = [
+        after["start_s"] - (before["start_s"] + before["duration_s"]) + after["startup_s"]
+        for before, after in itertools.pairwise(incarnations)
+    ]
+    assert advice["restart_s"] == round(sum(restarts) / 3, 6)
+    assert advice["iteration_ms"] == report["iterations"]["median_ms"] == 1000.0
+    assert advice["save_every"] == 2
+    c, m, r = advice["save_s"], advice["mtbf_s"], advice["restart_s"]
+    tau_young = math.sqrt(2 * c * m)
+    ratio = c / (2 * m)
+    tau_daly = math.sqrt(2 * c * m) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - c
+    for name, tau in (("young", tau_young), ("daly", tau_daly), ("now", 2.0)):
+        choice = advice[name]
+        assert choice["interval_s"] == round(tau, 3), name
+        assert choice["iterations"] == max(1, round(tau / 1.0)), name
+        per_day = 86400 * (c / tau + (tau / 2 + r) / m)
+        assert choice["badput_per_day_s"] == round(per_day, 3), name
+    # Young's interval is the one that loses the least, by its own model
+    assert advice["young"]["badput_per_day_s"] <= advice["now"]["badput_per_day_s"]
+    assert advice["not_computed"] == []
+
+
+def test_the_text_says_the_figures_and_each_interval(tmp_path: Path, capsys) -> None:
+    path = g.write(tmp_path / "t.jsonl", *_killed_three_times())
+    assert main(["report", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("checkpoint interval:"))
+    assert "save 0.250 s (12 saves), 3 failures in" in lines[head]
+    assert "(observed)" in lines[head]
+    assert [line.split()[0] for line in lines[head + 1 : head + 4]] == ["now", "young", "daly"]
+    assert "every 2 iterations (2.000 s of training): badput" in lines[head + 1]
+
+
+def test_too_few_failures_is_not_computed_unless_mtbf_is_given(tmp_path: Path, capsys) -> None:
+    report = _report(
+        tmp_path, capsys, g.lifecycle(0, kill_after=1), g.lifecycle(20, first=6, load=6)
+    )
+    advice = report["checkpoint_advice"]
+    assert (advice["failures"], advice["mtbf_s"], advice["mtbf_source"]) == (1, None, None)
+    assert advice["young"] is None and advice["daly"] is None
+    assert advice["now"]["iterations"] == 2 and advice["now"]["badput_per_day_s"] is None
+    (reason,) = advice["not_computed"]
+    assert "1 failure (kills, crashes, hangs)" in reason and "--mtbf DURATION" in reason
+    (tmp_path / "given").mkdir()
+    given = _report(
+        tmp_path / "given", capsys, g.lifecycle(0, kill_after=1), argv=("--mtbf", "1h")
+    )["checkpoint_advice"]
+    assert (given["mtbf_s"], given["mtbf_source"]) == (3600.0, "option")
+    assert given["young"]["interval_s"] == round(young(0.25, 3600), 3)
+    assert given["daly"]["interval_s"] == round(daly(0.25, 3600), 3)
+    assert given["young"]["iterations"] == round(young(0.25, 3600))
+
+
+def test_without_saves_the_save_cost_is_not_measured(tmp_path: Path, capsys) -> None:
+    report = _report(tmp_path, capsys, g.lifecycle(0, save=False), argv=("--mtbf", "2h"))
+    advice = report["checkpoint_advice"]
+    assert (advice["save_s"], advice["saves"]) == (None, 0)
+    assert advice["now"] is advice["young"] is advice["daly"] is None
+    reasons = advice["not_computed"]
+    assert any("no megatron.checkpoint.save spans" in r for r in reasons)
+    assert any("the interval now: fewer than two saves" in r for r in reasons)
+
+
+def test_daly_is_young_less_the_save_to_first_order_and_mtbf_past_2c() -> None:
+    assert daly(1, 1e6) == pytest.approx(young(1, 1e6) - 1, rel=1e-3)
+    assert daly(10, 4) == 4  # a save longer than twice the MTBF: save every MTBF
