@@ -46,6 +46,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 from transitions import Machine, MachineError
+from transitions.core import EventData
 
 from megatron.core.telemetry.span_groups import SpanGroup
 from megatron.core.telemetry.state import is_span_group_enabled
@@ -130,6 +131,74 @@ class _Machine(Machine):
     def _checked_assignment(self, model: Any, name: str, func: Callable[..., Any]) -> None:
         if not hasattr(model, name):
             setattr(model, name, func)
+
+    def routes(self, model: Any) -> dict[str, dict[str, Callable[..., None]]]:
+        """Every (trigger, source state) the table lists, as one callable each.
+
+        ``routes(model)[trigger]`` maps each state the trigger is legal in to
+        what firing it there runs; a state missing from it is a trigger the
+        table does not allow there. A row is compiled (see ``_compiled_route``)
+        when it is a plain one: a single transition with no conditions and no
+        prepare callbacks, on a machine without machine-wide callbacks, queue
+        or event objects to pass. Any other row (the exit hooks' conditional
+        ``sigterm``) keeps the library's own ``Event.trigger``.
+        """
+        plain_machine = not (
+            self.has_queue
+            or self.send_event
+            or self.before_state_change
+            or self.after_state_change
+            or self.prepare_event
+            or self.finalize_event
+            or self.on_exception
+            or self.on_final
+        )
+        table: dict[str, dict[str, Callable[..., None]]] = {}
+        for trigger, event in self.events.items():
+            by_state = table[trigger] = {}
+            for source, rows in event.transitions.items():
+                plain = (
+                    plain_machine
+                    and len(rows) == 1
+                    and not rows[0].conditions
+                    and not rows[0].prepare
+                )
+                if plain:
+                    by_state[source] = self._compiled_route(model, event, rows[0])
+                else:
+                    by_state[source] = partial(event.trigger, model)
+        return table
+
+    def _compiled_route(self, model: Any, event: Any, row: Any) -> Callable[..., None]:
+        """What ``Transition.execute`` runs for ``row``, resolved once: the
+        transition's ``before`` callbacks, the source state's ``on_exit``, the
+        state change, the destination's ``on_enter``, then ``after``; each
+        called with the trigger's arguments, as with ``send_event=False``.
+        Without the per-call ``EventData``, name lookups and logging."""
+        stub = EventData(None, event, self, model, (), {})
+
+        def resolve(names: list[Any]) -> tuple[Callable[..., Any], ...]:
+            return tuple(self.resolve_callable(name, stub) for name in names)
+
+        before = resolve(row.before)
+        after = resolve(row.after)
+        if row.dest is None:  # internal: no state change, no exit or enter
+            first, dest, then = before, None, after
+        else:
+            first = before + resolve(self.get_state(row.source).on_exit)
+            dest = self.get_state(row.dest).value
+            then = resolve(self.get_state(row.dest).on_enter) + after
+        attribute = self.model_attribute
+
+        def route(*args: Any, **kwargs: Any) -> None:
+            for callback in first:
+                callback(*args, **kwargs)
+            if dest is not None:
+                setattr(model, attribute, dest)
+            for callback in then:
+                callback(*args, **kwargs)
+
+        return route
 
 
 def _telemetry_guard(callback):
@@ -264,6 +333,8 @@ class SpanPhases:
             auto_transitions=False,
             name="span_phases",
         )
+        # The table, compiled: trigger -> legal source state -> what firing runs.
+        self._routes = self.machine.routes(self)
 
     @staticmethod
     def _telemetry_enabled(telemetry: TelemetryLike | None) -> bool:
@@ -327,10 +398,12 @@ class SpanPhases:
 
     def _fire(self, trigger: str, *args: Any, **kwargs: Any) -> None:
         """Run one transition, turning a table miss into SpanPhaseError."""
-        event = self.machine.events[trigger]
+        route = self._routes[trigger].get(self.state)
+        if route is None:
+            raise SpanPhaseError(trigger, self.state)
         self._in_transition += 1
         try:
-            event.trigger(self, *args, **kwargs)
+            route(*args, **kwargs)
         except SpanPhaseError:
             raise
         except MachineError:
