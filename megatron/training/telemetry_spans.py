@@ -146,7 +146,9 @@ class _Machine(Machine):
         when it is a plain one: a single transition with no conditions and no
         prepare callbacks, on a machine without machine-wide callbacks, queue
         or event objects to pass. Any other row (the exit hooks' conditional
-        ``sigterm``) keeps the library's own ``Event.trigger``.
+        ``sigterm``) keeps the library's own ``Event.trigger``. Compiled once:
+        a transition or callback added to the machine afterwards is not seen
+        (the lifecycle's table is fixed at construction).
         """
         plain_machine = not (
             self.has_queue
