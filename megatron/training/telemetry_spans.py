@@ -46,6 +46,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 from transitions import Machine, MachineError
+from transitions.core import EventData
 
 from megatron.core.telemetry.span_groups import SpanGroup
 from megatron.core.telemetry.state import is_span_group_enabled
@@ -125,11 +126,88 @@ class _Machine(Machine):
     signal-safe deferral of ``_fire``) and warns for every ``is_*``/``may_*``
     helper the model lacks. So this overrides a private hook, and
     ``pyproject.toml`` pins ``transitions`` to the releases it was tested on.
+
+    It also compiles its table (:meth:`routes`): ``Event.trigger`` costs about
+    5 us a call (an ``EventData``, callbacks looked up by name, a dozen log
+    calls) where a reroot's SDK calls take some 20 us, for no behaviour these
+    tables use. A compiled row runs the same callbacks in the same order.
     """
 
     def _checked_assignment(self, model: Any, name: str, func: Callable[..., Any]) -> None:
         if not hasattr(model, name):
             setattr(model, name, func)
+
+    def routes(self, model: Any) -> dict[str, dict[str, Callable[..., None]]]:
+        """Every (trigger, source state) the table lists, as one callable each.
+
+        ``routes(model)[trigger]`` maps each state the trigger is legal in to
+        what firing it there runs; a state missing from it is a trigger the
+        table does not allow there. A row is compiled (see ``_compiled_route``)
+        when it is a plain one: a single transition with no conditions and no
+        prepare callbacks, on a machine without machine-wide callbacks, queue
+        or event objects to pass. Any other row (the exit hooks' conditional
+        ``sigterm``) keeps the library's own ``Event.trigger``. Compiled once:
+        a transition or callback added to the machine afterwards is not seen
+        (the lifecycle's table is fixed at construction).
+        """
+        plain_machine = not (
+            self.has_queue
+            or self.send_event
+            or self.before_state_change
+            or self.after_state_change
+            or self.prepare_event
+            or self.finalize_event
+            or self.on_exception
+            or self.on_final
+        )
+        table: dict[str, dict[str, Callable[..., None]]] = {}
+        for trigger, event in self.events.items():
+            by_state = table[trigger] = {}
+            for source, rows in event.transitions.items():
+                plain = (
+                    plain_machine
+                    and len(rows) == 1
+                    and not rows[0].conditions
+                    and not rows[0].prepare
+                )
+                if plain:
+                    by_state[source] = self._compiled_route(model, event, rows[0])
+                else:
+                    by_state[source] = partial(event.trigger, model)
+        return table
+
+    def _compiled_route(self, model: Any, event: Any, row: Any) -> Callable[..., None]:
+        """What ``Transition.execute`` runs for ``row``, resolved once: the
+        transition's ``before`` callbacks, the source state's ``on_exit``, the
+        state change, the destination's ``on_enter``, then ``after``; each
+        called with the trigger's arguments, as with ``send_event=False``.
+        Without the per-call ``EventData``, name lookups and logging."""
+        stub = EventData(None, event, self, model, (), {})
+
+        def resolve(names: list[Any]) -> tuple[Callable[..., Any], ...]:
+            return tuple(self.resolve_callable(name, stub) for name in names)
+
+        before = resolve(row.before)
+        after = resolve(row.after)
+        if row.dest is None:  # internal: no state change, no exit or enter
+            first, dest, then = before, None, after
+        else:
+            first = before + resolve(self.get_state(row.source).on_exit)
+            dest = self.get_state(row.dest).value
+            then = resolve(self.get_state(row.dest).on_enter) + after
+        if dest is None and not first and len(then) == 1:
+            return then[0]  # one callback, no state change: the route is that callback
+        attribute = self.model_attribute
+
+        def route(*args: Any, **kwargs: Any) -> None:
+            for callback in first:
+                callback(*args, **kwargs)
+            if dest is not None:
+                setattr(model, attribute, dest)
+            for callback in then:
+                callback(*args, **kwargs)
+
+        return route
 
 
 def _telemetry_guard(callback):
@@ -139,14 +217,7 @@ def _telemetry_guard(callback):
         try:
             callback(self, *args, **kwargs)
         except Exception:  # noqa: BLE001 -- any exporter/SDK failure is non-fatal
-            self._telemetry_failures += 1
-            if self._telemetry_failures == 1:
-                _log.warning(
-                    "telemetry failed in %s; training continues and later failures "
-                    "of this lifecycle are not logged",
-                    callback.__name__,
-                    exc_info=True,
-                )
+            self._telemetry_failed(callback.__name__)
 
     guarded.__name__ = callback.__name__
     guarded.__doc__ = callback.__doc__
@@ -173,11 +244,12 @@ class _PassCounter:
     def step(self, iteration: int | None = None) -> None:
         """Count one loop pass; on a checkpoint-interval boundary, reroot.
 
-        The non-boundary path is one decrement and one comparison;
-        ``iteration`` is only looked at on a boundary.
+        The non-boundary path is one decrement and one test for zero (the
+        boundary handler never leaves ``remaining`` below 1); ``iteration`` is
+        only looked at on a boundary.
         """
-        self.remaining -= 1
-        if self.remaining <= 0:
+        self.remaining = left = self.remaining - 1
+        if not left:
             self._on_boundary(iteration)
 
 
@@ -264,6 +336,8 @@ class SpanPhases:
             auto_transitions=False,
             name="span_phases",
         )
+        # The table, compiled: trigger -> legal source state -> what firing runs.
+        self._routes = self.machine.routes(self)
 
     @staticmethod
     def _telemetry_enabled(telemetry: TelemetryLike | None) -> bool:
@@ -319,18 +393,24 @@ class SpanPhases:
     def _step_boundary(self, iteration: int | None) -> None:
         # step() is legal exactly where reroot is (train and interval), so the
         # table decides; only the trigger named in the error is step's own.
+        # A boundary that did not reroot (rejected, or cut short by an exception)
+        # leaves the next pass a boundary again, never a count below zero.
         try:
-            self._fire("reroot", iteration=iteration)
+            self._fire("reroot", iteration)
         except SpanPhaseError as err:
-            self._passes.remaining = 1
             raise SpanPhaseError("step", err.state) from None
+        finally:
+            if self._passes.remaining < 1:
+                self._passes.remaining = 1
 
     def _fire(self, trigger: str, *args: Any, **kwargs: Any) -> None:
         """Run one transition, turning a table miss into SpanPhaseError."""
-        event = self.machine.events[trigger]
+        route = self._routes[trigger].get(self.state)
+        if route is None:
+            raise SpanPhaseError(trigger, self.state)
         self._in_transition += 1
         try:
-            event.trigger(self, *args, **kwargs)
+            route(*args, **kwargs)
         except SpanPhaseError:
             raise
         except MachineError:
@@ -339,6 +419,17 @@ class SpanPhases:
             self._in_transition -= 1
             if self._deferred and not self._in_transition:
                 self._run_deferred()
+
+    def _telemetry_failed(self, where: str) -> None:
+        """Called from an ``except`` in a callback: log the first failure, count the rest."""
+        self._telemetry_failures += 1
+        if self._telemetry_failures == 1:
+            _log.warning(
+                "telemetry failed in %s; training continues and later failures "
+                "of this lifecycle are not logged",
+                where,
+                exc_info=True,
+            )
 
     def between_transitions(self, work: Callable[[], None]) -> None:
         """Run ``work`` now, or right after the transition a signal interrupted.
@@ -416,12 +507,35 @@ class SpanPhases:
         """
         self._passes.remaining = 1
 
+    # The interval callbacks run at every reroot, so their telemetry guard is
+    # written inline (a try costs nothing until it catches) rather than through
+    # the decorator's extra call.
+
     def _open_interval(self, iteration: int | None = None) -> None:
-        """Entering ``interval``: start counting its passes, open C(k)."""
+        """Entering ``interval``: start counting its passes, open C(k).
+
+        C(k) is a root in a new trace, linked to C(k-1) or, for C0, to startup.
+        What is known at its start (its index, the first iteration where the
+        trainer passes it) is set at its start; the rest when it ends.
+        """
         self._passes.remaining = self._period
         self._first_iteration = iteration
-        if self._tracer is not None:
-            self._start_interval_span()
+        if self._tracer is None:
+            return
+        try:
+            link_to = self._link_to
+            attributes = {IS_GOODPUT_SPAN: True, INTERVAL_INDEX: self._interval_index}
+            if iteration is not None:
+                attributes[INTERVAL_FIRST_ITERATION] = iteration
+            span = self._interval = self._tracer.start_span(
+                INTERVAL_SPAN,
+                context=otel_context.Context(),
+                links=None if link_to is None else (Link(link_to),),
+                attributes=attributes,
+            )
+            self._interval_token = otel_context.attach(otel_trace.set_span_in_context(span))
+        except Exception:  # noqa: BLE001 -- any exporter/SDK failure is non-fatal
+            self._telemetry_failed("_open_interval")
 
     def _close_interval(
         self, iteration: int | None = None, cause: BaseException | int | None = None
@@ -432,62 +546,48 @@ class SpanPhases:
         new interval, after ``shutdown`` it is rejected. A ``shutdown`` with a
         cause records it on C(k).
         """
-        self._finish_interval(iteration, rerooted=False, cause=cause)
+        self._finish_interval(iteration, False, cause)
 
     def _next_interval(self, iteration: int | None = None) -> None:
         """``reroot`` inside ``interval``: end C(k), open C(k+1) linked to it."""
-        self._finish_interval(iteration, rerooted=True)
+        self._finish_interval(iteration, True, None)
         self._open_interval(iteration)
 
     def _finish_interval(
-        self, iteration: int | None, *, rerooted: bool, cause: BaseException | int | None = None
+        self, iteration: int | None, rerooted: bool, cause: BaseException | int | None
     ) -> None:
-        last = self._last_iteration(iteration)
+        """Detach and end C(k), keeping its span context for C(k+1)'s link.
+
+        The last iteration it covered comes from counts, not stores: each pass is
+        one iteration. Closed by step() on a boundary, it is the one before that
+        pass; otherwise the opening pass plus every pass counted since.
+        """
+        first = self._first_iteration
+        if first is None:
+            last = None
+        elif iteration is not None:
+            last = iteration - 1
+        else:
+            last = first + (self._period - self._passes.remaining)
         self._passes.remaining = 1
         self._interval_index += 1
-        if self._interval is not None:
-            self._end_interval_span(last, rerooted, cause)
-
-    def _last_iteration(self, boundary_iteration: int | None) -> int | None:
-        """The last iteration the open interval covered, from counts, not stores.
-
-        Each pass is one iteration. Closed by step() on a boundary, it is the one
-        before that pass; otherwise the opening pass plus every pass counted since.
-        """
-        if self._first_iteration is None:
-            return None
-        if boundary_iteration is not None:
-            return boundary_iteration - 1
-        return self._first_iteration + (self._period - self._passes.remaining)
-
-    @_telemetry_guard
-    def _start_interval_span(self) -> None:
-        """C(k): a root in a new trace, linked to C(k-1) or, for C0, to startup."""
-        self._interval = self._tracer.start_span(
-            INTERVAL_SPAN,
-            context=otel_context.Context(),
-            links=[Link(self._link_to)] if self._link_to is not None else None,
-            attributes={IS_GOODPUT_SPAN: True, INTERVAL_INDEX: self._interval_index},
-        )
-        self._interval_token = otel_context.attach(otel_trace.set_span_in_context(self._interval))
-
-    @_telemetry_guard
-    def _end_interval_span(
-        self, last_iteration: int | None, rerooted: bool, cause: BaseException | int | None
-    ) -> None:
-        """Detach and end C(k), keeping its span context for C(k+1)'s link."""
         span, token = self._interval, self._interval_token
+        if span is None:
+            return
         self._interval = self._interval_token = None
-        self._link_to = span.get_span_context()
-        attributes: dict[str, Any] = {INTERVAL_REROOTED: rerooted}
-        if last_iteration is not None:
-            attributes[INTERVAL_FIRST_ITERATION] = self._first_iteration
-            attributes[INTERVAL_LAST_ITERATION] = last_iteration
-        span.set_attributes(attributes)
-        _mark_ending(span, cause)
-        if token is not None:
-            otel_context.detach(token)
-        span.end()
+        try:
+            self._link_to = span.get_span_context()
+            # One key at a time: set_attributes' mapping costs more than two calls.
+            span.set_attribute(INTERVAL_REROOTED, rerooted)
+            if last is not None:
+                span.set_attribute(INTERVAL_LAST_ITERATION, last)
+            if cause is not None:
+                _mark_ending(span, cause)
+            if token is not None:
+                otel_context.detach(token)
+            span.end()
+        except Exception:  # noqa: BLE001 -- any exporter/SDK failure is non-fatal
+            self._telemetry_failed("_finish_interval")
 
     @_telemetry_guard
     def _flush_telemetry(self) -> None:

@@ -1,10 +1,12 @@
 """The span lifecycle against the raw SDK: ``step()``, one ``reroot`` and a whole
-lifecycle (sections ``step``, ``reroot`` and ``lifecycle``)."""
+lifecycle (sections ``step``, ``reroot`` and ``lifecycle``); the last two also against
+Megatron-LM's own flag-based helpers, re-enacted in ``upstream_helpers``."""
 
 from __future__ import annotations
 
 import time
 
+import upstream_helpers as upstream
 from harness import Run, _InMemoryTelemetry, _interleaved, _time_calls
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
@@ -153,6 +155,83 @@ def bench_lifecycle(repeats: int, passes: int = 10_000, save_interval: int = 100
     return _interleaved(ours, baseline, repeats)
 
 
+# -- against upstream's helpers -------------------------------------------------
+
+#: The startup phases both sides record after opening the startup span.
+PHASES = tuple(f"megatron.startup.phase{index}" for index in range(4))
+
+
+def bench_lifecycle_vs_upstream(repeats: int, passes: int = 10_000, save_interval: int = 100):
+    """The whole lifecycle, ours over upstream's helpers: same spans, links, order."""
+    spans = 1 + len(PHASES) + passes // save_interval
+
+    def ours() -> float:
+        telemetry = _InMemoryTelemetry()
+        phases = SpanPhases(telemetry, save_interval=save_interval)
+        now = time.time()
+        start = time.perf_counter()
+        phases.start_job(model_type="GPT", timestamps={"program_start": now - 1})
+        for index, name in enumerate(PHASES):
+            phases.record_phase(name, now - 1 + index * 0.1, now - 0.9 + index * 0.1)
+        phases.start_train()
+        for iteration in range(passes):
+            phases.step(iteration)
+        phases.end_train()
+        phases.shutdown()
+        elapsed = time.perf_counter() - start
+        assert len(telemetry.exporter.get_finished_spans()) == spans
+        return elapsed
+
+    def baseline() -> float:
+        telemetry = _InMemoryTelemetry()
+        upstream.bind(telemetry, save_interval)
+        now = time.time()
+        start = time.perf_counter()
+        upstream.start_job("GPT", now - 1, {})
+        for index, name in enumerate(PHASES):
+            upstream.backdated(name, now - 1 + index * 0.1, now - 0.9 + index * 0.1)
+        upstream.end_startup()
+        upstream.start_train()
+        for _ in range(passes):
+            upstream.step()
+        upstream.end_train()
+        upstream.shutdown()
+        elapsed = time.perf_counter() - start
+        assert len(telemetry.exporter.get_finished_spans()) == spans
+        return elapsed
+
+    return _interleaved(ours, baseline, repeats)
+
+
+def bench_reroot_vs_upstream(repeats: int, n: int):
+    """One reroot (end C(k), open C(k+1) linked to it), ours over upstream's helper."""
+    ours_telemetry = _InMemoryTelemetry()
+    phases = SpanPhases(ours_telemetry, save_interval=1)
+    phases.start_job(model_type="GPT")
+    phases.start_train()
+    phases.step(0)
+
+    upstream_telemetry = _InMemoryTelemetry()
+    upstream.bind(upstream_telemetry, 1)
+    upstream.start_job("GPT", time.time() - 1, {})
+    upstream.end_startup()
+    upstream.start_train()
+    upstream.step()
+
+    def ours() -> float:
+        ours_telemetry.exporter.clear()
+        return _time_calls(lambda _: phases.reroot(), n)
+
+    def baseline() -> float:
+        upstream_telemetry.exporter.clear()
+        return _time_calls(lambda _: upstream.reroot(), n)
+
+    result = _interleaved(ours, baseline, repeats)
+    upstream.shutdown()
+    phases.shutdown()
+    return result
+
+
 def section_step(run: Run) -> None:
     for key, enabled in (("step_ratio_off", False), ("step_ratio_on", True)):
         ratio, ours, base = bench_step(enabled, run.reps, 200_000)
@@ -162,8 +241,19 @@ def section_step(run: Run) -> None:
 def section_reroot(run: Run) -> None:
     ratio, ours, base = bench_reroot(run.reps, 2_000)
     run.record("reroot_ratio", ratio, f"{ours * 1e6:.2f} us", f"{base * 1e6:.2f} us (raw SDK)")
+    ratio, ours, base = bench_reroot_vs_upstream(run.reps, 2_000)
+    run.record(
+        "reroot_ratio_vs_upstream", ratio, f"{ours * 1e6:.2f} us", f"{base * 1e6:.2f} us (upstream)"
+    )
 
 
 def section_lifecycle(run: Run) -> None:
     ratio, ours, base = bench_lifecycle(max(run.reps // 2, 3))
     run.record("lifecycle_ratio", ratio, f"{ours * 1e3:.2f} ms", f"{base * 1e3:.2f} ms (raw SDK)")
+    ratio, ours, base = bench_lifecycle_vs_upstream(max(run.reps // 2, 3))
+    run.record(
+        "lifecycle_ratio_vs_upstream",
+        ratio,
+        f"{ours * 1e3:.2f} ms",
+        f"{base * 1e3:.2f} ms (upstream)",
+    )

@@ -12,8 +12,8 @@ Run with ``tox -e bench`` (or ``python tests/benchmarks/run_benchmarks.py``);
 ``--only encode,pipeline`` runs some sections (``--list`` names them all).
 Each section is one function in the module of its subject (``lifecycle``,
 ``export_pipeline``, ``training``, ``reader``, ``timeline``, ``trace_commands``,
-``cluster``;
-what they share is in ``harness``), registered in ``SECTIONS`` with the keys it
+``cluster``; what they share is in ``harness``, Megatron-LM's own lifecycle helpers
+re-enacted as a baseline in ``upstream_helpers``), registered in ``SECTIONS`` with the keys it
 records; a new benchmark is a function, a ``SECTIONS`` row and its target and
 description in ``targets``.
 Kept out of the default test run: pytest collects only ``test_*.py``.

@@ -160,6 +160,31 @@ def test_counter_restarts_on_start_train_of_each_incarnation(lifecycles):
         assert len(handle.shutdown_calls) == 1
 
 
+def test_a_boundary_cut_short_leaves_the_next_pass_a_boundary(lifecycles, monkeypatch):
+    """A Ctrl-C landing in a boundary pass before its reroot ran: the pass counter
+    does not run past the boundary, so the next pass reroots (and the one after
+    counts normally)."""
+    handle = FakeHandle()
+    phases = lifecycles.new(handle, save_interval=2)
+    phases.start_job()
+    phases.start_train()
+    phases.step(0)
+    phases.step(1)
+
+    def interrupted(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(phases, "_fire", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        phases.step(2)
+    monkeypatch.undo()
+    phases.step(3)  # the boundary again: C1 opens here
+    phases.step(4)
+    phases.step(5)  # C2
+    phases.shutdown()
+    assert [c.attributes[FIRST_ITERATION] for c in handle.intervals()] == [0, 3, 5]
+
+
 def test_interval_is_current_and_ended_when_the_next_opens(lifecycles):
     handle = FakeHandle()
     phases = lifecycles.new(handle, save_interval=2)

@@ -195,3 +195,47 @@ def test_typed_trigger_methods_survive_construction_without_warnings(lifecycles,
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
     # What the machine adds where the model has nothing of its own is still added.
     assert phases.is_job() and phases.may_start_job()
+
+
+def _callback_names() -> set[str]:
+    names = set()
+    for state in SpanPhases.STATES:
+        names.update(state.get(key) for key in ("on_enter", "on_exit") if state.get(key))
+    for row in SpanPhases.TRANSITIONS:
+        names.update(row.get(key) for key in ("before", "after") if row.get(key))
+    return names
+
+
+@pytest.mark.parametrize("pair", sorted(SPEC_TABLE), ids=lambda pair: "-".join(pair))
+def test_compiled_routes_run_what_the_library_runs(lifecycles, monkeypatch, pair):
+    """``_fire`` runs each row through a route compiled once from the live machine;
+    for every legal (state, trigger) it calls the same callbacks, with the same
+    arguments, in the same order, and lands in the same state as ``transitions``'
+    own ``Event.trigger`` does."""
+    state, trigger = pair
+    calls: list[tuple] = []
+    for name in _callback_names():
+        original = getattr(SpanPhases, name)
+
+        def recording(self, *args, _name=name, _original=original, **kwargs):
+            calls.append((id(self), _name, args, tuple(sorted(kwargs.items()))))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(SpanPhases, name, recording)
+
+    args, kwargs = TRIGGER_ARGS.get(trigger, ((), {}))
+    outcomes = []
+    for through_library in (False, True):
+        handle = FakeHandle()
+        phases = lifecycles.new(handle, save_interval=3)
+        for step in PATH_TO_STATE[state]:
+            fire(phases, step)
+        del calls[:]
+        if through_library:
+            phases.machine.events[trigger].trigger(phases, *args, **kwargs)
+        else:
+            phases._fire(trigger, *args, **kwargs)
+        ran = [call[1:] for call in calls]
+        outcomes.append((phases.state, ran, handle.recorder.start_order, handle.recorder.end_order))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][0] == SPEC_TABLE[pair]
