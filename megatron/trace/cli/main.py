@@ -35,6 +35,7 @@ COMMANDS = {
     "report": "megatron.trace.cli.report",
     "timeline": "megatron.trace.cli.timeline",
     "export": "megatron.trace.cli.export",
+    "watch": "megatron.trace.cli.watch",
 }
 
 __all__ = ["COMMANDS", "build_parser", "main"]
