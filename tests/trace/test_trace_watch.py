@@ -22,6 +22,7 @@ import pytest
 import tracegen as g
 import upstream_traces as up
 from processes import subprocess_env
+from promtool import promtool
 
 from megatron.trace.analysis.goodput import report_files
 from megatron.trace.analysis.live import LiveJob
@@ -222,17 +223,26 @@ def test_the_families_as_prometheus_reads_them(tmp_path: Path) -> None:
     assert 'megatron_training_iteration{job="job-4711",rank="0"} 40.0' in text
     served = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
     assert served <= {*METRICS, *(name.removesuffix("_total") for name in METRICS)}
-    if PROMTOOL:
-        lint = subprocess.run(
-            [PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True
-        )
-        assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
-PROMTOOL = next(
-    (str(p) for p in (Path("/usr/bin/promtool"), Path("/usr/local/bin/promtool")) if p.exists()),
-    None,
-)
+@pytest.mark.needs_extras  # prometheus_client (the watch extra)
+def test_promtool_check_metrics_passes_on_a_scrape(tmp_path: Path) -> None:
+    import prometheus_client
+
+    from megatron.trace.render.prometheus import SnapshotCollector
+
+    tool = promtool()
+    path = g.write(tmp_path / "traces.jsonl", g.lifecycle(0, kill_after=1))
+    job = LiveJob([path], hang_floor_s=1)
+    job.add_lines(Follower([path]).poll())
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(
+        SnapshotCollector(lambda: job.snapshot(Clock(now_ns=20 * g.SECOND, stale_after_ns=10**12)))
+    )
+    text = prometheus_client.generate_latest(registry).decode()
+    assert "megatron_hang_suspected" in text and "megatron_iteration_time_seconds" in text
+    lint = subprocess.run([tool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
 def _start(args: list[str]) -> tuple[subprocess.Popen[str], str]:
