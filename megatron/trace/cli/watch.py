@@ -23,6 +23,7 @@ from typing import Any
 
 from megatron.trace.analysis.live import HANG_FACTOR, HANG_FLOOR_S, KILLED_AFTER_S, LiveJob
 from megatron.trace.analysis.liveness import Clock
+from megatron.trace.errors import TraceError
 from megatron.trace.otlp.follow import Follower
 from megatron.trace.render.prometheus import SnapshotCollector, prometheus_client
 from megatron.trace.semconv import STALE_AFTER_S
@@ -67,6 +68,7 @@ class _Watch:
         self._cached: Any = None
         self._cached_at = 0.0
         self._dirty = True
+        self._failed = ""
 
     def poll(self) -> None:
         with self.lock:
@@ -86,7 +88,14 @@ class _Watch:
         now = time.monotonic()
         with self.lock:
             if self._dirty or now - self._cached_at >= 1.0:
-                self._cached = self.job.snapshot(Clock.at(None, self.stale_after))
+                try:
+                    self._cached = self.job.snapshot(Clock.at(None, self.stale_after))
+                except TraceError as error:  # metrics.jsonl damaged, say: keep the last figures
+                    if str(error) != self._failed:
+                        print(f"{_PREFIX}: warning: {error}", file=sys.stderr, flush=True)
+                    self._failed = str(error)
+                else:
+                    self._failed = ""
                 self._cached_at, self._dirty = now, False
             return self._cached
 
