@@ -46,7 +46,7 @@ from megatron.trace.analysis.stragglers import find_stragglers
 from megatron.trace.errors import TraceFileDamaged
 from megatron.trace.model.trace import Incarnation, Trace, TraceBuilder
 from megatron.trace.otlp.reader import decode_line
-from megatron.trace.semconv import BADPUT_CATEGORIES, Category
+from megatron.trace.semconv import BADPUT_CATEGORIES, NEMO_RUN_ID, RUN_ID, Category
 
 __all__ = [
     "HANG_FACTOR",
@@ -69,7 +69,7 @@ HANG_FLOOR_S = 300.0
 KILLED_AFTER_S = 300.0
 STATES = ("running", "finished", "stalled", "killed")
 _FINISHED = frozenset({"shutdown", "failed", "interrupted", "cut_short"})
-_RUN_ID_KEYS = ("nemo.run.id", "megatron.run_id")
+_RUN_ID_KEYS = (NEMO_RUN_ID, RUN_ID)
 
 
 @dataclass(frozen=True)
