@@ -9,12 +9,14 @@ every variable, and the validation of the new ones.
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 from typing import Any
 
 import pytest
 
 from megatron.core.telemetry import TelemetryConfig, TelemetryConfigError, add_telemetry_args
+from megatron.core.telemetry.config import KNOWN_VARIABLES, env_names, unknown_variables
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -168,3 +170,56 @@ def test_direct_construction_checks_the_new_fields() -> None:
         TelemetryConfig(sampling_strategy="everything")
     with pytest.raises(TelemetryConfigError, match="rank_strategy"):
         TelemetryConfig(rank_strategy="odd_ranks")
+
+
+def test_megatron_lm_recipes_export_strategy() -> None:
+    # Megatron-LM's recipes name the rank strategy after lens's field.
+    env = {"MEGATRON_OTEL_EXPORT_STRATEGY": "all_ranks"}
+    assert TelemetryConfig.from_env(env).rank_strategy == "all_ranks"
+    # Every MEGATRON_OTEL_* spelling wins over every lens one ...
+    env.update({"NEMO_LENS_RANK_STRATEGY": "sampled", "NEMO_LENS_EXPORT_STRATEGY": "sampled"})
+    assert TelemetryConfig.from_env(env).rank_strategy == "all_ranks"
+    # ... and the project's own name wins over the recipes' one.
+    env["MEGATRON_OTEL_RANK_STRATEGY"] = "first_rank_per_node"
+    assert TelemetryConfig.from_env(env).rank_strategy == "first_rank_per_node"
+    assert env_names("MEGATRON_OTEL_RANK_STRATEGY") == (
+        "MEGATRON_OTEL_RANK_STRATEGY",
+        "MEGATRON_OTEL_EXPORT_STRATEGY",
+        "NEMO_LENS_RANK_STRATEGY",
+        "NEMO_LENS_EXPORT_STRATEGY",
+    )
+    assert message({"MEGATRON_OTEL_EXPORT_STRATEGY": "most"}).startswith(
+        "MEGATRON_OTEL_EXPORT_STRATEGY='most' is not valid"
+    )
+
+
+def test_unknown_variable_is_one_warning_naming_the_nearest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = {
+        "MEGATRON_OTEL_RANK_STRATGY": "all_ranks",
+        "MEGATRON_OTEL_ZZZ": "1",
+        "MEGATRON_OTEL_ENABLED": "1",
+        "NEMO_LENS_WHATEVER": "1",
+    }
+    with caplog.at_level(logging.WARNING, logger="megatron.core.telemetry.config"):
+        config = TelemetryConfig.from_env(env)
+    assert config.enabled and config.rank_strategy == "single_rank"  # the typo is ignored
+    assert [record.getMessage() for record in caplog.records] == [
+        "MEGATRON_OTEL_RANK_STRATGY is not a telemetry setting and is ignored; "
+        "did you mean MEGATRON_OTEL_RANK_STRATEGY?",
+        "MEGATRON_OTEL_ZZZ is not a telemetry setting and is ignored; "
+        "see megatron/core/telemetry/README.md",
+    ]
+
+
+def test_every_variable_the_config_reads_is_known() -> None:
+    import megatron.core.telemetry.config as config_module
+
+    read = {
+        value
+        for name, value in vars(config_module).items()
+        if name.startswith("ENV_") and value.startswith("MEGATRON_OTEL_")
+    }
+    assert read == set(KNOWN_VARIABLES)
+    assert unknown_variables({name: "1" for name in read}) == []

@@ -8,10 +8,12 @@ heartbeats in ``metrics.jsonl`` beside them, judged against an injected
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 import tracegen as g
+import upstream_traces as up
 from report_checks import assert_accounted, nonzero
 
 from megatron.core.telemetry.heartbeat import STALE_AFTER_S
@@ -129,7 +131,7 @@ def test_without_a_heartbeat_only_fresh_spans_say_running(tmp_path: Path) -> Non
     assert report["incarnations"][0]["ended"] == "running"
     assert report["as_of"] == "1970-01-01T00:00:10.250Z"  # its newest span
     (note,) = report["liveness"]["notes"]
-    assert "no heartbeat" in note and "newest span alone" in note
+    assert "no metric points" in note and "newest span alone" in note
     assert report_at(path, 40.26)["incarnations"][0]["ended"] == "killed"
 
 
@@ -268,3 +270,36 @@ def test_each_rank_is_judged_on_its_own(tmp_path: Path) -> None:
     result = check_files([one, zero], at(55))
     assert sorted(note.split(":")[0] for note in result.notes) == ["killed", "running"]
     assert "rank 1 incarnation 0: its in-flight interval is missing" in " ".join(result.notes)
+
+
+def test_megatron_lm_metric_points_are_signs_of_life(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Megatron-LM job with the ``default`` groups, mid-interval: no span for long, no
+    heartbeat of ours, but the metric points it records at each log interval (through the
+    official file exporter) are fresh. It reads running in report, timeline and check;
+    once they are older than the bound, killed."""
+    path = tmp_path / "traces.jsonl"
+    process = up.Process(path, pid=4242, groups=up.DEFAULT_GROUPS)
+    process.pretrain(train_iters=100, save_interval=10, kill=up.Kill(25))  # what it has written
+    now = time.time() + 5  # its last span ended in 2026-11 (virtual time): long stale
+    assert report_files([path], Clock.at(now))["incarnations"][0]["ended"] == "killed"
+    metrics = process.export_metrics(exports=2)
+    names = {
+        metric["name"]
+        for line in metrics.read_text().splitlines()
+        for scope in json.loads(line)["resourceMetrics"][0]["scopeMetrics"]
+        for metric in scope["metrics"]
+    }
+    assert "megatron.training.step_duration_ms" in names
+    assert "megatron.training.running" not in names  # not our heartbeat
+    report = report_files([path], Clock.at(now))
+    (inc,) = report["incarnations"]
+    assert (inc["ended"], report["running"]) == ("running", True)
+    assert report["liveness"]["notes"] == []
+    assert main(["report", "--now", str(now), str(path)]) == 0
+    assert "running" in capsys.readouterr().out
+    (lane,) = timeline.collect(span_source([path]), [str(path)], Clock.at(now)).lanes
+    assert lane.ended == "running"
+    stale = report_files([path], Clock.at(now + STALE_AFTER_S + 10))
+    assert stale["incarnations"][0]["ended"] == "killed"

@@ -125,3 +125,13 @@ def test_the_timeline_without_msgspec_is_drawn(trace: Path, tmp_path: Path) -> N
     result = _run(("msgspec",), "timeline", str(trace), "-o", str(out))
     assert result.returncode == 0, result.stderr
     assert b"incarnation 1" in out.read_bytes()
+
+
+def test_watch_without_prometheus_client_names_its_extra(trace: Path) -> None:
+    """Not the trace extra's: the watch extra's one package, blocked here, in every env."""
+    result = _run(("prometheus_client",), "watch", "--listen", "127.0.0.1:0", str(trace))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "megatron-trace watch: error: watch needs the prometheus_client package: "
+        "pip install 'megatron-telemetry-spans[watch]'\n"
+    )

@@ -12,7 +12,14 @@ configuration fields): flag, then ``MEGATRON_OTEL_*``, then ``NEMO_LENS_*``,
 then the default. Where lens calls the field differently, lens's own name is
 read too (``NEMO_LENS_EXPORT_STRATEGY`` for the rank strategy,
 ``NEMO_LENS_SAMPLER_ENABLED`` for the ``rank_aware`` sampler), so a shared
-environment configured for lens configures this job the same way.
+environment configured for lens configures this job the same way. Megatron-LM's
+recipes spell the rank strategy after lens's field, ``MEGATRON_OTEL_EXPORT_STRATEGY``;
+it is read right after ``MEGATRON_OTEL_RANK_STRATEGY`` and before any
+``NEMO_LENS_*`` name (every ``MEGATRON_OTEL_*`` name wins over every lens one).
+
+A ``MEGATRON_OTEL_*`` variable this module does not read is most likely a typo:
+it gets one warning line naming the nearest known variable, and is otherwise
+ignored (telemetry never stops training for it).
 
 An environment variable set to the empty string counts as unset, as the
 OpenTelemetry SDK treats its own ``OTEL_*`` variables and lens treats its.
@@ -21,6 +28,8 @@ OpenTelemetry SDK treats its own ``OTEL_*`` variables and lens treats its.
 from __future__ import annotations
 
 import argparse
+import difflib
+import logging
 import math
 import os
 import uuid
@@ -61,6 +70,30 @@ ENV_METRICS_ENABLED = "MEGATRON_OTEL_METRICS_ENABLED"
 ENV_LOGS_ENABLED = "MEGATRON_OTEL_LOGS_ENABLED"
 ENV_RUN_ID = "MEGATRON_OTEL_RUN_ID"
 ENV_HANG_TIMEOUT = "MEGATRON_OTEL_HANG_TIMEOUT"
+#: Megatron-LM's recipes' name for the rank strategy (lens's field is ``export_strategy``).
+ENV_EXPORT_STRATEGY = "MEGATRON_OTEL_EXPORT_STRATEGY"
+
+#: Every ``MEGATRON_OTEL_*`` variable this module reads; any other one is warned about.
+KNOWN_VARIABLES: frozenset[str] = frozenset(
+    {
+        ENV_ENABLED,
+        ENV_SPAN_GROUPS,
+        ENV_EXPORTER,
+        ENV_TRACE_FILE,
+        ENV_RANK_STRATEGY,
+        ENV_EXPORT_STRATEGY,
+        ENV_EXPORT_RANK,
+        ENV_EXPORT_SAMPLE_RATE,
+        ENV_SAMPLING_STRATEGY,
+        ENV_TRACES_ENABLED,
+        ENV_METRICS_ENABLED,
+        ENV_LOGS_ENABLED,
+        ENV_RUN_ID,
+        ENV_HANG_TIMEOUT,
+    }
+)
+
+_logger = logging.getLogger(__name__)
 
 _PREFIX = "MEGATRON_OTEL_"
 _FALLBACK_PREFIX = "NEMO_LENS_"
@@ -68,6 +101,11 @@ _FALLBACK_PREFIX = "NEMO_LENS_"
 # read after the plain prefix swap.
 _LENS_NAMES = {
     ENV_RANK_STRATEGY: "NEMO_LENS_EXPORT_STRATEGY",
+}
+# Other Megatron spellings of a setting, read after its own name and before
+# any lens name.
+_MEGATRON_ALIASES = {
+    ENV_RANK_STRATEGY: (ENV_EXPORT_STRATEGY,),
 }
 _LENS_SAMPLER_ENABLED = "NEMO_LENS_SAMPLER_ENABLED"
 
@@ -220,15 +258,42 @@ def _env_value(env: Mapping[str, str], name: str) -> str | None:
 def env_names(name: str) -> tuple[str, ...]:
     """The variables read for setting ``name``, in precedence order.
 
-    ``MEGATRON_OTEL_X`` is followed by ``NEMO_LENS_X`` and, where lens names
-    the field differently, by lens's name; other variables stand alone.
+    ``MEGATRON_OTEL_X`` is followed by its other Megatron spellings
+    (``MEGATRON_OTEL_EXPORT_STRATEGY`` for the rank strategy), then by
+    ``NEMO_LENS_X`` and, where lens names the field differently, by lens's
+    name; other variables stand alone.
     """
     if not name.startswith(_PREFIX):
         return (name,)
-    names = [name, _FALLBACK_PREFIX + name[len(_PREFIX) :]]
+    names = [name, *_MEGATRON_ALIASES.get(name, ())]
+    names.append(_FALLBACK_PREFIX + name[len(_PREFIX) :])
     if name in _LENS_NAMES:
         names.append(_LENS_NAMES[name])
     return tuple(names)
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """Each set ``MEGATRON_OTEL_*`` variable not read here, with the nearest known one.
+
+    Sorted by name; the nearest is ``None`` when no known name is close
+    (:func:`difflib.get_close_matches`' default cutoff, on the part after
+    ``MEGATRON_OTEL_``).
+    """
+    found = []
+    for name in sorted(env):
+        if name.startswith(_PREFIX) and name not in KNOWN_VARIABLES:
+            # compared without the prefix they all share, which would make any name "close"
+            suffixes = [known[len(_PREFIX) :] for known in sorted(KNOWN_VARIABLES)]
+            close = difflib.get_close_matches(name[len(_PREFIX) :], suffixes, n=1)
+            found.append((name, _PREFIX + close[0] if close else None))
+    return found
+
+
+def warn_unknown_variables(env: Mapping[str, str]) -> None:
+    """One warning line per unknown ``MEGATRON_OTEL_*`` variable; never raises."""
+    for name, nearest in unknown_variables(env):
+        hint = f"did you mean {nearest}?" if nearest else "see megatron/core/telemetry/README.md"
+        _logger.warning("%s is not a telemetry setting and is ignored; %s", name, hint)
 
 
 def _env_lookup(env: Mapping[str, str], name: str) -> tuple[str | None, str]:
@@ -259,6 +324,8 @@ def _build(
 ) -> TelemetryConfig:
     def pick_bool(key: str, env_name: str, default: bool) -> bool:
         return _pick_bool(given.get(key), env, env_name, names[key], default)
+
+    warn_unknown_variables(env)
 
     enabled = pick_bool("enabled", ENV_ENABLED, False)
 

@@ -4,15 +4,19 @@ The spans alone cannot tell a live job from a SIGKILLed one: both leave the
 interval in flight out of the file (with the ``default`` span groups nothing
 at all is written while an interval is open, which may be hours). What tells
 them apart is time: a live job keeps writing. Its telemetry exports metrics
-every 10 s, each export carrying the heartbeat gauge
-(:mod:`megatron.core.telemetry.heartbeat`: 1 while up, 0 in the export at
-shutdown) to ``metrics.jsonl`` beside the trace file.
+to ``metrics.jsonl`` beside the trace file: this project's every 10 s, each
+export carrying the heartbeat gauge (:mod:`megatron.core.telemetry.heartbeat`:
+1 while up, 0 in the export at shutdown); Megatron-LM's at its metric reader's
+interval, the points it records at each log interval
+(``megatron.training.step_duration_ms``, ``.loss``, ...). Every metric data
+point is a sign of life, stamped with its collection time; only the heartbeat
+also says whether telemetry shut down.
 
 The rule, for the last incarnation of each rank (an earlier one was followed
 by a restart, so it is over), when its spans do not show a clean or cut-short
 end, or show one but its newest heartbeat still says 1:
 
-* it is **running** while its newest record (heartbeat point or span end) is
+* it is **running** while its newest record (metric point or span end) is
   at most ``stale_after`` (default :data:`STALE_AFTER_S`, three export
   periods) older than now, and its newest heartbeat does not say 0;
 * otherwise it keeps what its spans say (``killed``, or the end they show).
@@ -25,10 +29,10 @@ or ``--now`` (tests, or a file judged as of a given moment); the writer's and
 the reader's clocks must agree to well within the bound.
 
 Without ``metrics.jsonl`` (metrics off, or another exporter) there is no
-heartbeat: a job is then seen running only within the bound of its newest
+sign of life but the spans: a job is then seen running only within the bound of its newest
 span, which with the ``default`` groups may be long before now.
 
-The heartbeat is read from the end of ``metrics.jsonl``
+The metric points are read from the end of ``metrics.jsonl``
 (:func:`~megatron.trace.otlp.reader.iter_requests_backwards`), stopping
 once every incarnation in question has its newest point, so a week of
 metrics costs a few blocks.
@@ -70,6 +74,8 @@ IN_FLIGHT = "megatron.span.in_flight"
 # How far back past the oldest incarnation in question the heartbeat scan goes
 # (lines of several processes sharing one file are only roughly in time order).
 _SCAN_SLACK_NS = 60 * 1_000_000_000
+# The OTLP metric kinds whose points carry ``timeUnixNano``.
+_POINT_KINDS = ("gauge", "sum", "histogram", "exponentialHistogram", "summary")
 
 
 @dataclass(frozen=True)
@@ -95,16 +101,21 @@ class Clock:
         bound = self.stale_after_ns / 1e9
         return (
             f"running: the last incarnation of a rank, not seen to shut down, whose newest "
-            f"record (heartbeat in metrics.jsonl, or span) is at most {bound:g} s old"
+            f"record (metric point in metrics.jsonl, or span) is at most {bound:g} s old"
         )
 
 
 @dataclass(frozen=True)
 class Beat:
-    """The newest heartbeat point of one process."""
+    """The newest metric points of one process: a sign of life.
+
+    ``time_ns`` is the newest point's collection time, of any metric;
+    ``running`` what the heartbeat gauge said in that export (``None``
+    without a heartbeat point there: Megatron-LM's metrics, say).
+    """
 
     time_ns: int
-    running: bool
+    running: bool | None
 
 
 @dataclass
@@ -146,9 +157,9 @@ def judge(trace: Trace, trace_files: Sequence[Path | str], clock: Clock) -> Live
         beat = beats.get(process)
         if beat is not None and beat.time_ns < inc.start_ns:
             beat = None  # an earlier pretrain() of the same process
-        if beat is not None and not beat.running:
+        if beat is not None and beat.running is False:
             continue  # its telemetry shut down: the spans tell how it ended
-        if beat is None and inc.ended == "shutdown":
+        if inc.ended == "shutdown" and (beat is None or beat.running is None):
             continue  # the spans show a clean end and no heartbeat says otherwise
         newest = max(inc.end_ns, beat.time_ns if beat is not None else 0)
         if clock.now_ns - newest > clock.stale_after_ns:
@@ -156,7 +167,7 @@ def judge(trace: Trace, trace_files: Sequence[Path | str], clock: Clock) -> Live
         _mark_running(inc, newest)
         if beat is None:
             liveness.notes.append(
-                f"{inc.label}: no heartbeat (metrics.jsonl beside the trace); judged running "
+                f"{inc.label}: no metric points (metrics.jsonl beside the trace); judged running "
                 "from its newest span alone"
             )
     return liveness
@@ -165,7 +176,7 @@ def judge(trace: Trace, trace_files: Sequence[Path | str], clock: Clock) -> Live
 def newest_beats(
     metrics_files: Iterable[Path], wanted: Mapping[tuple[Any, ...], int]
 ) -> dict[tuple[Any, ...], Beat]:
-    """The newest heartbeat point of each ``wanted`` process (process -> its start ns).
+    """The newest metric points of each ``wanted`` process (process -> its start ns).
 
     Reads each file from its end and stops once every wanted process has a
     point, or the lines are older than the oldest wanted start.
@@ -189,19 +200,33 @@ def newest_beats(
 
 
 def _beats_of(request: dict[str, Any], path: Path) -> Iterable[tuple[tuple[Any, ...], Beat]]:
-    """(process, beat) for each heartbeat point of one ``ExportMetricsServiceRequest``."""
+    """(process, beat) for each resource of one ``ExportMetricsServiceRequest`` with points.
+
+    The beat's time is its newest data point's, of any metric and any kind
+    (gauge, sum, histogram, summary); ``running`` is the newest heartbeat
+    point's value, if the resource has one.
+    """
     for resource_metrics in request.get("resourceMetrics") or []:
-        resource = decode_attributes((resource_metrics.get("resource") or {}).get("attributes"))
-        process = None
+        newest = 0
+        heartbeat_ns = -1
+        running: bool | None = None
         for scope in resource_metrics.get("scopeMetrics") or []:
             for metric in scope.get("metrics") or []:
-                if metric.get("name") != HEARTBEAT_METRIC:
-                    continue
-                if process is None:
-                    process = process_of_resource(resource, path)
-                for point in (metric.get("gauge") or {}).get("dataPoints") or []:
-                    value = point.get("asInt", point.get("asDouble", 0))
-                    yield process, Beat(int(point.get("timeUnixNano", 0)), float(value) != 0)
+                is_heartbeat = metric.get("name") == HEARTBEAT_METRIC
+                for kind in _POINT_KINDS:
+                    body = metric.get(kind)
+                    if not isinstance(body, dict):
+                        continue
+                    for point in body.get("dataPoints") or []:
+                        at = int(point.get("timeUnixNano", 0) or 0)
+                        newest = max(newest, at)
+                        if is_heartbeat and at >= heartbeat_ns:
+                            heartbeat_ns = at
+                            value = point.get("asInt", point.get("asDouble", 0))
+                            running = float(value) != 0
+        if newest:
+            resource = decode_attributes((resource_metrics.get("resource") or {}).get("attributes"))
+            yield process_of_resource(resource, path), Beat(newest, running)
 
 
 def _mark_running(inc: Incarnation, as_of_ns: int) -> None:

@@ -37,6 +37,7 @@ COMMANDS = {
     "timeline": "megatron.trace.cli.timeline",
     "export": "megatron.trace.cli.export",
     "diff": "megatron.trace.cli.diff",
+    "watch": "megatron.trace.cli.watch",
 }
 
 __all__ = ["COMMANDS", "build_parser", "main"]

@@ -1,0 +1,206 @@
+"""``megatron-trace watch``: a running job's goodput, state, hangs and stragglers, for Prometheus.
+
+The command is the loop and the endpoint; following the files is
+:class:`~megatron.trace.otlp.follow.Follower`'s, the figures
+:class:`~megatron.trace.analysis.live.LiveJob`'s (``report``'s code), the
+metric families :mod:`megatron.trace.render.prometheus`'s. The files are
+polled every ``--interval`` seconds; a scrape computes the figures from what
+was read so far (at most once per second). Ctrl-C or SIGTERM stops it: one
+line, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from megatron.trace.analysis.live import HANG_FACTOR, HANG_FLOOR_S, KILLED_AFTER_S, LiveJob
+from megatron.trace.analysis.liveness import Clock
+from megatron.trace.errors import TraceError
+from megatron.trace.otlp.follow import Follower
+from megatron.trace.render.prometheus import SnapshotCollector, prometheus_client
+from megatron.trace.semconv import STALE_AFTER_S
+
+__all__ = ["add_parser", "run"]
+
+_PREFIX = "megatron-trace watch"
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (e.g. 127.0.0.1:9464), got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
+class _Watch:
+    """The shared state of the poll loop and the scrapes (one lock around both)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        trace_files = [p for p in args.files if not p.name.startswith("metrics")]
+        self.follower = Follower(trace_files)
+        self.job = LiveJob(
+            trace_files,
+            job=args.job,
+            hang_factor=args.hang_factor,
+            hang_floor_s=args.hang_floor,
+            killed_after_s=args.killed_after,
+        )
+        self.stale_after = args.stale_after
+        self.lock = threading.Lock()
+        self._cached: Any = None
+        self._cached_at = 0.0
+        self._dirty = True
+        self._failed = ""
+
+    def poll(self) -> None:
+        with self.lock:
+            if self.job.add_lines(self.follower.poll()):
+                self._dirty = True
+        for path in self.follower.waiting:
+            print(f"{_PREFIX}: waiting for {path} (not there yet)", file=sys.stderr, flush=True)
+        for path, number in self.follower.cut_off:
+            print(
+                f"{_PREFIX}: {path}:{number}: a last line cut off by a rotation, skipped",
+                file=sys.stderr,
+                flush=True,
+            )
+        self.follower.cut_off.clear()
+
+    def snapshot(self) -> Any:
+        now = time.monotonic()
+        with self.lock:
+            if self._dirty or now - self._cached_at >= 1.0:
+                try:
+                    self._cached = self.job.snapshot(Clock.at(None, self.stale_after))
+                except TraceError as error:  # metrics.jsonl damaged, say: keep the last figures
+                    if str(error) != self._failed:
+                        print(f"{_PREFIX}: warning: {error}", file=sys.stderr, flush=True)
+                    self._failed = str(error)
+                else:
+                    self._failed = ""
+                self._cached_at, self._dirty = now, False
+            return self._cached
+
+
+def run(args: argparse.Namespace) -> int:
+    client = prometheus_client()  # before anything starts: a missing extra is one line
+    # main() pauses the cyclic collector for a command's one read; a process that runs
+    # for weeks, with an HTTP server's garbage, needs it back
+    gc.enable()
+    watch = _Watch(args)
+    registry = client.CollectorRegistry()
+    registry.register(SnapshotCollector(watch.snapshot))
+    host, port = args.listen
+    try:
+        started = client.start_http_server(port, addr=host, registry=registry)
+    except OSError as error:
+        print(
+            f"{_PREFIX}: error: cannot listen on {host}:{port}: {error.strerror or error}",
+            file=sys.stderr,
+        )
+        return 2
+    server = started[0] if isinstance(started, tuple) else None
+    bound = server.server_address[1] if server is not None else port
+    print(
+        f"{_PREFIX}: serving http://{host}:{bound}/metrics for "
+        + ", ".join(str(p) for p in args.files),
+        file=sys.stderr,
+        flush=True,
+    )
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.is_set():
+            watch.poll()
+            stop.wait(args.interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        watch.follower.close()
+        if server is not None:
+            with contextlib.suppress(Exception):
+                server.shutdown()
+                server.server_close()
+    print(f"{_PREFIX}: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "watch",
+        help="follow a running job's files and serve its live figures for Prometheus",
+        description="Follow the trace files (and metrics.jsonl beside them) of a running job "
+        "as they grow and rotate, reading only what is new, and serve per job and rank: "
+        "goodput, badput by category, wall clock, goodput ratio, iteration, the job's state "
+        "(running, finished, stalled, killed), a suspected hang and how long it has lasted, "
+        "the rolling iteration time and the straggler score, on an HTTP endpoint Prometheus "
+        "scrapes (needs the 'watch' extra). Ctrl-C or SIGTERM stops it.",
+    )
+    parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="trace files")
+    parser.add_argument(
+        "--listen",
+        type=_listen,
+        default=("127.0.0.1", 9464),
+        metavar="HOST:PORT",
+        help="where to serve /metrics (default 127.0.0.1:9464; port 0: any free port)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=_seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="how often the files are polled for new lines (default 2)",
+    )
+    parser.add_argument(
+        "--stale-after",
+        type=_seconds,
+        default=STALE_AFTER_S,
+        metavar="SECONDS",
+        help="a job not seen to end is running while its newest record is at most this old "
+        f"(default {STALE_AFTER_S:g}, as report's)",
+    )
+    parser.add_argument(
+        "--killed-after",
+        type=_seconds,
+        default=KILLED_AFTER_S,
+        metavar="SECONDS",
+        help="a job that stopped without an ending reads stalled, then killed once its "
+        f"newest record is this old (default {KILLED_AFTER_S:g})",
+    )
+    parser.add_argument(
+        "--hang-factor",
+        type=_seconds,
+        default=HANG_FACTOR,
+        metavar="K",
+        help=f"a hang is suspected past K x the rolling median iteration (default {HANG_FACTOR:g})",
+    )
+    parser.add_argument(
+        "--hang-floor",
+        type=_seconds,
+        default=HANG_FLOOR_S,
+        metavar="SECONDS",
+        help=f"... and past at least this many seconds (default {HANG_FLOOR_S:g})",
+    )
+    parser.add_argument(
+        "--job", default=None, help="the job label (default: the run id, nemo.run.id)"
+    )
+    parser.set_defaults(func=run)
