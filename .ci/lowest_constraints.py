@@ -4,7 +4,7 @@
 oldest versions ``pyproject.toml`` promises to work with: a bound that the
 code has outgrown fails there instead of on a user's machine. The pins cover
 the runtime dependencies and the user-facing extras (``otlp``, ``trace``,
-``diagrams``); the ``test`` extra's tools are left to the resolver, since
+``diagrams``, ``cluster``, ``watch``); the ``test`` extra's tools are left to the resolver, since
 they are not promised to users.
 
 A package that ``.ci/constraints.txt`` pins (torch, whose only wheel on this
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = ROOT / "pyproject.toml"
 MACHINE_CONSTRAINTS = ROOT / ".ci" / "constraints.txt"
-EXTRAS = ("otlp", "trace", "diagrams")
+EXTRAS = ("otlp", "trace", "diagrams", "cluster", "watch")
 
 _REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*([^;]*)")
 _LOWER = re.compile(r"(?:>=|==|~=)\s*([^,\s]+)")
