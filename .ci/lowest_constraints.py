@@ -3,8 +3,8 @@
 ``tox -e mindeps`` installs through these, so the suite runs against the
 oldest versions ``pyproject.toml`` promises to work with: a bound that the
 code has outgrown fails there instead of on a user's machine. The pins cover
-the runtime dependencies and the user-facing extras (``otlp``, ``trace``,
-``diagrams``, ``cluster``, ``watch``); the ``test`` extra's tools are left to the resolver, since
+the runtime dependencies and every user-facing extra (all but ``test`` and
+``dev``); the ``test`` extra's tools are left to the resolver, since
 they are not promised to users.
 
 A package that ``.ci/constraints.txt`` pins (torch, whose only wheel on this
@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = ROOT / "pyproject.toml"
 MACHINE_CONSTRAINTS = ROOT / ".ci" / "constraints.txt"
-EXTRAS = ("otlp", "trace", "diagrams", "cluster", "watch")
+#: The extras that are tools for this project's own work, not promised to users.
+NOT_FOR_USERS = ("test", "dev")
 
 _REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*([^;]*)")
 _LOWER = re.compile(r"(?:>=|==|~=)\s*([^,\s]+)")
@@ -39,8 +40,9 @@ def _requirements(pyproject: Path) -> list[str]:
 
     project = tomllib.loads(pyproject.read_text())["project"]
     found = list(project["dependencies"])
-    for extra in EXTRAS:
-        found.extend(project["optional-dependencies"][extra])
+    for extra, requirements in project.get("optional-dependencies", {}).items():
+        if extra not in NOT_FOR_USERS:
+            found.extend(requirements)
     return found
 
 

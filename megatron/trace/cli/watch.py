@@ -23,6 +23,7 @@ from typing import Any
 
 from megatron.trace.analysis.live import HANG_FACTOR, HANG_FLOOR_S, KILLED_AFTER_S, LiveJob
 from megatron.trace.analysis.liveness import Clock
+from megatron.trace.cli.options import exit_statuses
 from megatron.trace.errors import TraceError
 from megatron.trace.otlp.follow import Follower
 from megatron.trace.render.prometheus import SnapshotCollector, prometheus_client
@@ -153,7 +154,8 @@ def add_parser(subparsers: Any) -> None:
         "goodput, badput by category, wall clock, goodput ratio, iteration, the job's state "
         "(running, finished, stalled, killed), a suspected hang and how long it has lasted, "
         "the rolling iteration time and the straggler score, on an HTTP endpoint Prometheus "
-        "scrapes (needs the 'watch' extra). Ctrl-C or SIGTERM stops it.",
+        "scrapes (needs the 'watch' extra). Ctrl-C or SIGTERM stops it, with status 0.",
+        epilog=exit_statuses(None),
     )
     parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="trace files")
     parser.add_argument(
