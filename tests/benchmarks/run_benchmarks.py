@@ -44,6 +44,7 @@ from targets import DESCRIPTIONS, TARGETS, unit
 from timeline import section_timeline
 from trace_commands import section_trace
 from training import section_sigterm, section_training
+from watch import section_watch
 
 #: Section name -> the function that runs it, in run order. Keep the cheap
 #: sections first so a broken expensive one does not hide their figures.
@@ -60,6 +61,7 @@ SECTIONS: dict[str, Callable[[Run], None]] = {
     "selection": section_selection,
     "trace": section_trace,
     "cluster": section_cluster,
+    "watch": section_watch,
 }
 
 

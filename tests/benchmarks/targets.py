@@ -54,6 +54,9 @@ TARGETS = {
     # a piece's summary grows by the iteration columns' 24 bytes an iteration (+1 of slack)
     "cluster_report_ratio": 1.3,
     "cluster_bytes_per_piece": 25.0,
+    # watch: no dearer per span than report, flat in the file's length
+    "watch_cpu_per_span_ratio": 1.2,
+    "watch_rss_growth_4x": 1.1,
 }
 
 
@@ -123,6 +126,11 @@ DESCRIPTIONS = {
     "cluster_bytes_per_piece": "bytes a worker's summary of one piece (`report`'s map step, "
     "serialized as Dask sends it) grows by per iteration: a one-rank file at 4x the "
     "iterations, as many checkpoint intervals, over 1x",
+    "watch_cpu_per_span_ratio": "CPU seconds per span appended that `watch`'s follower and live "
+    "model spend (a synthetic `per_step` file grown in 200 chunks, a scrape's figures every 10), "
+    "over `report --jobs 1`'s per span on the same file",
+    "watch_rss_growth_4x": "peak RSS of watching a file grown to 4x the spans over one grown to "
+    "1x (the same chunks, a scrape's figures every 8), each in a process of its own",
 }
 
 #: The unit of each key that is not a ratio of ours over a baseline.
