@@ -54,6 +54,10 @@ TARGETS = {
     # a piece's summary grows by the iteration columns' 24 bytes an iteration (+1 of slack)
     "cluster_report_ratio": 1.3,
     "cluster_bytes_per_piece": 25.0,
+    # goodput over time and run against run (issue 33): windows cost little over the
+    # report, and a diff about two reports
+    "report_window_ratio": 1.1,
+    "diff_ratio": 2.2,
 }
 
 
@@ -123,6 +127,9 @@ DESCRIPTIONS = {
     "cluster_bytes_per_piece": "bytes a worker's summary of one piece (`report`'s map step, "
     "serialized as Dask sends it) grows by per iteration: a one-rank file at 4x the "
     "iterations, as many checkpoint intervals, over 1x",
+    "report_window_ratio": "`report --window 1h` of the 1M-span file (two ranks, a SIGKILL and "
+    "a resume each), over plain `report` of it, each a process of its own, interleaved",
+    "diff_ratio": "`diff` of two 1M-span files of that shape, over one `report` of one of them",
 }
 
 #: The unit of each key that is not a ratio of ours over a baseline.
