@@ -37,6 +37,7 @@ from typing import Any
 
 from cluster import section_cluster
 from export_pipeline import section_encode, section_pipeline
+from goodput_commands import section_goodput
 from harness import REPO_ROOT, Run
 from lifecycle import section_lifecycle, section_reroot, section_step
 from reader import section_report, section_selection
@@ -62,6 +63,7 @@ SECTIONS: dict[str, Callable[[Run], None]] = {
     "trace": section_trace,
     "cluster": section_cluster,
     "watch": section_watch,
+    "goodput": section_goodput,
 }
 
 

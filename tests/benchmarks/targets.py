@@ -57,6 +57,10 @@ TARGETS = {
     # watch: no dearer per span than report, flat in the file's length
     "watch_cpu_per_span_ratio": 1.2,
     "watch_rss_growth_4x": 1.1,
+    # goodput over time and run against run (issue 33): windows cost little over the
+    # report, and a diff about two reports
+    "report_window_ratio": 1.1,
+    "diff_ratio": 2.2,
 }
 
 
@@ -131,6 +135,9 @@ DESCRIPTIONS = {
     "over `report --jobs 1`'s per span on the same file",
     "watch_rss_growth_4x": "peak RSS of watching a file grown to 4x the spans over one grown to "
     "1x (the same chunks, a scrape's figures every 8), each in a process of its own",
+    "report_window_ratio": "`report --window 1h` of the 1M-span file (two ranks, a SIGKILL and "
+    "a resume each), over plain `report` of it, each a process of its own, interleaved",
+    "diff_ratio": "`diff` of two 1M-span files of that shape, over one `report` of one of them",
 }
 
 #: The unit of each key that is not a ratio of ours over a baseline.

@@ -287,6 +287,12 @@ def _wall_start(inc: Incarnation) -> int:
     return min(starts) if starts else inc.start_ns
 
 
+def wall_bounds_ns(incs: list[Incarnation]) -> tuple[int, int]:
+    """(start, end) of one rank's wall clock, the accounting's: its windows start there."""
+    start = min(_wall_start(inc) for inc in incs)
+    return start, max(max(inc.end_ns for inc in incs), start)
+
+
 def window_cuts(start_ns: int, end_ns: int, window_ns: int) -> list[int]:
     """Where windows of ``window_ns`` from ``start_ns`` end inside ``(start_ns, end_ns)``."""
     if window_ns <= 0:
@@ -310,8 +316,7 @@ def rank_accounting(incs: list[Incarnation], window_ns: int | None = None) -> di
     every ``window_ns`` from its start (the last window ends with it), whose
     totals add up to ``totals_ns`` exactly.
     """
-    start = min(_wall_start(inc) for inc in incs)
-    end = max(max(inc.end_ns for inc in incs), start)
+    start, end = wall_bounds_ns(incs)
     segments: list[tuple[int, int, str]] = []
     per_incarnation = []
     wasted_total, exact = 0, True

@@ -12,6 +12,8 @@ bars: :class:`Bars` makes them from the model each time it is iterated; the
 per-rank iteration times come from the model's compact arrays
 (:mod:`megatron.trace.render.timeline_ranks`). A hang (the accounting's own,
 :mod:`megatron.trace.analysis.hangs`) is a bar from the last progress to the end.
+The goodput line over the lanes is ``report --window``'s windows (:class:`GoodputWindow`),
+their width chosen from the wall clock (:func:`line_window_ns`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megatron.trace.analysis.goodput import build_report, rank_accounting
+from megatron.trace.analysis.goodput import build_report, rank_accounting, wall_bounds_ns
 from megatron.trace.analysis.hangs import Hang, find_hang
 from megatron.trace.analysis.liveness import Clock, judge, utc_text
 from megatron.trace.model.intervals import IntervalFacts
@@ -51,9 +53,11 @@ __all__ = [
     "ENDED_TEXT",
     "Bar",
     "Bars",
+    "GoodputWindow",
     "LaneSummary",
     "Timeline",
     "collect",
+    "line_window_ns",
 ]
 
 ENDED_TEXT = {
@@ -98,6 +102,37 @@ class LaneSummary:
     as_of_ns: int | None = None  # running: the newest record seen
 
 
+#: The goodput line's window widths, in seconds: the shortest that cuts the wall clock into
+#: at most LINE_WINDOWS windows (and the longest when none does).
+WINDOW_STEPS_S = tuple(
+    [1, 2, 5, 10, 15, 30]
+    + [60 * m for m in (1, 2, 5, 10, 15, 30)]
+    + [3600 * h for h in (1, 2, 3, 6, 12, 24, 48)]
+    + [86400 * d for d in (7, 14, 30)]
+)
+LINE_WINDOWS = 50
+
+
+def line_window_ns(wall_ns: int) -> int:
+    """The goodput line's window: a round width (1 s, 2 s, 5 s, ... 30 min, 1 h, ...) that
+    cuts ``wall_ns`` into at most :data:`LINE_WINDOWS` windows."""
+    for step in WINDOW_STEPS_S:
+        if step * 1_000_000_000 * LINE_WINDOWS >= wall_ns:
+            return step * 1_000_000_000
+    return WINDOW_STEPS_S[-1] * 1_000_000_000
+
+
+@dataclass(frozen=True)
+class GoodputWindow:
+    """One window of the job rank's wall clock as ``report --window`` accounts it: its
+    entry in the report's ``windows`` (``goodput_fraction``, ``badput_s``, ``top_badput``,
+    ...) and where it lies."""
+
+    start_ns: int
+    end_ns: int
+    entry: dict[str, Any]
+
+
 @dataclass
 class Timeline:
     """Everything the page draws, collected in one pass over the spans."""
@@ -109,6 +144,7 @@ class Timeline:
     files: list[str]
     report: dict[str, Any] | None = None  # build_report's dict: the summary at the top
     series: list[RankSeries] = field(default_factory=list)  # the per-rank iteration panel
+    windows: list[GoodputWindow] = field(default_factory=list)  # the goodput line
 
     @property
     def wall_ns(self) -> int:
@@ -147,7 +183,11 @@ def collect(
         for inc in trace.incarnations
     ]
     lanes = sorted(summaries, key=lambda s: (s.lane.incarnation, index.ranks.index(s.lane.rank)))
-    report = build_report(trace, liveness) if trace.ranks else None
+    report, windows = None, []
+    if trace.ranks:
+        start, end = wall_bounds_ns(next(iter(trace.ranks.values())))  # the job rank's
+        report = build_report(trace, liveness, window_ns=line_window_ns(end - start))
+        windows = _goodput_windows(start, report.pop("windows")["entries"])  # type: ignore[misc]
     return Timeline(
         Bars(trace, index, lanes),
         lanes,
@@ -156,7 +196,19 @@ def collect(
         list(files or []),
         report,
         rank_series(trace),
+        windows,
     )
+
+
+def _goodput_windows(start_ns: int, entries: list[Any]) -> list[GoodputWindow]:
+    """The report's windows placed on the wall clock (each starts where the one before
+    ended: their exact walls in ns add up from the job rank's start)."""
+    windows = []
+    for entry in entries:
+        end_ns = start_ns + entry["accounting_ns"]["wall"]
+        windows.append(GoodputWindow(start_ns, end_ns, dict(entry)))
+        start_ns = end_ns
+    return windows
 
 
 class Bars:

@@ -3,7 +3,9 @@
 Horizontal bars on a wall-clock axis, one row per lane, one trace per
 category (so the legend is the colour key), saves, loads and evaluations
 pinned with triangles since they last milliseconds, and a mark where an
-incarnation did not shut down cleanly. The page embeds plotly.js once, in
+incarnation did not shut down cleanly; in a strip above the lanes, on the same time
+axis, the goodput of each window of the wall clock (``report --window``'s accounting, a
+step per window). The page embeds plotly.js once, in
 its head, so it opens offline; the goodput summary
 (:mod:`megatron.trace.render.timeline_summary`) sits above the lanes. The bars'
 arrays are streamed into the page through temporary columns
@@ -28,6 +30,7 @@ from megatron.trace.render.timeline_data import (
     BAR_WASTED,
     ENDED_TEXT,
     Bar,
+    GoodputWindow,
     LaneSummary,
     Timeline,
 )
@@ -203,6 +206,8 @@ def _figure(timeline: Timeline, values: Mapping[str, Mapping[str, Sequence[Any]]
             )
     _add_endings(fig, timeline, rows)
     height = 230 + 90 * max(len(timeline.lanes), 1)
+    if timeline.windows:
+        height += _STRIP_PX
     fig.update_layout(
         barmode="overlay",
         height=height,
@@ -226,7 +231,78 @@ def _figure(timeline: Timeline, values: Mapping[str, Mapping[str, Sequence[Any]]
         showgrid=True,
         gridcolor="#eee",
     )
+    if timeline.windows:  # after the lanes' axis settings, which apply to every y axis
+        _add_goodput_line(fig, timeline.windows, height)
     return fig
+
+
+#: The goodput strip's height above the lanes, in pixels, and the gap below it.
+_STRIP_PX = 120
+_STRIP_GAP_PX = 22
+_LINE_COLOUR = "#238b45"
+
+
+def _add_goodput_line(fig: Any, windows: list[GoodputWindow], height: int) -> None:
+    """The goodput of each window, a step from its start to its end, in a strip above the
+    lanes (its own y axis, 0-100 %, on the lanes' time axis); hovering a step gives the
+    window's goodput and its largest badput."""
+    import plotly.graph_objects as go
+
+    width = windows[0].end_ns - windows[0].start_ns
+    hover = [_window_hover(window) for window in windows]
+    fig.add_trace(
+        go.Scatter(
+            name=f"goodput per {_duration(width)} window (top strip)",
+            mode="lines+markers",
+            line={"shape": "hv", "color": _LINE_COLOUR, "width": 2},
+            marker={"size": 4, "color": _LINE_COLOUR},
+            fill="tozeroy",
+            fillcolor="rgba(35, 139, 69, 0.12)",
+            # A point at each window's start, and one more where the last ends.
+            x=[_when(w.start_ns) for w in windows] + [_when(windows[-1].end_ns)],
+            y=[_percent(w) for w in windows] + [_percent(windows[-1])],
+            hovertext=hover + hover[-1:],
+            hoverinfo="text",
+            yaxis="y2",
+        )
+    )
+    plot_px = height - 30 - 110  # the layout's margins
+    top = 1 - _STRIP_PX / plot_px
+    fig.update_layout(
+        yaxis={"domain": [0, max(top - _STRIP_GAP_PX / plot_px, 0.05)]},
+        yaxis2={
+            "domain": [top, 1],
+            "anchor": "x",
+            "range": [0, 105],
+            "autorange": False,
+            "tickmode": "array",
+            "tickvals": [0, 50, 100],
+            "ticktext": ["0 %", "50 %", "100 %"],
+            "title": {"text": "goodput", "font": {"size": 12}},
+            "showgrid": True,
+            "gridcolor": "#eee",
+            "zeroline": False,
+        },
+    )
+
+
+def _percent(window: GoodputWindow) -> float:
+    return round(100 * window.entry["goodput_fraction"], 4)
+
+
+def _window_hover(window: GoodputWindow) -> str:
+    entry = window.entry
+    lines = [
+        f"<b>goodput {100 * entry['goodput_fraction']:.1f} %</b>",
+        f"window {_when(window.start_ns)[11:19]} → {_when(window.end_ns)[11:19]} UTC"
+        f" ({_duration(window.end_ns - window.start_ns)})",
+    ]
+    for category in entry["top_badput"]:
+        seconds = entry["accounting_ns"][category] / 1e9
+        lines.append(f"{category.replace('_', ' ')} {duration_text(seconds)}")
+    if entry.get("iterations"):
+        lines.append(f"{entry['iterations']} iterations, mean {entry['iteration_mean_ms']} ms")
+    return "<br>".join(lines)
 
 
 def _marker(key: str, colour: str) -> dict[str, Any]:
