@@ -34,3 +34,13 @@ def assert_accounted(report: dict) -> None:
 def nonzero(report: dict) -> dict[str, float]:
     """The badput categories that took any time."""
     return {k: v for k, v in report["badput_s"].items() if v}
+
+
+def typed_and_schema_keys(typed: type, node: dict) -> tuple[tuple[set[str], set[str]], ...]:
+    """(required, optional) keys of a ``TypedDict`` and of its JSON Schema object, to compare:
+    the typed report and its schema must name the same keys, equally required."""
+    required = set(node["required"])
+    return (
+        (set(typed.__required_keys__), set(typed.__optional_keys__)),
+        (required, set(node["properties"]) - required),
+    )

@@ -9,6 +9,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import tracegen as g
+from report_checks import typed_and_schema_keys
 
 from megatron.trace.analysis import diff as types
 from megatron.trace.analysis.diff import schema
@@ -173,15 +174,6 @@ def test_a_side_with_no_spans_names_its_files(tmp_path: Path, capsys) -> None:
     assert capsys.readouterr().err == f"megatron-trace diff: error: no spans in {empty}\n"
 
 
-def _typed_keys(typed: type) -> tuple[set[str], set[str]]:
-    return set(typed.__required_keys__), set(typed.__optional_keys__)
-
-
-def _schema_keys(node: dict) -> tuple[set[str], set[str]]:
-    required = set(node["required"])
-    return required, set(node["properties"]) - required
-
-
 @pytest.mark.parametrize(
     ("typed", "path"),
     [
@@ -199,7 +191,8 @@ def test_the_schema_names_the_typed_fields(typed: type, path: tuple[str, ...]) -
     node = schema()
     for key in path:
         node = node[key]
-    assert _schema_keys(node) == _typed_keys(typed)
+    typed_keys, schema_keys = typed_and_schema_keys(typed, node)
+    assert schema_keys == typed_keys
 
 
 def test_the_schema_s_categories_are_the_vocabulary_s() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import tracegen as g
-from report_checks import assert_schema
+from report_checks import assert_schema, typed_and_schema_keys
 
 from megatron.trace.analysis import report as types
 from megatron.trace.analysis.report import schema
@@ -88,15 +88,6 @@ def test_the_schema_rejects_what_report_never_writes(tmp_path: Path, capsys, mut
         jsonschema.validate(report, schema())
 
 
-def _typed_keys(typed: type) -> tuple[set[str], set[str]]:
-    return set(typed.__required_keys__), set(typed.__optional_keys__)
-
-
-def _schema_keys(node: dict) -> tuple[set[str], set[str]]:
-    required = set(node["required"])
-    return required, set(node["properties"]) - required
-
-
 @pytest.mark.parametrize(
     ("typed", "path"),
     [
@@ -119,7 +110,8 @@ def test_the_schema_names_the_typed_fields(typed: type, path: tuple[str, ...]) -
     node = schema()
     for key in path:
         node = node[key]
-    assert _schema_keys(node) == _typed_keys(typed)
+    typed_keys, schema_keys = typed_and_schema_keys(typed, node)
+    assert schema_keys == typed_keys
 
 
 def test_the_categories_are_the_vocabulary_s() -> None:
