@@ -12,7 +12,6 @@ is a gate for CI (:mod:`megatron.trace.analysis.gates`).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from megatron.trace.analysis.diff import build_diff
 from megatron.trace.analysis.gates import slower_gate
 from megatron.trace.analysis.goodput import build_report
 from megatron.trace.analysis.liveness import judge
-from megatron.trace.cli.options import add_command, clock, finding, percent, reading_on
+from megatron.trace.cli.options import add_command, answer, clock, percent, reading_on
 from megatron.trace.errors import NoSpansError, TraceInputError
 from megatron.trace.model.trace import load_trace
 from megatron.trace.render.diff_text import format_diff
@@ -62,10 +61,7 @@ def run(args: argparse.Namespace) -> int:
     # judged before printing, so a gate that cannot judge (exit 2) prints nothing
     bound = args.fail_if_slower
     gate = slower_gate(diff, bound) if bound is not None else None
-    print(format_diff(diff))
-    if args.json:
-        print(json.dumps(diff, sort_keys=True))
-    return finding("diff", gate)
+    return answer("diff", format_diff(diff), diff, args.json, gate)
 
 
 def add_parser(subparsers: Any) -> None:

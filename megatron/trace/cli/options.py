@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import math
 import sys
@@ -21,10 +22,10 @@ from megatron.trace.semconv import STALE_AFTER_S
 __all__ = [
     "CONNECT_TIMEOUT_S",
     "add_command",
+    "answer",
     "clock",
     "duration",
     "exit_statuses",
-    "finding",
     "percent",
     "reading_on",
     "writing",
@@ -89,12 +90,16 @@ def duration(text: str) -> int:
     return ns
 
 
-def finding(command: str, line: str | None) -> int:
-    """A gate's verdict as the exit status: 1 with its one line (on stderr, after the
-    command's output, so ``--json`` stays the last line of stdout) when it was crossed."""
-    if line is None:
+def answer(command: str, text: str, payload: Any, as_json: bool, gate: str | None) -> int:
+    """Print a gated command's answer: its text, then with ``--json`` the JSON object as
+    the last line of stdout; then the gate's verdict as the exit status: 1 with its one
+    line (on stderr, after the output) when it was crossed, else 0."""
+    print(text)
+    if as_json:
+        print(json.dumps(payload, sort_keys=True))
+    if gate is None:
         return 0
-    print(f"megatron-trace {command}: {line}", file=sys.stderr)
+    print(f"megatron-trace {command}: {gate}", file=sys.stderr)
     return 1
 
 

@@ -14,7 +14,6 @@ exit 1, with one line on stderr after the report, when the goodput is under PCT 
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from megatron.trace.analysis.gates import goodput_gate
@@ -22,9 +21,9 @@ from megatron.trace.analysis.goodput import build_report
 from megatron.trace.analysis.liveness import judge
 from megatron.trace.cli.options import (
     add_command,
+    answer,
     clock,
     duration,
-    finding,
     percent,
     reading_on,
 )
@@ -46,10 +45,7 @@ def run(args: argparse.Namespace) -> int:
     # judged before printing, so a gate that cannot judge (exit 2) prints nothing
     bound = args.fail_under_goodput
     gate = goodput_gate(report, bound) if bound is not None else None
-    print(format_report(report))
-    if args.json:
-        print(json.dumps(report, sort_keys=True))
-    return finding("report", gate)
+    return answer("report", format_report(report), report, args.json, gate)
 
 
 def add_parser(subparsers: Any) -> None:
