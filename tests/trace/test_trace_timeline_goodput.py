@@ -47,6 +47,7 @@ def _line(tl: timeline.Timeline) -> tuple[Any, Any]:  # the figure, the line's t
     return fig, line
 
 
+@pytest.mark.needs_extras  # the figure is plotly's
 def test_the_line_is_the_reports_windows(tmp_path: Path) -> None:
     path = _killed_and_resumed(tmp_path)
     tl = timeline.collect(span_source([path]), [str(path)])
@@ -74,6 +75,7 @@ def test_the_line_is_the_reports_windows(tmp_path: Path) -> None:
     assert tl.report["accounting_ns"] == build_report(trace)["accounting_ns"]
 
 
+@pytest.mark.needs_extras  # the figure is plotly's
 def test_a_kill_shows_as_a_drop_in_its_window(tmp_path: Path) -> None:
     path = _killed_and_resumed(tmp_path)
     tl = timeline.collect(span_source([path]), [str(path)])
@@ -90,6 +92,7 @@ def test_a_kill_shows_as_a_drop_in_its_window(tmp_path: Path) -> None:
     assert after and after[0] in {"restart_gap", "startup", "wasted_progress"}
 
 
+@pytest.mark.needs_extras  # the figure is plotly's
 def test_the_page_names_the_line(tmp_path: Path) -> None:
     path = _killed_and_resumed(tmp_path)
     page = timeline.render_html(timeline.collect(span_source([path]), [str(path)]))
