@@ -101,6 +101,14 @@ class _Watch:
             return self._cached
 
 
+class _Stopped(Exception):
+    """SIGTERM arrived: stop watching."""
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise _Stopped
+
+
 def run(args: argparse.Namespace) -> int:
     client = prometheus_client()  # before anything starts: a missing extra is one line
     # main() pauses the cyclic collector for a command's one read; a process that runs
@@ -126,13 +134,15 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # SIGTERM ends the loop as Ctrl-C does, by an exception in the main thread: a handler
+    # that set a threading.Event could deadlock on the lock the main thread holds inside
+    # Event.wait when the signal lands there
+    previous = signal.signal(signal.SIGTERM, _stop)
     try:
-        while not stop.is_set():
+        while True:
             watch.poll()
-            stop.wait(args.interval)
-    except KeyboardInterrupt:
+            time.sleep(args.interval)
+    except (KeyboardInterrupt, _Stopped):
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
