@@ -169,7 +169,9 @@ def _stack(tmp_path: Path, watch_args: tuple[str, ...], train_iters: int) -> Ite
 
 
 def test_prometheus_sees_a_running_job_then_reports_figures(tmp_path: Path) -> None:
-    with _stack(tmp_path, (), train_iters=80) as (prom, children, trace):
+    # long enough (about 15 s) that several scrapes fall while it runs, however loaded the
+    # machine: the file grows at each checkpoint interval's end and each export
+    with _stack(tmp_path, (), train_iters=240) as (prom, children, trace):
         train = children["train"]
         seen: list[tuple[str | None, float | None]] = []
         while train.poll() is None:
