@@ -12,10 +12,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
 from megatron.training.telemetry_spans import SpanPhases
 
 BENCHMARKS = Path(__file__).resolve().parent / "benchmarks"
@@ -27,22 +23,6 @@ def _load(name: str):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
-
-
-class _Handle:
-    def __init__(self) -> None:
-        self.exporter = InMemorySpanExporter()
-        self.provider = TracerProvider()
-        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
-        self.tracer = self.provider.get_tracer("test")
-        self.is_exporting = True
-        self.span_groups = frozenset({"job"})
-
-    def force_flush(self, timeout_ms: int = 5000) -> bool:
-        return self.provider.force_flush(timeout_ms)
-
-    def shutdown(self, timeout_ms: int = 5000) -> None:
-        self.provider.shutdown()
 
 
 PHASES = (("megatron.startup.imports", 100.0, 101.0), ("megatron.startup.arg_parse", 101.0, 102.0))
@@ -74,9 +54,11 @@ def _shape(spans) -> list[tuple]:
 
 def test_the_upstream_baseline_emits_our_spans() -> None:
     upstream = _load("upstream_helpers")
+    # the in-memory handle the benchmarks themselves measure with
+    handle = _load("harness")._InMemoryTelemetry
     passes, save_interval = 7, 3
 
-    ours = _Handle()
+    ours = handle()
     phases = SpanPhases(ours, save_interval=save_interval)
     phases.start_job(model_type="GPT", timestamps=TIMESTAMPS)
     for phase in PHASES:
@@ -87,7 +69,7 @@ def test_the_upstream_baseline_emits_our_spans() -> None:
     phases.end_train()
     phases.shutdown()
 
-    theirs = _Handle()
+    theirs = handle()
     upstream.bind(theirs, save_interval)
     upstream.start_job("GPT", TIMESTAMPS["program_start"], TIMESTAMPS)
     for phase in PHASES:
