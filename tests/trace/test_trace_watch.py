@@ -8,6 +8,7 @@ across rotation; the endpoint is a real ``prometheus_client`` HTTP server.
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 import os
 import re
@@ -183,6 +184,43 @@ def test_a_hang_is_suspected_past_k_times_the_rolling_median(tmp_path: Path) -> 
     (rank,) = snapshot.ranks
     assert rank.hang_suspected is True
     assert rank.hang_s == 25.0 - last_end
+
+
+def test_without_iteration_spans_the_passes_are_told_by_their_finalize(tmp_path: Path) -> None:
+    """The ``default`` groups write no iteration span, but Megatron-LM opens
+    ``megatron.checkpoint.save.finalize`` at the top of every loop pass: the rolling pass
+    time and the hang rule run on those."""
+    path = tmp_path / "traces.jsonl"
+    up.Process(path, pid=4242, groups=up.DEFAULT_GROUPS).pretrain(
+        train_iters=100, save_interval=10, kill=up.Kill(25)
+    )
+    finalizes = sorted(
+        int(span["startTimeUnixNano"])
+        for line in path.read_text().splitlines()
+        for resource_spans in json.loads(line)["resourceSpans"]
+        for scope in resource_spans["scopeSpans"]
+        for span in scope["spans"]
+        if span["name"] == "megatron.checkpoint.save.finalize"
+    )
+    assert len(finalizes) == 26  # passes 0..25, the last one killed in its step
+    job = LiveJob([path], hang_factor=10, hang_floor_s=0.5)
+    job.add_lines(Follower([path]).poll())
+
+    def rank_at(seconds_after_last_pass: float):
+        now = finalizes[-1] + round(seconds_after_last_pass * 1e9)
+        snapshot = job.snapshot(Clock(now_ns=now, stale_after_ns=10**12))
+        assert snapshot is not None
+        (rank,) = snapshot.ranks
+        assert rank.state == "running"
+        return rank
+
+    # a pass: the heartbeat, the finalize and the 100 ms step (the save passes are longer)
+    pass_s = (up.MS // 10 + up.MS // 20 + up.ITERATION_NS) / 1e9
+    rank = rank_at(0.9)  # under the bound, max(0.5, 10 x the median pass)
+    assert rank.iteration_time_s == pytest.approx(pass_s)
+    assert (rank.hang_suspected, rank.hang_s) == (False, 0.0)
+    rank = rank_at(1.5)
+    assert (rank.hang_suspected, rank.hang_s) == (True, pytest.approx(1.5))
 
 
 def test_a_corrupt_line_is_counted_skipped_and_warned_once(

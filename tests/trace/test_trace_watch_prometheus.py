@@ -1,14 +1,28 @@
-"""``megatron-trace watch`` end to end: a real Prometheus scraping it while a real job trains.
+"""``megatron-trace watch`` end to end: a real Prometheus scraping it while real jobs train.
 
 Issue 31's "done when": Debian's ``prometheus`` (started here, on loopback,
-scraping every second), the trainer (``python -m megatron.training``, a tiny
-model on the CPU, our own trace: ``--otel-enabled`` with the ``default`` span
-groups) and ``megatron-trace watch`` on its trace file. Prometheus's HTTP API
-then shows the job ``running`` with a rising goodput; once the job has
-finished, the goodput and badput Prometheus scraped agree with ``report
---json`` on the same file within 2 % of the wall clock. A SIGKILLed job turns
-``stalled`` or ``killed`` within the documented bound (``--stale-after`` of
-its newest record, plus a poll and a scrape).
+scraping every second), a real training job and ``megatron-trace watch`` on
+its trace files. The job is, in most tests, one shaped as Megatron-LM writes
+(``tests/support/upstream_job.py``: a tiny torch model trained in real time,
+Megatron-LM's span names and the ``default`` span groups, none of our
+attributes, OpenTelemetry's official file exporters, metric points at each
+log interval); in one, our own trainer (``python -m megatron.training``), so
+one dashboard is shown to serve both. The SDK's batch span processor exports
+every 0.2 s here (``OTEL_BSP_SCHEDULE_DELAY``, 5 s by default) so the tests
+wait less. Prometheus's HTTP API then shows:
+
+* the job ``running`` with a rising goodput, and once it has finished, the
+  goodput and badput Prometheus scraped agree with ``report --json`` on the
+  same file within 2 % of the wall clock;
+* a SIGKILLed job ``stalled``, then ``killed``, within the documented bound
+  (``--stale-after`` past its newest record, plus a poll and a scrape);
+* of two ranks, the one made to hang (``MEGATRON_TEST_HANG_AT_ITERATION``)
+  suspected of a hang within the bound (``--hang-floor`` past its last loop
+  pass, plus an export, a poll and a scrape), still ``running`` (its metric
+  reader writes on), and the other rank not;
+* a trace file rotated several times while watched (renamed to ``.1``,
+  compressed, a new one started): the scraped totals equal ``report`` over all
+  the rotated pieces, span for span.
 
 ``tox -e promtool`` runs this; there a missing ``prometheus`` fails the test
 (``MEGATRON_TEST_REQUIRE_PROMTOOL=1``), elsewhere it skips.
@@ -16,6 +30,7 @@ its newest record, plus a poll and a scrape).
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import signal
@@ -25,19 +40,51 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from processes import TINY, subprocess_env
+from processes import REPO_ROOT, TINY, subprocess_env
 from promtool import REQUIRED
+from upstream_traces import official_file_exporter
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_extras]  # prometheus_client: the watch extra
 
-TRAIN = (*TINY, "--otel-enabled", "--save", "ckpt", "--save-interval", "5")
-SLEEP = {"MEGATRON_TEST_ITERATION_SLEEP": "0.05", "OMP_NUM_THREADS": "1"}
+UPSTREAM_JOB = REPO_ROOT / "tests" / "support" / "upstream_job.py"
+QUICK_EXPORTS = {"OTEL_BSP_SCHEDULE_DELAY": "200", "OMP_NUM_THREADS": "1"}
+
+
+@dataclass
+class Job:
+    """A training process to start: its command, its environment's additions, its trace."""
+
+    argv: Sequence[str]
+    trace: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def megatron_lm_job(
+    tmp_path: Path, iters: int, *options: str, rank: int = 0, env: Mapping[str, str] = {}
+) -> Job:
+    """A job writing as Megatron-LM does (``upstream_job.py``), to ``rankN/traces.jsonl``
+    (the calling test skipped where the official file exporter is missing: ``mindeps``)."""
+    official_file_exporter()
+    trace = tmp_path / f"rank{rank}" / "traces.jsonl"
+    argv = [sys.executable, str(UPSTREAM_JOB), str(trace), "--train-iters", str(iters),
+            "--save-interval", "20", "--eval-interval", "50", *options]  # fmt: skip
+    sleep = {"MEGATRON_TEST_ITERATION_SLEEP": "0.03"}
+    return Job(argv, trace, {**QUICK_EXPORTS, **sleep, "RANK": str(rank), **env})
+
+
+def our_job(tmp_path: Path, iters: int) -> Job:
+    """Our trainer, its own trace (the ``default`` span groups)."""
+    argv = [sys.executable, "-m", "megatron.training", *TINY, "--otel-enabled", "--save", "ckpt",
+            "--save-interval", "5", "--train-iters", str(iters)]  # fmt: skip
+    trace = tmp_path / "ckpt" / "telemetry" / "traces.jsonl"
+    return Job(argv, trace, {"MEGATRON_TEST_ITERATION_SLEEP": "0.05", "OMP_NUM_THREADS": "1"})
 
 
 def _prometheus() -> str:
@@ -102,10 +149,13 @@ class Prom:
         assert len(result) <= 1, result
         return result[0][1] if result else None
 
-    def state(self) -> str | None:
-        on = [m["state"] for m, v in self.query("megatron_job_state") if v == 1]
+    def state(self, rank: str = "0") -> str | None:
+        on = [m["state"] for m, v in self.query(f'megatron_job_state{{rank="{rank}"}}') if v == 1]
         assert len(on) <= 1, on
         return on[0] if on else None
+
+    def of(self, metric: str, rank: str = "0") -> float | None:
+        return self.one(f'{metric}{{rank="{rank}"}}')
 
 
 def _stop(child: subprocess.Popen[Any] | None, sig: int = signal.SIGTERM) -> None:
@@ -120,8 +170,11 @@ def _stop(child: subprocess.Popen[Any] | None, sig: int = signal.SIGTERM) -> Non
 
 
 @contextmanager
-def _stack(tmp_path: Path, watch_args: tuple[str, ...], train_iters: int) -> Iterator[Any]:
-    """Prometheus, ``watch`` and the trainer, all three running; everything stopped after."""
+def _stack(
+    tmp_path: Path, watch_args: Sequence[str], jobs: Mapping[str, Job]
+) -> Iterator[tuple[Prom, dict[str, subprocess.Popen[Any]]]]:
+    """Prometheus, ``watch`` on the jobs' trace files, and the jobs, all running;
+    everything stopped after (the jobs by SIGKILL), and the logs shown on a failure."""
     prometheus = _prometheus()
     prom_port, watch_port = _free_port(), _free_port()
     config = tmp_path / "prometheus.yml"
@@ -130,8 +183,8 @@ def _stack(tmp_path: Path, watch_args: tuple[str, ...], train_iters: int) -> Ite
         "scrape_configs:\n  - job_name: watch\n    honor_labels: true\n"
         f"    static_configs:\n      - targets: ['127.0.0.1:{watch_port}']\n"
     )
-    trace = tmp_path / "ckpt" / "telemetry" / "traces.jsonl"
-    logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("prometheus", "watch", "train")}  # noqa: SIM115
+    names = ("prometheus", "watch", *jobs)
+    logs = {name: open(tmp_path / f"{name}.log", "w") for name in names}  # noqa: SIM115
     children: dict[str, subprocess.Popen[Any]] = {}
     try:
         children["prometheus"] = subprocess.Popen(
@@ -141,19 +194,20 @@ def _stack(tmp_path: Path, watch_args: tuple[str, ...], train_iters: int) -> Ite
         )  # fmt: skip
         children["watch"] = subprocess.Popen(
             [sys.executable, "-m", "megatron.trace", "watch", "--interval", "0.2",
-             "--listen", f"127.0.0.1:{watch_port}", *watch_args, str(trace)],
+             "--listen", f"127.0.0.1:{watch_port}", *watch_args,
+             *(str(job.trace) for job in jobs.values())],
             stdout=logs["watch"], stderr=subprocess.STDOUT, env=subprocess_env(), cwd=tmp_path,
         )  # fmt: skip
         prom = Prom(prom_port)
         _wait(prom.ready, 60, "prometheus ready", children["prometheus"])
         _wait(lambda: _get(f"http://127.0.0.1:{watch_port}/metrics") is not None, 30,
               "watch serving", children["watch"])  # fmt: skip
-        children["train"] = subprocess.Popen(
-            [sys.executable, "-m", "megatron.training", *TRAIN, "--train-iters", str(train_iters)],
-            stdout=logs["train"], stderr=subprocess.STDOUT, env=subprocess_env(SLEEP),
-            cwd=tmp_path,
-        )  # fmt: skip
-        yield prom, children, trace
+        for name, job in jobs.items():
+            children[name] = subprocess.Popen(
+                job.argv, stdout=logs[name], stderr=subprocess.STDOUT,
+                env=subprocess_env(job.env), cwd=tmp_path,
+            )  # fmt: skip
+        yield prom, children
     except BaseException:
         for log in logs.values():
             log.flush()
@@ -161,49 +215,76 @@ def _stack(tmp_path: Path, watch_args: tuple[str, ...], train_iters: int) -> Ite
             print(f"--- {name}.log ---\n" + (tmp_path / f"{name}.log").read_text()[-4000:])
         raise
     finally:
-        _stop(children.get("train"), signal.SIGKILL)
+        for name in jobs:
+            _stop(children.get(name), signal.SIGKILL)
         _stop(children.get("watch"))
         _stop(children.get("prometheus"))
         for log in logs.values():
             log.close()
 
 
-def test_prometheus_sees_a_running_job_then_reports_figures(tmp_path: Path) -> None:
-    # long enough (about 15 s) that several scrapes fall while it runs, however loaded the
-    # machine: the file grows at each checkpoint interval's end and each export
-    with _stack(tmp_path, (), train_iters=240) as (prom, children, trace):
+def _report(*files: Path) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, "-m", "megatron.trace", "report", "--json", *map(str, files)],
+        capture_output=True, text=True, env=subprocess_env(), timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])  # the JSON object, last
+
+
+def _count_spans(files: Sequence[Path]) -> int:
+    """The spans in the files, counted with the standard library alone."""
+    count = 0
+    for path in files:
+        opener: Any = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as lines:
+            for line in lines:
+                for resource_spans in json.loads(line)["resourceSpans"]:
+                    count += sum(len(scope["spans"]) for scope in resource_spans["scopeSpans"])
+    return count
+
+
+def _finished(prom: Prom, children: Mapping[str, subprocess.Popen[Any]], job: str) -> None:
+    """Wait for the job's clean exit and for watch to show it ``finished``, then for two
+    more scrapes of the final figures."""
+    train = children[job]
+    train.wait(timeout=240)
+    assert train.returncode == 0, f"{job} exited with {train.returncode}"
+    _wait(lambda: prom.state() == "finished", 30, "state finished", children["watch"])
+    time.sleep(2.5)
+
+
+def _agrees_with_report(prom: Prom, report: dict[str, Any]) -> None:
+    """The scraped goodput, badput and wall clock are ``report``'s within 2 % of the wall."""
+    goodput = prom.of("megatron_training_goodput_seconds")
+    wall = prom.of("megatron_training_wall_clock_seconds")
+    badput = {m["category"]: v for m, v in prom.query("megatron_training_badput_seconds")}
+    assert prom.of("megatron_training_goodput_ratio") == pytest.approx(goodput / wall)
+    tolerance = 0.02 * report["wall_s"]
+    assert report["incarnations"][-1]["ended"] == "shutdown"
+    assert wall == pytest.approx(report["wall_s"], abs=tolerance)
+    assert goodput == pytest.approx(report["goodput_s"], abs=tolerance)
+    assert set(badput) >= {k for k, v in report["badput_s"].items() if v}
+    for category, seconds in report["badput_s"].items():
+        assert badput.get(category, 0.0) == pytest.approx(seconds or 0.0, abs=tolerance), category
+
+
+@pytest.mark.parametrize("shape", ["megatron-lm", "ours"])
+def test_prometheus_sees_a_running_job_then_reports_figures(tmp_path: Path, shape: str) -> None:
+    # long enough (about 10 s of training) that several scrapes fall while it runs,
+    # however loaded the machine
+    job = megatron_lm_job(tmp_path, 300) if shape == "megatron-lm" else our_job(tmp_path, 240)
+    with _stack(tmp_path, (), {"train": job}) as (prom, children):
         train = children["train"]
         seen: list[tuple[str | None, float | None]] = []
         while train.poll() is None:
-            seen.append((prom.state(), prom.one("megatron_training_goodput_seconds")))
+            seen.append((prom.state(), prom.of("megatron_training_goodput_seconds")))
             time.sleep(0.5)
-        assert train.returncode == 0, (tmp_path / "train.log").read_text()[-4000:]
         running = [goodput for state, goodput in seen if state == "running" and goodput]
         assert len(set(running)) >= 2 and running == sorted(running), seen
         assert running[-1] > running[0], seen
-
-        _wait(lambda: prom.state() == "finished", 30, "state finished", children["watch"])
-        time.sleep(2.5)  # two more scrapes of the final figures
-        goodput = prom.one("megatron_training_goodput_seconds")
-        wall = prom.one("megatron_training_wall_clock_seconds")
-        badput = {m["category"]: v for m, v in prom.query("megatron_training_badput_seconds")}
-        assert prom.one("megatron_training_goodput_ratio") == pytest.approx(goodput / wall)
-
-        result = subprocess.run(
-            [sys.executable, "-m", "megatron.trace", "report", "--json", str(trace)],
-            capture_output=True, text=True, env=subprocess_env(), timeout=120,
-        )  # fmt: skip
-        assert result.returncode == 0, result.stderr
-        report = json.loads(result.stdout.splitlines()[-1])  # the JSON object, last
-        tolerance = 0.02 * report["wall_s"]
-        assert report["incarnations"][-1]["ended"] == "shutdown"
-        assert wall == pytest.approx(report["wall_s"], abs=tolerance)
-        assert goodput == pytest.approx(report["goodput_s"], abs=tolerance)
-        assert set(badput) >= {k for k, v in report["badput_s"].items() if v}
-        for category, seconds in report["badput_s"].items():
-            assert badput.get(category, 0.0) == pytest.approx(seconds or 0.0, abs=tolerance), (
-                category
-            )
+        _finished(prom, children, "train")
+        _agrees_with_report(prom, _report(job.trace))
 
 
 STALE_AFTER_S = 3.0
@@ -212,11 +293,11 @@ KILLED_AFTER_S = 8.0
 
 def test_a_sigkilled_job_turns_stalled_then_killed(tmp_path: Path) -> None:
     args = ("--stale-after", str(STALE_AFTER_S), "--killed-after", str(KILLED_AFTER_S))
-    with _stack(tmp_path, args, train_iters=2000) as (prom, children, _):
+    with _stack(tmp_path, args, {"train": megatron_lm_job(tmp_path, 100_000)}) as (prom, children):
         train = children["train"]
 
         def running_with_goodput() -> bool:
-            goodput = prom.one("megatron_training_goodput_seconds")
+            goodput = prom.of("megatron_training_goodput_seconds")
             return prom.state() == "running" and (goodput or 0) > 0
 
         _wait(running_with_goodput, 120, "running with goodput", train, children["watch"])
@@ -230,3 +311,48 @@ def test_a_sigkilled_job_turns_stalled_then_killed(tmp_path: Path) -> None:
         stalled_after = time.monotonic() - killed_at
         _wait(lambda: prom.state() == "killed", KILLED_AFTER_S + 5, "killed", children["watch"])
         assert stalled_after <= bound
+
+
+HANG_AT = 60
+HANG_FLOOR_S = 4.0
+
+
+def test_a_hung_rank_is_suspected_within_the_bound(tmp_path: Path) -> None:
+    jobs = {
+        "rank0": megatron_lm_job(tmp_path, 100_000, rank=0),
+        "rank1": megatron_lm_job(
+            tmp_path, 100_000, rank=1, env={"MEGATRON_TEST_HANG_AT_ITERATION": str(HANG_AT)}
+        ),
+    }
+    args = ("--hang-floor", str(HANG_FLOOR_S))
+    with _stack(tmp_path, args, jobs) as (prom, children):
+        log = tmp_path / "rank1.log"
+        # rank 1 logs its HANG_AT-th iteration, then blocks in the next one's forward step
+        _wait(lambda: f"iteration {HANG_AT:8d}/" in log.read_text(), 120, "rank 1 at the hang",
+              children["rank1"], children["watch"])  # fmt: skip
+        hung_at = time.monotonic()
+        assert prom.of("megatron_hang_suspected", "1") != 1
+        # the bound: the floor past the hung pass's start, plus an export (0.2 s), a poll
+        # (0.2 s), the cached figures' second and a scrape (1 s); 3 s more for a loaded machine
+        bound = HANG_FLOOR_S + 0.2 + 0.2 + 1 + 1 + 3
+        _wait(lambda: prom.of("megatron_hang_suspected", "1") == 1, bound, "hang suspected",
+              children["rank1"], children["watch"])  # fmt: skip
+        assert time.monotonic() - hung_at <= bound
+        assert (prom.of("megatron_hang_seconds", "1") or 0) >= HANG_FLOOR_S
+        # still running: its metric reader writes on while its loop is stuck
+        assert prom.state("1") == "running"
+        assert prom.state("0") == "running"
+        assert prom.of("megatron_hang_suspected", "0") == 0
+        assert (prom.of("megatron_iteration_time_seconds", "0") or 0) > 0
+
+
+def test_a_rotated_file_loses_no_span(tmp_path: Path) -> None:
+    job = megatron_lm_job(tmp_path, 300, "--rotate-bytes", "16000")
+    with _stack(tmp_path, (), {"train": job}) as (prom, children):
+        _finished(prom, children, "train")
+        pieces = sorted(job.trace.parent.glob("traces.jsonl*"))
+        assert len(pieces) >= 4, pieces  # the live file and at least three compressed copies
+        report = _report(*pieces)
+        assert report["spans"] == _count_spans(pieces)
+        assert prom.one("megatron_trace_watch_spans") == report["spans"]
+        _agrees_with_report(prom, report)

@@ -32,6 +32,7 @@ watchdog recorded a stall it did not recover from. Without iteration spans
 
 from __future__ import annotations
 
+import itertools
 import logging
 import statistics
 from collections.abc import Iterable, Sequence
@@ -203,15 +204,28 @@ class LiveJob:
 
 
 def _rolling(inc: Incarnation, now_ns: int) -> tuple[float | None, float | None]:
-    """The median of the incarnation's last iterations (s) and the seconds since the newest
-    one ended (``None``, ``None`` without iteration spans)."""
+    """The median of the incarnation's last loop passes (s) and the seconds since its newest
+    sign of progress (``None``, ``None`` when it shows no passes).
+
+    A pass is an iteration span (the ``per_step`` groups), from its start to its end; the
+    progress, the newest one's end. Without iteration spans (the ``default`` groups),
+    Megatron-LM still opens ``megatron.checkpoint.save.finalize`` at the top of every loop
+    pass (the ``checkpoint`` group): a pass is then the time from one finalize's start to
+    the next, and the progress, the newest one's start.
+    """
     count = len(inc.iterations)
-    if not count:
+    if count:
+        tail = inc.iterations.slice(max(0, count - ROLLING_ITERATIONS), count)
+        starts, ends = tail.starts, tail.ends
+        median = statistics.median(end - start for start, end in zip(starts, ends, strict=True))
+        return median / 1e9, max(0, now_ns - max(ends)) / 1e9
+    # read order is nearly time order: the newest passes are among the last written
+    finalizes = sorted(inc.finalize_starts[-2 * ROLLING_ITERATIONS :])
+    if len(finalizes) < 3:
         return None, None
-    tail = inc.iterations.slice(max(0, count - ROLLING_ITERATIONS), count)
-    starts, ends = tail.starts, tail.ends
-    median = statistics.median(end - start for start, end in zip(starts, ends, strict=True))
-    return median / 1e9, max(0, now_ns - max(ends)) / 1e9
+    recent = finalizes[-(ROLLING_ITERATIONS + 1) :]
+    median = statistics.median(b - a for a, b in itertools.pairwise(recent))
+    return median / 1e9, max(0, now_ns - recent[-1]) / 1e9
 
 
 def _iteration(inc: Incarnation) -> int | None:
