@@ -320,3 +320,17 @@ def test_watch_serves_follows_and_stops_on_sigterm(tmp_path: Path) -> None:
         child.send_signal(signal.SIGTERM)
         assert child.wait(timeout=60) == 0
     assert child.stderr.read() == "megatron-trace watch: stopped\n"  # type: ignore[union-attr]
+
+
+def test_a_sigterm_as_soon_as_it_serves_stops_it_cleanly(tmp_path: Path) -> None:
+    """The handler is in place before the "serving" line: a supervisor that stops the
+    watch the moment it is up gets exit 0 and one line, never death by SIGTERM (143)."""
+    path = tmp_path / "traces.jsonl"
+    for _ in range(5):
+        child, first = _start(["--listen", "127.0.0.1:0", "--interval", "0.01", str(path)])
+        assert "/metrics for " in first
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=60) == 0
+        rest = child.stderr.read()  # type: ignore[union-attr]
+        assert rest.endswith("megatron-trace watch: stopped\n"), rest
+        assert "Traceback" not in rest

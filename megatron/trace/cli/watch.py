@@ -110,6 +110,24 @@ def _stop(signum: int, frame: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # SIGTERM ends the watch as Ctrl-C does, by an exception in the main thread (a handler
+    # that set a threading.Event could deadlock on the lock the main thread holds inside
+    # Event.wait when the signal lands there); installed first, so a SIGTERM sent as soon
+    # as the "serving" line shows, or before, still stops it cleanly
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        status = _serve(args)
+    except (KeyboardInterrupt, _Stopped):
+        status = 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if status == 0:
+        print(f"{_PREFIX}: stopped", file=sys.stderr, flush=True)
+    return status
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """Serve until stopped (by an exception); 2 when the port cannot be had."""
     client = prometheus_client()  # before anything starts: a missing extra is one line
     # main() pauses the cyclic collector for a command's one read; a process that runs
     # for weeks, with an HTTP server's garbage, needs it back
@@ -118,41 +136,33 @@ def run(args: argparse.Namespace) -> int:
     registry = client.CollectorRegistry()
     registry.register(SnapshotCollector(watch.snapshot))
     host, port = args.listen
+    server = None
     try:
-        started = client.start_http_server(port, addr=host, registry=registry)
-    except OSError as error:
+        try:
+            started = client.start_http_server(port, addr=host, registry=registry)
+        except OSError as error:
+            print(
+                f"{_PREFIX}: error: cannot listen on {host}:{port}: {error.strerror or error}",
+                file=sys.stderr,
+            )
+            return 2
+        server = started[0] if isinstance(started, tuple) else None
+        bound = server.server_address[1] if server is not None else port
         print(
-            f"{_PREFIX}: error: cannot listen on {host}:{port}: {error.strerror or error}",
+            f"{_PREFIX}: serving http://{host}:{bound}/metrics for "
+            + ", ".join(str(p) for p in args.files),
             file=sys.stderr,
+            flush=True,
         )
-        return 2
-    server = started[0] if isinstance(started, tuple) else None
-    bound = server.server_address[1] if server is not None else port
-    print(
-        f"{_PREFIX}: serving http://{host}:{bound}/metrics for "
-        + ", ".join(str(p) for p in args.files),
-        file=sys.stderr,
-        flush=True,
-    )
-    # SIGTERM ends the loop as Ctrl-C does, by an exception in the main thread: a handler
-    # that set a threading.Event could deadlock on the lock the main thread holds inside
-    # Event.wait when the signal lands there
-    previous = signal.signal(signal.SIGTERM, _stop)
-    try:
         while True:
             watch.poll()
             time.sleep(args.interval)
-    except (KeyboardInterrupt, _Stopped):
-        pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
         watch.follower.close()
         if server is not None:
             with contextlib.suppress(Exception):
                 server.shutdown()
                 server.server_close()
-    print(f"{_PREFIX}: stopped", file=sys.stderr, flush=True)
-    return 0
 
 
 def add_parser(subparsers: Any) -> None:
