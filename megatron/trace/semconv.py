@@ -22,6 +22,7 @@ from types import MappingProxyType
 
 __all__ = [
     "BADPUT_CATEGORIES",
+    "BADPUT_CATEGORY_ATTRIBUTE",
     "CHECKPOINT_EXIT_FINALIZE_SPAN",
     "CHECKPOINT_FINALIZE_SPAN",
     "CHECKPOINT_LOAD_SPAN",
@@ -58,6 +59,11 @@ __all__ = [
     "ITERATION",
     "ITERATION_SPAN",
     "LAUNCH_SCRIPT_SPAN",
+    "MEGATRON_TRAINING_BADPUT_S",
+    "MEGATRON_TRAINING_GOODPUT_FRACTION",
+    "MEGATRON_TRAINING_GOODPUT_S",
+    "MEGATRON_TRAINING_ITERATION",
+    "MEGATRON_TRAINING_WALL_CLOCK_S",
     "MODEL_TYPE",
     "NEMO_RUN_ID",
     "NVRX_CYCLE",
@@ -191,6 +197,23 @@ HEARTBEAT_PERIOD_S = 10.0
 #: How old the newest record of an incarnation that has not ended may be for
 #: it to count as running: three heartbeat periods.
 STALE_AFTER_S = 3 * HEARTBEAT_PERIOD_S
+
+# ---------------------------------------------------------------------------
+# The live goodput metrics (:mod:`megatron.training.goodput_metrics` records them
+# in-process; ``megatron-trace watch --otlp-endpoint`` pushes them from the files)
+# ---------------------------------------------------------------------------
+
+#: Gauges, seconds so far: progress that survived, the time lost per category
+#: (:data:`BADPUT_CATEGORY_ATTRIBUTE`), and their sum.
+MEGATRON_TRAINING_GOODPUT_S = "megatron.training.goodput_s"
+MEGATRON_TRAINING_BADPUT_S = "megatron.training.badput_s"
+MEGATRON_TRAINING_WALL_CLOCK_S = "megatron.training.wall_clock_s"
+#: Gauge: goodput over wall clock.
+MEGATRON_TRAINING_GOODPUT_FRACTION = "megatron.training.goodput_fraction"
+#: Gauge: iterations completed so far (the next one's number).
+MEGATRON_TRAINING_ITERATION = "megatron.training.iteration"
+#: Metric attribute: the badput category of a ``badput_s`` point.
+BADPUT_CATEGORY_ATTRIBUTE = "megatron.badput.category"
 
 # ---------------------------------------------------------------------------
 # Resource attribute keys (the first three are OpenTelemetry's own names)

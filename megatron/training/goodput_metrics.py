@@ -58,7 +58,16 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from megatron.trace.analysis.goodput import rank_accounting
 from megatron.trace.model.trace import TraceBuilder
-from megatron.trace.semconv import BADPUT_CATEGORIES, Category
+from megatron.trace.semconv import (
+    BADPUT_CATEGORIES,
+    BADPUT_CATEGORY_ATTRIBUTE,
+    MEGATRON_TRAINING_BADPUT_S,
+    MEGATRON_TRAINING_GOODPUT_FRACTION,
+    MEGATRON_TRAINING_GOODPUT_S,
+    MEGATRON_TRAINING_ITERATION,
+    MEGATRON_TRAINING_WALL_CLOCK_S,
+    Category,
+)
 from megatron.training.checkpointing import sidecar_path
 
 __all__ = [
@@ -80,12 +89,7 @@ __all__ = [
 
 _logger = logging.getLogger(__name__)
 
-MEGATRON_TRAINING_GOODPUT_S = "megatron.training.goodput_s"
-MEGATRON_TRAINING_BADPUT_S = "megatron.training.badput_s"
-MEGATRON_TRAINING_WALL_CLOCK_S = "megatron.training.wall_clock_s"
-MEGATRON_TRAINING_GOODPUT_FRACTION = "megatron.training.goodput_fraction"
-MEGATRON_TRAINING_ITERATION = "megatron.training.iteration"
-CATEGORY_ATTRIBUTE = "megatron.badput.category"
+CATEGORY_ATTRIBUTE = BADPUT_CATEGORY_ATTRIBUTE
 SCOPE_ATTRIBUTE = "megatron.goodput.scope"
 #: A resumed run's stretch from its checkpoint's save to its own start.
 WASTED_OR_RESTART_GAP = "wasted_or_restart_gap"

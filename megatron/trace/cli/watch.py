@@ -26,6 +26,7 @@ from megatron.trace.analysis.liveness import Clock
 from megatron.trace.cli.options import exit_statuses
 from megatron.trace.errors import TraceError
 from megatron.trace.otlp.follow import Follower
+from megatron.trace.render.otlp_push import OtlpPush
 from megatron.trace.render.prometheus import SnapshotCollector, prometheus_client
 from megatron.trace.semconv import STALE_AFTER_S
 
@@ -39,6 +40,15 @@ def _listen(text: str) -> tuple[str, int]:
     if not port.isdigit() or not 0 <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT (e.g. 127.0.0.1:9464), got {text!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _url(text: str) -> str:
+    if not text.startswith(("http://", "https://")) or text.endswith("://"):
+        raise argparse.ArgumentTypeError(
+            f"expected an OTLP/HTTP metrics URL (e.g. http://127.0.0.1:4318/v1/metrics), "
+            f"got {text!r}"
+        )
+    return text
 
 
 def _seconds(text: str) -> float:
@@ -101,6 +111,10 @@ class _Watch:
             return self._cached
 
 
+def _say(text: str) -> None:
+    print(f"{_PREFIX}: {text}", file=sys.stderr, flush=True)
+
+
 class _Stopped(Exception):
     """SIGTERM arrived: stop watching."""
 
@@ -133,6 +147,11 @@ def _serve(args: argparse.Namespace) -> int:
     # for weeks, with an HTTP server's garbage, needs it back
     gc.enable()
     watch = _Watch(args)
+    push = (
+        OtlpPush(watch.snapshot, args.otlp_endpoint, args.otlp_interval, _say)
+        if args.otlp_endpoint
+        else None
+    )
     registry = client.CollectorRegistry()
     registry.register(SnapshotCollector(watch.snapshot))
     host, port = args.listen
@@ -159,6 +178,8 @@ def _serve(args: argparse.Namespace) -> int:
             time.sleep(args.interval)
     finally:
         watch.follower.close()
+        if push is not None:
+            push.shutdown()  # the last figures, pushed once more
         if server is not None:
             with contextlib.suppress(Exception):
                 server.shutdown()
@@ -174,7 +195,8 @@ def add_parser(subparsers: Any) -> None:
         "goodput, badput by category, wall clock, goodput ratio, iteration, the job's state "
         "(running, finished, stalled, killed), a suspected hang and how long it has lasted, "
         "the rolling iteration time and the straggler score, on an HTTP endpoint Prometheus "
-        "scrapes (needs the 'watch' extra). Ctrl-C or SIGTERM stops it, with status 0.",
+        "scrapes (needs the 'watch' extra), and with --otlp-endpoint pushed over OTLP "
+        "too. Ctrl-C or SIGTERM stops it, with status 0.",
         epilog=exit_statuses(None),
     )
     parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="trace files")
@@ -221,6 +243,22 @@ def add_parser(subparsers: Any) -> None:
         default=HANG_FLOOR_S,
         metavar="SECONDS",
         help=f"... and past at least this many seconds (default {HANG_FLOOR_S:g})",
+    )
+    parser.add_argument(
+        "--otlp-endpoint",
+        type=_url,
+        default=None,
+        metavar="URL",
+        help="also push the figures over OTLP/HTTP to this metrics URL (e.g. a collector's "
+        "http://127.0.0.1:4318/v1/metrics), under the in-process live metrics' names "
+        "(needs the 'otlp' extra)",
+    )
+    parser.add_argument(
+        "--otlp-interval",
+        type=_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="how often they are pushed (default 10, the trainer's metrics export period)",
     )
     parser.add_argument(
         "--job", default=None, help="the job label (default: the run id, nemo.run.id)"
