@@ -58,12 +58,12 @@ for line in sys.stdin:
 _SUMMARY = """
 import json, pickle, sys
 from distributed.protocol import serialize
-from megatron.trace.model.trace import scan_file
+from megatron.trace.model.trace import TraceBuilder, scan_file
 from megatron.trace.otlp import parallel
 sizes = []
 for path in sys.argv[1:]:
     (piece,) = parallel.pieces([path], jobs=2)
-    summary = parallel._Remote(scan_file)(piece)
+    summary = parallel._Remote(scan_file, TraceBuilder.merge)([piece])
     _, frames = serialize(summary)
     sizes.append({
         "wire": sum(memoryview(frame).nbytes for frame in frames),

@@ -176,11 +176,11 @@ def test_a_local_cluster_for_the_command_alone(
 def test_a_file_a_worker_cannot_see_is_one_line_naming_it_and_the_worker(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, scheduler: str, rank_files: list[Path]
 ) -> None:
+    """The file is read in a run with another (a call reads a run of files), before it."""
     missing = tmp_path / "elsewhere" / "rank999.jsonl"
+    names = [str(rank_files[0]), str(missing), str(rank_files[1])]
     for command in ("check", "report"):
-        status, out, err = _run(
-            capsys, command, str(rank_files[0]), str(missing), "--scheduler", scheduler
-        )
+        status, out, err = _run(capsys, command, *names, "--scheduler", scheduler, "--jobs", "1")
         assert (status, out) == (2, "")
         assert err.count("\n") == 1 and err.startswith(f"megatron-trace {command}: error: ")
         assert str(missing) in err and "worker at tcp://127.0.0.1:" in err
@@ -326,8 +326,8 @@ def test_a_worker_that_dies_mid_run_costs_a_retry_not_the_answer(
     # a result the dead worker held is fetched again from the new one; a try to reach the
     # dead one first may wait the connect timeout (30 s by default): keep it short here
     with dask.config.set({"distributed.comm.timeouts.connect": "2s"}), Client(scheduler) as client:
-        merged = parallel.map_reduce(
-            dies, TraceBuilder.merge, files, executor=client.get_executor()
+        merged = parallel.map_reduce(  # in runs of four files: the victim's is read again
+            dies, TraceBuilder.merge, files, jobs=2, executor=client.get_executor()
         )
     assert (tmp_path / "died").exists()
     assert build_report(merged.finish()) == expected
