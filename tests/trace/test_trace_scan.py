@@ -392,3 +392,25 @@ def test_an_executor_reads_runs_of_files_and_gives_each_files_result_in_order(
     with _CountingPool(2) as pool:
         assert map_files(name_of, paths, 2, pool) == [[path.name] for path in paths]
     assert pool.calls == 4
+
+
+def test_with_a_merge_an_executor_merges_each_runs_results_in_order_where_it_ran(
+    tmp_path: Path,
+) -> None:
+    """One result crosses back a run, its files' merged in file order (``+`` of lists
+    keeps it); the fold of those is the fold of every file's."""
+    import operator
+
+    from parallel_probes import name_of
+
+    from megatron.trace.otlp.parallel import imap_files, map_reduce
+
+    paths = [tmp_path / f"{n}.jsonl" for n in range(9)]
+    with _CountingPool(2) as pool:
+        runs = list(imap_files(name_of, paths, 2, pool, operator.add))
+        assert map_reduce(name_of, operator.add, paths, 2, pool) == [p.name for p in paths]
+    assert runs == [["0.jsonl", "1.jsonl", "2.jsonl"]] + [
+        [f"{n}.jsonl", f"{n + 1}.jsonl"] for n in (3, 5, 7)
+    ]
+    assert pool.calls == 8
+    assert list(imap_files(name_of, paths, 2, None, operator.add)) == [[p.name] for p in paths]

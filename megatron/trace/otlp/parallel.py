@@ -398,8 +398,10 @@ def map_reduce(
     executor: Executor | None = None,
 ) -> R:
     """:func:`map_files`, then fold the results with the associative ``merge``, in file
-    order, each as it comes in (so the fold holds little more than its result)."""
-    results = imap_files(function, list(paths), jobs, executor)
+    order, each as it comes in (so the fold holds little more than its result). On an
+    ``executor`` each worker merges the results of its run first (:func:`imap_files`):
+    one summary crosses back a run, and this process merges a run's, not a piece's."""
+    results = imap_files(function, list(paths), jobs, executor, merge)
     first = next(results, _NOTHING)
     if first is _NOTHING:
         raise ValueError("no trace files")
