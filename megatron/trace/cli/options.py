@@ -145,7 +145,8 @@ def add_command(
         default=None,
         metavar="N",
         help="read the files in N parallel processes (default: one per file, up to the cores); "
-        "with --scheduler, in about N pieces (default: one per worker thread)",
+        "with --scheduler, plan for N worker threads (default: the cluster's): the files cut "
+        "into pieces as for N processes, handed out in about 2N runs",
     )
     parser.add_argument(
         "--scheduler",
@@ -234,7 +235,7 @@ def reading_on(args: argparse.Namespace) -> Iterator[tuple[int | None, Executor 
     """Where the command reads its files: ``(jobs, executor)`` for the library's calls.
 
     Without ``--scheduler``: ``--jobs`` local processes, no executor. With it: the Dask
-    cluster's executor, and as many pieces as its workers have threads (or ``--jobs``);
+    cluster's executor, and as many jobs as its workers have threads (or ``--jobs``);
     a ``local:N`` cluster lives as long as this block. A scheduler that cannot be
     reached, or a cluster that loses the work beyond Dask's own retries (a worker that
     dies is replaced, its pieces run again), is one :class:`TraceError` (exit 2) raised

@@ -225,10 +225,11 @@ def _on_executor(
 
 
 #: Calls per job on a caller's executor. A call costs the cluster's scheduler, the
-#: worker and this process some milliseconds (Dask's: about 2 ms between them, on cores
-#: the reading needs), about what reading a small rank file takes: one call per file
-#: cost a report of 64 rank files half again its time. Two runs per job, not one, leave
-#: a run for a worker that is done first to take (Dask steals queued work).
+#: worker and this process a few milliseconds (Dask's), on cores the reading needs, and
+#: a 3.5 MB rank file reads in about 15: one call per file cost a report of 64 rank
+#: files on two workers half again the local pool's time. Two runs per job, not one,
+#: leave a run for a worker that is done first to take (Dask steals queued work); four
+#: measured slower here.
 RUNS_PER_JOB = 2
 
 
