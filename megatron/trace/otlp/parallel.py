@@ -8,7 +8,10 @@ has an associative ``merge``, so the grouping does not matter: the same map
 function can run on any ``concurrent.futures.Executor`` — a local process
 pool here, or a cluster's (Dask's ``Client.get_executor()``, Ray's, an MPI
 pool) — and the merge is a fold (:func:`functools.reduce`) wherever the
-results land. ``megatron/trace/README.md``, "On a cluster", says how.
+results land. ``megatron/trace/README.md``, "On a cluster", says how. On such an
+executor the pieces go out in runs, about two per job (:func:`run_sizes`), and with a
+merge each worker merges its run's summaries before sending one back: a call costs a
+cluster's scheduler and workers a few milliseconds, one per file was dear.
 
 A big plain file is cut into pieces at line ends (:func:`pieces`), each
 piece mapped like a file of its own, so one ``all_ranks`` file of many
