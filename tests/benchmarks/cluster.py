@@ -1,5 +1,5 @@
 """``megatron-trace`` reading on a Dask cluster: a report of many rank files there against
-the local pool, and what a worker sends back for one piece (section ``cluster``).
+the local pool, and what a worker sends back for a piece (section ``cluster``).
 
 The cluster is a ``LocalCluster`` of two single-threaded worker processes, started
 once in a process of its own before anything is timed, as an operator's cluster is
@@ -52,25 +52,30 @@ for line in sys.stdin:
     print(json.dumps([status, seconds]), flush=True)
 """
 
-# For each file given: the summary the map step of ``report`` returns for it as one piece
-# (what the executor runs: ``_Remote(scan_file)``), its size as Dask serializes a task's
-# result and as pickle does (the local pool's pipe), and its iterations.
+# For each file given: the summary the map step of ``report`` sends back for it as one
+# piece (what the executor runs: ``_Remote(scan_file, TraceBuilder.merge)`` over a run of
+# one piece), its size as Dask serializes a task's result and as pickle does (the local
+# pool's pipe), and its iterations; then the size of the summary of one run of all of
+# them, merged on the worker as a run's pieces are (one summary crosses back a run).
 _SUMMARY = """
 import json, pickle, sys
 from distributed.protocol import serialize
-from megatron.trace.model.trace import scan_file
+from megatron.trace.model.trace import TraceBuilder, scan_file
 from megatron.trace.otlp import parallel
-sizes = []
-for path in sys.argv[1:]:
-    (piece,) = parallel.pieces([path], jobs=2)
-    summary = parallel._Remote(scan_file)(piece)
+def wire(summary):
     _, frames = serialize(summary)
+    return sum(memoryview(frame).nbytes for frame in frames)
+remote = parallel._Remote(scan_file, TraceBuilder.merge)
+work = [piece for path in sys.argv[1:] for piece in parallel.pieces([path], jobs=2)]
+sizes = []
+for piece in work:
+    summary = remote([piece])
     sizes.append({
-        "wire": sum(memoryview(frame).nbytes for frame in frames),
+        "wire": wire(summary),
         "pickle": len(pickle.dumps(summary, pickle.HIGHEST_PROTOCOL)),
         "iterations": sum(len(p.iterations) for p in summary._processes.values()),
     })
-print(json.dumps(sizes))
+print(json.dumps({"pieces": sizes, "run": wire(remote(work))}))
 """
 
 
@@ -116,9 +121,9 @@ def _stop(process: subprocess.Popen[str]) -> None:
         process.wait()
 
 
-def _summaries(directory: Path, iterations: int) -> list[dict[str, Any]]:
+def _summaries(directory: Path, iterations: int) -> dict[str, Any]:
     """The summaries of two one-rank files with as many checkpoint intervals, the second
-    with four times the iterations in each."""
+    with four times the iterations in each, and of a run of both."""
     sys.path.insert(0, str(REPO_ROOT / "tests" / "support"))
     import synthetic
 
@@ -134,7 +139,7 @@ def _summaries(directory: Path, iterations: int) -> list[dict[str, Any]]:
         env=_env(),
     )
     sizes = json.loads(done.stdout)
-    for size, path in zip(sizes, paths, strict=True):
+    for size, path in zip(sizes["pieces"], paths, strict=True):
         size["file_mb"] = path.stat().st_size / 2**20
     return sizes
 
@@ -210,7 +215,8 @@ def section_cluster(run: Run) -> None:
         f"{figures['size_mb']:.0f} MB; first runs {figures['first_s'][0]:.1f} s / "
         f"{figures['first_s'][1]:.1f} s, untimed)",
     )
-    small, big = figures["summaries"]
+    small, big = figures["summaries"]["pieces"]
+    run_of_both = figures["summaries"]["run"]
     growth = (big["wire"] - small["wire"]) / (big["iterations"] - small["iterations"])
     run.record(
         "cluster_bytes_per_piece",
@@ -219,5 +225,6 @@ def section_cluster(run: Run) -> None:
         f"{big['wire'] / 1e3:.0f} KB at {big['iterations']} "
         f"({big['wire'] / big['iterations']:.1f} B/it)",
         f"pickle {small['pickle'] / 1e3:.0f} / {big['pickle'] / 1e3:.0f} KB; "
-        f"pieces of {small['file_mb']:.1f} / {big['file_mb']:.1f} MB",
+        f"pieces of {small['file_mb']:.1f} / {big['file_mb']:.1f} MB; a run of both "
+        f"{run_of_both / 1e3:.0f} KB, {run_of_both / (small['wire'] + big['wire']):.0%} of theirs",
     )

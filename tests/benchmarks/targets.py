@@ -129,7 +129,8 @@ DESCRIPTIONS = {
     "timed in a process of its own",
     "cluster_bytes_per_piece": "bytes a worker's summary of one piece (`report`'s map step, "
     "serialized as Dask sends it) grows by per iteration: a one-rank file at 4x the "
-    "iterations, as many checkpoint intervals, over 1x",
+    "iterations, as many checkpoint intervals, over 1x. A call reads a run of pieces and "
+    "sends back their summaries merged, about the sum of theirs (the note: a run of both)",
     "watch_cpu_per_span_ratio": "CPU seconds per span appended that `watch`'s follower and live "
     "model spend (a synthetic `per_step` file grown in 200 chunks, a scrape's figures every 10), "
     "over `report --jobs 1`'s per span on the same file",

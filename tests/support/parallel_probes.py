@@ -11,12 +11,17 @@ import os
 import time
 from pathlib import Path
 
-__all__ = ["meet", "reader_of"]
+__all__ = ["meet", "name_of", "reader_of"]
 
 
 def reader_of(path: Path) -> tuple[str, int]:
     """The file's name and the process that was handed it."""
     return path.name, os.getpid()
+
+
+def name_of(path: Path) -> list[str]:
+    """The file's name, in a list: lists merged by ``+`` show the order they merged in."""
+    return [path.name]
 
 
 def meet(path: Path, others: int = 1, patience_s: float = 60.0) -> bool:

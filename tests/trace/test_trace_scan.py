@@ -13,7 +13,9 @@ import functools
 import io
 import json
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -351,3 +353,64 @@ def test_parallel_results_come_back_in_file_order(tmp_path: Path, files: int, jo
         assert readers[0] == here and here not in readers[1:]
     else:
         assert here not in readers
+
+
+@pytest.mark.parametrize(("count", "jobs"), [(64, 2), (9, 2), (3, 2), (1, 4), (0, 2), (100, 7)])
+def test_an_executors_calls_take_runs_of_pieces_in_order(count: int, jobs: int) -> None:
+    """About two runs a job, none empty, their sizes within one of each other, the longer
+    first (a run waits least for the calls before it to be taken)."""
+    from megatron.trace.otlp.parallel import run_sizes
+
+    sizes = run_sizes(count, jobs)
+    assert sum(sizes) == count and len(sizes) == min(count, 2 * jobs)
+    assert all(size > 0 for size in sizes) and sizes == sorted(sizes, reverse=True)
+    assert not sizes or sizes[0] - sizes[-1] <= 1
+    assert run_sizes(count, None) == [1] * count  # how many run at once is not known
+    assert run_sizes(64, 2) == [16, 16, 16, 16]
+
+
+class _CountingPool(ThreadPoolExecutor):
+    """A pool that counts the calls handed to it."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers)
+        self.calls = 0
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return super().submit(*args, **kwargs)
+
+
+def test_an_executor_reads_runs_of_files_and_gives_each_files_result_in_order(
+    tmp_path: Path,
+) -> None:
+    from parallel_probes import name_of
+
+    from megatron.trace.otlp.parallel import map_files
+
+    paths = [tmp_path / f"{n}.jsonl" for n in range(9)]
+    with _CountingPool(2) as pool:
+        assert map_files(name_of, paths, 2, pool) == [[path.name] for path in paths]
+    assert pool.calls == 4
+
+
+def test_with_a_merge_an_executor_merges_each_runs_results_in_order_where_it_ran(
+    tmp_path: Path,
+) -> None:
+    """One result crosses back a run, its files' merged in file order (``+`` of lists
+    keeps it); the fold of those is the fold of every file's."""
+    import operator
+
+    from parallel_probes import name_of
+
+    from megatron.trace.otlp.parallel import imap_files, map_reduce
+
+    paths = [tmp_path / f"{n}.jsonl" for n in range(9)]
+    with _CountingPool(2) as pool:
+        runs = list(imap_files(name_of, paths, 2, pool, operator.add))
+        assert map_reduce(name_of, operator.add, paths, 2, pool) == [p.name for p in paths]
+    assert runs == [["0.jsonl", "1.jsonl", "2.jsonl"]] + [
+        [f"{n}.jsonl", f"{n + 1}.jsonl"] for n in (3, 5, 7)
+    ]
+    assert pool.calls == 8
+    assert list(imap_files(name_of, paths, 2, None, operator.add)) == [[p.name] for p in paths]

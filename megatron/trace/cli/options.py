@@ -145,7 +145,8 @@ def add_command(
         default=None,
         metavar="N",
         help="read the files in N parallel processes (default: one per file, up to the cores); "
-        "with --scheduler, in about N pieces (default: one per worker thread)",
+        "with --scheduler, plan for N worker threads (default: the cluster's): the files cut "
+        "into pieces as for N processes, handed out in about 2N runs",
     )
     parser.add_argument(
         "--scheduler",
@@ -203,12 +204,38 @@ def writing(output: Path) -> Iterator[None]:
         raise TraceOutputError(f"cannot write {output}: {error.strerror or error}") from error
 
 
+def _local_cluster(workers: int) -> Any:
+    """``--scheduler local:N``: N single-threaded worker processes, with glibc's own
+    allocator settings, as the local pool's processes have.
+
+    Dask starts its workers with ``MALLOC_TRIM_THRESHOLD_`` set (its config
+    ``distributed.nanny.pre-spawn-environ``), so that a long-lived worker hands freed
+    memory back; that also fixes glibc's mmap threshold at 128 KB, and every line of a
+    trace file longer (a per-step line of 500 spans: 160 KB) is mapped and unmapped
+    again, the heap trimmed after it: reading took a tenth longer. A cluster that lives
+    for one command has nothing to hand back for long. (A value set in this process's
+    environment still reaches the workers: they inherit it.)
+    """
+    import dask.config
+    import distributed
+
+    unset = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+    with dask.config.set(unset):  # read as the workers' nannies are made, here
+        return distributed.LocalCluster(
+            n_workers=workers,
+            processes=True,
+            threads_per_worker=1,
+            dashboard_address=":0",  # (None still takes 8787: two clusters would clash)
+            silence_logs=logging.ERROR,
+        )
+
+
 @contextlib.contextmanager
 def reading_on(args: argparse.Namespace) -> Iterator[tuple[int | None, Executor | None]]:
     """Where the command reads its files: ``(jobs, executor)`` for the library's calls.
 
     Without ``--scheduler``: ``--jobs`` local processes, no executor. With it: the Dask
-    cluster's executor, and as many pieces as its workers have threads (or ``--jobs``);
+    cluster's executor, and as many jobs as its workers have threads (or ``--jobs``);
     a ``local:N`` cluster lives as long as this block. A scheduler that cannot be
     reached, or a cluster that loses the work beyond Dask's own retries (a worker that
     dies is replaced, its pieces run again), is one :class:`TraceError` (exit 2) raised
@@ -227,14 +254,7 @@ def reading_on(args: argparse.Namespace) -> Iterator[tuple[int | None, Executor 
     with contextlib.ExitStack() as stack:
         try:
             if address.startswith("local:"):
-                cluster = distributed.LocalCluster(
-                    n_workers=int(address.removeprefix("local:")),
-                    processes=True,
-                    threads_per_worker=1,
-                    dashboard_address=":0",  # (None still takes 8787: two clusters would clash)
-                    silence_logs=logging.ERROR,
-                )
-                stack.enter_context(cluster)
+                cluster = stack.enter_context(_local_cluster(int(address.removeprefix("local:"))))
                 client = stack.enter_context(distributed.Client(cluster))
             else:
                 client = distributed.Client(address, timeout=CONNECT_TIMEOUT_S)
