@@ -67,11 +67,12 @@ class Iterations:
     """Finished iterations as parallel columns (number, start, end: 24 bytes each), in
     the order added; on disk in blocks beyond :data:`SPILL_ROWS` (module docstring)."""
 
-    __slots__ = ("_blocks", "_tail")
+    __slots__ = ("_blocks", "_scan", "_tail")
 
     def __init__(self) -> None:
         self._blocks: list[_Block] = []
         self._tail = (array("q"), array("q"), array("q"))
+        self._scan: _Scan | None = None
 
     def __len__(self) -> int:
         return len(self._tail[0]) + sum(map(len, self._blocks))
@@ -204,29 +205,34 @@ class Iterations:
         """How many finished iterations are numbered ``number`` or higher."""
         return sum(sum(1 for n in part.numbers if n >= number) for part in self.parts())
 
+    def _scanned(self) -> _Scan:
+        """:class:`_Scan` of every row: the rows added since the last call read, a part at a
+        time, and folded into what the earlier ones gave (rows are only ever appended)."""
+        scan = self._scan
+        if scan is None:
+            scan = self._scan = _Scan()
+        count = len(self)
+        if scan.rows < count:
+            for part in self.slice(scan.rows, count).parts():
+                scan.add(part.starts, part.ends)
+            scan.rows = count
+        return scan
+
     def min_start(self) -> int | None:
-        """The earliest start (None: no rows), read a part at a time."""
-        return min((min(part.starts) for part in self.parts()), default=None)
+        """The earliest start (None: no rows); only rows not asked about before are read."""
+        return self._scanned().min_start
 
     def max_start(self) -> int | None:
         """The latest start, as :meth:`min_start`."""
-        return max((max(part.starts) for part in self.parts()), default=None)
+        return self._scanned().max_start
 
     def max_end(self) -> int | None:
         """The latest end, as :meth:`min_start`."""
-        return max((max(part.ends) for part in self.parts()), default=None)
+        return self._scanned().max_end
 
     def in_start_order(self) -> bool:
-        """Whether every row starts no earlier than the one before, read a part at a time."""
-        last = None
-        for part in self.parts():
-            starts = part.starts
-            if last is not None and starts[0] < last:
-                return False
-            if any(a > b for a, b in itertools.pairwise(starts)):
-                return False
-            last = starts[-1]
-        return True
+        """Whether every row starts no earlier than the one before, as :meth:`min_start`."""
+        return self._scanned().ordered
 
     def durations(self) -> Any:
         """Every row's end - start (ns), in order, as a new int64 numpy array."""
@@ -245,3 +251,35 @@ class Iterations:
     def __setstate__(self, state: Any) -> None:
         self._blocks = []
         self._tail = tuple(state)
+        self._scan = None
+
+
+class _Scan:
+    """What :meth:`Iterations.min_start` and its siblings need of the first ``rows`` rows.
+
+    Kept with the column set, so a trace model finished again and again as its files
+    grow (``watch``) reads each row once for them, not the whole history every time.
+    """
+
+    __slots__ = ("last_start", "max_end", "max_start", "min_start", "ordered", "rows")
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.ordered = True
+        self.last_start: int | None = None
+        self.min_start: int | None = None
+        self.max_start: int | None = None
+        self.max_end: int | None = None
+
+    def add(self, starts: array, ends: array) -> None:
+        """Fold in the next rows' starts and ends (one part: not empty)."""
+        low, high, end = min(starts), max(starts), max(ends)
+        if self.ordered:
+            last = self.last_start
+            self.ordered = (last is None or starts[0] >= last) and not any(
+                a > b for a, b in itertools.pairwise(starts)
+            )
+        self.last_start = starts[-1]
+        self.min_start = low if self.min_start is None else min(self.min_start, low)
+        self.max_start = high if self.max_start is None else max(self.max_start, high)
+        self.max_end = end if self.max_end is None else max(self.max_end, end)
