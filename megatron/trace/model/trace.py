@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace._store.columns import Iterations
-from megatron.trace._store.record_log import RecordLog, extents, latest
+from megatron.trace._store.record_log import RecordLog, extents, extents_from, latest
 from megatron.trace._store.stretches import Stretches
 from megatron.trace.model import intervals
 from megatron.trace.model.intervals import IntervalFacts
@@ -268,6 +268,12 @@ class Incarnation:
     def extents(self) -> Iterator[tuple[int, int, str]]:
         """(start, end, name) of each of :attr:`records`, without decoding them."""
         return itertools.chain.from_iterable(map(extents, self._record_lists()))
+
+    def extents_from(self, start_ns: int) -> Iterator[tuple[int, int, str]]:
+        """:meth:`extents` of the records that start at ``start_ns`` or later (in the views
+        a builder makes, in start order, found by bisection: what ``watch`` reads again)."""
+        lists = self._record_lists()
+        return itertools.chain.from_iterable(extents_from(r, start_ns) for r in lists)
 
     @property
     def first_iteration(self) -> int | None:
