@@ -183,14 +183,24 @@ def test_megatron_lm_shaped_killed_and_resumed_in_many_pieces(
     _assert_is_report(last, _report(capsys, [grower.live], grower.clock))
 
 
+def _saves_past_their_interval(spans: list[dict]) -> list[dict]:
+    """The spans with every checkpoint save ending half a second after its interval (a
+    save that went on past the reroot): a span that reaches across an interval's end."""
+    for span in spans:
+        if span["name"] == "megatron.checkpoint.save":
+            span["endTimeUnixNano"] = str(int(span["endTimeUnixNano"]) + g.SECOND // 2)
+    return spans
+
+
 def test_an_in_process_restart_a_hang_and_a_failure_in_many_pieces(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """One process that called ``pretrain()`` three times (so its incarnations are split
-    by startup): killed, then hung and cut short by a SIGTERM, then failed."""
+    by startup): killed, then hung and cut short by a SIGTERM, then failed; its first
+    saves end after their intervals."""
     source = g.write(
         tmp_path / "traces.jsonl",
-        g.lifecycle(0, intervals=4, per=3, kill_after=2),
+        _saves_past_their_interval(g.lifecycle(0, intervals=4, per=3, kill_after=2)),
         g.hung(4, waiting=False, start=40),
         g.lifecycle(60, first=6, load=6, intervals=3, per=2, fail_after=1),
         per_line=2,
@@ -279,10 +289,14 @@ def test_lines_out_of_order_in_many_pieces(
 
 
 def test_a_scrape_with_nothing_new_gives_the_same_figures(tmp_path: Path) -> None:
-    """Scraped again with nothing read since, at the same moment or later: as a fresh job."""
-    shape = synthetic.Shape(ranks=1, spans=3000, save_interval=10, incarnations=2, per_line=31)
+    """Scraped again with nothing read since, at the same moment or later: as a fresh job
+    (the stragglers' scores too, which are then kept)."""
+    shape = synthetic.Shape(
+        ranks=2, spans=3000, save_interval=10, incarnations=2, per_line=31, communication=True
+    )
     (source,) = synthetic.write_per_step(tmp_path / "traces.jsonl", shape)
     grower = _grown(tmp_path, source, 20, seed=7)
     for _ in range(4):
         grower.scrape()
-    grower.close()
+    last = grower.close()
+    assert all(rank.straggler_score is not None for rank in last.ranks)
