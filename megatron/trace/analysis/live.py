@@ -16,8 +16,9 @@ since the last one, not the job's history. The builder's finish places only
 the records added since (:meth:`~megatron.trace.model.trace.TraceBuilder.finish`),
 each rank's accounting keeps the time that can no longer change and sweeps
 only what came after it (:class:`~megatron.trace.analysis.goodput.LiveAccounting`),
-the stragglers are kept while no rank's iterations changed, and the rolling
-median reads only the last iterations. Whatever is kept, the figures are the
+each rank's median work for the straggler scores is followed as its
+iterations come (:class:`~megatron.trace.analysis.stragglers.LiveStragglers`),
+and the rolling median reads only the last iterations. Whatever is kept, the figures are the
 ones a fresh read of the same lines gives (``report``'s).
 
 The job's **state** per rank (its last incarnation):
@@ -50,7 +51,7 @@ from typing import Any
 from megatron.trace.analysis.goodput import LiveAccounting
 from megatron.trace.analysis.hangs import find_hang
 from megatron.trace.analysis.liveness import Clock, judge, newest_beats
-from megatron.trace.analysis.stragglers import Stragglers, find_stragglers
+from megatron.trace.analysis.stragglers import LiveStragglers
 from megatron.trace.errors import TraceFileDamaged
 from megatron.trace.model.trace import Incarnation, Trace, TraceBuilder
 from megatron.trace.otlp.reader import decode_line
@@ -126,10 +127,9 @@ class LiveJob:
     builder: TraceBuilder = field(default_factory=TraceBuilder)
     corrupt_lines: int = 0
     lines: int = 0
-    # what the scrapes keep between them: each rank's accounting, and the stragglers with
-    # the revisions of the incarnations they were found in
+    # what the scrapes keep between them: each rank's accounting, and the ranks' work
     _accounting: dict[str, LiveAccounting] = field(default_factory=dict, repr=False)
-    _stragglers: tuple[Any, Stragglers] | None = field(default=None, repr=False)
+    _stragglers: LiveStragglers = field(default_factory=LiveStragglers, repr=False)
 
     def add_lines(self, lines: Iterable[tuple[Path, int, bytes]]) -> int:
         """Decode and add each line; a damaged one is counted, warned about and skipped.
@@ -155,14 +155,13 @@ class LiveJob:
             return None
         trace = self.builder.finish()
         liveness = judge(trace, list(self.trace_files), clock)
-        stragglers = self._find_stragglers(trace)
+        scores = self._stragglers(trace)
         last_records = _newest_records(trace, liveness.metrics_files)
         ranks = []
         for rank, incs in trace.ranks.items():
             accounting = self._accounting.setdefault(rank, LiveAccounting())(incs, trace)
             totals = accounting["totals_ns"]
             last = incs[-1]
-            work = stragglers.ranks.get(rank)
             median, since = _rolling(last, clock.now_ns)
             suspected, hang_s = self._hang(last, median, since, clock.now_ns)
             ranks.append(
@@ -177,7 +176,7 @@ class LiveJob:
                     iteration_time_s=median,
                     hang_suspected=suspected,
                     hang_s=hang_s,
-                    straggler_score=work.score if work is not None else None,
+                    straggler_score=scores.get(rank),
                 )
             )
         return Snapshot(
@@ -189,20 +188,6 @@ class LiveJob:
             corrupt_lines=self.corrupt_lines,
             torn_lines=len(trace.stats.torn),
         )
-
-    def _find_stragglers(self, trace: Trace) -> Stragglers:
-        """:func:`find_stragglers` of ``trace``, or what it found last time when no rank's
-        iterations or waits changed since (a job of ranks that stopped: the medians of
-        every iteration are not taken again at every scrape)."""
-        revisions = tuple(
-            (rank, inc.index, inc.revision) for rank, incs in trace.ranks.items() for inc in incs
-        )
-        kept = self._stragglers
-        if kept is not None and kept[0] == revisions and None not in (r for *_, r in revisions):
-            return kept[1]
-        stragglers = find_stragglers(trace)
-        self._stragglers = (revisions, stragglers)
-        return stragglers
 
     def _state(self, inc: Incarnation, newest: dict[Any, int], now_ns: int) -> str:
         if inc.ended == "running":
