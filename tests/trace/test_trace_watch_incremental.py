@@ -16,6 +16,7 @@ import json
 import os
 import random
 import re
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,8 +25,10 @@ import synthetic
 import tracegen as g
 import upstream_traces as up
 
+from megatron.trace.analysis import stragglers
 from megatron.trace.analysis.live import LiveJob, Snapshot
 from megatron.trace.analysis.liveness import Clock
+from megatron.trace.analysis.stragglers import find_stragglers
 from megatron.trace.cli.main import main
 from megatron.trace.otlp.follow import Follower
 
@@ -87,6 +90,12 @@ class Grower:
         fresh = LiveJob([self.live], **self.options)
         fresh.add_lines(self.read)
         assert ours == fresh.snapshot(self.clock), f"scrape {self.scrapes}"
+        if ours is not None:  # the scores as report's own function finds them
+            found = find_stragglers(fresh.builder.finish())
+            assert {r.rank: r.straggler_score for r in ours.ranks} == {
+                r.rank: found.ranks[r.rank].score if r.rank in found.ranks else None
+                for r in ours.ranks
+            }
         self.last = ours
 
     def grow(self, source: Path, count: int, seed: int) -> None:
@@ -148,11 +157,24 @@ def test_killed_and_resumed_in_many_pieces(
     _assert_is_report(last, _report(capsys, [grower.live], grower.clock))
 
 
+@pytest.mark.parametrize(
+    ("window", "in_process"),
+    [(3, False), (30, False), (stragglers.MEDIAN_WINDOW, False), (30, True)],
+    ids=["window3", "window30", "window", "in_process"],
+)
 def test_several_ranks_with_stragglers_in_many_pieces(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    window: int,
+    in_process: bool,
 ) -> None:
     """Three ranks in one file (their lines interleaved), the gradient waits too, so the
-    straggler scores are computed; each rank killed once and resumed."""
+    straggler scores are computed; each rank killed once and resumed (by a new process, or
+    by ``pretrain()`` again in the same one); its steps vary. With a window of a few values
+    around each median, the median leaves it often (and the rank is worked out again);
+    with a few tens, what lies outside it is dropped too."""
+    monkeypatch.setattr(stragglers, "MEDIAN_WINDOW", window)
     shape = synthetic.Shape(
         ranks=3,
         spans=9000,
@@ -161,6 +183,8 @@ def test_several_ranks_with_stragglers_in_many_pieces(
         kill_after=4,
         per_line=41,
         communication=True,
+        jitter_ns=3 * synthetic.MS,
+        in_process=in_process,
     )
     (source,) = synthetic.write_per_step(tmp_path / "traces.jsonl", shape)
     grower = _grown(tmp_path, source, 70, seed=2)
@@ -300,3 +324,24 @@ def test_a_scrape_with_nothing_new_gives_the_same_figures(tmp_path: Path) -> Non
         grower.scrape()
     last = grower.close()
     assert all(rank.straggler_score is not None for rank in last.ranks)
+
+
+def test_a_median_held_by_the_values_near_it_is_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the straggler scores take of each rank: the median of every work value so far,
+    from only the values near it and the count of those below, equal to the median of
+    them all after every batch (values from a steady spread, one coming again and again);
+    the values held stay few."""
+    import numpy as np
+
+    monkeypatch.setattr(stragglers, "MEDIAN_WINDOW", 50)
+    rng = random.Random(10)
+    window = stragglers._Window()
+    seen: list[int] = []
+    for _ in range(400):
+        batch = [rng.randrange(10**6) for _ in range(rng.randrange(1, 20))]
+        batch += [500_000] * rng.randrange(3)
+        seen += batch
+        window.add(np.array(batch, dtype=np.int64))
+        assert window.median() == statistics.median(seen)
+        assert len(window.values) <= 8 * 50 + len(batch)
+    assert window.below > 0  # (values were dropped)
