@@ -20,6 +20,7 @@ its columns in memory, and the receiving process spills them again itself.
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 from array import array
 from collections.abc import Iterator
@@ -276,8 +277,8 @@ class _Scan:
         low, high, end = min(starts), max(starts), max(ends)
         if self.ordered:
             last = self.last_start
-            self.ordered = (last is None or starts[0] >= last) and not any(
-                a > b for a, b in itertools.pairwise(starts)
+            self.ordered = (last is None or starts[0] >= last) and all(
+                map(operator.le, starts, itertools.islice(starts, 1, None))
             )
         self.last_start = starts[-1]
         self.min_start = low if self.min_start is None else min(self.min_start, low)
