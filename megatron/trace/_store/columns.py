@@ -19,6 +19,7 @@ its columns in memory, and the receiving process spills them again itself.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import operator
 import os
@@ -68,15 +69,22 @@ class Iterations:
     """Finished iterations as parallel columns (number, start, end: 24 bytes each), in
     the order added; on disk in blocks beyond :data:`SPILL_ROWS` (module docstring)."""
 
-    __slots__ = ("_blocks", "_scan", "_tail")
+    __slots__ = ("_blocks", "_firsts", "_scan", "_spilled", "_tail")
 
     def __init__(self) -> None:
         self._blocks: list[_Block] = []
+        self._firsts: list[int] = []  # the row each block starts at
+        self._spilled = 0  # the rows the blocks hold
         self._tail = (array("q"), array("q"), array("q"))
         self._scan: _Scan | None = None
 
     def __len__(self) -> int:
-        return len(self._tail[0]) + sum(map(len, self._blocks))
+        return len(self._tail[0]) + self._spilled
+
+    def _add_block(self, block: _Block) -> None:
+        self._firsts.append(self._spilled)
+        self._blocks.append(block)
+        self._spilled += len(block)
 
     def append(self, number: int, start_ns: int, end_ns: int) -> None:
         numbers, starts, ends = self._tail
@@ -101,7 +109,7 @@ class Iterations:
             if ours:
                 self._spill()  # (keeps the order: what is in memory goes out first)
             if ours and not self._tail[0]:
-                self._blocks.append(block)  # shared, not read
+                self._add_block(block)  # shared, not read
             else:  # another process wrote it, or rows stay in memory before it: read it
                 for mine, column in zip(self._tail, range(3), strict=True):
                     block.read_into(mine, column)
@@ -116,7 +124,7 @@ class Iterations:
         if written is None:  # nothing to write, or no room for it: the rows stay here
             return
         store, offset = written
-        self._blocks.append(_Block(store, offset, rows, 0, rows))
+        self._add_block(_Block(store, offset, rows, 0, rows))
         self._tail = (array("q"), array("q"), array("q"))
 
     def _column(self, column: int) -> array:
@@ -161,12 +169,16 @@ class Iterations:
     def slice(self, lo: int, hi: int) -> Iterations:
         """Rows ``lo`` up to ``hi``: blocks are shared (nothing is read), the tail copied."""
         part = Iterations()
-        at = 0
-        for block in self._blocks:
+        blocks, firsts = self._blocks, self._firsts
+        # from the block row lo lies in (found by bisection: a week's column has many)
+        for index in range(max(0, bisect.bisect_right(firsts, lo) - 1), len(blocks)):
+            at, block = firsts[index], blocks[index]
+            if at >= hi:
+                break
             start, stop = max(lo - at, 0), min(hi - at, len(block))
             if start < stop:
-                part._blocks.append(block.part(start, stop))
-            at += len(block)
+                part._add_block(block.part(start, stop))
+        at = self._spilled
         start, stop = max(lo - at, 0), max(hi - at, 0)
         part._tail = tuple(column[start:stop] for column in self._tail)  # type: ignore[assignment]
         return part
@@ -250,7 +262,7 @@ class Iterations:
         return self.numbers, self.starts, self.ends  # in memory across a pipe
 
     def __setstate__(self, state: Any) -> None:
-        self._blocks = []
+        self._blocks, self._firsts, self._spilled = [], [], 0
         self._tail = tuple(state)
         self._scan = None
 
