@@ -917,11 +917,21 @@ class _Slot:
     records' positions in the process's log, per list of :class:`Incarnation`, in start
     order (ties in log order), and what is worked out of them and kept between finishes."""
 
-    __slots__ = ("ending", "facts", "first", "last", "lists", "startup", "version")
+    __slots__ = (
+        "ending",
+        "facts",
+        "first",
+        "last",
+        "lists",
+        "startup",
+        "startup_record",
+        "version",
+    )
 
     def __init__(self) -> None:
         self.lists = {name: array("q") for name in _RECORD_LISTS}
         self.startup: int | None = None  # the position of its megatron.startup
+        self.startup_record: SpanRecord | None = None  # ... decoded once
         self.first, self.last = 2**63, -(2**63)  # the first start and last end of its records
         self.version = 0  # how many records were placed in it
         self.ending = _EndingScan()
@@ -984,7 +994,7 @@ class _Split:
         if log.cut_short(position):
             _insert(slot.lists["cut_short"], position, starts)
         if name == STARTUP_SPAN:
-            slot.startup = position
+            slot.startup, slot.startup_record = position, None
         else:
             target = _LIST_OF_NAME.get(name)
             if target is None and name.startswith(STARTUP_PHASE_PREFIX):
@@ -1004,7 +1014,9 @@ class _Split:
             for name in _RECORD_LISTS:
                 setattr(inc, name, log.view(array("q", slot.lists[name]), ordered=True))
             if slot.startup is not None:
-                inc.startup = log[slot.startup]
+                if slot.startup_record is None:  # (its log block is read once, not each time)
+                    slot.startup_record = log[slot.startup]
+                inc.startup = slot.startup_record
         iterations = self._distribute("iterations", proc.iterations)
         waits = self._distribute("waits", proc.waits)
         for index, inc in enumerate(incs):
