@@ -20,6 +20,7 @@ its columns in memory, and the receiving process spills them again itself.
 from __future__ import annotations
 
 import bisect
+import copy
 import itertools
 import operator
 import os
@@ -166,9 +167,13 @@ class Iterations:
             return last.part(len(last) - 1, len(last)).value(0)
         return None
 
-    def slice(self, lo: int, hi: int) -> Iterations:
-        """Rows ``lo`` up to ``hi``: blocks are shared (nothing is read), the tail copied."""
+    def slice(self, lo: int, hi: int, earlier: Iterations | None = None) -> Iterations:
+        """Rows ``lo`` up to ``hi``: blocks are shared (nothing is read), the tail copied.
+        ``earlier``: a slice of these rows from ``lo`` to no further than ``hi``, whose
+        scan (:meth:`min_start` and its siblings) the new one goes on from."""
         part = Iterations()
+        if earlier is not None and earlier._scan is not None:
+            part._scan = copy.copy(earlier._scan)
         blocks, firsts = self._blocks, self._firsts
         # from the block row lo lies in (found by bisection: a week's column has many)
         for index in range(max(0, bisect.bisect_right(firsts, lo) - 1), len(blocks)):

@@ -445,8 +445,11 @@ class _RankTimed:
         for inc in incs:
             if not inc.waits:
                 continue
-            if inc.revision is None:
-                return None
+            if inc.revision is None or any(
+                isinstance(rows, tuple) and not isinstance(rows[0], int)
+                for rows in inc.revision[3:5]
+            ):
+                return None  # (not from a builder, or its rows sorted anew each finish)
             key = inc.revision[:2]  # its builder's split and slot: the same incarnation
             followed[key] = self.incarnations.get(key) or _Timed()
         if not set(self.incarnations) <= set(followed):

@@ -809,13 +809,14 @@ class _FactsCache:
     that start inside them). It holds while the intervals derived before are still the
     first ones, in the same order, and nothing that derivation read has changed:
     for an interval derived from iterations or saves, no iteration or save came
-    that starts before its end, and the iteration resumed from is the same."""
+    that starts before its end, and the iteration resumed from is the same; and the
+    iterations are the rows they were and more (:func:`_lineage`)."""
 
-    __slots__ = ("column", "derived_reach", "intervals", "lengths", "mark", "raw", "reach",
+    __slots__ = ("derived_reach", "intervals", "lengths", "lineage", "mark", "raw", "reach",
                  "resumed", "rows", "saves", "sized", "unfilled")  # fmt: skip
 
     def __init__(self) -> None:
-        self.column: Iterations | None = None  # the iterations they were derived with
+        self.lineage: Any = None  # which rows of its process the iterations were (_lineage)
         self.rows = 0  # ... how many rows those had
         self.intervals = array("q")  # the positions of the intervals derived, in order
         self.saves = array("q")  # ... of the saves there were
@@ -823,7 +824,7 @@ class _FactsCache:
         self.raw: list[IntervalFacts] = []  # derive_each's facts
         self.reach = -(2**63)  # the latest end of an interval derived
         self.derived_reach: int | None = None  # ... of one derived from iterations or saves
-        self.mark = 0  # the rows of ``column`` that start before ``reach`` (in start order)
+        self.mark = 0  # the rows of the iterations that start before ``reach`` (in order)
         self.sized = 0  # by_length's look at the first ``sized`` facts:
         self.lengths: set[int] = set()  # ... the lengths of those with a known range
         self.unfilled = False  # ... whether one has a last iteration but no first
@@ -837,7 +838,7 @@ class _FactsCache:
         ends = inc.intervals._log.ends  # type: ignore[attr-defined]
         resumed = inc.resumed_from
         count = len(iterations)
-        if not self._holds(iterations, count, positions, save_positions, starts, resumed):
+        if not self._holds(inc, count, positions, save_positions, starts, resumed):
             self.__init__()  # type: ignore[misc]  # (derived afresh)
         known = len(self.raw)
         new = positions[known:]
@@ -860,13 +861,13 @@ class _FactsCache:
             if ordered:
                 after = iterations.slice(self.mark, count).starts
                 self.mark += bisect.bisect_left(after, self.reach)
-        self.column, self.rows, self.resumed = iterations, count, resumed
+        self.lineage, self.rows, self.resumed = _lineage(inc), count, resumed
         self.intervals, self.saves = array("q", positions), array("q", save_positions)
         return self._by_length(len(self.raw) if inc._facts_rerooted else len(self.raw) - 1)
 
     def _holds(
         self,
-        iterations: Iterations,
+        inc: Incarnation,
         count: int,
         positions: array,
         save_positions: array,
@@ -876,8 +877,10 @@ class _FactsCache:
         """Whether the facts derived before still hold (the class docstring)."""
         if not self.raw:
             return True
-        if iterations is not self.column or count < self.rows:
+        lineage = _lineage(inc)
+        if lineage is None or lineage != self.lineage or count < self.rows:
             return False
+        iterations = inc.iterations
         if positions[: len(self.intervals)] != self.intervals:
             return False
         reach = self.derived_reach
@@ -910,6 +913,18 @@ class _FactsCache:
         if self.unfilled and len(self.lengths) == 1:
             return intervals.by_length(raw, full_count)
         return list(raw)
+
+
+def _lineage(inc: Incarnation) -> Any:
+    """Which rows of its process's iterations an incarnation of a :class:`_Split` holds:
+    equal for two finishes when the later one's rows only add to the earlier one's (the
+    whole column, or a slice from the same row, in start order); None when they may not
+    (sorted one by one)."""
+    assert inc.revision is not None
+    rows = inc.revision[3]
+    if isinstance(rows, int):
+        return "whole"
+    return rows[0] if isinstance(rows[0], int) else None
 
 
 class _Slot:
@@ -958,8 +973,10 @@ class _Split:
         self.boundaries: list[int] = []
         self.slots = [_Slot()]
         self.serial = next(_SERIALS)
-        # iterations, waits -> (rows cut so far, where each boundary cuts them)
+        # iterations, waits -> (rows cut so far, where each boundary cuts them), and each
+        # incarnation's slice of them with its (first, end) row
         self.cuts: dict[str, tuple[int, list[int]]] = {}
+        self.parts: dict[str, list[tuple[Iterations, tuple[int, int]]]] = {}
 
     def update(self) -> None:
         """Place the records added since the last update."""
@@ -981,7 +998,7 @@ class _Split:
         self.boundaries = [starts[i] for i in startups[1:]]
         self.slots = [_Slot() for _ in range(len(self.boundaries) + 1)]
         self.serial = next(_SERIALS)
-        self.cuts = {}
+        self.cuts, self.parts = {}, {}
         for position in order:
             self._place(position)
 
@@ -1090,7 +1107,17 @@ class _Split:
                 ]
                 self.cuts[attribute] = (count, cuts)
             bounds = [0, *cuts, count]
-            return [(column.slice(lo, hi), (lo, hi)) for lo, hi in itertools.pairwise(bounds)]
+            earlier = self.parts.get(attribute, [])
+            found = []
+            for index, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+                before = earlier[index] if index < len(earlier) else None
+                if before is not None and before[1] == (lo, hi):
+                    found.append(before)  # the same rows: the same object, its scan kept
+                    continue
+                grew = before is not None and before[1][0] == lo
+                found.append((column.slice(lo, hi, before[0] if grew else None), (lo, hi)))
+            self.parts[attribute] = found
+            return found
         parts = [Iterations() for _ in self.slots]
         numbers, starts, ends = column.numbers, column.starts, column.ends
         for i in sorted(range(len(starts)), key=starts.__getitem__):
