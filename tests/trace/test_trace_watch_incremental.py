@@ -284,7 +284,7 @@ def _interval_late(spans: list[dict], reason: str | None = None) -> list[dict]:
     return [*spans[:second], *spans[second + 1 : third + 1], spans[second], *spans[third + 1 :]]
 
 
-@pytest.mark.parametrize("shape", ["ours", "megatron_lm"])
+@pytest.mark.parametrize("shape", ["ours", "megatron_lm", "ranks"])
 def test_lines_out_of_order_in_many_pieces(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], shape: str
 ) -> None:
@@ -305,8 +305,13 @@ def test_lines_out_of_order_in_many_pieces(
             per_line=1,
             pid=5,
         )
-    else:
+    elif shape == "megatron_lm":
         source = up.killed_and_resumed(tmp_path / "traces.jsonl", groups=up.DEFAULT_GROUPS)
+    else:  # two ranks' iterations and waits out of order: their medians worked out anew
+        ranks = synthetic.Shape(
+            ranks=2, spans=3000, save_interval=10, per_line=7, communication=True, jitter_ns=999
+        )
+        (source,) = synthetic.write_per_step(tmp_path / "traces.jsonl", ranks)
     grower = _grown(tmp_path, _shuffled(source, seed=8), 40, seed=9)
     last = grower.close()
     _assert_is_report(last, _report(capsys, [grower.live], grower.clock))
