@@ -13,13 +13,13 @@ watchdog's hangs.
 
 A week-long job must not make the scrapes slower: each costs what changed
 since the last one, not the job's history. The builder's finish places only
-the records added since (:meth:`~megatron.trace.model.trace.TraceBuilder.finish`),
+the records added since (:meth:`~megatron.trace.model.trace.TraceBuilder.finish`);
 each rank's accounting keeps the time that can no longer change and sweeps
-only what came after it (:class:`~megatron.trace.analysis.goodput.LiveAccounting`),
+only what came after it (:class:`~megatron.trace.analysis.goodput.LiveAccounting`);
 each rank's median work for the straggler scores is followed as its
-iterations come (:class:`~megatron.trace.analysis.stragglers.LiveStragglers`),
-and the rolling median reads only the last iterations. Whatever is kept, the figures are the
-ones a fresh read of the same lines gives (``report``'s).
+iterations come (:class:`~megatron.trace.analysis.stragglers.LiveStragglers`);
+the rolling median reads only the last iterations. Whatever is kept, the
+figures are the ones a fresh read of the same lines gives (``report``'s).
 
 The job's **state** per rank (its last incarnation):
 
@@ -128,6 +128,7 @@ class LiveJob:
     corrupt_lines: int = 0
     lines: int = 0
     # what the scrapes keep between them: each rank's accounting, and the ranks' work
+    # (so a scrape costs what changed since the last one)
     _accounting: dict[str, LiveAccounting] = field(default_factory=dict, repr=False)
     _stragglers: LiveStragglers = field(default_factory=LiveStragglers, repr=False)
 
