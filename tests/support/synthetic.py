@@ -44,6 +44,12 @@ class Shape:
     # all-reduce's dispatch and wait (megatron.grad_sync.start/.finish), two spans more
     communication: bool = False
     t0_ns: int = 1_796_119_852_000_000_000
+    # every incarnation of a rank in one process (pretrain() called again in it, as an
+    # in-process restart does), not a new process each
+    in_process: bool = False
+    # each iteration up to this much longer (ns), spread by its number: steps that vary,
+    # as a loaded machine's do (0: every step of a rank alike)
+    jitter_ns: int = 0
 
 
 def _resource(rank: int, world: int, pid: int, run: str) -> str:
@@ -195,8 +201,15 @@ def _incarnation(
                     _double("megatron.grad_norm", 1.0 + (iteration % 7) * 0.125),
                 )
             )
-            writer.span("megatron.train.iteration", trace, it_id, interval, t, t + step, attributes)
-            t += step + 2_000  # the loop's own few microseconds between iterations
+            length = (
+                step + (iteration * 7919 + rank * 104_729) % shape.jitter_ns
+                if shape.jitter_ns
+                else step
+            )
+            writer.span(
+                "megatron.train.iteration", trace, it_id, interval, t, t + length, attributes
+            )
+            t += length + 2_000  # the loop's own few microseconds between iterations
             iteration += 1
 
     while iteration < last:
@@ -247,7 +260,7 @@ def write_per_step(path: Path, shape: Shape = Shape()) -> list[Path]:
         now, first, run = shape.t0_ns, 0, 0
         for number in range(shape.incarnations):
             killed = number < shape.incarnations - 1
-            pid = 1000 + 10 * rank + number
+            pid = 1000 + 10 * rank + (0 if shape.in_process else number)
             writer = _Writer(_resource(rank, shape.ranks, pid, "synth"), ids, shape.per_line)
             share = max(shape.save_interval, per_rank // shape.incarnations)
             last = first + share if killed else first + max(per_rank - run, 1)

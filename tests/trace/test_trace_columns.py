@@ -92,6 +92,27 @@ def test_spilled_columns_hold_the_rows_in_order(seed: int, tiny_blocks: None) ->
     assert its.count_from(number) == len(later)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_scan_asked_as_rows_come_sees_every_row(seed: int, tiny_blocks: None) -> None:
+    """The earliest and latest start, the latest end and whether the rows are in start
+    order, asked after every few rows (as watch's scrapes ask a growing column set, which
+    reads only the rows added since): each time as of every row so far."""
+    rng = random.Random(seed)
+    its, starts, ends = Iterations(), [], []
+    at = 0
+    for _ in range(40):
+        for _ in range(rng.randrange(4)):
+            at += rng.randrange(-1, 12)  # now and then one that starts before the last
+            end = at + rng.randrange(30)
+            its.append(len(starts), at, end)
+            starts.append(at)
+            ends.append(end)
+        assert its.min_start() == min(starts, default=None)
+        assert its.max_start() == max(starts, default=None)
+        assert its.max_end() == max(ends, default=None)
+        assert its.in_start_order() == (starts == sorted(starts))
+
+
 def test_a_block_another_process_wrote_is_read_not_shared(tiny_blocks: None) -> None:
     """A forked worker's merge reads the parent's blocks into its own memory (and file)."""
     parent = Iterations()

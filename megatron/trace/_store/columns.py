@@ -19,7 +19,10 @@ its columns in memory, and the receiving process spills them again itself.
 
 from __future__ import annotations
 
+import bisect
+import copy
 import itertools
+import operator
 import os
 from array import array
 from collections.abc import Iterator
@@ -67,14 +70,22 @@ class Iterations:
     """Finished iterations as parallel columns (number, start, end: 24 bytes each), in
     the order added; on disk in blocks beyond :data:`SPILL_ROWS` (module docstring)."""
 
-    __slots__ = ("_blocks", "_tail")
+    __slots__ = ("_blocks", "_firsts", "_scan", "_spilled", "_tail")
 
     def __init__(self) -> None:
         self._blocks: list[_Block] = []
+        self._firsts: list[int] = []  # the row each block starts at
+        self._spilled = 0  # the rows the blocks hold
         self._tail = (array("q"), array("q"), array("q"))
+        self._scan: _Scan | None = None
 
     def __len__(self) -> int:
-        return len(self._tail[0]) + sum(map(len, self._blocks))
+        return len(self._tail[0]) + self._spilled
+
+    def _add_block(self, block: _Block) -> None:
+        self._firsts.append(self._spilled)
+        self._blocks.append(block)
+        self._spilled += len(block)
 
     def append(self, number: int, start_ns: int, end_ns: int) -> None:
         numbers, starts, ends = self._tail
@@ -99,7 +110,7 @@ class Iterations:
             if ours:
                 self._spill()  # (keeps the order: what is in memory goes out first)
             if ours and not self._tail[0]:
-                self._blocks.append(block)  # shared, not read
+                self._add_block(block)  # shared, not read
             else:  # another process wrote it, or rows stay in memory before it: read it
                 for mine, column in zip(self._tail, range(3), strict=True):
                     block.read_into(mine, column)
@@ -114,7 +125,7 @@ class Iterations:
         if written is None:  # nothing to write, or no room for it: the rows stay here
             return
         store, offset = written
-        self._blocks.append(_Block(store, offset, rows, 0, rows))
+        self._add_block(_Block(store, offset, rows, 0, rows))
         self._tail = (array("q"), array("q"), array("q"))
 
     def _column(self, column: int) -> array:
@@ -156,15 +167,23 @@ class Iterations:
             return last.part(len(last) - 1, len(last)).value(0)
         return None
 
-    def slice(self, lo: int, hi: int) -> Iterations:
-        """Rows ``lo`` up to ``hi``: blocks are shared (nothing is read), the tail copied."""
+    def slice(self, lo: int, hi: int, earlier: Iterations | None = None) -> Iterations:
+        """Rows ``lo`` up to ``hi``: blocks are shared (nothing is read), the tail copied.
+        ``earlier``: a slice of these rows from ``lo`` to no further than ``hi``, whose
+        scan (:meth:`min_start` and its siblings) the new one goes on from."""
         part = Iterations()
-        at = 0
-        for block in self._blocks:
+        if earlier is not None and earlier._scan is not None:
+            part._scan = copy.copy(earlier._scan)
+        blocks, firsts = self._blocks, self._firsts
+        # from the block row lo lies in (found by bisection: a week's column has many)
+        for index in range(max(0, bisect.bisect_right(firsts, lo) - 1), len(blocks)):
+            at, block = firsts[index], blocks[index]
+            if at >= hi:
+                break
             start, stop = max(lo - at, 0), min(hi - at, len(block))
             if start < stop:
-                part._blocks.append(block.part(start, stop))
-            at += len(block)
+                part._add_block(block.part(start, stop))
+        at = self._spilled
         start, stop = max(lo - at, 0), max(hi - at, 0)
         part._tail = tuple(column[start:stop] for column in self._tail)  # type: ignore[assignment]
         return part
@@ -204,29 +223,34 @@ class Iterations:
         """How many finished iterations are numbered ``number`` or higher."""
         return sum(sum(1 for n in part.numbers if n >= number) for part in self.parts())
 
+    def _scanned(self) -> _Scan:
+        """:class:`_Scan` of every row: the rows added since the last call read, a part at a
+        time, and folded into what the earlier ones gave (rows are only ever appended)."""
+        scan = self._scan
+        if scan is None:
+            scan = self._scan = _Scan()
+        count = len(self)
+        if scan.rows < count:
+            for part in self.slice(scan.rows, count).parts():
+                scan.add(part.starts, part.ends)
+            scan.rows = count
+        return scan
+
     def min_start(self) -> int | None:
-        """The earliest start (None: no rows), read a part at a time."""
-        return min((min(part.starts) for part in self.parts()), default=None)
+        """The earliest start (None: no rows); only rows not asked about before are read."""
+        return self._scanned().min_start
 
     def max_start(self) -> int | None:
         """The latest start, as :meth:`min_start`."""
-        return max((max(part.starts) for part in self.parts()), default=None)
+        return self._scanned().max_start
 
     def max_end(self) -> int | None:
         """The latest end, as :meth:`min_start`."""
-        return max((max(part.ends) for part in self.parts()), default=None)
+        return self._scanned().max_end
 
     def in_start_order(self) -> bool:
-        """Whether every row starts no earlier than the one before, read a part at a time."""
-        last = None
-        for part in self.parts():
-            starts = part.starts
-            if last is not None and starts[0] < last:
-                return False
-            if any(a > b for a, b in itertools.pairwise(starts)):
-                return False
-            last = starts[-1]
-        return True
+        """Whether every row starts no earlier than the one before, as :meth:`min_start`."""
+        return self._scanned().ordered
 
     def durations(self) -> Any:
         """Every row's end - start (ns), in order, as a new int64 numpy array."""
@@ -243,5 +267,37 @@ class Iterations:
         return self.numbers, self.starts, self.ends  # in memory across a pipe
 
     def __setstate__(self, state: Any) -> None:
-        self._blocks = []
+        self._blocks, self._firsts, self._spilled = [], [], 0
         self._tail = tuple(state)
+        self._scan = None
+
+
+class _Scan:
+    """What :meth:`Iterations.min_start` and its siblings need of the first ``rows`` rows.
+
+    Kept with the column set, so a trace model finished again and again as its files
+    grow (``watch``) reads each row once for them, not the whole history every time.
+    """
+
+    __slots__ = ("last_start", "max_end", "max_start", "min_start", "ordered", "rows")
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.ordered = True
+        self.last_start: int | None = None
+        self.min_start: int | None = None
+        self.max_start: int | None = None
+        self.max_end: int | None = None
+
+    def add(self, starts: array, ends: array) -> None:
+        """Fold in the next rows' starts and ends (one part: not empty)."""
+        low, high, end = min(starts), max(starts), max(ends)
+        if self.ordered:
+            last = self.last_start
+            self.ordered = (last is None or starts[0] >= last) and all(
+                map(operator.le, starts, itertools.islice(starts, 1, None))
+            )
+        self.last_start = starts[-1]
+        self.min_start = low if self.min_start is None else min(self.min_start, low)
+        self.max_start = high if self.max_start is None else max(self.max_start, high)
+        self.max_end = end if self.max_end is None else max(self.max_end, end)

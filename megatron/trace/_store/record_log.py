@@ -37,7 +37,7 @@ from typing import Any, overload
 from megatron.trace._store import spill
 from megatron.trace.otlp.records import SpanFields, SpanRecord, attributes_cut_short, span_record
 
-__all__ = ["SPILL_RECORDS", "RecordList", "RecordLog", "extents", "latest"]
+__all__ = ["SPILL_RECORDS", "RecordList", "RecordLog", "extents", "extents_from", "latest"]
 
 #: From this many records in memory on, a log writes them to disk as a block
 #: (about 150 KB of pickles; a read holds a log per process).
@@ -225,9 +225,11 @@ class RecordLog:
             resource, file = contexts[context[position]]
             yield span_record(loads(data), resource, file, lines[position])
 
-    def view(self, positions: array) -> RecordList:
-        """The records at ``positions`` as a sequence (read as it is iterated)."""
-        return RecordList(self, positions)
+    def view(self, positions: array, ordered: bool = False) -> RecordList:
+        """The records at ``positions`` as a sequence (read as it is iterated); ``ordered``:
+        the positions are in start order (ties in log order), which finds the latest
+        record by bisection."""
+        return RecordList(self, positions, ordered)
 
     def __getstate__(self) -> tuple[Any, ...]:
         pickles = [data for block in self._blocks for data in block.pickles()]
@@ -244,10 +246,10 @@ class RecordList(Sequence[SpanRecord]):
     """Some of a log's records (an incarnation's intervals, say), in the order given:
     a sequence of :class:`SpanRecord` decoded as it is read."""
 
-    __slots__ = ("_log", "_positions")
+    __slots__ = ("_log", "_ordered", "_positions")
 
-    def __init__(self, log: RecordLog, positions: array) -> None:
-        self._log, self._positions = log, positions
+    def __init__(self, log: RecordLog, positions: array, ordered: bool = False) -> None:
+        self._log, self._positions, self._ordered = log, positions, ordered
 
     def __len__(self) -> int:
         return len(self._positions)
@@ -270,9 +272,35 @@ class RecordList(Sequence[SpanRecord]):
         starts, ends = log.starts, log.ends
         return ((starts[i], ends[i], log.name(i)) for i in self._positions)
 
+    def from_start(self, start_ns: int) -> RecordList:
+        """The records that start at ``start_ns`` or later, as a view (of a list in start
+        order: found by bisection, nothing decoded)."""
+        starts, positions = self._log.starts, self._positions
+        if self._ordered:
+            first = bisect.bisect_left(positions, start_ns, key=starts.__getitem__)
+            return RecordList(self._log, positions[first:], True)
+        return RecordList(self._log, array("q", (p for p in positions if starts[p] >= start_ns)))
+
+    def extents_from(self, start_ns: int) -> Iterator[tuple[int, int, str]]:
+        """:meth:`extents` of the records that start at ``start_ns`` or later (found by
+        bisection in a list in start order)."""
+        log = self._log
+        starts, ends, positions = log.starts, log.ends, self._positions
+        if self._ordered:
+            first = bisect.bisect_left(positions, start_ns, key=starts.__getitem__)
+            positions = positions[first:]
+        return ((starts[i], ends[i], log.name(i)) for i in positions if starts[i] >= start_ns)
+
     def latest(self) -> SpanRecord | None:
-        """The first record of the latest start (None: none), decoding only it."""
+        """The first record of the latest start (None: none), decoding only it (found by
+        bisection in a list in start order: ``watch`` asks at every scrape)."""
         starts = self._log.starts
+        positions = self._positions
+        if self._ordered:
+            if not positions:
+                return None
+            first = bisect.bisect_left(positions, starts[positions[-1]], key=starts.__getitem__)
+            return self._log[positions[first]]
         best = None
         for position in self._positions:
             if best is None or starts[position] > starts[best]:
@@ -295,6 +323,13 @@ def extents(records: Iterable[SpanRecord]) -> Iterator[tuple[int, int, str]]:
     if isinstance(records, RecordList):
         return records.extents()
     return ((r["start_ns"], r["end_ns"], r["name"]) for r in records)
+
+
+def extents_from(records: Iterable[SpanRecord], start_ns: int) -> Iterator[tuple[int, int, str]]:
+    """:func:`extents` of the records that start at ``start_ns`` or later."""
+    if isinstance(records, RecordList):
+        return records.extents_from(start_ns)
+    return (extent for extent in extents(records) if extent[0] >= start_ns)
 
 
 def latest(records: Sequence[SpanRecord]) -> SpanRecord | None:

@@ -63,13 +63,13 @@ class Stretches:
         return sum(self.ends) - sum(self.starts)
 
     def clipped(self, lo: int, hi: int) -> Stretches:
-        """The part of the union inside ``[lo, hi)``."""
+        """The part of the union inside ``[lo, hi)`` (the stretches there copied whole, the
+        first and last cut: ``watch`` clips an in-process restart's at every scrape)."""
         part = Stretches()
         first = bisect.bisect_right(self.ends, lo)
-        for i in range(first, len(self.starts)):
-            start, end = self.starts[i], self.ends[i]
-            if start >= hi:
-                break
-            part.starts.append(max(start, lo))
-            part.ends.append(min(end, hi))
+        last = max(first, bisect.bisect_left(self.starts, hi))
+        part.starts, part.ends = self.starts[first:last], self.ends[first:last]
+        if first < last:
+            part.starts[0] = max(part.starts[0], lo)
+            part.ends[-1] = min(part.ends[-1], hi)
         return part

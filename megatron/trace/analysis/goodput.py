@@ -58,14 +58,15 @@ grow with the job's length.
 
 from __future__ import annotations
 
+import bisect
 import heapq
-import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megatron.trace._store.record_log import extents
+from megatron.trace._store.record_log import extents, latest
 from megatron.trace._store.selection import float_keys, from_float_keys, select
 from megatron.trace._store.stretches import Stretches
 from megatron.trace.analysis.checkpoint_advice import checkpoint_advice
@@ -94,6 +95,7 @@ __all__ = [
     "MAX_WINDOWS",
     "PRECEDENCE",
     "TOP_BADPUT",
+    "LiveAccounting",
     "build_report",
     "rank_accounting",
     "report_files",
@@ -150,9 +152,18 @@ def _segments(inc: Incarnation) -> list[tuple[int, int, str]]:
 
     A running incarnation's open interval (or startup) so far counts too.
     """
-    in_flight = [inc.in_flight] if inc.in_flight is not None else []
-    spans = itertools.chain(inc.extents(), extents(in_flight))
-    segments = [(start, end, SPAN_CATEGORY[name]) for start, end, name in spans]
+    return [*_read_segments(inc.extents()), *_worked_segments(inc)]
+
+
+def _read_segments(spans: Iterable[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """(start, end, category) of structural spans as read, from their extents."""
+    return [(start, end, SPAN_CATEGORY[name]) for start, end, name in spans]
+
+
+def _worked_segments(inc: Incarnation) -> list[tuple[int, int, str]]:
+    """The segments of the incarnation worked out rather than read from a span: a running
+    one's open interval (or startup) so far, and its hang."""
+    segments = _read_segments(extents([inc.in_flight] if inc.in_flight is not None else []))
     hang = find_hang(inc)
     if hang is not None:
         segments.append((hang.start_ns, hang.end_ns, Category.HANG))
@@ -213,9 +224,13 @@ def _wasted(inc: Incarnation, horizon: int | None) -> tuple[int | None, int | No
 def _stretch_events(
     stretches: Stretches, index: int, lo: int, hi: int
 ) -> Iterator[tuple[int, int, int]]:
-    """A disjoint, sorted union's sweep events, in order, without materialising them."""
-    for start, end in stretches:
-        start, end = max(start, lo), min(end, hi)
+    """A disjoint, sorted union's sweep events, in order, without materialising them (from
+    the first stretch that ends past ``lo``: the sweep of a late window reads no more)."""
+    starts, ends = stretches.starts, stretches.ends
+    for at in range(bisect.bisect_right(ends, lo), len(starts)):
+        start, end = max(starts[at], lo), min(ends[at], hi)
+        if start >= hi:
+            return
         if end > start:
             yield (start, 1, index)
             yield (end, -1, index)
@@ -283,8 +298,8 @@ def _sweep(
 
 def _wall_start(inc: Incarnation) -> int:
     """Where an incarnation's wall clock starts: its queue or startup, else its first span."""
-    starts = [r["start_ns"] for r in (*inc.pre_startup, inc.startup) if r is not None]
-    return min(starts) if starts else inc.start_ns
+    records = [*extents(inc.pre_startup), *extents([inc.startup] if inc.startup else [])]
+    return min(start for start, _, _ in records) if records else inc.start_ns
 
 
 def wall_bounds_ns(incs: list[Incarnation]) -> tuple[int, int]:
@@ -317,17 +332,69 @@ def rank_accounting(incs: list[Incarnation], window_ns: int | None = None) -> di
     totals add up to ``totals_ns`` exactly.
     """
     start, end = wall_bounds_ns(incs)
+    worked, waste = _worked_out(incs, _waste)
+    segments = [seg for inc in incs for seg in _read_segments(inc.extents())] + worked
+    cuts = window_cuts(start, end, window_ns) if window_ns is not None else []
+    boxes = _sweep(segments, (start, end), _stretches(incs), cuts)
+    totals = boxes[0]
+    if cuts:
+        totals = {key: sum(box[key] for box in boxes) for key in totals}
+    windowed = {}
+    if window_ns is not None:
+        bounds = [start, *cuts, end]
+        windowed["windows_ns"] = [
+            (lo, hi, box) for lo, hi, box in zip(bounds[:-1], bounds[1:], boxes, strict=True)
+        ]
+    return {**windowed, **_accounting(start, end, totals, incs, waste)}
+
+
+# What _waste gives of one incarnation: its horizon, and _wasted's (window start,
+# wasted iterations, exact?) at that horizon.
+_Waste = tuple[int | None, tuple[int | None, int | None, bool]]
+
+
+def _waste(inc: Incarnation, later: list[Incarnation]) -> _Waste:
+    """The progress ``inc`` lost: its horizon (the incarnations ``later`` of its rank tell
+    where the next resumed) and what :func:`_wasted` makes of it."""
+    horizon = _horizon(inc, later)
+    return horizon, _wasted(inc, horizon)
+
+
+def _worked_out(
+    incs: list[Incarnation], waste: Any
+) -> tuple[list[tuple[int, int, str]], list[_Waste]]:
+    """The rank's segments worked out rather than read (each incarnation's in-flight
+    stretch and hang, its wasted window, the restart gaps), and what ``waste`` (a
+    :func:`_waste`) gave of each incarnation."""
     segments: list[tuple[int, int, str]] = []
-    per_incarnation = []
-    wasted_total, exact = 0, True
+    wastes = []
     for position, inc in enumerate(incs):
-        segments.extend(_segments(inc))
-        horizon = _horizon(inc, incs[position + 1 :])
-        window_start, count, count_exact = _wasted(inc, horizon)
+        segments.extend(_worked_segments(inc))
+        found = waste(inc, incs[position + 1 :])
+        window_start = found[1][0]
         if window_start is not None and inc.end_ns > window_start:
             segments.append((window_start, inc.end_ns, Category.WASTED_PROGRESS))
         if position + 1 < len(incs):
             segments.append((inc.end_ns, incs[position + 1].start_ns, Category.RESTART_GAP))
+        wastes.append(found)
+    return segments, wastes
+
+
+def _stretches(incs: list[Incarnation]) -> list[tuple[Stretches, str]]:
+    """The rank's unions of frequent spans' time, each with its category."""
+    stretches = [(inc.checkpoint_time, Category.CHECKPOINT_SAVE) for inc in incs]
+    # the training loop's time outside any interval (Megatron-LM without checkpointing)
+    return stretches + [(inc.goodput_time, Category.GOODPUT) for inc in incs]
+
+
+def _accounting(
+    start: int, end: int, totals: dict[str, int], incs: list[Incarnation], wastes: list[_Waste]
+) -> dict[str, Any]:
+    """:func:`rank_accounting`'s answer (but the windows) from the sweep's totals and
+    each incarnation's waste."""
+    per_incarnation = []
+    wasted_total, exact = 0, True
+    for inc, (horizon, (window_start, count, count_exact)) in zip(incs, wastes, strict=True):
         wasted_total += count or 0
         exact = exact and count_exact
         per_incarnation.append(
@@ -339,22 +406,7 @@ def rank_accounting(incs: list[Incarnation], window_ns: int | None = None) -> di
                 else 0,
             }
         )
-    stretches = [(inc.checkpoint_time, Category.CHECKPOINT_SAVE) for inc in incs]
-    # the training loop's time outside any interval (Megatron-LM without checkpointing)
-    stretches += [(inc.goodput_time, Category.GOODPUT) for inc in incs]
-    cuts = window_cuts(start, end, window_ns) if window_ns is not None else []
-    boxes = _sweep(segments, (start, end), stretches, cuts)
-    totals = boxes[0]
-    if cuts:
-        totals = {key: sum(box[key] for box in boxes) for key in totals}
-    windowed = {}
-    if window_ns is not None:
-        bounds = [start, *cuts, end]
-        windowed["windows_ns"] = [
-            (lo, hi, box) for lo, hi, box in zip(bounds[:-1], bounds[1:], boxes, strict=True)
-        ]
     return {
-        **windowed,
         "start_ns": start,
         "wall_ns": end - start,
         "totals_ns": totals,
@@ -362,6 +414,143 @@ def rank_accounting(incs: list[Incarnation], window_ns: int | None = None) -> di
         "wasted_exact": exact,
         "per_incarnation": per_incarnation,
     }
+
+
+@dataclass
+class _Kept:
+    """What :class:`LiveAccounting` keeps of the time before ``cut`` (see there)."""
+
+    generation: int  # the trace's it was worked out at
+    start: int  # the rank's wall clock started here
+    cut: int
+    before: dict[str, int]  # the sweep's totals over [start, cut)
+    worked: list[tuple[int, int, str]]  # the worked-out segments, clipped to [start, cut)
+    spanning: list[tuple[int, int, str]]  # the read segments that start before cut, end after
+
+
+class LiveAccounting:
+    """:func:`rank_accounting` of one rank (without windows) again and again as its trace
+    grows (``watch`` asks at every scrape), at the cost of what changed since the last
+    time rather than of the rank's history.
+
+    The accounting is a sweep over the rank's wall clock, and a sweep cut at a time
+    ``cut`` gives the time before it and after it apart, adding up to the whole exactly
+    (as ``report --window``'s windows do). So the totals before ``cut`` are kept, and
+    only what lies after it is swept again, for as long as nothing that decides the
+    time before it has changed: no span added to the rank's processes since starts
+    before it (:attr:`~megatron.trace.model.trace.Trace.touched`), the wall clock
+    starts where it did and ends past it, and the segments worked out rather than
+    read (a running incarnation's open interval, a hang, a wasted window, a restart
+    gap) cover the same time before it. Otherwise everything is swept again, and
+    ``cut`` moves to where the rank's trace may still change: the end of its last
+    incarnation's newest interval, where what is in flight began. An incarnation's
+    horizon and wasted iterations are kept while its revision and ending are the same.
+    """
+
+    def __init__(self) -> None:
+        self._kept: _Kept | None = None
+        self._wastes: dict[tuple[Any, ...], _Waste] = {}
+
+    def __call__(self, incs: list[Incarnation], trace: Trace) -> dict[str, Any]:
+        """The accounting of ``incs``, the rank's incarnations in ``trace`` (its builder's
+        latest finish; the one before was the previous call's)."""
+        start, end = wall_bounds_ns(incs)
+        wastes: dict[tuple[Any, ...], _Waste] = {}
+        worked, waste = _worked_out(incs, lambda inc, later: self._waste(inc, later, wastes))
+        self._wastes = wastes
+        stretches = _stretches(incs)
+        cut = _settled_ns(incs, start, end)
+        kept = self._kept
+        touched = [trace.touched[inc.process] for inc in incs if inc.process in trace.touched]
+        if (
+            kept is None
+            or trace.generation != kept.generation + 1
+            or start != kept.start
+            or end < kept.cut
+            or min(touched, default=kept.cut) < kept.cut
+            or _clipped(worked, start, kept.cut) != kept.worked
+        ):
+            read = [seg for inc in incs for seg in _read_segments(inc.extents())]
+            before, after = _swept(read + worked, start, end, stretches, cut)
+            kept = _Kept(trace.generation, start, cut, before, [], [])
+        else:
+            read = [*kept.spanning]
+            for inc in incs:
+                if inc.end_ns >= kept.cut:  # (its records all end by its end)
+                    read += _read_segments(inc.extents_from(kept.cut))
+            cut = max(cut, kept.cut)
+            more, after = _swept(read + worked, kept.cut, end, stretches, cut)
+            kept.before = {key: ns + more[key] for key, ns in kept.before.items()}
+            kept.generation, kept.cut = trace.generation, cut
+        kept.worked = _clipped(worked, start, cut)
+        kept.spanning = [seg for seg in read if seg[0] < cut < seg[1]]
+        self._kept = kept
+        totals = {key: ns + after[key] for key, ns in kept.before.items()}
+        return _accounting(start, end, totals, incs, waste)
+
+    def _waste(
+        self, inc: Incarnation, later: list[Incarnation], wastes: dict[tuple[Any, ...], _Waste]
+    ) -> _Waste:
+        """:func:`_waste`, kept by what it depends on: the incarnation's revision and
+        ending, and where the next incarnation resumed."""
+        if inc.revision is None:
+            return _waste(inc, later)
+        resumed = next(
+            (
+                value
+                for value in (
+                    s.resumed_from if s.resumed_from is not None else s.first_iteration
+                    for s in later
+                )
+                if value is not None
+            ),
+            None,
+        )
+        key = (inc.revision, inc.ended, inc._facts_rerooted, resumed)
+        found = self._wastes.get(key)
+        if found is None:
+            found = _waste(inc, later)
+        wastes[key] = found
+        return found
+
+
+def _settled_ns(incs: list[Incarnation], start: int, end: int) -> int:
+    """Where the rank's trace may still change from (:class:`LiveAccounting`): the end of
+    its last incarnation's newest interval (what is in flight began there); without one,
+    where its training loop's latest span outside intervals, or its startup, ended."""
+    last = incs[-1]
+    newest = latest(last.intervals)
+    if newest is not None:
+        at = newest["end_ns"]
+    elif last.goodput_time:
+        at = last.goodput_time.ends[-1]
+    elif last.startup is not None:
+        at = last.startup["end_ns"]
+    else:
+        at = start
+    return min(max(at, start), end)
+
+
+def _clipped(segments: list[tuple[int, int, str]], lo: int, hi: int) -> list[tuple[int, int, str]]:
+    """The segments' parts inside ``[lo, hi)``, in order."""
+    parts = [(max(s, lo), min(e, hi), category) for s, e, category in segments]
+    return sorted(part for part in parts if part[1] > part[0])
+
+
+def _swept(
+    segments: list[tuple[int, int, str]],
+    lo: int,
+    hi: int,
+    stretches: list[tuple[Stretches, str]],
+    cut: int,
+) -> tuple[dict[str, int], dict[str, int]]:
+    """:func:`_sweep`'s totals over ``[lo, cut)`` and ``[cut, hi]`` (``lo <= cut <= hi``)."""
+    if lo < cut < hi:
+        before, after = _sweep(segments, (lo, hi), stretches, [cut])
+        return before, after
+    (totals,) = _sweep(segments, (lo, hi), stretches)
+    empty = dict.fromkeys(totals, 0)
+    return (totals, empty) if cut >= hi else (empty, totals)
 
 
 #: From this many iterations on, their statistics are selected with numpy over the

@@ -9,8 +9,17 @@ finishes that summary into a :class:`~megatron.trace.model.trace.Trace` and
 computes the figures with ``report``'s own code, per rank: the accounting
 (:func:`~megatron.trace.analysis.goodput.rank_accounting`), the liveness rule
 (:func:`~megatron.trace.analysis.liveness.judge`), the stragglers and the
-watchdog's hangs. So a snapshot costs what the report costs past the
-reading, which is most of ``report``'s time; reading stays once per line.
+watchdog's hangs.
+
+A week-long job must not make the scrapes slower: each costs what changed
+since the last one, not the job's history. The builder's finish places only
+the records added since (:meth:`~megatron.trace.model.trace.TraceBuilder.finish`);
+each rank's accounting keeps the time that can no longer change and sweeps
+only what came after it (:class:`~megatron.trace.analysis.goodput.LiveAccounting`);
+each rank's median work for the straggler scores is followed as its
+iterations come (:class:`~megatron.trace.analysis.stragglers.LiveStragglers`);
+the rolling median reads only the last iterations. Whatever is kept, the
+figures are the ones a fresh read of the same lines gives (``report``'s).
 
 The job's **state** per rank (its last incarnation):
 
@@ -40,10 +49,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megatron.trace.analysis.goodput import rank_accounting
+from megatron.trace.analysis.goodput import LiveAccounting
 from megatron.trace.analysis.hangs import find_hang
 from megatron.trace.analysis.liveness import Clock, judge, newest_beats
-from megatron.trace.analysis.stragglers import find_stragglers
+from megatron.trace.analysis.stragglers import LiveStragglers
 from megatron.trace.errors import TraceFileDamaged
 from megatron.trace.model.trace import Incarnation, Trace, TraceBuilder
 from megatron.trace.otlp.reader import decode_line
@@ -119,6 +128,10 @@ class LiveJob:
     builder: TraceBuilder = field(default_factory=TraceBuilder)
     corrupt_lines: int = 0
     lines: int = 0
+    # what the scrapes keep between them: each rank's accounting, and the ranks' work
+    # (so a scrape costs what changed since the last one)
+    _accounting: dict[str, LiveAccounting] = field(default_factory=dict, repr=False)
+    _stragglers: LiveStragglers = field(default_factory=LiveStragglers, repr=False)
 
     def add_lines(self, lines: Iterable[tuple[Path, int, bytes]]) -> int:
         """Decode and add each line; a damaged one is counted, warned about and skipped.
@@ -144,14 +157,13 @@ class LiveJob:
             return None
         trace = self.builder.finish()
         liveness = judge(trace, list(self.trace_files), clock)
-        stragglers = find_stragglers(trace)
+        scores = self._stragglers(trace)
         last_records = _newest_records(trace, liveness.metrics_files)
         ranks = []
         for rank, incs in trace.ranks.items():
-            accounting = rank_accounting(incs)
+            accounting = self._accounting.setdefault(rank, LiveAccounting())(incs, trace)
             totals = accounting["totals_ns"]
             last = incs[-1]
-            work = stragglers.ranks.get(rank)
             median, since = _rolling(last, clock.now_ns)
             suspected, hang_s = self._hang(last, median, since, clock.now_ns)
             ranks.append(
@@ -166,7 +178,7 @@ class LiveJob:
                     iteration_time_s=median,
                     hang_suspected=suspected,
                     hang_s=hang_s,
-                    straggler_score=work.score if work is not None else None,
+                    straggler_score=scores.get(rank),
                 )
             )
         return Snapshot(

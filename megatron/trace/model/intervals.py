@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from megatron.trace._store.columns import Iterations
     from megatron.trace.otlp.records import SpanRecord
 
-__all__ = ["IntervalFacts", "derive"]
+__all__ = ["IntervalFacts", "by_length", "derive", "derive_each"]
 
 
 class IntervalFacts(NamedTuple):
@@ -72,15 +72,35 @@ def derive(
     ``last_closed_by_reroot``: the last interval in the file was followed by
     another (lost to a kill), so it too is full length.
     """
-    facts: list[IntervalFacts] = []
+    facts = derive_each(intervals, iterations, saves, resumed_from)
+    return by_length(facts, len(facts) if last_closed_by_reroot else len(facts) - 1)
+
+
+def derive_each(
+    intervals: Sequence[SpanRecord],
+    iterations: Iterations,
+    saves: Sequence[SpanRecord],
+    resumed_from: int | None,
+    known: Sequence[IntervalFacts] = (),
+) -> list[IntervalFacts]:
+    """:func:`derive`'s facts before :func:`by_length` fills in first iterations from the
+    intervals' length: each interval's on its own and from the one before it.
+
+    ``known``: the facts of the first ``len(known)`` intervals, from an earlier call on the
+    same intervals, iterations and saves (``watch`` asks again as they grow): only the
+    intervals after them are read, which need only the iterations and saves that start
+    inside them (so ``iterations`` and ``saves`` may then hold only those and later ones).
+    """
+    facts: list[IntervalFacts] = list(known)
     # read only for an interval without its range in its attributes (upstream's): the
     # iteration columns and the saves' starts, once
     numbers: Any = None
     starts: Any = None
     ordered = False
     save_starts: list[int] | None = None
-    previous_last: int | None = None
-    for position, interval in enumerate(intervals):
+    previous_last = known[-1].last_iteration if known else None
+    rest = intervals[len(known) :] if known else intervals
+    for position, interval in enumerate(rest, start=len(known)):
         attributes = interval["attributes"]
         first = attributes.get(INTERVAL_FIRST_ITERATION)
         last = attributes.get(INTERVAL_LAST_ITERATION)
@@ -117,11 +137,12 @@ def derive(
             )
         )
         previous_last = last
-    return _by_length(facts, len(facts) if last_closed_by_reroot else len(facts) - 1)
+    return facts
 
 
-def _by_length(facts: list[IntervalFacts], full_count: int) -> list[IntervalFacts]:
-    """Fill a first iteration from the length of the full intervals (the first ``full_count``)."""
+def by_length(facts: list[IntervalFacts], full_count: int) -> list[IntervalFacts]:
+    """Fill a first iteration from the length of the full intervals (the first ``full_count``):
+    ``facts`` as they are when there is none to fill."""
     full = facts[:full_count]
     lengths = {
         f.last_iteration - f.first_iteration + 1

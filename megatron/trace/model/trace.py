@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace._store.columns import Iterations
-from megatron.trace._store.record_log import RecordLog, extents, latest
+from megatron.trace._store.record_log import RecordLog, extents, extents_from, latest
 from megatron.trace._store.stretches import Stretches
 from megatron.trace.model import intervals
 from megatron.trace.model.intervals import IntervalFacts
@@ -202,6 +202,14 @@ class Incarnation:
     in_flight: SpanRecord | None = None  # running: the open interval (or startup) so far
     # error.type of what ended it: the exception's class, or the signal's name
     error_type: str | None = None
+    #: What its records, iterations, waits and finalizes are as of its builder's finish:
+    #: two incarnations of one builder with equal revisions hold the same of them (None:
+    #: not from a builder). What ``watch`` keeps of an incarnation between scrapes is
+    #: keyed by it.
+    revision: tuple[Any, ...] | None = field(default=None, compare=False)
+    # derives interval_facts as intervals.derive does, from what an earlier finish of the
+    # same builder derived (see _FactsCache); None: intervals.derive itself
+    _deriver: Any = field(default=None, repr=False, compare=False)
 
     @property
     def interval_facts(self) -> list[IntervalFacts]:
@@ -209,13 +217,16 @@ class Incarnation:
         when first asked for: with thousands of intervals that is a tenth of a read,
         and only the goodput accounting and the pictures ask."""
         if self._facts is None:
-            self._facts = intervals.derive(
-                self.intervals,
-                self.iterations,
-                self.saves,
-                self.resumed_from,
-                last_closed_by_reroot=self._facts_rerooted,
-            )
+            if self._deriver is not None:
+                self._facts = self._deriver(self)
+            else:
+                self._facts = intervals.derive(
+                    self.intervals,
+                    self.iterations,
+                    self.saves,
+                    self.resumed_from,
+                    last_closed_by_reroot=self._facts_rerooted,
+                )
         return self._facts
 
     @interval_facts.setter
@@ -257,6 +268,12 @@ class Incarnation:
     def extents(self) -> Iterator[tuple[int, int, str]]:
         """(start, end, name) of each of :attr:`records`, without decoding them."""
         return itertools.chain.from_iterable(map(extents, self._record_lists()))
+
+    def extents_from(self, start_ns: int) -> Iterator[tuple[int, int, str]]:
+        """:meth:`extents` of the records that start at ``start_ns`` or later (in the views
+        a builder makes, in start order, found by bisection: what ``watch`` reads again)."""
+        lists = self._record_lists()
+        return itertools.chain.from_iterable(extents_from(r, start_ns) for r in lists)
 
     @property
     def first_iteration(self) -> int | None:
@@ -323,6 +340,12 @@ class Trace:
     processes: dict[tuple[Any, ...], tuple[list[int], list[Incarnation]]] = field(
         default_factory=dict, repr=False
     )
+    #: The builder's finishes so far, this one included.
+    generation: int = 1
+    #: Each process given spans since the builder's previous finish -> the earliest start
+    #: of those spans: nothing older than that changed since (every process, at the
+    #: first finish). ``watch`` keeps what that earlier time still gives.
+    touched: dict[tuple[Any, ...], int] = field(default_factory=dict, repr=False)
 
     @property
     def incarnations(self) -> list[Incarnation]:
@@ -350,6 +373,7 @@ class _Process:
         "min_start",
         "rank",
         "records",
+        "touched",
         "waits",
     )
 
@@ -366,6 +390,13 @@ class _Process:
         self.max_end = 0
         self.max_end_root = 0
         self.max_end_child = 0
+        # the earliest start of a span added since the builder's last finish (None: none)
+        self.touched: int | None = None
+
+    def touch(self, start_ns: int) -> None:
+        """Note that spans from ``start_ns`` on were added (:attr:`Trace.touched`)."""
+        if self.touched is None or start_ns < self.touched:
+            self.touched = start_ns
 
     def merge(self, other: _Process) -> None:
         """Add what ``other`` (the same process, read later) learnt."""
@@ -384,6 +415,8 @@ class _Process:
         self.max_end = max(self.max_end, other.max_end)
         self.max_end_root = max(self.max_end_root, other.max_end_root)
         self.max_end_child = max(self.max_end_child, other.max_end_child)
+        if other.min_start is not None:
+            self.touch(other.min_start)
 
 
 def _rank(resource: Mapping[str, Any], path: Path | str | None) -> str:
@@ -489,6 +522,8 @@ class TraceBuilder:
         self._kinds: dict[str, int] = {}  # span name -> what a line adds of such spans
         self._resources: dict[tuple[Any, ...], dict[str, Any]] = {}  # see _shared
         self._ignored: set[str] = set()  # the names whose kind is _IGNORED
+        self._splits: dict[tuple[Any, ...], _Split] = {}  # what finish() placed, per process
+        self._finishes = 0
 
     def _process_for(self, resource: dict[str, Any], path: Path) -> _Process:
         key = process_key(resource, path)
@@ -578,6 +613,8 @@ class TraceBuilder:
         low = min([s.start_time_unix_nano for s in spans])
         if proc.min_start is None or low < proc.min_start:
             proc.min_start = low
+        if proc.touched is None or low < proc.touched:
+            proc.touched = low
         proc.max_end = max(proc.max_end, max([s.end_time_unix_nano for s in spans]))
         roots = [s for s in spans if not s.parent_span_id]
         if roots:
@@ -659,18 +696,30 @@ class TraceBuilder:
         return proc.max_end_root if proc is not None else 0
 
     def finish(self) -> Trace:
+        """The trace of everything added so far. It may be called again as more is added
+        (``watch`` does at every scrape): each process's incarnations are then placed
+        from what the previous finish placed (:class:`_Split`), and
+        :attr:`Trace.touched` says from when on the processes changed since."""
         ranks: dict[str, list[Incarnation]] = {}
         processes = {}
+        touched = {}
         for key, proc in self._processes.items():
-            boundaries, incs = _split_process(key, proc)
-            processes[key] = (boundaries, incs)
+            split = self._splits.get(key)
+            if split is None or split.proc is not proc:
+                split = self._splits[key] = _Split(key, proc)
+            split.update()
+            incs = split.incarnations()
+            processes[key] = (list(split.boundaries), incs)
             ranks.setdefault(proc.rank, []).extend(incs)
+            if proc.touched is not None:
+                touched[key], proc.touched = proc.touched, None
         for incarnations in ranks.values():
             incarnations.sort(key=lambda inc: inc.start_ns)
             for index, inc in enumerate(incarnations):
                 inc.index = index
         ordered = dict(sorted(ranks.items(), key=lambda item: _rank_sort_key(item[0])))
-        return Trace(ordered, self.stats, self.span_count, processes)
+        self._finishes += 1
+        return Trace(ordered, self.stats, self.span_count, processes, self._finishes, touched)
 
 
 def _rank_sort_key(rank: str) -> tuple[int, int | str]:
@@ -683,106 +732,399 @@ def rank_value(rank: str) -> int | str:
     return int(rank) if rank.isdigit() else rank
 
 
-def _split_process(key: tuple[Any, ...], proc: _Process) -> tuple[list[int], list[Incarnation]]:
-    """One incarnation per ``megatron.startup`` of the process (at least one), and the
-    boundaries they were split at (:func:`slot_of`).
-
-    Each incarnation's lists are views of the process's record log in start order
-    (:class:`~megatron.trace._store.record_log.RecordList`): a record is placed by its
-    name and times, which the log holds undecoded; the readers decode it."""
-    log = proc.records
-    starts = log.starts
-    order = sorted(range(len(log)), key=starts.__getitem__)  # stable: file order on ties
-    startups = [i for i in order if log.name(i) == STARTUP_SPAN]
-    boundaries = [starts[i] for i in startups[1:]]
-    incs = [Incarnation(proc.rank, 0, key) for _ in range(len(boundaries) + 1)]
-
-    for inc in incs:  # first the positions of each list's records, then views of them
-        for name in _RECORD_LISTS:
-            setattr(inc, name, array("q"))
-    lists = [_lists_by_name(inc) for inc in incs]  # the name -> positions table of each
-    spans = [(2**63, -(2**63))] * len(incs)  # the first start and last end of inc.records
-    ends = log.ends
-    for position in order:  # placed by name and times: only a startup is decoded
-        name, start, end = log.name(position), starts[position], ends[position]
-        slot = slot_of(boundaries, name, start, end) if boundaries else 0
-        inc = incs[slot]
-        if log.cut_short(position):
-            inc.cut_short.append(position)  # type: ignore[attr-defined]
-        if name == STARTUP_SPAN:
-            inc.startup = log[position]
-        else:
-            target = lists[slot].get(name)
-            if target is not None:
-                target.append(position)
-            elif name.startswith(STARTUP_PHASE_PREFIX):
-                inc.startup_phases.append(position)  # type: ignore[attr-defined]
-        if name in SPAN_CATEGORY:  # a span of Incarnation.records
-            first, last = spans[slot]
-            spans[slot] = min(first, start), max(last, end)
-    for inc in incs:
-        for name in _RECORD_LISTS:
-            setattr(inc, name, log.view(getattr(inc, name)))
-    _distribute_iterations(proc.iterations, incs, boundaries)
-    _distribute_iterations(proc.waits, incs, boundaries, "waits")
-    for position, inc in enumerate(incs):
-        lo = boundaries[position - 1] if position else -(2**63)
-        hi = boundaries[position] if position < len(boundaries) else 2**63 - 1
-        inc.checkpoint_time = proc.checkpoint_time.clipped(lo, hi)
-        inc.goodput_time = proc.goodput_time.clipped(lo, hi)
-        inc.finalize_starts = array("q", (s for s in proc.finalize_starts if lo <= s < hi))
-    for index, inc in enumerate(incs):
-        times = [spans[index]] if spans[index][0] <= spans[index][1] else []
-        for stretches in (inc.checkpoint_time, inc.goodput_time):
-            if stretches:
-                times.append((stretches.starts[0], stretches.ends[-1]))
-        if inc.iterations:
-            times.append((inc.iterations.min_start(), inc.iterations.max_end()))
-        if index == len(incs) - 1:
-            times.append((proc.min_start or 0, proc.max_end))
-        inc.start_ns = min((s for s, _ in times), default=0)
-        inc.end_ns = max((e for _, e in times), default=0)
-        if index > 0:
-            inc.start_ns = max(inc.start_ns, boundaries[index - 1])
-        inc.ended, inc.error_type = _ending(inc)
-    last = incs[-1]
-    if last.ended == "shutdown" and (proc.max_end_child > proc.max_end_root or _lost_next(last)):
-        last.ended = "killed"
-    for inc in incs:
-        # a killed incarnation's last interval was closed by the reroot that opened the lost
-        # one (as judged here: liveness may later call the last incarnation running)
-        inc._facts_rerooted = inc.ended == "killed"
-    return boundaries, incs
-
-
-def _lists_by_name(inc: Incarnation) -> dict[str, Any]:
-    """Span name -> the incarnation's list for it: the structural spans of each report
-    category (but startup, a single record) and the hang watchdog's."""
-    by_category = {
-        Category.QUEUE: inc.pre_startup,
-        Category.LAUNCH: inc.launch,
-        Category.GOODPUT: inc.intervals,
-        Category.CHECKPOINT_SAVE: inc.saves,
-        Category.CHECKPOINT_LOAD: inc.loads,
-        Category.EVALUATION: inc.evaluations,
-    }
-    lists = {
-        name: by_category[category]
+# Span name -> the incarnation's record list it goes to: the structural spans of each
+# report category (but startup, a single record) and the hang watchdog's.
+_LIST_OF_CATEGORY = {
+    Category.QUEUE: PRE_STARTUP_SPAN,  # (the list is named as its span)
+    Category.LAUNCH: "launch",
+    Category.GOODPUT: "intervals",
+    Category.CHECKPOINT_SAVE: "saves",
+    Category.CHECKPOINT_LOAD: "loads",
+    Category.EVALUATION: "evaluations",
+}
+_LIST_OF_NAME = {
+    **{
+        name: _LIST_OF_CATEGORY[category]
         for name, category in SPAN_CATEGORY.items()
         if category != Category.STARTUP
-    }
-    return {**lists, HANG_SPAN: inc.hangs, HANG_RECOVERED_SPAN: inc.recoveries}
+    },
+    HANG_SPAN: "hangs",
+    HANG_RECOVERED_SPAN: "recoveries",
+}
+_SERIALS = itertools.count()  # tells the splits apart in Incarnation.revision
 
 
-def _ending(inc: Incarnation) -> tuple[str, str | None]:
-    """How the lifecycle's shutdown said the incarnation ended, and the error type."""
-    records = itertools.chain([inc.startup], inc.intervals)
-    marked = [r for r in records if r is not None and SHUTDOWN_REASON in r["attributes"]]
-    for reason, ended in _ENDED_BY_REASON.items():
-        for record in marked:
-            if record["attributes"][SHUTDOWN_REASON] == reason:
-                return ended, record["attributes"].get(ERROR_TYPE)
-    return ("cut_short" if inc.cut_short else "shutdown"), None
+def _insert(positions: array, position: int, starts: array) -> bool:
+    """Put ``position`` among ``positions`` (in start order, ties in log order: it is the
+    newest record) and say whether it went last."""
+    start = starts[position]
+    if not positions or starts[positions[-1]] <= start:
+        positions.append(position)
+        return True
+    positions.insert(bisect.bisect_right(positions, start, key=starts.__getitem__), position)
+    return False
+
+
+class _EndingScan:
+    """How an incarnation's spans say it ended (the rule in ``megatron/trace/README.md``),
+    its search for a shutdown reason kept between finishes: the reasons the startup and
+    the intervals scanned so far carry (each with the error type of the first record
+    that gave it), so a finish decodes only the intervals added since."""
+
+    __slots__ = ("intervals", "reasons", "startup")
+
+    def __init__(self) -> None:
+        self.startup: int | None = -1  # the startup's position scanned (-1: none yet)
+        self.intervals = array("q")  # the intervals' positions scanned, in order
+        self.reasons: dict[str, Any] = {}
+
+    def ending(
+        self, inc: Incarnation, startup: int | None, intervals: array
+    ) -> tuple[str, str | None]:
+        """How the lifecycle's shutdown said ``inc`` ended, and the error type: the first
+        record (its startup, then its intervals in order) of the strongest reason."""
+        done = len(self.intervals)
+        if self.startup == startup and intervals[:done] == self.intervals:
+            records: Iterable[SpanRecord | None] = inc.intervals[done:]
+        else:  # (an interval placed before others: scanned again from the start)
+            self.startup, self.reasons = startup, {}
+            records = itertools.chain([inc.startup], inc.intervals)
+        for record in records:
+            if record is None or SHUTDOWN_REASON not in record["attributes"]:
+                continue
+            reason = record["attributes"][SHUTDOWN_REASON]
+            if isinstance(reason, str) and reason not in self.reasons:
+                self.reasons[reason] = record["attributes"].get(ERROR_TYPE)
+        self.intervals = array("q", intervals)
+        for reason, ended in _ENDED_BY_REASON.items():
+            if reason in self.reasons:
+                return ended, self.reasons[reason]
+        return ("cut_short" if inc.cut_short else "shutdown"), None
+
+
+class _FactsCache:
+    """An incarnation's :attr:`Incarnation.interval_facts` kept between finishes: what
+    :func:`intervals.derive_each` gave, and what it was given, so that the next finish
+    derives only the intervals added since (and reads only the iterations and saves
+    that start inside them). It holds while the intervals derived before are still the
+    first ones, in the same order, and nothing that derivation read has changed:
+    for an interval derived from iterations or saves, no iteration or save came
+    that starts before its end, and the iteration resumed from is the same; and the
+    iterations are the rows they were and more (:func:`_lineage`)."""
+
+    __slots__ = ("derived_reach", "intervals", "lengths", "lineage", "mark", "raw", "reach",
+                 "resumed", "rows", "saves", "sized", "unfilled")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.lineage: Any = None  # which rows of its process the iterations were (_lineage)
+        self.rows = 0  # ... how many rows those had
+        self.intervals = array("q")  # the positions of the intervals derived, in order
+        self.saves = array("q")  # ... of the saves there were
+        self.resumed: int | None = None
+        self.raw: list[IntervalFacts] = []  # derive_each's facts
+        self.reach = -(2**63)  # the latest end of an interval derived
+        self.derived_reach: int | None = None  # ... of one derived from iterations or saves
+        self.mark = 0  # the rows of the iterations that start before ``reach`` (in order)
+        self.sized = 0  # by_length's look at the first ``sized`` facts:
+        self.lengths: set[int] = set()  # ... the lengths of those with a known range
+        self.unfilled = False  # ... whether one has a last iteration but no first
+
+    def derive(self, inc: Incarnation) -> list[IntervalFacts]:
+        """:func:`intervals.derive` of ``inc`` (its lists are views of one log)."""
+        iterations, saves = inc.iterations, inc.saves
+        positions: array = inc.intervals._positions  # type: ignore[attr-defined]
+        save_positions: array = saves._positions  # type: ignore[attr-defined]
+        starts = inc.intervals._log.starts  # type: ignore[attr-defined]
+        ends = inc.intervals._log.ends  # type: ignore[attr-defined]
+        resumed = inc.resumed_from
+        count = len(iterations)
+        if not self._holds(inc, count, positions, save_positions, starts, resumed):
+            self.__init__()  # type: ignore[misc]  # (derived afresh)
+        known = len(self.raw)
+        new = positions[known:]
+        if new:
+            ordered = iterations.in_start_order()
+            lowest = min(starts[p] for p in new)
+            if known and ordered and lowest >= self.reach:  # only rows from the newest on
+                rows: Iterations = iterations.slice(self.mark, count)
+            else:
+                rows = iterations
+            part = saves.from_start(lowest) if known else saves  # type: ignore[attr-defined]
+            self.raw = intervals.derive_each(inc.intervals, rows, part, resumed, self.raw)
+            for position, facts in zip(new, self.raw[known:], strict=True):
+                self.reach = max(self.reach, ends[position])
+                if facts.derived:
+                    reach = self.derived_reach
+                    self.derived_reach = (
+                        ends[position] if reach is None else max(reach, ends[position])
+                    )
+            if ordered:
+                after = iterations.slice(self.mark, count).starts
+                self.mark += bisect.bisect_left(after, self.reach)
+        self.lineage, self.rows, self.resumed = _lineage(inc), count, resumed
+        self.intervals, self.saves = array("q", positions), array("q", save_positions)
+        return self._by_length(len(self.raw) if inc._facts_rerooted else len(self.raw) - 1)
+
+    def _holds(
+        self,
+        inc: Incarnation,
+        count: int,
+        positions: array,
+        save_positions: array,
+        starts: array,
+        resumed: int | None,
+    ) -> bool:
+        """Whether the facts derived before still hold (the class docstring)."""
+        if not self.raw:
+            return True
+        lineage = _lineage(inc)
+        if lineage is None or lineage != self.lineage or count < self.rows:
+            return False
+        iterations = inc.iterations
+        if positions[: len(self.intervals)] != self.intervals:
+            return False
+        reach = self.derived_reach
+        if reach is None:
+            return True  # every fact from the intervals' own attributes
+        if resumed != self.resumed or save_positions[: len(self.saves)] != self.saves:
+            return False
+        if any(starts[p] < reach for p in save_positions[len(self.saves) :]):
+            return False
+        if count > self.rows:
+            if not iterations.in_start_order():
+                return False
+            if iterations.slice(self.rows, self.rows + 1).starts[0] < reach:
+                return False
+        return True
+
+    def _by_length(self, full_count: int) -> list[IntervalFacts]:
+        """:func:`intervals.by_length`, looking at each fact once: the facts as they are
+        (a copy) unless a first iteration can be filled in."""
+        raw = self.raw
+        if full_count < self.sized:
+            self.sized, self.lengths, self.unfilled = 0, set(), False
+        for facts in raw[self.sized : max(full_count, 0)]:
+            first, last = facts.first_iteration, facts.last_iteration
+            if first is not None and last is not None:
+                self.lengths.add(last - first + 1)
+            elif last is not None:
+                self.unfilled = True
+        self.sized = max(full_count, self.sized)
+        if self.unfilled and len(self.lengths) == 1:
+            return intervals.by_length(raw, full_count)
+        return list(raw)
+
+
+def _lineage(inc: Incarnation) -> Any:
+    """Which rows of its process's iterations an incarnation of a :class:`_Split` holds:
+    equal for two finishes when the later one's rows only add to the earlier one's (the
+    whole column, or a slice from the same row, in start order); None when they may not
+    (sorted one by one)."""
+    assert inc.revision is not None
+    rows = inc.revision[3]
+    if isinstance(rows, int):
+        return "whole"
+    return rows[0] if isinstance(rows[0], int) else None
+
+
+class _Slot:
+    """One incarnation's share of its process as placed so far (:class:`_Split`): its
+    records' positions in the process's log, per list of :class:`Incarnation`, in start
+    order (ties in log order), and what is worked out of them and kept between finishes."""
+
+    __slots__ = (
+        "ending",
+        "facts",
+        "first",
+        "last",
+        "lists",
+        "startup",
+        "startup_record",
+        "version",
+    )
+
+    def __init__(self) -> None:
+        self.lists = {name: array("q") for name in _RECORD_LISTS}
+        self.startup: int | None = None  # the position of its megatron.startup
+        self.startup_record: SpanRecord | None = None  # ... decoded once
+        self.first, self.last = 2**63, -(2**63)  # the first start and last end of its records
+        self.version = 0  # how many records were placed in it
+        self.ending = _EndingScan()
+        self.facts = _FactsCache()
+
+
+class _Split:
+    """A process cut into its incarnations, kept by its builder between finishes.
+
+    One incarnation per ``megatron.startup`` of the process (at least one), split
+    where the startups but the first began (:func:`slot_of`). Each record is placed by
+    its name and times, which the log holds undecoded; only a startup is decoded. A
+    builder whose files grow (``watch``) finishes again and again: the records added
+    since the last finish are placed among the others, and only a new startup (which
+    moves the boundaries) places them all again; an incarnation's iterations are cut
+    from the process's by the rows added since. An incarnation's lists are views of
+    the process's :class:`~megatron.trace._store.record_log.RecordLog` in start order
+    (:class:`~megatron.trace._store.record_log.RecordList`): the readers decode them.
+    """
+
+    def __init__(self, key: tuple[Any, ...], proc: _Process) -> None:
+        self.key, self.proc = key, proc
+        self.placed = 0  # the records of the log placed so far
+        self.boundaries: list[int] = []
+        self.slots = [_Slot()]
+        self.serial = next(_SERIALS)
+        # iterations, waits -> (rows cut so far, where each boundary cuts them), and each
+        # incarnation's slice of them with its (first, end) row
+        self.cuts: dict[str, tuple[int, list[int]]] = {}
+        self.parts: dict[str, list[tuple[Iterations, tuple[int, int]]]] = {}
+
+    def update(self) -> None:
+        """Place the records added since the last update."""
+        log = self.proc.records
+        count = len(log)
+        if any(log.name(i) == STARTUP_SPAN for i in range(self.placed, count)):
+            self._reset(count)
+        else:
+            for position in range(self.placed, count):
+                self._place(position)
+        self.placed = count
+
+    def _reset(self, count: int) -> None:
+        """Place every record again, in start order (stable: log order on ties)."""
+        log = self.proc.records
+        starts = log.starts
+        order = sorted(range(count), key=starts.__getitem__)
+        startups = [i for i in order if log.name(i) == STARTUP_SPAN]
+        self.boundaries = [starts[i] for i in startups[1:]]
+        self.slots = [_Slot() for _ in range(len(self.boundaries) + 1)]
+        self.serial = next(_SERIALS)
+        self.cuts, self.parts = {}, {}
+        for position in order:
+            self._place(position)
+
+    def _place(self, position: int) -> None:
+        log = self.proc.records
+        starts = log.starts
+        name, start, end = log.name(position), starts[position], log.ends[position]
+        boundaries = self.boundaries
+        slot = self.slots[slot_of(boundaries, name, start, end) if boundaries else 0]
+        if log.cut_short(position):
+            _insert(slot.lists["cut_short"], position, starts)
+        if name == STARTUP_SPAN:
+            slot.startup, slot.startup_record = position, None
+        else:
+            target = _LIST_OF_NAME.get(name)
+            if target is None and name.startswith(STARTUP_PHASE_PREFIX):
+                target = "startup_phases"
+            if target is not None:
+                _insert(slot.lists[target], position, starts)
+        if name in SPAN_CATEGORY:  # a span of Incarnation.records
+            slot.first, slot.last = min(slot.first, start), max(slot.last, end)
+        slot.version += 1
+
+    def incarnations(self) -> list[Incarnation]:
+        """The process's incarnations as placed (new objects: the readers may change them)."""
+        proc, log = self.proc, self.proc.records
+        boundaries, slots = self.boundaries, self.slots
+        incs = [Incarnation(proc.rank, 0, self.key) for _ in slots]
+        for inc, slot in zip(incs, slots, strict=True):
+            for name in _RECORD_LISTS:
+                setattr(inc, name, log.view(array("q", slot.lists[name]), ordered=True))
+            if slot.startup is not None:
+                if slot.startup_record is None:  # (its log block is read once, not each time)
+                    slot.startup_record = log[slot.startup]
+                inc.startup = slot.startup_record
+        iterations = self._distribute("iterations", proc.iterations)
+        waits = self._distribute("waits", proc.waits)
+        for index, inc in enumerate(incs):
+            inc.iterations, inc.waits = iterations[index][0], waits[index][0]
+            if len(incs) == 1:  # the usual case: the process's own, not copies
+                inc.checkpoint_time, inc.goodput_time = proc.checkpoint_time, proc.goodput_time
+                inc.finalize_starts = proc.finalize_starts
+                continue
+            lo = boundaries[index - 1] if index else -(2**63)
+            hi = boundaries[index] if index < len(boundaries) else 2**63 - 1
+            inc.checkpoint_time = proc.checkpoint_time.clipped(lo, hi)
+            inc.goodput_time = proc.goodput_time.clipped(lo, hi)
+            inc.finalize_starts = array("q", (s for s in proc.finalize_starts if lo <= s < hi))
+        for index, (inc, slot) in enumerate(zip(incs, slots, strict=True)):
+            times = [(slot.first, slot.last)] if slot.first <= slot.last else []
+            for stretches in (inc.checkpoint_time, inc.goodput_time):
+                if stretches:
+                    times.append((stretches.starts[0], stretches.ends[-1]))
+            if inc.iterations:
+                times.append((inc.iterations.min_start(), inc.iterations.max_end()))
+            if index == len(incs) - 1:
+                times.append((proc.min_start or 0, proc.max_end))
+            inc.start_ns = min((s for s, _ in times), default=0)
+            inc.end_ns = max((e for _, e in times), default=0)
+            if index > 0:
+                inc.start_ns = max(inc.start_ns, boundaries[index - 1])
+            inc.ended, inc.error_type = slot.ending.ending(
+                inc, slot.startup, slot.lists["intervals"]
+            )
+            inc.revision = (
+                self.serial,
+                index,
+                slot.version,
+                iterations[index][1],
+                waits[index][1],
+                len(inc.finalize_starts),
+            )
+            inc._deriver = slot.facts.derive
+        last = incs[-1]
+        if last.ended == "shutdown" and (
+            proc.max_end_child > proc.max_end_root or _lost_next(last)
+        ):
+            last.ended = "killed"
+        for inc in incs:
+            # a killed incarnation's last interval was closed by the reroot that opened the lost
+            # one (as judged here: liveness may later call the last incarnation running)
+            inc._facts_rerooted = inc.ended == "killed"
+        return incs
+
+    def _distribute(self, attribute: str, column: Iterations) -> list[tuple[Iterations, Any]]:
+        """Each incarnation's iterations (or waits), in start order, and what tells them
+        apart from what an earlier finish gave it (:attr:`Incarnation.revision`).
+
+        They come in start order (a process runs its iterations one after another, and
+        the pieces of a file merge in file order): then one incarnation takes them as
+        they are, and several (``pretrain()`` called again in the process: an in-process
+        restart) take a slice each, cut where their startups began, only the rows added
+        since the last finish read to find where. Otherwise they are sorted one by one
+        first (a Python object per iteration: never seen in a file).
+        """
+        count = len(column)
+        if column.in_start_order():
+            if len(self.slots) == 1:
+                return [(column, count)]  # the usual case: no copy
+            rows, cuts = self.cuts.get(attribute, (0, [0] * len(self.boundaries)))
+            if count > rows:  # slot_of places a start equal to a boundary after it
+                starts = column.slice(rows, count).starts
+                cuts = [
+                    cut if cut < rows else rows + bisect.bisect_left(starts, boundary)
+                    for cut, boundary in zip(cuts, self.boundaries, strict=True)
+                ]
+                self.cuts[attribute] = (count, cuts)
+            bounds = [0, *cuts, count]
+            earlier = self.parts.get(attribute, [])
+            found = []
+            for index, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+                before = earlier[index] if index < len(earlier) else None
+                if before is not None and before[1] == (lo, hi):
+                    found.append(before)  # the same rows: the same object, its scan kept
+                    continue
+                grew = before is not None and before[1][0] == lo
+                found.append((column.slice(lo, hi, before[0] if grew else None), (lo, hi)))
+            self.parts[attribute] = found
+            return found
+        parts = [Iterations() for _ in self.slots]
+        numbers, starts, ends = column.numbers, column.starts, column.ends
+        for i in sorted(range(len(starts)), key=starts.__getitem__):
+            start, end = starts[i], ends[i]
+            slot = slot_of(self.boundaries, ITERATION_SPAN, start, end)
+            parts[slot].append(numbers[i], start, end)
+        return [(part, ("sorted", count)) for part in parts]
 
 
 def _lost_next(inc: Incarnation) -> bool:
@@ -792,37 +1134,6 @@ def _lost_next(inc: Incarnation) -> bool:
         return False
     last = latest(inc.intervals)
     return last is not None and last["attributes"].get(INTERVAL_REROOTED) is True
-
-
-def _distribute_iterations(
-    iterations: Iterations,
-    incs: list[Incarnation],
-    boundaries: list[int],
-    attribute: str = "iterations",
-) -> None:
-    """Hand a process's iterations (or waits) to its incarnations, in start order.
-
-    They come in start order (a process runs its iterations one after another, and
-    the pieces of a file merge in file order): then one incarnation takes them as
-    they are, and several (``pretrain()`` called again in the process: an in-process
-    restart) take a slice each, cut where their startups began. Otherwise they are
-    sorted one by one first (a Python object per iteration: never seen in a file).
-    """
-    if iterations.in_start_order():
-        if len(incs) == 1:
-            setattr(incs[0], attribute, iterations)  # the usual case: no copy
-            return
-        starts = iterations.starts  # (a read, once spilled: an in-process restart)
-        # slot_of places a start equal to a boundary after it, as bisect_left cuts
-        cuts = [0, *(bisect.bisect_left(starts, boundary) for boundary in boundaries)]
-        for inc, lo, hi in zip(incs, cuts, [*cuts[1:], len(starts)], strict=True):
-            setattr(inc, attribute, iterations.slice(lo, hi))
-        return
-    numbers, starts, ends = iterations.numbers, iterations.starts, iterations.ends
-    for i in sorted(range(len(starts)), key=starts.__getitem__):
-        start, end = starts[i], ends[i]
-        slot = slot_of(boundaries, ITERATION_SPAN, start, end)
-        getattr(incs[slot], attribute).append(numbers[i], start, end)
 
 
 def scan_file(path: Path | str | FilePiece) -> TraceBuilder:
