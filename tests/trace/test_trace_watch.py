@@ -322,6 +322,7 @@ def test_watch_serves_follows_and_stops_on_sigterm(tmp_path: Path) -> None:
     assert child.stderr.read() == "megatron-trace watch: stopped\n"  # type: ignore[union-attr]
 
 
+@pytest.mark.needs_extras  # prometheus_client (the watch extra)
 def test_a_sigterm_as_soon_as_it_serves_stops_it_cleanly(tmp_path: Path) -> None:
     """The handler is in place before the "serving" line: a supervisor that stops the
     watch the moment it is up gets exit 0 and one line, never death by SIGTERM (143)."""
