@@ -61,7 +61,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,14 +147,6 @@ def _seconds(ns: int) -> float:
     return round(ns / 1e9, 9)
 
 
-def _segments(inc: Incarnation) -> list[tuple[int, int, str]]:
-    """(start, end, category) for the incarnation's structural spans, and its hang.
-
-    A running incarnation's open interval (or startup) so far counts too.
-    """
-    return [*_read_segments(inc.extents()), *_worked_segments(inc)]
-
-
 def _read_segments(spans: Iterable[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
     """(start, end, category) of structural spans as read, from their extents."""
     return [(start, end, SPAN_CATEGORY[name]) for start, end, name in spans]
@@ -170,14 +162,23 @@ def _worked_segments(inc: Incarnation) -> list[tuple[int, int, str]]:
     return segments
 
 
-def _horizon(inc: Incarnation, later: list[Incarnation]) -> int | None:
-    """The first iteration whose progress this incarnation lost (None: nothing lost)."""
+def _resumed_at(later: list[Incarnation]) -> int | None:
+    """The iteration the first of the ``later`` incarnations that shows one resumed from
+    (its checkpoint load, else its first iteration); None: none shows one."""
     for successor in later:
         resumed = successor.resumed_from
         if resumed is None:
             resumed = successor.first_iteration
         if resumed is not None:
             return resumed
+    return None
+
+
+def _horizon(inc: Incarnation, later: list[Incarnation]) -> int | None:
+    """The first iteration whose progress this incarnation lost (None: nothing lost)."""
+    resumed = _resumed_at(later)
+    if resumed is not None:
+        return resumed
     if inc.ended in ("shutdown", "running"):
         return None
     saved = inc.durable_saves()
@@ -361,7 +362,7 @@ def _waste(inc: Incarnation, later: list[Incarnation]) -> _Waste:
 
 
 def _worked_out(
-    incs: list[Incarnation], waste: Any
+    incs: list[Incarnation], waste: Callable[[Incarnation, list[Incarnation]], _Waste]
 ) -> tuple[list[tuple[int, int, str]], list[_Waste]]:
     """The rank's segments worked out rather than read (each incarnation's in-flight
     stretch and hang, its wasted window, the restart gaps), and what ``waste`` (a
@@ -495,17 +496,7 @@ class LiveAccounting:
         ending, and where the next incarnation resumed."""
         if inc.revision is None:
             return _waste(inc, later)
-        resumed = next(
-            (
-                value
-                for value in (
-                    s.resumed_from if s.resumed_from is not None else s.first_iteration
-                    for s in later
-                )
-                if value is not None
-            ),
-            None,
-        )
+        resumed = _resumed_at(later)
         key = (inc.revision, inc.ended, inc._facts_rerooted, resumed)
         found = self._wastes.get(key)
         if found is None:
