@@ -160,15 +160,11 @@ class Job:
         )
 
     def backdated(self, name: str, parent: Span, start_ns: int, end_ns: int) -> None:
-        self.span_at(name, parent, start_ns).end(end_time=end_ns)
-
-    def span_at(self, name: str, parent: Span, start_ns: int) -> Span:
-        return self.tracer.start_span(
-            name,
-            context=trace.set_span_in_context(parent),
-            attributes=dict(GOODPUT),
-            start_time=start_ns,
+        context = trace.set_span_in_context(parent)
+        span = self.tracer.start_span(
+            name, context=context, attributes=GOODPUT, start_time=start_ns
         )
+        span.end(end_time=end_ns)
 
     def run(self) -> None:
         args = self.args

@@ -85,15 +85,16 @@ def receiver() -> Iterator[Receiver]:
     serving.close()
 
 
-def _scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+def _scrape(port: int) -> Points:
+    """The endpoint's samples, read with ``prometheus_client``'s own text parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-    series = {}
-    for line in text.splitlines():
-        found = re.fullmatch(r"(\w+)\{(.*)\} (\S+)", line)
-        if found:
-            labels = frozenset(re.findall(r'(\w+)="([^"]*)"', found.group(2)))
-            series[(found.group(1), labels)] = float(found.group(3))
-    return series
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def test_the_pushed_figures_are_the_scraped_ones(tmp_path: Path, receiver: Receiver) -> None:
