@@ -44,12 +44,19 @@ def bench_step(enabled: bool, repeats: int, n: int):
 # -- reroot -----------------------------------------------------------------
 
 
-def bench_reroot(repeats: int, n: int):
-    ours_telemetry = _InMemoryTelemetry()
-    phases = SpanPhases(ours_telemetry, save_interval=1)
+def _in_first_interval() -> tuple[_InMemoryTelemetry, SpanPhases]:
+    """Our lifecycle, rerooting at every pass, inside its first interval: where each
+    reroot benchmark starts."""
+    telemetry = _InMemoryTelemetry()
+    phases = SpanPhases(telemetry, save_interval=1)
     phases.start_job(model_type="GPT")
     phases.start_train()
     phases.step(0)
+    return telemetry, phases
+
+
+def bench_reroot(repeats: int, n: int):
+    ours_telemetry, phases = _in_first_interval()
 
     raw_telemetry = _InMemoryTelemetry()
     tracer = raw_telemetry.tracer
@@ -161,6 +168,11 @@ def bench_lifecycle(repeats: int, passes: int = 10_000, save_interval: int = 100
 PHASES = tuple(f"megatron.startup.phase{index}" for index in range(4))
 
 
+def _phase_spans(now: float) -> list[tuple[str, float, float]]:
+    """:data:`PHASES` as (name, start, end), a tenth of a second each, from ``now - 1``."""
+    return [(name, now - 1 + i * 0.1, now - 0.9 + i * 0.1) for i, name in enumerate(PHASES)]
+
+
 def bench_lifecycle_vs_upstream(repeats: int, passes: int = 10_000, save_interval: int = 100):
     """The whole lifecycle, ours over upstream's helpers: same spans, links, order."""
     spans = 1 + len(PHASES) + passes // save_interval
@@ -169,10 +181,11 @@ def bench_lifecycle_vs_upstream(repeats: int, passes: int = 10_000, save_interva
         telemetry = _InMemoryTelemetry()
         phases = SpanPhases(telemetry, save_interval=save_interval)
         now = time.time()
+        startup = _phase_spans(now)
         start = time.perf_counter()
         phases.start_job(model_type="GPT", timestamps={"program_start": now - 1})
-        for index, name in enumerate(PHASES):
-            phases.record_phase(name, now - 1 + index * 0.1, now - 0.9 + index * 0.1)
+        for phase in startup:
+            phases.record_phase(*phase)
         phases.start_train()
         for iteration in range(passes):
             phases.step(iteration)
@@ -186,16 +199,9 @@ def bench_lifecycle_vs_upstream(repeats: int, passes: int = 10_000, save_interva
         telemetry = _InMemoryTelemetry()
         upstream.bind(telemetry, save_interval)
         now = time.time()
+        startup = _phase_spans(now)
         start = time.perf_counter()
-        upstream.start_job("GPT", now - 1, {})
-        for index, name in enumerate(PHASES):
-            upstream.backdated(name, now - 1 + index * 0.1, now - 0.9 + index * 0.1)
-        upstream.end_startup()
-        upstream.start_train()
-        for _ in range(passes):
-            upstream.step()
-        upstream.end_train()
-        upstream.shutdown()
+        upstream.pretrain({"program_start": now - 1}, startup, passes)
         elapsed = time.perf_counter() - start
         assert len(telemetry.exporter.get_finished_spans()) == spans
         return elapsed
@@ -205,11 +211,7 @@ def bench_lifecycle_vs_upstream(repeats: int, passes: int = 10_000, save_interva
 
 def bench_reroot_vs_upstream(repeats: int, n: int):
     """One reroot (end C(k), open C(k+1) linked to it), ours over upstream's helper."""
-    ours_telemetry = _InMemoryTelemetry()
-    phases = SpanPhases(ours_telemetry, save_interval=1)
-    phases.start_job(model_type="GPT")
-    phases.start_train()
-    phases.step(0)
+    ours_telemetry, phases = _in_first_interval()
 
     upstream_telemetry = _InMemoryTelemetry()
     upstream.bind(upstream_telemetry, 1)

@@ -26,6 +26,7 @@ It writes the spans upstream writes (no interval attributes: those are ours);
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any
 
@@ -224,3 +225,20 @@ def shutdown() -> None:
         if handle is not None:
             handle.shutdown()
         _shutdown_done = True
+
+
+def pretrain(
+    timestamps: dict[str, float], phases: Iterable[tuple[str, float, float]], passes: int
+) -> None:
+    """The helpers' calls in ``pretrain()``'s order, on the bound handle: the job (its
+    program start in ``timestamps``) with its backdated startup ``phases``, ``passes``
+    loop passes in the training span, and the shutdown."""
+    start_job("GPT", timestamps.get("program_start"), timestamps)
+    for phase in phases:
+        backdated(*phase)
+    end_startup()
+    start_train()
+    for _ in range(passes):
+        step()
+    end_train()
+    shutdown()
