@@ -74,7 +74,7 @@ from megatron.core.telemetry import (
     setup_telemetry,
 )
 from megatron.core.telemetry.watchdog import NO_WATCHDOG, Watchdog, hang_watchdog
-from megatron.trace import semconv
+from megatron.trace_format import semconv
 from megatron.training.arguments import parse_args
 from megatron.training.checkpointing import (
     TrainState,
@@ -96,12 +96,6 @@ from megatron.training.distributed import (
 )
 from megatron.training.early_exit import ExitConditions
 from megatron.training.fault_injection import FaultInjection
-from megatron.training.goodput_metrics import (
-    LiveGoodput,
-    checkpoint_sidecar,
-    start_live_goodput,
-)
-from megatron.training.grad_sync_spans import wait_markers
 from megatron.training.job_config import (
     EvalConfig,
     JobConfig,
@@ -109,14 +103,20 @@ from megatron.training.job_config import (
     OptimizerConfig,
     TrainingConfig,
 )
-from megatron.training.job_telemetry import (
+from megatron.training.model import GPTConfig, GPTModel
+from megatron.training.optimizer import build_optimizer
+from megatron.training.telemetry.goodput_metrics import (
+    LiveGoodput,
+    checkpoint_sidecar,
+    start_live_goodput,
+)
+from megatron.training.telemetry.grad_sync_spans import wait_markers
+from megatron.training.telemetry.job_telemetry import (
     print_telemetry_summary,
     resource_attributes,
     startup_timestamps,
 )
-from megatron.training.model import GPTConfig, GPTModel
-from megatron.training.optimizer import build_optimizer
-from megatron.training.start_footprint import StartFootprint, telemetry_files
+from megatron.training.telemetry.start_footprint import StartFootprint, telemetry_files
 from megatron.training.telemetry_spans import SpanPhases, install_exit_hooks
 from megatron.training.training_log import StepResult, TrainingLog
 

@@ -11,8 +11,8 @@ from opentelemetry import trace
 
 from megatron.core.telemetry import TelemetryConfig, TelemetryHandle
 from megatron.trace.otlp.reader import read_spans
-from megatron.trace.otlp.records import SpanRecord
-from megatron.training.trace_summary import summarize
+from megatron.trace_format.records import SpanRecord
+from megatron.training.telemetry.trace_summary import summarize
 
 Make = Callable[..., TelemetryHandle]
 

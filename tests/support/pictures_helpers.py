@@ -151,7 +151,10 @@ def write_trace(path: Path, processes: list[tuple[dict[str, Any], list[Span]]]) 
 
 
 def run_command(module: Any, argv: list[str]) -> int:
-    """Run one subcommand through the ``megatron-trace`` entry point, as a user does."""
+    """Run one subcommand through the ``megatron-trace`` entry point, as a user does: the
+    command a writer's module serves (``megatron.trace.render.export.write``: ``export``)."""
     from megatron.trace.cli.main import main
 
-    return main([module.__name__.rsplit(".", 1)[-1], *argv])
+    parts = module.__name__.split(".")
+    command = parts[parts.index("render") + 1] if "render" in parts else parts[-1]
+    return main([command, *argv])

@@ -12,7 +12,7 @@ from processes import subprocess_env
 
 import megatron.trace as api
 from megatron.trace.cli.main import COMMANDS, main
-from megatron.trace.errors import NoSpansError, TraceError
+from megatron.trace_format.errors import NoSpansError, TraceError
 
 
 def test_every_public_name_resolves_to_its_home() -> None:
@@ -24,10 +24,10 @@ def test_every_public_name_resolves_to_its_home() -> None:
 
 
 def test_importing_the_vocabulary_loads_neither_the_reader_nor_a_trainer() -> None:
-    # a writer imports megatron.trace.semconv on its way to writing a trace: that must
+    # a writer imports megatron.trace_format.semconv on its way to writing a trace: that must
     # cost it nothing more (no numpy, no model), and nothing of megatron.core/training
     code = (
-        "import sys, megatron.trace.semconv, megatron.trace.otlp.records\n"
+        "import sys, megatron.trace_format.semconv, megatron.trace_format.records\n"
         "print(sorted(m for m in sys.modules if m.startswith(('numpy', 'megatron'))))\n"
     )
     out = subprocess.run(
@@ -35,14 +35,13 @@ def test_importing_the_vocabulary_loads_neither_the_reader_nor_a_trainer() -> No
     )
     assert out.returncode == 0, out.stderr
     loaded = set(eval(out.stdout))
-    assert {"megatron.trace.semconv", "megatron.trace.otlp.records"} <= loaded
+    assert {"megatron.trace_format.semconv", "megatron.trace_format.records"} <= loaded
     assert loaded <= {
         "megatron",
-        "megatron.trace",
-        "megatron.trace.errors",
-        "megatron.trace.otlp",
-        "megatron.trace.otlp.records",
-        "megatron.trace.semconv",
+        "megatron.trace_format",
+        "megatron.trace_format.errors",
+        "megatron.trace_format.records",
+        "megatron.trace_format.semconv",
     }
 
 

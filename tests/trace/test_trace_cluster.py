@@ -33,7 +33,7 @@ from megatron.trace import build_report, check_files, load_trace
 from megatron.trace.cli import options
 from megatron.trace.cli.main import main
 from megatron.trace.otlp import parallel
-from megatron.trace.render.export import export_files
+from megatron.trace.render.export.write import export_files
 
 NOW = ("--now", "2000000000")
 RANKS = 256

@@ -26,8 +26,9 @@ from megatron.trace.analysis.liveness import Clock
 from megatron.trace.cli.report import build_report
 from megatron.trace.model import trace as model
 from megatron.trace.otlp.spans import span_source
-from megatron.trace.render import export, timeline_data
-from megatron.trace.render.timeline_page import render_html
+from megatron.trace.render.export import write as export
+from megatron.trace.render.timeline import data as timeline_data
+from megatron.trace.render.timeline.page import render_html
 
 
 def _rows(its: Iterations) -> list[tuple[int, int, int]]:

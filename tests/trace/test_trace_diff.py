@@ -14,7 +14,7 @@ from report_checks import typed_and_schema_keys
 from megatron.trace.analysis import diff as types
 from megatron.trace.analysis.diff import schema
 from megatron.trace.cli.main import main
-from megatron.trace.semconv import BADPUT_CATEGORIES
+from megatron.trace_format.semconv import BADPUT_CATEGORIES
 
 
 def _diff(capsys, *argv: str, status: int = 0) -> tuple[dict, str]:

@@ -25,7 +25,7 @@ from pictures_helpers import (
     write_trace,
 )
 
-from megatron.trace.render import export
+from megatron.trace.render.export import write as export
 
 
 def chrome(tmp_path: Path, *traces: Path) -> dict[str, Any]:

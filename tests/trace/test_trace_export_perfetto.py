@@ -19,8 +19,8 @@ from perfetto_reading import clock_snapshots, read_slices
 from pictures_helpers import T0, S, Span, incarnation, resource, run_command, write_trace
 
 from megatron.trace.otlp.reader import read_spans
-from megatron.trace.render import export
-from megatron.trace.render.perfetto import varint, varints
+from megatron.trace.render.export import write as export
+from megatron.trace.render.export.perfetto import varint, varints
 
 
 def _perfetto(tmp_path: Path, *traces: Path, extra: tuple[str, ...] = ()) -> Path:

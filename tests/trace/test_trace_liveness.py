@@ -22,7 +22,8 @@ from megatron.trace.analysis.goodput import report_files
 from megatron.trace.analysis.liveness import Clock
 from megatron.trace.cli.main import main
 from megatron.trace.otlp.spans import span_source
-from megatron.trace.render import export, timeline
+from megatron.trace.render.export import write as export
+from megatron.trace.render.timeline import write as timeline
 
 
 def at(seconds: float) -> Clock:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from megatron.trace.otlp.files import CompressedTraceError, iter_lines
 from megatron.trace.otlp.reader import iter_requests
+from megatron.trace_format.files import CompressedTraceError, iter_lines
 
 LINES = [json.dumps({"resourceSpans": [], "n": n}) + "\n" for n in range(200)]
 

@@ -25,10 +25,10 @@ from megatron.trace.analysis import check
 from megatron.trace.analysis.goodput import build_report
 from megatron.trace.model.trace import load_trace
 from megatron.trace.otlp import parallel
-from megatron.trace.otlp.files import FilePiece, numbered, split_file
 from megatron.trace.otlp.reader import TraceFileDamaged, iter_lines
-from megatron.trace.render import export
-from megatron.trace.render.report_text import format_report
+from megatron.trace.render.export import write as export
+from megatron.trace.render.text.report import format_report
+from megatron.trace_format.files import FilePiece, numbered, split_file
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from megatron.trace._store import record_log, spill
 from megatron.trace._store.record_log import RecordLog
 from megatron.trace.cli.report import build_report
 from megatron.trace.model import trace as model
-from megatron.trace.otlp.records import SpanFields, SpanRecord, is_cut_short, span_record
+from megatron.trace_format.records import SpanFields, SpanRecord, is_cut_short, span_record
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from report_checks import assert_schema, typed_and_schema_keys
 from megatron.trace.analysis import report as types
 from megatron.trace.analysis.report import schema
 from megatron.trace.cli.main import main
-from megatron.trace.semconv import BADPUT_CATEGORIES
+from megatron.trace_format.semconv import BADPUT_CATEGORIES
 
 NS = 1_000_000_000
 

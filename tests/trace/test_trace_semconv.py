@@ -2,7 +2,7 @@
 
 The tests elsewhere assert the wire format with literals on purpose; this one
 guards the package: a module that spells a vocabulary string itself instead
-of importing it from :mod:`megatron.trace.semconv` could drift from
+of importing it from :mod:`megatron.trace_format.semconv` could drift from
 the others without any test noticing.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from megatron.trace import semconv
+from megatron.trace_format import semconv
 
 PACKAGE = Path(__file__).resolve().parents[2] / "megatron"
 # Report categories are plain words ("startup", "evaluation") that also name
@@ -53,7 +53,7 @@ def test_the_vocabulary_is_defined_once() -> None:
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE).as_posix()
-        if relative != "trace/semconv.py":
+        if relative != "trace_format/semconv.py":
             found.extend(_literals(path))
     assert found == []
 

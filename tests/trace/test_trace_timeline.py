@@ -19,9 +19,10 @@ from pictures_helpers import T0, S, Span, incarnation, resource, run_command, wr
 from megatron.trace.analysis.goodput import report_files
 from megatron.trace.analysis.liveness import Clock
 from megatron.trace.otlp.spans import span_source
-from megatron.trace.render import timeline, timeline_page
 from megatron.trace.render.lanes import Lane
-from megatron.trace.render.timeline_summary import summary_figure
+from megatron.trace.render.timeline import page as timeline_page
+from megatron.trace.render.timeline import write as timeline
+from megatron.trace.render.timeline.summary import summary_figure
 
 
 def killed_then_resumed(tmp_path: Path) -> Path:

@@ -16,8 +16,9 @@ import tracegen as g
 from megatron.trace.analysis.goodput import build_report, wall_bounds_ns
 from megatron.trace.model.trace import load_trace
 from megatron.trace.otlp.spans import span_source
-from megatron.trace.render import timeline, timeline_page
-from megatron.trace.render.timeline_data import LINE_WINDOWS, line_window_ns
+from megatron.trace.render.timeline import page as timeline_page
+from megatron.trace.render.timeline import write as timeline
+from megatron.trace.render.timeline.data import LINE_WINDOWS, line_window_ns
 
 S = 1_000_000_000
 

@@ -8,8 +8,9 @@ import tracegen as g
 
 from megatron.trace.analysis.goodput import report_files
 from megatron.trace.otlp.spans import span_source
-from megatron.trace.render import timeline, timeline_ranks
 from megatron.trace.render.lanes import Lane
+from megatron.trace.render.timeline import ranks as timeline_ranks
+from megatron.trace.render.timeline import write as timeline
 
 
 def two_ranks(tmp_path: Path, rank0: list[dict], rank1: list[dict]) -> Path:

@@ -34,8 +34,8 @@ from upstream_traces import MS
 from megatron.trace.cli.main import main
 from megatron.trace.otlp.reader import read_spans
 from megatron.trace.otlp.spans import span_source
-from megatron.trace.render import timeline
 from megatron.trace.render.lanes import Lane
+from megatron.trace.render.timeline import write as timeline
 
 
 @dataclass

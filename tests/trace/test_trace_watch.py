@@ -26,9 +26,9 @@ from processes import subprocess_env
 from promtool import promtool
 
 from megatron.trace.analysis.goodput import report_files
-from megatron.trace.analysis.live import LiveJob
 from megatron.trace.analysis.liveness import Clock
-from megatron.trace.otlp.follow import Follower, is_rotated_copy
+from megatron.trace.live.follow import Follower, is_rotated_copy
+from megatron.trace.live.job import LiveJob
 
 LATER = up.T0 / 1e9 + 10**6  # long after any span of the upstream-shaped files
 
@@ -245,7 +245,7 @@ def test_a_corrupt_line_is_counted_skipped_and_warned_once(
 def test_the_families_as_prometheus_reads_them(tmp_path: Path) -> None:
     import prometheus_client
 
-    from megatron.trace.render.prometheus import METRICS, SnapshotCollector
+    from megatron.trace.render.metrics.prometheus import METRICS, SnapshotCollector
 
     path = up.killed_and_resumed(tmp_path / "traces.jsonl")
     job = LiveJob([path])
@@ -267,7 +267,7 @@ def test_the_families_as_prometheus_reads_them(tmp_path: Path) -> None:
 def test_promtool_check_metrics_passes_on_a_scrape(tmp_path: Path) -> None:
     import prometheus_client
 
-    from megatron.trace.render.prometheus import SnapshotCollector
+    from megatron.trace.render.metrics.prometheus import SnapshotCollector
 
     tool = promtool()
     path = g.write(tmp_path / "traces.jsonl", g.lifecycle(0, kill_after=1))

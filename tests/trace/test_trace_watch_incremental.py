@@ -26,11 +26,11 @@ import tracegen as g
 import upstream_traces as up
 
 from megatron.trace.analysis import stragglers
-from megatron.trace.analysis.live import LiveJob, Snapshot
 from megatron.trace.analysis.liveness import Clock
 from megatron.trace.analysis.stragglers import find_stragglers
 from megatron.trace.cli.main import main
-from megatron.trace.otlp.follow import Follower
+from megatron.trace.live.follow import Follower
+from megatron.trace.live.job import LiveJob, Snapshot
 
 _END = re.compile(rb'"endTimeUnixNano":\s*"?(\d+)')
 STALE_S = 30.0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from promtool import promtool
 
-from megatron.trace.render.prometheus import METRICS
+from megatron.trace.render.metrics.prometheus import METRICS
 
 RULES = importlib.resources.files("megatron.trace") / "watch_rules.yml"
 

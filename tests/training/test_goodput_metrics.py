@@ -16,8 +16,8 @@ from megatron.core.telemetry.heartbeat import HEARTBEAT_METRIC
 from megatron.trace.analysis.goodput import report_files
 from megatron.trace.analysis.liveness import Clock
 from megatron.trace.otlp.reader import iter_requests
-from megatron.trace.semconv import BADPUT_CATEGORIES
-from megatron.training.goodput_metrics import (
+from megatron.trace_format.semconv import BADPUT_CATEGORIES
+from megatron.training.telemetry.goodput_metrics import (
     CATEGORY_ATTRIBUTE,
     MEGATRON_TRAINING_BADPUT_S,
     MEGATRON_TRAINING_GOODPUT_FRACTION,

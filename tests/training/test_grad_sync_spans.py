@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from torch.nn.parallel import DistributedDataParallel
 
 from megatron.core.telemetry import TelemetryConfig, managed_span, setup_telemetry, state
-from megatron.training.grad_sync_spans import (
+from megatron.training.telemetry.grad_sync_spans import (
     attach_grad_sync_spans,
     grad_sync_window,
     wait_markers,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from megatron.core.telemetry import TelemetryConfig
-from megatron.training.start_footprint import StartFootprint, telemetry_files
+from megatron.training.telemetry.start_footprint import StartFootprint, telemetry_files
 
 
 def test_undo_removes_exactly_the_paths_that_did_not_exist(tmp_path: Path) -> None:

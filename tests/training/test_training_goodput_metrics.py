@@ -8,8 +8,8 @@ import pytest
 
 from megatron.core.telemetry.heartbeat import HEARTBEAT_METRIC
 from megatron.trace.otlp.reader import iter_requests
-from megatron.trace.semconv import BADPUT_CATEGORIES
-from megatron.training.goodput_metrics import (
+from megatron.trace_format.semconv import BADPUT_CATEGORIES
+from megatron.training.telemetry.goodput_metrics import (
     CATEGORY_ATTRIBUTE,
     MEGATRON_TRAINING_BADPUT_S,
     MEGATRON_TRAINING_GOODPUT_FRACTION,

@@ -88,7 +88,7 @@ def test_a_torn_line_in_the_trace_never_changes_the_exit_status(training_cli, ex
 
 
 FAILING_SUMMARY = """
-import megatron.training.job_telemetry as job_telemetry
+import megatron.training.telemetry.job_telemetry as job_telemetry
 from megatron.training.__main__ import main
 
 def broken_summary(path, tally, **kwargs):

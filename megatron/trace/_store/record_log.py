@@ -2,7 +2,7 @@
 
 The trace model keeps a few records per checkpoint interval (the interval, its
 save, an evaluation) and the hang watchdog's. As the reader's
-:class:`~megatron.trace.otlp.records.SpanRecord` each costs about a
+:class:`~megatron.trace_format.records.SpanRecord` each costs about a
 kilobyte of Python objects: a week of many ranks checkpointing often holds
 hundreds of thousands of them, more memory than the rest of a read. So a
 :class:`RecordLog` keeps each record as its pickle (a fifth of the size), and
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from megatron.trace._store import spill
-from megatron.trace.otlp.records import SpanFields, SpanRecord, attributes_cut_short, span_record
+from megatron.trace_format.records import SpanFields, SpanRecord, attributes_cut_short, span_record
 
 __all__ = ["SPILL_RECORDS", "RecordList", "RecordLog", "extents", "extents_from", "latest"]
 

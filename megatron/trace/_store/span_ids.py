@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from megatron.trace._store import spill
-from megatron.trace.errors import SpillError
+from megatron.trace_format.errors import SpillError
 
 __all__ = ["SPILL_FROM_IDS", "IdCollector", "IdSet", "SpillError", "parse_span_ids"]
 

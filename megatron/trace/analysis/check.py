@@ -71,8 +71,8 @@ from megatron.trace.otlp.reader import (
     iter_lines,
     paused_gc,
 )
-from megatron.trace.otlp.records import SpanRecord
-from megatron.trace.semconv import (
+from megatron.trace_format.records import SpanRecord
+from megatron.trace_format.semconv import (
     INTERVAL_FIRST_ITERATION,
     INTERVAL_INDEX,
     INTERVAL_LAST_ITERATION,

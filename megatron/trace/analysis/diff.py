@@ -32,7 +32,7 @@ from typing import Any, TypedDict
 
 from megatron.trace.analysis.report import Report
 from megatron.trace.model.trace import Trace
-from megatron.trace.semconv import BADPUT_CATEGORIES
+from megatron.trace_format.semconv import BADPUT_CATEGORIES
 
 __all__ = [
     "Amount",

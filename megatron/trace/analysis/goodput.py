@@ -12,7 +12,7 @@ the first in ``PRECEDENCE`` wins; time no category covers is ``other``. So
 (``accounting_ns`` in the JSON; the ``*_s`` figures are those divided by 1e9).
 
 Categories: a structural span's time counts as the category
-:data:`~megatron.trace.semconv.SPAN_CATEGORY` gives its name (an
+:data:`~megatron.trace_format.semconv.SPAN_CATEGORY` gives its name (an
 interval's is goodput; the queue, launch, startup, checkpoint loads and
 saves and evaluations are badput); outside any interval (Megatron-LM with
 ``save_interval`` 0 opens none) the training loop's root spans, iterations
@@ -74,9 +74,9 @@ from megatron.trace.analysis.hangs import find_hang, hang_entries, recovered_sta
 from megatron.trace.analysis.liveness import Clock, Liveness, judge, utc_text
 from megatron.trace.analysis.report import IterationStats, Report, WindowEntry
 from megatron.trace.analysis.stragglers import find_stragglers
-from megatron.trace.errors import NoSpansError, TraceInputError
 from megatron.trace.model.trace import Incarnation, Trace, load_trace, rank_value
-from megatron.trace.semconv import (
+from megatron.trace_format.errors import NoSpansError, TraceInputError
+from megatron.trace_format.semconv import (
     BADPUT_CATEGORIES,
     CHECKPOINT_LOAD_SPAN,
     INTERVAL_SPAN,

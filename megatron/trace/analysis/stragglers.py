@@ -44,7 +44,7 @@ from typing import Any
 
 from megatron.trace._store.selection import median
 from megatron.trace.model.trace import Incarnation, Trace, rank_value
-from megatron.trace.semconv import GRAD_SYNC_FINISH_SPAN, ITERATION_SPAN
+from megatron.trace_format.semconv import GRAD_SYNC_FINISH_SPAN, ITERATION_SPAN
 
 __all__ = [
     "MEDIAN_WINDOW",

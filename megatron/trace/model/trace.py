@@ -23,7 +23,7 @@ finding of ``check`` instead of silently making a new incarnation.
 
 Memory: only the structural spans (a few per checkpoint interval) and the
 hang watchdog's records are kept, as the reader's
-:class:`~megatron.trace.otlp.records.SpanRecord`; iterations are kept as
+:class:`~megatron.trace_format.records.SpanRecord`; iterations are kept as
 three compact integer columns per process (number, start, end: 24 bytes
 each, written to a temporary file in blocks once there are many:
 :mod:`megatron.trace._store.columns`), and so are the gradient all-reduce waits
@@ -69,8 +69,8 @@ from megatron.trace.otlp.reader import (
     paused_gc,
     span_fields,
 )
-from megatron.trace.otlp.records import SpanRecord
-from megatron.trace.semconv import (
+from megatron.trace_format.records import SpanRecord
+from megatron.trace_format.semconv import (
     CHECKPOINT_EXIT_FINALIZE_SPAN,
     CHECKPOINT_FINALIZE_SPAN,
     CHECKPOINT_LOAD_SPAN,
@@ -153,7 +153,7 @@ class Incarnation:
     the time of its newest record and ``in_flight`` the open stretch the file cannot
     show yet. ``intervals``,
     ``saves``, ``loads``, ``evaluations``, ``launch`` and ``pre_startup`` are
-    sequences of the reader's :class:`~megatron.trace.otlp.records.SpanRecord`
+    sequences of the reader's :class:`~megatron.trace_format.records.SpanRecord`
     in start order (read from a file: views of the process's
     :class:`~megatron.trace._store.record_log.RecordLog`, each record decoded as it
     is read). ``iterations`` holds the finished (not cut short)
@@ -461,7 +461,7 @@ def slot_of(boundaries: Sequence[int], name: str, start_ns: int, end_ns: int) ->
 
 
 class _Flat:
-    """A :class:`~megatron.trace.otlp.records.SpanRecord` seen as the decoded span objects
+    """A :class:`~megatron.trace_format.records.SpanRecord` seen as the decoded span objects
     of a line are (:mod:`megatron.trace.otlp.decode`), so both take one path into the model."""
 
     __slots__ = ("record",)

@@ -1,15 +1,15 @@
 """A live job's figures pushed over OTLP (``megatron-trace watch --otlp-endpoint``).
 
-The Prometheus endpoint (:mod:`megatron.trace.render.prometheus`) is pulled;
+The Prometheus endpoint (:mod:`megatron.trace.render.metrics.prometheus`) is pulled;
 a site whose metrics go through an OpenTelemetry collector wants them pushed
 instead. :class:`OtlpPush` runs the SDK's own ``MeterProvider`` with a
 ``PeriodicExportingMetricReader`` and the OTLP/HTTP (protobuf) metric
 exporter (:func:`_exporter`): at each export the reader's thread observes the gauges below from
-the newest :class:`~megatron.trace.analysis.live.Snapshot`, every point with
+the newest :class:`~megatron.trace.live.job.Snapshot`, every point with
 the attributes ``job`` and ``rank``, as the Prometheus series are labelled.
 
 The goodput gauges carry the in-process live metrics' names
-(:data:`~megatron.trace.semconv.MEGATRON_TRAINING_GOODPUT_S` and its
+(:data:`~megatron.trace_format.semconv.MEGATRON_TRAINING_GOODPUT_S` and its
 siblings), so a dashboard on the collector's side charts a job of ours and a
 watched Megatron-LM job alike. The exporter needs the ``otlp`` extra.
 """
@@ -20,9 +20,9 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from megatron.trace.analysis.live import STATES, RankFigures, Snapshot
-from megatron.trace.errors import MissingExtraError
-from megatron.trace.semconv import (
+from megatron.trace.live.job import STATES, RankFigures, Snapshot
+from megatron.trace_format.errors import MissingExtraError
+from megatron.trace_format.semconv import (
     BADPUT_CATEGORY_ATTRIBUTE,
     MEGATRON_TRAINING_BADPUT_S,
     MEGATRON_TRAINING_GOODPUT_FRACTION,

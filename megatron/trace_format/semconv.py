@@ -199,7 +199,7 @@ HEARTBEAT_PERIOD_S = 10.0
 STALE_AFTER_S = 3 * HEARTBEAT_PERIOD_S
 
 # ---------------------------------------------------------------------------
-# The live goodput metrics (:mod:`megatron.training.goodput_metrics` records them
+# The live goodput metrics (:mod:`megatron.training.telemetry.goodput_metrics` records them
 # in-process; ``megatron-trace watch --otlp-endpoint`` pushes them from the files)
 # ---------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from megatron.trace.otlp.files import is_compressed, iter_lines
+from megatron.trace_format.files import is_compressed, iter_lines
 
 __all__ = ["Follower", "is_rotated_copy"]
 

@@ -52,7 +52,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from megatron.trace.render.chrome import running_lanes
+from megatron.trace.render.export.chrome import running_lanes
 from megatron.trace.render.lanes import Lane, LaneIndex
 from megatron.trace.render.output import append_file
 

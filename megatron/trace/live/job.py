@@ -1,7 +1,7 @@
 """A job's figures while it runs, from its files as they grow (``megatron-trace watch``).
 
 :class:`LiveJob` takes the new lines of the trace files (from
-:class:`~megatron.trace.otlp.follow.Follower`), decodes each once into the
+:class:`~megatron.trace.live.follow.Follower`), decodes each once into the
 same :class:`~megatron.trace.model.trace.TraceBuilder` ``report`` fills, and
 keeps it: what it holds is the model's compact summary (structural spans, three
 integer columns per iteration), never the lines. :meth:`LiveJob.snapshot`
@@ -53,10 +53,10 @@ from megatron.trace.analysis.goodput import LiveAccounting
 from megatron.trace.analysis.hangs import find_hang
 from megatron.trace.analysis.liveness import Clock, judge, newest_beats
 from megatron.trace.analysis.stragglers import LiveStragglers
-from megatron.trace.errors import TraceFileDamaged
 from megatron.trace.model.trace import Incarnation, Trace, TraceBuilder
 from megatron.trace.otlp.reader import decode_line
-from megatron.trace.semconv import BADPUT_CATEGORIES, NEMO_RUN_ID, RUN_ID, Category
+from megatron.trace_format.errors import TraceFileDamaged
+from megatron.trace_format.semconv import BADPUT_CATEGORIES, NEMO_RUN_ID, RUN_ID, Category
 
 __all__ = [
     "HANG_FACTOR",

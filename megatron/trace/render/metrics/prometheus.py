@@ -1,7 +1,7 @@
 """A live job's figures as Prometheus metrics (``megatron-trace watch``'s endpoint).
 
 :class:`SnapshotCollector` is a ``prometheus_client`` collector: at each
-scrape it asks for the newest :class:`~megatron.trace.analysis.live.Snapshot`
+scrape it asks for the newest :class:`~megatron.trace.live.job.Snapshot`
 and turns it into metric families, every series labelled with ``job`` (the
 run id, ``nemo.run.id``) and ``rank``. Names follow Prometheus's conventions
 (base units, ``_seconds``, ``_ratio``, ``_total`` on counters only), and the
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from megatron.trace.analysis.live import STATES, Snapshot
-from megatron.trace.errors import MissingExtraError
+from megatron.trace.live.job import STATES, Snapshot
+from megatron.trace_format.errors import MissingExtraError
 
 __all__ = ["METRICS", "SnapshotCollector", "prometheus_client"]
 

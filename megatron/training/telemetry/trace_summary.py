@@ -17,9 +17,9 @@ from megatron.core.telemetry.span_groups import SpanGroup
 from megatron.core.telemetry.tally import SpanTally
 from megatron.trace.analysis.goodput import rank_accounting
 from megatron.trace.model.trace import TraceBuilder
-from megatron.trace.otlp.files import metrics_file_for
-from megatron.trace.otlp.records import SpanRecord
-from megatron.trace.semconv import (
+from megatron.trace_format.files import metrics_file_for
+from megatron.trace_format.records import SpanRecord
+from megatron.trace_format.semconv import (
     BADPUT_CATEGORIES,
     INTERVAL_SPAN,
     STARTUP_SPAN,

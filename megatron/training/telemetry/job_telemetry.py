@@ -15,7 +15,7 @@ from typing import Any
 from megatron.core.telemetry import TelemetryConfig, TelemetryHandle
 from megatron.training.distributed import DistributedEnv
 from megatron.training.job_config import JobConfig
-from megatron.training.trace_summary import summarize
+from megatron.training.telemetry.trace_summary import summarize
 
 __all__ = ["print_telemetry_summary", "resource_attributes", "startup_timestamps"]
 

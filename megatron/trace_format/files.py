@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from megatron.trace.errors import CompressedTraceError
+from megatron.trace_format.errors import CompressedTraceError
 
 __all__ = [
     "CompressedTraceError",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from megatron.trace.semconv import (
+from megatron.trace_format.semconv import (
     Category,
 )
 

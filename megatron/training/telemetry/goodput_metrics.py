@@ -58,7 +58,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from megatron.trace.analysis.goodput import rank_accounting
 from megatron.trace.model.trace import TraceBuilder
-from megatron.trace.semconv import (
+from megatron.trace_format.semconv import (
     BADPUT_CATEGORIES,
     BADPUT_CATEGORY_ATTRIBUTE,
     MEGATRON_TRAINING_BADPUT_S,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from megatron.core.telemetry import TelemetryConfig
 from megatron.core.telemetry.logs import logs_file_for
-from megatron.trace.otlp.files import metrics_file_for
+from megatron.trace_format.files import metrics_file_for
 
 __all__ = ["StartFootprint", "telemetry_files"]
 

@@ -5,12 +5,12 @@ open and what PyTorch profiler users already read, so a job's trace can be
 looked at with nothing but a browser. The mapping:
 
 * a process per incarnation and a thread per (incarnation, rank), named,
-  with ids no importer reinterprets (:mod:`megatron.trace.render.tracks`);
+  with ids no importer reinterprets (:mod:`megatron.trace.render.export.tracks`);
 * every span a complete event (``"ph": "X"``) on its lane's thread, so
   children nest under their parents by time; attributes, ids and status go
   to ``args``;
 * every link a flow arrow from the linked span to the linking one
-  (:mod:`megatron.trace.render.flows`): startup -> C0 -> C1 -> ... joins the
+  (:mod:`megatron.trace.render.export.flows`): startup -> C0 -> C1 -> ... joins the
   per-interval traces;
 * a lane still running (:mod:`megatron.trace.analysis.liveness`) says so in its
   thread's name ("rank 0 (running as of …)"), and ``otherData.incarnations``
@@ -44,10 +44,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from megatron.trace.analysis.liveness import utc_text
-from megatron.trace.render.flows import FlowPlan
+from megatron.trace.render.export.flows import FlowPlan
+from megatron.trace.render.export.tracks import Tracks
 from megatron.trace.render.lanes import Lane, LaneIndex
 from megatron.trace.render.output import append_file
-from megatron.trace.render.tracks import Tracks
 
 __all__ = ["ChromePart", "ChromeWriter", "micros"]
 

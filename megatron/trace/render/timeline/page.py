@@ -7,7 +7,7 @@ incarnation did not shut down cleanly; in a strip above the lanes, on the same t
 axis, the goodput of each window of the wall clock (``report --window``'s accounting, a
 step per window). The page embeds plotly.js once, in
 its head, so it opens offline; the goodput summary
-(:mod:`megatron.trace.render.timeline_summary`) sits above the lanes. The bars'
+(:mod:`megatron.trace.render.timeline.summary`) sits above the lanes. The bars'
 arrays are streamed into the page through temporary columns
 (:mod:`megatron.trace._store.json_columns`), so a week of intervals takes no more
 memory than a day.
@@ -23,7 +23,7 @@ from typing import Any
 
 from megatron.trace._store.json_columns import JsonColumns, script_safe
 from megatron.trace.render.lanes import Lane
-from megatron.trace.render.timeline_data import (
+from megatron.trace.render.timeline.data import (
     BAR_IN_FLIGHT,
     BAR_INTERVAL,
     BAR_STARTUP_PHASE,
@@ -34,14 +34,14 @@ from megatron.trace.render.timeline_data import (
     LaneSummary,
     Timeline,
 )
-from megatron.trace.render.timeline_ranks import ranks_figure
-from megatron.trace.render.timeline_summary import (
+from megatron.trace.render.timeline.ranks import ranks_figure
+from megatron.trace.render.timeline.summary import (
     CATEGORY_COLOURS,
     duration_text,
     summary_figure,
     summary_html,
 )
-from megatron.trace.semconv import (
+from megatron.trace_format.semconv import (
     GRAD_SYNC_FINISH_SPAN,
     Category,
 )

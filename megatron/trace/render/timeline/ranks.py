@@ -21,7 +21,7 @@ from typing import Any
 
 from megatron.trace.analysis.stragglers import iteration_work
 from megatron.trace.model.trace import Incarnation, Trace
-from megatron.trace.render.timeline_summary import duration_text
+from megatron.trace.render.timeline.summary import duration_text
 
 __all__ = ["MAX_POINTS", "RankSeries", "rank_series", "ranks_figure"]
 

@@ -1,6 +1,6 @@
 """What the timeline draws: bars and lanes, read from the spans through the trace model.
 
-Kept apart from the drawing (:mod:`megatron.trace.render.timeline_page`) so what a
+Kept apart from the drawing (:mod:`megatron.trace.render.timeline.page`) so what a
 bar *means* (which spans, which extents, what counts as wasted) is testable
 without plotly. The trace model (shared with ``check`` and ``report``)
 decides incarnations and how each ended; wasted progress is the goodput
@@ -10,7 +10,7 @@ only the startup phases, which the model does not keep, are gathered here
 (a handful per incarnation). Per-step spans are never kept, nor are the
 bars: :class:`Bars` makes them from the model each time it is iterated; the
 per-rank iteration times come from the model's compact arrays
-(:mod:`megatron.trace.render.timeline_ranks`). A hang (the accounting's own,
+(:mod:`megatron.trace.render.timeline.ranks`). A hang (the accounting's own,
 :mod:`megatron.trace.analysis.hangs`) is a bar from the last progress to the end.
 The goodput line over the lanes is ``report --window``'s windows (:class:`GoodputWindow`),
 their width chosen from the wall clock (:func:`line_window_ns`).
@@ -29,11 +29,11 @@ from megatron.trace.analysis.hangs import Hang, find_hang
 from megatron.trace.analysis.liveness import Clock, judge, utc_text
 from megatron.trace.model.intervals import IntervalFacts
 from megatron.trace.model.trace import Incarnation, Trace, load_trace
-from megatron.trace.otlp.records import SpanRecord
 from megatron.trace.otlp.spans import FileSpans, reading
 from megatron.trace.render.lanes import Lane, LaneIndex
-from megatron.trace.render.timeline_ranks import RankSeries, rank_series
-from megatron.trace.semconv import (
+from megatron.trace.render.timeline.ranks import RankSeries, rank_series
+from megatron.trace_format.records import SpanRecord
+from megatron.trace_format.semconv import (
     HANG_FRAME,
     HANG_LAST_ITERATION,
     HANG_STALLED_S,

@@ -10,8 +10,8 @@ span's name, duration, iteration range and attributes.
 Drawn with plotly (the ``trace`` extra) and with plotly.js embedded in the
 page, so it opens offline and can be mailed around. Per-step spans are not
 drawn (a day-long job has millions). What is drawn is decided in
-:mod:`megatron.trace.render.timeline_data`, how it looks in
-:mod:`megatron.trace.render.timeline_page`; this module writes the page
+:mod:`megatron.trace.render.timeline.data`, how it looks in
+:mod:`megatron.trace.render.timeline.page`; this module writes the page
 (the command is :mod:`megatron.trace.cli.timeline`).
 """
 
@@ -23,11 +23,11 @@ from concurrent.futures import Executor
 from pathlib import Path
 
 from megatron.trace.analysis.liveness import Clock
-from megatron.trace.errors import MissingExtraError, NoSpansError
 from megatron.trace.otlp.spans import span_source
 from megatron.trace.render.output import replacing
-from megatron.trace.render.timeline_data import Bar, Timeline, collect
-from megatron.trace.render.timeline_page import figure, page_pieces, render_html
+from megatron.trace.render.timeline.data import Bar, Timeline, collect
+from megatron.trace.render.timeline.page import figure, page_pieces, render_html
+from megatron.trace_format.errors import MissingExtraError, NoSpansError
 
 __all__ = [
     "Bar",
@@ -79,8 +79,8 @@ def write_timeline(
 ) -> Timeline:
     """Draw the spans of ``paths`` as the timeline page at ``output``; returns what was drawn.
 
-    Raises :class:`~megatron.trace.errors.MissingExtraError` without plotly,
-    :class:`~megatron.trace.errors.NoSpansError` for files without a span, and
+    Raises :class:`~megatron.trace_format.errors.MissingExtraError` without plotly,
+    :class:`~megatron.trace_format.errors.NoSpansError` for files without a span, and
     the reader's errors for a missing or damaged file; ``output`` is then untouched.
     The files are read in ``jobs`` processes, or on ``executor`` (any
     ``concurrent.futures.Executor``: a Dask cluster's, say).

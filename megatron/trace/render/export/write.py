@@ -1,8 +1,8 @@
 """What ``megatron-trace export`` writes: a trace as Chrome trace-event JSON or Perfetto's protobuf.
 
-``--format chrome`` (:mod:`megatron.trace.render.chrome`) is what Perfetto UI,
+``--format chrome`` (:mod:`megatron.trace.render.export.chrome`) is what Perfetto UI,
 ``chrome://tracing`` and PyTorch profiler users read; ``--format perfetto``
-(:mod:`megatron.trace.render.perfetto`) is Perfetto's native trace, a fraction
+(:mod:`megatron.trace.render.export.perfetto`) is Perfetto's native trace, a fraction
 of the size, which its UI loads without the JSON importer's limits. Both put
 a track (a thread) per incarnation and rank, spans as nested slices, links as
 flow arrows.
@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from megatron.trace.analysis.liveness import Clock, judge
-from megatron.trace.errors import MissingExtraError, NoSpansError
 from megatron.trace.model.trace import Trace, TraceBuilder, process_key
 from megatron.trace.model.window import (
     Window,
@@ -39,14 +38,15 @@ from megatron.trace.model.window import (
     trace_start,
 )
 from megatron.trace.otlp.decode import spans_with_links
-from megatron.trace.otlp.files import fixed_end
 from megatron.trace.otlp.parallel import FilePiece, imap_files, map_files, pieces
 from megatron.trace.otlp.reader import iter_batches, paused_gc
 from megatron.trace.otlp.spans import FileSpans, reading, span_source
-from megatron.trace.render.chrome import ChromePart, ChromeWriter
-from megatron.trace.render.flows import FlowPlan
+from megatron.trace.render.export.chrome import ChromePart, ChromeWriter
+from megatron.trace.render.export.flows import FlowPlan
 from megatron.trace.render.lanes import LaneIndex
 from megatron.trace.render.output import replacing
+from megatron.trace_format.errors import MissingExtraError, NoSpansError
+from megatron.trace_format.files import fixed_end
 
 __all__ = ["FORMATS", "SIZE_LIMITS", "export_chrome", "export_files"]
 
@@ -156,7 +156,7 @@ def _plan(
             flows.add(linking, target)
         flows.plan()
     else:  # Perfetto's flows are the links themselves: nothing to plan
-        from megatron.trace.render.perfetto import flow_fields
+        from megatron.trace.render.export.perfetto import flow_fields
 
         fields = flow_fields(links)
     del links  # (the plan keeps what each format draws, not the links)
@@ -166,7 +166,7 @@ def _plan(
 
 def _writer(fmt: str, plan: _Plan, part: int) -> Any:
     if fmt == "perfetto":
-        from megatron.trace.render.perfetto import PerfettoWriter
+        from megatron.trace.render.export.perfetto import PerfettoWriter
 
         return PerfettoWriter(plan.lanes, plan.flow_fields, part, seams=part > 0)
     assert plan.flows is not None  # planned for this format

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple, TypedDict
 
-from megatron.trace.semconv import SPAN_CUT_SHORT, SPAN_TRUNCATED
+from megatron.trace_format.semconv import SPAN_CUT_SHORT, SPAN_TRUNCATED
 
 __all__ = ["SpanEvent", "SpanFields", "SpanRecord", "is_cut_short", "span_record"]
 

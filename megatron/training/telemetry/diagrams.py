@@ -19,7 +19,7 @@ current renderers: every label line names one trigger, conditions read
 ``[if ...]`` (never confused with the ``[internal]`` marker), no state is
 styled as active, and Mermaid line breaks are ``<br/>``.
 
-``python -m megatron.training.diagrams`` (``tox -e diagrams``) rewrites the
+``python -m megatron.training.telemetry.diagrams`` (``tox -e diagrams``) rewrites the
 files and needs ``dot``; ``--check`` only compares, renders the SVGs again, and
 exits 1 listing what drifted. The test suite runs the same comparison without
 ``dot``: text exactly, SVGs by their stamp.
@@ -331,7 +331,7 @@ def write(root: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m megatron.training.diagrams", description=_DESCRIPTION
+        prog="python -m megatron.training.telemetry.diagrams", description=_DESCRIPTION
     )
     parser.add_argument(
         "--check",

@@ -45,7 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from megatron.core.telemetry.span_groups import MegatronSpanGroup
 from megatron.core.telemetry.state import get_active_tracer, is_span_group_enabled
-from megatron.trace.semconv import (
+from megatron.trace_format.semconv import (
     GRAD_SYNC_BUCKETS,
     GRAD_SYNC_FINISH_SPAN,
     GRAD_SYNC_START_SPAN,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from megatron.trace.semconv import BADPUT_CATEGORIES, STARTUP_PHASE_PREFIX, Category
+from megatron.trace_format.semconv import BADPUT_CATEGORIES, STARTUP_PHASE_PREFIX, Category
 
 __all__ = ["format_diff"]
 
