@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from megatron.trace.analysis.goodput import build_report, report_files
     from megatron.trace.analysis.liveness import Clock, judge
     from megatron.trace.analysis.report import Report
-    from megatron.trace.model.trace import Incarnation, Trace, load_trace
+    from megatron.trace.model.builder import load_trace
+    from megatron.trace.model.incarnation import Incarnation, Trace
     from megatron.trace.render.export.write import export_files
     from megatron.trace.render.timeline.write import write_timeline
     from megatron.trace_format.errors import NoSpansError, TraceError, TraceInputError
@@ -39,9 +40,9 @@ if TYPE_CHECKING:
 
 #: Public name -> the module that defines it.
 _HOMES = {
-    "load_trace": "megatron.trace.model.trace",
-    "Trace": "megatron.trace.model.trace",
-    "Incarnation": "megatron.trace.model.trace",
+    "load_trace": "megatron.trace.model.builder",
+    "Trace": "megatron.trace.model.incarnation",
+    "Incarnation": "megatron.trace.model.incarnation",
     "build_report": "megatron.trace.analysis.goodput",
     "report_files": "megatron.trace.analysis.goodput",
     "Report": "megatron.trace.analysis.report",

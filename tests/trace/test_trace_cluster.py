@@ -326,7 +326,7 @@ class _DiesOnce:
         self.victim, self.marker = victim, marker
 
     def __call__(self, item: object) -> object:
-        from megatron.trace.model.trace import scan_file
+        from megatron.trace.model.builder import scan_file
 
         path = item.path if isinstance(item, parallel.FilePiece) else item
         if path == self.victim and not self.marker.exists():
@@ -345,7 +345,7 @@ def test_a_worker_that_dies_mid_run_costs_a_retry_not_the_answer(
     import dask.config
     from distributed import Client
 
-    from megatron.trace.model.trace import TraceBuilder, scan_file
+    from megatron.trace.model.builder import TraceBuilder, scan_file
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import us
     files = rank_files[:16]

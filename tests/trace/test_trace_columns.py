@@ -24,7 +24,7 @@ from megatron.trace._store.columns import Iterations
 from megatron.trace.analysis import check
 from megatron.trace.analysis.liveness import Clock
 from megatron.trace.cli.report import build_report
-from megatron.trace.model import trace as model
+from megatron.trace.model import builder as model
 from megatron.trace.otlp.spans import span_source
 from megatron.trace.render.export import write as export
 from megatron.trace.render.timeline import data as timeline_data

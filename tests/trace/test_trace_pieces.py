@@ -23,7 +23,7 @@ from pictures_helpers import incarnation, resource, write_trace
 
 from megatron.trace.analysis import check
 from megatron.trace.analysis.goodput import build_report
-from megatron.trace.model.trace import load_trace
+from megatron.trace.model.builder import load_trace
 from megatron.trace.otlp import parallel
 from megatron.trace.otlp.reader import TraceFileDamaged, iter_lines
 from megatron.trace.render.export import write as export
@@ -163,7 +163,7 @@ def test_the_readmes_cluster_recipe_reports_what_one_process_does(
     reads them as is."""
     import functools
 
-    from megatron.trace.model.trace import TraceBuilder, scan_file
+    from megatron.trace.model.builder import TraceBuilder, scan_file
 
     path = _tied_job(tmp_path / "traces.jsonl")
     work = parallel.pieces([path], jobs=6)

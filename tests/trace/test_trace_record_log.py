@@ -20,7 +20,8 @@ import synthetic
 from megatron.trace._store import record_log, spill
 from megatron.trace._store.record_log import RecordLog
 from megatron.trace.cli.report import build_report
-from megatron.trace.model import trace as model
+from megatron.trace.model import builder as model
+from megatron.trace.model.incarnation import RECORD_LISTS
 from megatron.trace_format.records import SpanFields, SpanRecord, is_cut_short, span_record
 
 
@@ -153,9 +154,9 @@ def test_a_trace_read_with_its_records_spilled_reports_the_same(
         lists = [
             (inc.label, name, list(getattr(inc, name)))
             for inc in trace.incarnations
-            for name in model._RECORD_LISTS
+            for name in RECORD_LISTS
         ]
-        spilled = any(inc.intervals._log._blocks for inc in trace.incarnations)  # type: ignore[attr-defined]
+        spilled = any(inc.intervals.log.spilled for inc in trace.incarnations)  # type: ignore[attr-defined]
         return build_report(trace), lists, [inc.startup for inc in trace.incarnations], spilled
 
     *in_memory, spilled = read(1)

@@ -447,7 +447,7 @@ def test_iteration_statistics_are_those_of_a_sort(
     digit over parts of a few rows (as a week's are)."""
     from megatron.trace._store import columns, selection
     from megatron.trace.analysis.goodput import _iteration_stats
-    from megatron.trace.model.trace import Incarnation
+    from megatron.trace.model.incarnation import Incarnation
 
     if radix:
         monkeypatch.setattr(selection, "IN_MEMORY", 0)

@@ -16,7 +16,7 @@ from report_checks import assert_accounted
 
 from megatron.trace.analysis.goodput import MAX_WINDOWS, build_report
 from megatron.trace.cli.main import main
-from megatron.trace.model.trace import load_trace
+from megatron.trace.model.builder import load_trace
 from megatron.trace_format.semconv import BADPUT_CATEGORIES
 
 NS = 1_000_000_000

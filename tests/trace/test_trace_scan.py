@@ -26,8 +26,8 @@ from megatron.trace._store import span_ids
 from megatron.trace._store.span_ids import IdCollector, IdSet
 from megatron.trace.analysis import check
 from megatron.trace.cli.report import build_report
-from megatron.trace.model import trace as model
-from megatron.trace.model.trace import TraceBuilder
+from megatron.trace.model import builder as model
+from megatron.trace.model.builder import TraceBuilder
 from megatron.trace.otlp.reader import iter_spans
 
 

@@ -22,7 +22,7 @@ from megatron.trace.analysis.stragglers import (
     find_stragglers,
 )
 from megatron.trace.cli.main import main
-from megatron.trace.model.trace import Incarnation, Trace
+from megatron.trace.model.incarnation import Incarnation, Trace
 from megatron.trace.otlp.reader import ReadStats
 
 

@@ -14,7 +14,7 @@ import pytest
 import tracegen as g
 
 from megatron.trace.analysis.goodput import build_report, wall_bounds_ns
-from megatron.trace.model.trace import load_trace
+from megatron.trace.model.builder import load_trace
 from megatron.trace.otlp.spans import span_source
 from megatron.trace.render.timeline import page as timeline_page
 from megatron.trace.render.timeline import write as timeline

@@ -103,6 +103,11 @@ class RecordLog:
         self._name = array("I")  # every record's name, as its position in _names
         self._last: tuple[Any, Any, int] | None = None  # the context added last
 
+    @property
+    def spilled(self) -> bool:
+        """Whether some of its records were written to the spill file (in blocks)."""
+        return bool(self._blocks)
+
     def __len__(self) -> int:
         return len(self._starts)
 
@@ -253,6 +258,16 @@ class RecordList(Sequence[SpanRecord]):
 
     def __len__(self) -> int:
         return len(self._positions)
+
+    @property
+    def log(self) -> RecordLog:
+        """The log the records are in (its ``starts`` and ``ends`` columns, undecoded)."""
+        return self._log
+
+    @property
+    def positions(self) -> array:
+        """The records' positions in :attr:`log`, in this list's order."""
+        return self._positions
 
     @overload
     def __getitem__(self, index: int) -> SpanRecord: ...

@@ -31,7 +31,7 @@ from importlib import resources
 from typing import Any, TypedDict
 
 from megatron.trace.analysis.report import Report
-from megatron.trace.model.trace import Trace
+from megatron.trace.model.incarnation import Trace
 from megatron.trace_format.semconv import BADPUT_CATEGORIES
 
 __all__ = [

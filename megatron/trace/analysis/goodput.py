@@ -17,7 +17,8 @@ interval's is goodput; the queue, launch, startup, checkpoint loads and
 saves and evaluations are badput); outside any interval (Megatron-LM with
 ``save_interval`` 0 opens none) the training loop's root spans, iterations
 and spans marked ``is_goodput_span``, are goodput too
-(:attr:`~megatron.trace.model.trace.Incarnation.goodput_time`); Megatron-LM's other checkpoint spans
+(:attr:`~megatron.trace.model.incarnation.Incarnation.goodput_time`); Megatron-LM's
+other checkpoint spans
 (``exposed_save``, ``save.finalize``, ``exit_finalize``, the bookkeeping ones,
 kept by the model as the union of the time they cover) count as
 ``checkpoint_save``; the wasted window (below) is
@@ -48,7 +49,7 @@ through the same lifecycle. Each rank's own work and its wait for the others
 name the stragglers (:mod:`megatron.trace.analysis.stragglers`); ``hangs`` lists each
 hung incarnation of each rank and whether that rank was the culprit.
 
-Memory: :func:`~megatron.trace.model.trace.load_trace` streams; iteration
+Memory: :func:`~megatron.trace.model.builder.load_trace` streams; iteration
 durations are kept in compact columns (on disk once there are many), and the
 median, MAD, p90 and maximum are exact order statistics selected a radix
 digit at a time over them, a part at a time
@@ -74,7 +75,9 @@ from megatron.trace.analysis.hangs import find_hang, hang_entries, recovered_sta
 from megatron.trace.analysis.liveness import Clock, Liveness, judge, utc_text
 from megatron.trace.analysis.report import IterationStats, Report, WindowEntry
 from megatron.trace.analysis.stragglers import find_stragglers
-from megatron.trace.model.trace import Incarnation, Trace, load_trace, rank_value
+from megatron.trace.model.builder import load_trace
+from megatron.trace.model.identity import rank_value
+from megatron.trace.model.incarnation import Incarnation, Trace
 from megatron.trace_format.errors import NoSpansError, TraceInputError
 from megatron.trace_format.semconv import (
     BADPUT_CATEGORIES,
@@ -439,7 +442,7 @@ class LiveAccounting:
     (as ``report --window``'s windows do). So the totals before ``cut`` are kept, and
     only what lies after it is swept again, for as long as nothing that decides the
     time before it has changed: no span added to the rank's processes since starts
-    before it (:attr:`~megatron.trace.model.trace.Trace.touched`), the wall clock
+    before it (:attr:`~megatron.trace.model.incarnation.Trace.touched`), the wall clock
     starts where it did and ends past it, and the segments worked out rather than
     read (a running incarnation's open interval, a hang, a wasted window, a restart
     gap) cover the same time before it. Otherwise everything is swept again, and
@@ -497,7 +500,7 @@ class LiveAccounting:
         if inc.revision is None:
             return _waste(inc, later)
         resumed = _resumed_at(later)
-        key = (inc.revision, inc.ended, inc._facts_rerooted, resumed)
+        key = (inc.revision, inc.ended, inc.last_closed_by_reroot, resumed)
         found = self._wastes.get(key)
         if found is None:
             found = _waste(inc, later)

@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from megatron.trace.model.trace import Incarnation, Trace, rank_value
+from megatron.trace.model.identity import rank_value
+from megatron.trace.model.incarnation import Incarnation, Trace
 from megatron.trace_format.records import SpanRecord
 from megatron.trace_format.semconv import (
     HANG_FRAME,

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from megatron.trace._store.selection import median
-from megatron.trace.model.trace import Incarnation, Trace, rank_value
+from megatron.trace.model.identity import rank_value
+from megatron.trace.model.incarnation import Incarnation, Trace
 from megatron.trace_format.semconv import GRAD_SYNC_FINISH_SPAN, ITERATION_SPAN
 
 __all__ = [
@@ -445,20 +446,21 @@ class _RankTimed:
         for inc in incs:
             if not inc.waits:
                 continue
-            if inc.revision is None or any(
+            revision = inc.revision
+            if revision is None or any(
                 isinstance(rows, tuple) and not isinstance(rows[0], int)
-                for rows in inc.revision[3:5]
+                for rows in (revision.iterations, revision.waits)
             ):
                 return None  # (not from a builder, or its rows sorted anew each finish)
-            key = inc.revision[:2]  # its builder's split and slot: the same incarnation
+            key = revision.incarnation  # its builder's split and slot: the same incarnation
             followed[key] = self.incarnations.get(key) or _Timed()
         if not set(self.incarnations) <= set(followed):
             return None  # (an incarnation placed anew: its values would count twice)
         self.incarnations = followed
         try:
             for inc in incs:
-                if inc.waits:
-                    for values in followed[inc.revision[:2]].update(inc):  # type: ignore[index]
+                if inc.waits and inc.revision is not None:
+                    for values in followed[inc.revision.incarnation].update(inc):
                         self.window.add(values)
         except _Rebuild:
             return None

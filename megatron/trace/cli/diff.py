@@ -20,7 +20,7 @@ from megatron.trace.analysis.gates import slower_gate
 from megatron.trace.analysis.goodput import build_report
 from megatron.trace.analysis.liveness import judge
 from megatron.trace.cli.options import add_command, answer, clock, percent, reading_on
-from megatron.trace.model.trace import load_trace
+from megatron.trace.model.builder import load_trace
 from megatron.trace.render.text.diff import format_diff
 from megatron.trace_format.errors import NoSpansError, TraceInputError
 

@@ -27,7 +27,7 @@ from megatron.trace.cli.options import (
     percent,
     reading_on,
 )
-from megatron.trace.model.trace import load_trace
+from megatron.trace.model.builder import load_trace
 from megatron.trace.render.text.report import format_report
 from megatron.trace_format.errors import NoSpansError
 

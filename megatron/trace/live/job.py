@@ -2,10 +2,10 @@
 
 :class:`LiveJob` takes the new lines of the trace files (from
 :class:`~megatron.trace.live.follow.Follower`), decodes each once into the
-same :class:`~megatron.trace.model.trace.TraceBuilder` ``report`` fills, and
+same :class:`~megatron.trace.model.builder.TraceBuilder` ``report`` fills, and
 keeps it: what it holds is the model's compact summary (structural spans, three
 integer columns per iteration), never the lines. :meth:`LiveJob.snapshot`
-finishes that summary into a :class:`~megatron.trace.model.trace.Trace` and
+finishes that summary into a :class:`~megatron.trace.model.incarnation.Trace` and
 computes the figures with ``report``'s own code, per rank: the accounting
 (:func:`~megatron.trace.analysis.goodput.rank_accounting`), the liveness rule
 (:func:`~megatron.trace.analysis.liveness.judge`), the stragglers and the
@@ -13,7 +13,7 @@ watchdog's hangs.
 
 A week-long job must not make the scrapes slower: each costs what changed
 since the last one, not the job's history. The builder's finish places only
-the records added since (:meth:`~megatron.trace.model.trace.TraceBuilder.finish`);
+the records added since (:meth:`~megatron.trace.model.builder.TraceBuilder.finish`);
 each rank's accounting keeps the time that can no longer change and sweeps
 only what came after it (:class:`~megatron.trace.analysis.goodput.LiveAccounting`);
 each rank's median work for the straggler scores is followed as its
@@ -53,7 +53,8 @@ from megatron.trace.analysis.goodput import LiveAccounting
 from megatron.trace.analysis.hangs import find_hang
 from megatron.trace.analysis.liveness import Clock, judge, newest_beats
 from megatron.trace.analysis.stragglers import LiveStragglers
-from megatron.trace.model.trace import Incarnation, Trace, TraceBuilder
+from megatron.trace.model.builder import TraceBuilder
+from megatron.trace.model.incarnation import Incarnation, Trace
 from megatron.trace.otlp.reader import decode_line
 from megatron.trace_format.errors import TraceFileDamaged
 from megatron.trace_format.semconv import BADPUT_CATEGORIES, NEMO_RUN_ID, RUN_ID, Category

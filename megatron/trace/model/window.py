@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from megatron.trace.model.trace import Trace
+from megatron.trace.model.incarnation import Trace
 from megatron.trace_format.errors import WindowError
 from megatron.trace_format.semconv import INTERVAL_FIRST_ITERATION, INTERVAL_LAST_ITERATION
 

@@ -57,7 +57,7 @@ from typing import Any
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from megatron.trace.analysis.goodput import rank_accounting
-from megatron.trace.model.trace import TraceBuilder
+from megatron.trace.model.builder import TraceBuilder
 from megatron.trace_format.semconv import (
     BADPUT_CATEGORIES,
     BADPUT_CATEGORY_ATTRIBUTE,

@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from megatron.trace.analysis.liveness import Clock, judge
-from megatron.trace.model.trace import Trace, TraceBuilder, process_key
+from megatron.trace.model.builder import TraceBuilder
+from megatron.trace.model.identity import process_key
+from megatron.trace.model.incarnation import Trace
 from megatron.trace.model.window import (
     Window,
     format_offset,

@@ -27,8 +27,9 @@ from typing import Any
 from megatron.trace.analysis.goodput import build_report, rank_accounting, wall_bounds_ns
 from megatron.trace.analysis.hangs import Hang, find_hang
 from megatron.trace.analysis.liveness import Clock, judge, utc_text
+from megatron.trace.model.builder import load_trace
+from megatron.trace.model.incarnation import Incarnation, Trace
 from megatron.trace.model.intervals import IntervalFacts
-from megatron.trace.model.trace import Incarnation, Trace, load_trace
 from megatron.trace.otlp.spans import FileSpans, reading
 from megatron.trace.render.lanes import Lane, LaneIndex
 from megatron.trace.render.timeline.ranks import RankSeries, rank_series

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megatron.trace.analysis.stragglers import iteration_work
-from megatron.trace.model.trace import Incarnation, Trace
+from megatron.trace.model.incarnation import Incarnation, Trace
 from megatron.trace.render.timeline.summary import duration_text
 
 __all__ = ["MAX_POINTS", "RankSeries", "rank_series", "ranks_figure"]
