@@ -11,7 +11,8 @@ import pytest
 import tracegen as g
 from report_checks import assert_accounted, nonzero
 
-from megatron.trace.analysis.goodput import ANOMALY_RULE, report_files
+from megatron.trace.analysis.goodput import report_files
+from megatron.trace.analysis.iteration_stats import ANOMALY_RULE
 from megatron.trace.cli.main import main
 
 
@@ -446,7 +447,7 @@ def test_iteration_statistics_are_those_of_a_sort(
     several incarnations), with the values partitioned in memory and selected digit by
     digit over parts of a few rows (as a week's are)."""
     from megatron.trace._store import columns, selection
-    from megatron.trace.analysis.goodput import _iteration_stats
+    from megatron.trace.analysis.iteration_stats import iteration_stats as _iteration_stats
     from megatron.trace.model.incarnation import Incarnation
 
     if radix:
@@ -471,7 +472,7 @@ def test_iteration_statistics_are_those_of_a_sort(
 
 def _sorted_reference(incs: list) -> dict:
     """The iteration figures by the definition: sort every duration (ms), take the middle."""
-    from megatron.trace.analysis.goodput import (
+    from megatron.trace.analysis.iteration_stats import (
         ANOMALY_MAD_FACTOR,
         ANOMALY_MAD_FLOOR,
         ANOMALY_MAX_SHARE,

@@ -14,7 +14,8 @@ import pytest
 import tracegen as g
 from report_checks import assert_accounted
 
-from megatron.trace.analysis.goodput import MAX_WINDOWS, build_report
+from megatron.trace.analysis.accounting import MAX_WINDOWS
+from megatron.trace.analysis.goodput import build_report
 from megatron.trace.cli.main import main
 from megatron.trace.model.builder import load_trace
 from megatron.trace_format.semconv import BADPUT_CATEGORIES

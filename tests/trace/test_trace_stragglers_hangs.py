@@ -13,7 +13,8 @@ from report_checks import assert_accounted
 
 from megatron.trace._store import columns, selection
 from megatron.trace.analysis import stragglers
-from megatron.trace.analysis.goodput import PRECEDENCE, report_files
+from megatron.trace.analysis.accounting import PRECEDENCE
+from megatron.trace.analysis.goodput import report_files
 from megatron.trace.analysis.liveness import Clock
 from megatron.trace.analysis.stragglers import (
     MIN_ITERATIONS,

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import tracegen as g
 
-from megatron.trace.analysis.goodput import build_report, wall_bounds_ns
+from megatron.trace.analysis.accounting import wall_bounds_ns
+from megatron.trace.analysis.goodput import build_report
 from megatron.trace.model.builder import load_trace
 from megatron.trace.otlp.spans import span_source
 from megatron.trace.render.timeline import page as timeline_page

@@ -25,10 +25,10 @@ import synthetic
 import tracegen as g
 import upstream_traces as up
 
-from megatron.trace.analysis import stragglers
 from megatron.trace.analysis.liveness import Clock
 from megatron.trace.analysis.stragglers import find_stragglers
 from megatron.trace.cli.main import main
+from megatron.trace.live import stragglers
 from megatron.trace.live.follow import Follower
 from megatron.trace.live.job import LiveJob, Snapshot
 

@@ -7,7 +7,7 @@ keeps it: what it holds is the model's compact summary (structural spans, three
 integer columns per iteration), never the lines. :meth:`LiveJob.snapshot`
 finishes that summary into a :class:`~megatron.trace.model.incarnation.Trace` and
 computes the figures with ``report``'s own code, per rank: the accounting
-(:func:`~megatron.trace.analysis.goodput.rank_accounting`), the liveness rule
+(:func:`~megatron.trace.analysis.accounting.rank_accounting`), the liveness rule
 (:func:`~megatron.trace.analysis.liveness.judge`), the stragglers and the
 watchdog's hangs.
 
@@ -15,9 +15,9 @@ A week-long job must not make the scrapes slower: each costs what changed
 since the last one, not the job's history. The builder's finish places only
 the records added since (:meth:`~megatron.trace.model.builder.TraceBuilder.finish`);
 each rank's accounting keeps the time that can no longer change and sweeps
-only what came after it (:class:`~megatron.trace.analysis.goodput.LiveAccounting`);
+only what came after it (:class:`~megatron.trace.live.accounting.LiveAccounting`);
 each rank's median work for the straggler scores is followed as its
-iterations come (:class:`~megatron.trace.analysis.stragglers.LiveStragglers`);
+iterations come (:class:`~megatron.trace.live.stragglers.LiveStragglers`);
 the rolling median reads only the last iterations. Whatever is kept, the
 figures are the ones a fresh read of the same lines gives (``report``'s).
 
@@ -49,10 +49,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megatron.trace.analysis.goodput import LiveAccounting
 from megatron.trace.analysis.hangs import find_hang
 from megatron.trace.analysis.liveness import Clock, judge, newest_beats
-from megatron.trace.analysis.stragglers import LiveStragglers
+from megatron.trace.live.accounting import LiveAccounting
+from megatron.trace.live.stragglers import LiveStragglers
 from megatron.trace.model.builder import TraceBuilder
 from megatron.trace.model.incarnation import Incarnation, Trace
 from megatron.trace.otlp.reader import decode_line

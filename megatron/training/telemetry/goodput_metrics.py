@@ -6,7 +6,7 @@ the same figures while the job runs. So the job computes them in-process,
 from what :class:`~megatron.core.telemetry.tally.SpanTally` kept of its
 structural spans (the ended ones and the interval still open, which counts
 up to the moment of collection), with ``report``'s own accounting
-(:func:`~megatron.trace.analysis.goodput.rank_accounting`), and exports them as
+(:func:`~megatron.trace.analysis.accounting.rank_accounting`), and exports them as
 observable gauges. They are observed by the metric reader's thread when it
 collects (every 10 s with the ``jsonl`` sink, and once more at shutdown):
 the training loop does nothing for them.
@@ -56,7 +56,7 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from megatron.trace.analysis.goodput import rank_accounting
+from megatron.trace.analysis.accounting import rank_accounting
 from megatron.trace.model.builder import TraceBuilder
 from megatron.trace_format.semconv import (
     BADPUT_CATEGORIES,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from megatron.core.telemetry.span_groups import SpanGroup
 from megatron.core.telemetry.tally import SpanTally
-from megatron.trace.analysis.goodput import rank_accounting
+from megatron.trace.analysis.accounting import rank_accounting
 from megatron.trace.model.builder import TraceBuilder
 from megatron.trace_format.files import metrics_file_for
 from megatron.trace_format.records import SpanRecord

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megatron.trace.analysis.goodput import build_report, rank_accounting, wall_bounds_ns
+from megatron.trace.analysis.accounting import rank_accounting, wall_bounds_ns
+from megatron.trace.analysis.goodput import build_report
 from megatron.trace.analysis.hangs import Hang, find_hang
 from megatron.trace.analysis.liveness import Clock, judge, utc_text
 from megatron.trace.model.builder import load_trace
