@@ -20,8 +20,8 @@ from megatron.trace.analysis.checkpoint_advice import checkpoint_advice
 from megatron.trace.analysis.hangs import hang_entries, recovered_stalls
 from megatron.trace.analysis.iteration_stats import ANOMALY_MAX_SHARE, iteration_stats
 from megatron.trace.analysis.liveness import Clock, Liveness, judge, utc_text
-from megatron.trace.analysis.report import Report
-from megatron.trace.analysis.stragglers import find_stragglers
+from megatron.trace.analysis.report import IterationStats, Report
+from megatron.trace.analysis.stragglers import Stragglers, find_stragglers
 from megatron.trace.analysis.windows import window_entries, window_iterations
 from megatron.trace.model.builder import load_trace
 from megatron.trace.model.identity import rank_value
@@ -82,45 +82,15 @@ def build_report(
     window_ns: int | None = None,
     mtbf_s: float | None = None,
 ) -> Report:
-    """The goodput report as one JSON-able dict: a :class:`~megatron.trace.analysis.report.Report`
-    (its JSON Schema is ``report.schema.json``); see the module docstring.
+    """The goodput report of ``trace``: a :class:`~megatron.trace.analysis.report.Report`,
+    whose types (:mod:`megatron.trace.analysis.report`) and JSON Schema
+    (``report.schema.json``) state its shape and what each figure means.
 
-    Keys: ``wall_s``, ``goodput_s``, ``goodput_fraction``, ``badput_s``
-    (category -> s), ``accounting_ns`` (the same in exact integer ns, with
-    ``wall`` and ``goodput``), ``wasted_iterations`` (int, or None when
-    unknown), ``incarnations`` (list of dicts: ``rank``, ``index``, ``ended``,
-    ``error_type``,
-    ``first_iteration``, ``last_iteration``, ``resumed_from``, ``startup_s``,
-    ``intervals``, ``start_s``, ``duration_s``, ``wasted_iterations``,
-    ``wasted_s``), ``iterations`` (``count``, ``median_ms``, ``p90_ms``,
-    ``max_ms``, ``anomalous``; None without per-iteration spans), ``rank``
-    (the rank the job figures come from), ``ranks`` (per-rank summaries),
-    ``spans``, ``torn_lines``, ``not_computed`` (figures the trace could not
-    give, with the reason); ``running`` (whether the job rank's last
-    incarnation is still running) and ``as_of`` (then: the time of its newest
-    record, which the figures are as of); with ``liveness``
-    (:func:`megatron.trace.analysis.liveness.judge` applied to ``trace``) also
-    ``as_of_age_s`` and ``liveness`` (``rule``, ``now``, ``stale_after_s``,
-    ``heartbeat_files``, ``notes``);
-    ``stragglers`` (``rule``, ``ranks``: the ranks
-    flagged; None when not computed) and ``straggler_s`` (see
-    :mod:`~megatron.trace.analysis.stragglers`; each ``ranks`` entry adds
-    ``work_ms_median``, ``wait_ms_median``, ``score`` and ``straggler``);
-    ``hangs`` (per hung incarnation and rank: ``rank``, ``incarnation``,
-    ``ended``, ``last_iteration``, ``iteration``, ``span``, ``frame``,
-    ``stalled_s``, ``detected_after_s``, ``waiting``, ``culprit``) and
-    ``recovered_stalls`` (``rank``, ``incarnation``, ``iteration``,
-    ``stalled_s``). A badput
-    category named in ``not_computed`` is None in ``badput_s``
-    (``checkpoint_load`` of a resume without load spans); its time is in
-    another category of ``accounting_ns``, which still adds up. With
-    ``window_ns``, also ``windows`` (``window_s``, ``entries``): the job
-    rank's accounting per window of its wall clock (:func:`window_entries`).
-    ``checkpoint_advice``: how often to checkpoint
-    (:mod:`~megatron.trace.analysis.checkpoint_advice`; ``mtbf_s``, ``--mtbf``,
-    stands in for the observed mean time between failures).
+    ``liveness`` (:func:`megatron.trace.analysis.liveness.judge` applied to ``trace``)
+    adds how fresh a running job's figures are; ``window_ns`` adds ``windows``
+    (:mod:`~megatron.trace.analysis.windows`); ``mtbf_s`` (``--mtbf``) stands in for the
+    observed mean time between failures in ``checkpoint_advice``.
     """
-    not_computed: list[str] = []
     if not trace.ranks:
         raise NoSpansError("the trace")
     ranks = {}
@@ -132,54 +102,8 @@ def build_report(
     totals = accounting["totals_ns"]
     wall = accounting["wall_ns"]
     iterations = iteration_stats(incs)
-    if iterations is None:
-        not_computed.append(
-            f"iterations: no {ITERATION_SPAN} spans (enable the per_step span groups)"
-        )
-    elif iterations["anomalous"]["count"] is None:
-        not_computed.append(
-            f"anomalous iterations: over {100 * ANOMALY_MAX_SHARE:g} % of the iterations took "
-            f"longer than {iterations['anomalous']['threshold_ms']} ms: that is their own spread "
-            "(a loaded machine, or a lasting slowdown: see p90 and max), not a few slow ones"
-        )
-    for inc in incs:
-        unknown = [
-            f.index
-            for f in inc.interval_facts
-            if f.first_iteration is None or f.last_iteration is None
-        ]
-        if unknown:
-            not_computed.append(
-                f"interval iteration ranges: incarnation {inc.index} intervals {unknown}: no "
-                "interval attributes, iteration spans or checkpoint saves to derive them from"
-            )
     stragglers = find_stragglers(trace)
-    not_computed += stragglers.not_computed
-    if not any(inc.startup or inc.intervals or inc.goodput_time for inc in incs):
-        not_computed.append(
-            f"{Category.GOODPUT}: no {STARTUP_SPAN} or {INTERVAL_SPAN} span (the job span group "
-            "was off): only the other spans' time is accounted, the rest is other"
-        )
-    else:
-        uncovered = [inc.index for inc in incs if _loop_unrecorded(inc)]
-        if uncovered:
-            not_computed.append(
-                f"{Category.GOODPUT}: incarnations {uncovered} have no {INTERVAL_SPAN} interval "
-                f"(save_interval 0) and no {ITERATION_SPAN} spans (the step span group is off): "
-                "their training loop's time is other"
-            )
-    if _loads_unrecorded(incs):
-        not_computed.append(
-            f"{Category.CHECKPOINT_LOAD}: an incarnation resumed past iteration 0 but the trace "
-            f"holds no {CHECKPOINT_LOAD_SPAN} span (the load_checkpoint span group is off, as in "
-            "the default groups); its load time is counted in startup"
-        )
-    if not accounting["wasted_exact"]:
-        not_computed.append(
-            "wasted_iterations: a killed incarnation's in-flight interval is missing and there "
-            "are no per-iteration spans, or an interval's iteration range is not known, so the "
-            "figure is a lower bound"
-        )
+    not_computed = _not_computed(incs, accounting, iterations, stragglers)
     not_computed_categories = {reason.split(":")[0] for reason in not_computed}
     report: Report = {
         "wall_s": seconds(wall),
@@ -239,6 +163,65 @@ def build_report(
             ),
         }
     return report
+
+
+def _not_computed(
+    incs: list[Incarnation],
+    accounting: dict[str, Any],
+    iterations: IterationStats | None,
+    stragglers: Stragglers,
+) -> list[str]:
+    """The report's ``not_computed``: each figure the job rank's trace cannot give, with
+    the reason (a badput category named first is None in ``badput_s``)."""
+    not_computed: list[str] = []
+    if iterations is None:
+        not_computed.append(
+            f"iterations: no {ITERATION_SPAN} spans (enable the per_step span groups)"
+        )
+    elif iterations["anomalous"]["count"] is None:
+        not_computed.append(
+            f"anomalous iterations: over {100 * ANOMALY_MAX_SHARE:g} % of the iterations took "
+            f"longer than {iterations['anomalous']['threshold_ms']} ms: that is their own spread "
+            "(a loaded machine, or a lasting slowdown: see p90 and max), not a few slow ones"
+        )
+    for inc in incs:
+        unknown = [
+            f.index
+            for f in inc.interval_facts
+            if f.first_iteration is None or f.last_iteration is None
+        ]
+        if unknown:
+            not_computed.append(
+                f"interval iteration ranges: incarnation {inc.index} intervals {unknown}: no "
+                "interval attributes, iteration spans or checkpoint saves to derive them from"
+            )
+    not_computed += stragglers.not_computed
+    if not any(inc.startup or inc.intervals or inc.goodput_time for inc in incs):
+        not_computed.append(
+            f"{Category.GOODPUT}: no {STARTUP_SPAN} or {INTERVAL_SPAN} span (the job span group "
+            "was off): only the other spans' time is accounted, the rest is other"
+        )
+    else:
+        uncovered = [inc.index for inc in incs if _loop_unrecorded(inc)]
+        if uncovered:
+            not_computed.append(
+                f"{Category.GOODPUT}: incarnations {uncovered} have no {INTERVAL_SPAN} interval "
+                f"(save_interval 0) and no {ITERATION_SPAN} spans (the step span group is off): "
+                "their training loop's time is other"
+            )
+    if _loads_unrecorded(incs):
+        not_computed.append(
+            f"{Category.CHECKPOINT_LOAD}: an incarnation resumed past iteration 0 but the trace "
+            f"holds no {CHECKPOINT_LOAD_SPAN} span (the load_checkpoint span group is off, as in "
+            "the default groups); its load time is counted in startup"
+        )
+    if not accounting["wasted_exact"]:
+        not_computed.append(
+            "wasted_iterations: a killed incarnation's in-flight interval is missing and there "
+            "are no per-iteration spans, or an interval's iteration range is not known, so the "
+            "figure is a lower bound"
+        )
+    return not_computed
 
 
 def _liveness_entry(incs: list[Incarnation], liveness: Liveness | None) -> dict[str, Any]:
