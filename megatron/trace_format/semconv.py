@@ -17,6 +17,7 @@ changes; only its Python name may.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
 
@@ -33,6 +34,7 @@ __all__ = [
     "DL_WORLD_SIZE",
     "ERROR_TYPE",
     "EVALUATE_SPAN",
+    "GOODPUT_GAUGES",
     "GRAD_SYNC_BUCKETS",
     "GRAD_SYNC_FINISH_SPAN",
     "GRAD_SYNC_START_SPAN",
@@ -82,6 +84,7 @@ __all__ = [
     "STARTUP_SPAN",
     "STRUCTURAL_SPAN_NAMES",
     "Category",
+    "Gauge",
 ]
 
 # ---------------------------------------------------------------------------
@@ -214,6 +217,59 @@ MEGATRON_TRAINING_GOODPUT_FRACTION = "megatron.training.goodput_fraction"
 MEGATRON_TRAINING_ITERATION = "megatron.training.iteration"
 #: Metric attribute: the badput category of a ``badput_s`` point.
 BADPUT_CATEGORY_ATTRIBUTE = "megatron.badput.category"
+
+
+@dataclass(frozen=True)
+class Gauge:
+    """One live goodput gauge, declared once for every place that exports it: the trainer
+    (OpenTelemetry, :mod:`megatron.training.telemetry.goodput_metrics`), ``watch``'s
+    OTLP push (the same name) and its Prometheus endpoint (``prometheus``: the name in
+    Prometheus's conventions, so one dashboard serves both)."""
+
+    name: str
+    unit: str  # UCUM, as OpenTelemetry's semantic conventions write units
+    description: str
+    prometheus: str
+
+
+#: The live goodput gauges by name, in the order they are registered.
+GOODPUT_GAUGES: Mapping[str, Gauge] = MappingProxyType(
+    {
+        gauge.name: gauge
+        for gauge in (
+            Gauge(
+                MEGATRON_TRAINING_GOODPUT_S,
+                "s",
+                "Time whose training progress survived, so far",
+                "megatron_training_goodput_seconds",
+            ),
+            Gauge(
+                MEGATRON_TRAINING_BADPUT_S,
+                "s",
+                f"Time lost so far, per report category ({BADPUT_CATEGORY_ATTRIBUTE})",
+                "megatron_training_badput_seconds",
+            ),
+            Gauge(
+                MEGATRON_TRAINING_WALL_CLOCK_S,
+                "s",
+                "The job's wall clock so far: goodput plus every badput",
+                "megatron_training_wall_clock_seconds",
+            ),
+            Gauge(
+                MEGATRON_TRAINING_GOODPUT_FRACTION,
+                "1",
+                "Goodput over wall clock, so far",
+                "megatron_training_goodput_ratio",
+            ),
+            Gauge(
+                MEGATRON_TRAINING_ITERATION,
+                "{iteration}",
+                "Iterations completed so far: the next one's number",
+                "megatron_training_iteration",
+            ),
+        )
+    }
+)
 
 # ---------------------------------------------------------------------------
 # Resource attribute keys (the first three are OpenTelemetry's own names)

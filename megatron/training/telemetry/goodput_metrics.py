@@ -61,6 +61,7 @@ from megatron.trace.model.builder import TraceBuilder
 from megatron.trace_format.semconv import (
     BADPUT_CATEGORIES,
     BADPUT_CATEGORY_ATTRIBUTE,
+    GOODPUT_GAUGES,
     MEGATRON_TRAINING_BADPUT_S,
     MEGATRON_TRAINING_GOODPUT_FRACTION,
     MEGATRON_TRAINING_GOODPUT_S,
@@ -218,22 +219,20 @@ class LiveGoodput:
 
     def register(self, meter: Any) -> None:
         """Create the observable gauges on ``meter`` (never raises)."""
-        gauges = (
-            (MEGATRON_TRAINING_GOODPUT_S, "s", "Time whose training progress survived, so far",
-             self._observe_goodput),
-            (MEGATRON_TRAINING_BADPUT_S, "s", "Time lost, so far, by megatron.badput.category",
-             self._observe_badput),
-            (MEGATRON_TRAINING_WALL_CLOCK_S, "s", "The job's wall clock so far (goodput + badput)",
-             self._observe_wall),
-            (MEGATRON_TRAINING_GOODPUT_FRACTION, "1", "Goodput over wall clock, so far",
-             self._observe_fraction),
-            (MEGATRON_TRAINING_ITERATION, "{iteration}", "Iterations completed so far",
-             self._observe_iteration),
-        )  # fmt: skip
+        callbacks = {
+            MEGATRON_TRAINING_GOODPUT_S: self._observe_goodput,
+            MEGATRON_TRAINING_BADPUT_S: self._observe_badput,
+            MEGATRON_TRAINING_WALL_CLOCK_S: self._observe_wall,
+            MEGATRON_TRAINING_GOODPUT_FRACTION: self._observe_fraction,
+            MEGATRON_TRAINING_ITERATION: self._observe_iteration,
+        }
         try:
-            for name, unit, description, callback in gauges:
+            for name, gauge in GOODPUT_GAUGES.items():
                 meter.create_observable_gauge(
-                    name, callbacks=[callback], unit=unit, description=description
+                    name,
+                    callbacks=[callbacks[name]],
+                    unit=gauge.unit,
+                    description=gauge.description,
                 )
         except Exception:
             _logger.warning("Could not create the goodput metric instruments", exc_info=True)

@@ -24,6 +24,7 @@ from megatron.trace.live.job import STATES, RankFigures, Snapshot
 from megatron.trace_format.errors import MissingExtraError
 from megatron.trace_format.semconv import (
     BADPUT_CATEGORY_ATTRIBUTE,
+    GOODPUT_GAUGES,
     MEGATRON_TRAINING_BADPUT_S,
     MEGATRON_TRAINING_GOODPUT_FRACTION,
     MEGATRON_TRAINING_GOODPUT_S,
@@ -55,29 +56,21 @@ def _one(value: float | int | bool | None) -> Points:
     return [] if value is None else [(float(value), {})]
 
 
-#: name -> (unit, description, the points of one rank's figures): every gauge pushed.
+_GOODPUT_POINTS: dict[str, Callable[[RankFigures], Points]] = {
+    MEGATRON_TRAINING_GOODPUT_S: lambda f: _one(f.goodput_s),
+    MEGATRON_TRAINING_BADPUT_S: _badput,
+    MEGATRON_TRAINING_WALL_CLOCK_S: lambda f: _one(f.wall_s),
+    MEGATRON_TRAINING_GOODPUT_FRACTION: lambda f: _one(f.goodput_s / f.wall_s if f.wall_s else 0.0),
+    MEGATRON_TRAINING_ITERATION: lambda f: _one(f.iteration),
+}
+
+#: name -> (unit, description, the points of one rank's figures): every gauge pushed, the
+#: goodput ones as the trainer declares them (:data:`.semconv.GOODPUT_GAUGES`).
 GAUGES: dict[str, tuple[str, str, Callable[[RankFigures], Points]]] = {
-    MEGATRON_TRAINING_GOODPUT_S: (
-        "s",
-        "Time whose training progress survived, so far",
-        lambda f: _one(f.goodput_s),
-    ),
-    MEGATRON_TRAINING_BADPUT_S: ("s", "Time lost so far, per report category", _badput),
-    MEGATRON_TRAINING_WALL_CLOCK_S: (
-        "s",
-        "The job's wall clock so far: goodput plus every badput",
-        lambda f: _one(f.wall_s),
-    ),
-    MEGATRON_TRAINING_GOODPUT_FRACTION: (
-        "1",
-        "Goodput over wall clock",
-        lambda f: _one(f.goodput_s / f.wall_s if f.wall_s else 0.0),
-    ),
-    MEGATRON_TRAINING_ITERATION: (
-        "{iteration}",
-        "Iterations completed so far (the next one's number)",
-        lambda f: _one(f.iteration),
-    ),
+    **{
+        name: (gauge.unit, gauge.description, _GOODPUT_POINTS[name])
+        for name, gauge in GOODPUT_GAUGES.items()
+    },
     "megatron.job.state": (
         "1",
         "1 for the rank's state (running, finished, stalled, killed), 0 for the others",

@@ -18,31 +18,23 @@ from typing import Any
 
 from megatron.trace.live.job import STATES, Snapshot
 from megatron.trace_format.errors import MissingExtraError
+from megatron.trace_format.semconv import (
+    GOODPUT_GAUGES,
+    MEGATRON_TRAINING_BADPUT_S,
+    MEGATRON_TRAINING_GOODPUT_FRACTION,
+    MEGATRON_TRAINING_GOODPUT_S,
+    MEGATRON_TRAINING_ITERATION,
+    MEGATRON_TRAINING_WALL_CLOCK_S,
+)
 
 __all__ = ["METRICS", "SnapshotCollector", "prometheus_client"]
 
 #: name -> (kind, help): every family the endpoint serves.
 METRICS: dict[str, tuple[str, str]] = {
-    "megatron_training_goodput_seconds": (
-        "gauge",
-        "Time whose training progress survived, so far (megatron.training.goodput_s).",
-    ),
-    "megatron_training_badput_seconds": (
-        "gauge",
-        "Time lost so far, per report category (megatron.training.badput_s).",
-    ),
-    "megatron_training_wall_clock_seconds": (
-        "gauge",
-        "The job's wall clock so far: goodput plus every badput (megatron.training.wall_clock_s).",
-    ),
-    "megatron_training_goodput_ratio": (
-        "gauge",
-        "Goodput over wall clock (megatron.training.goodput_fraction).",
-    ),
-    "megatron_training_iteration": (
-        "gauge",
-        "Iterations completed so far: the next one's number (megatron.training.iteration).",
-    ),
+    **{
+        gauge.prometheus: ("gauge", f"{gauge.description} ({gauge.name}).")
+        for gauge in GOODPUT_GAUGES.values()
+    },
     "megatron_job_state": (
         "gauge",
         "1 for the rank's state (running, finished, stalled, killed), 0 for the others.",
@@ -114,16 +106,22 @@ def families(snapshot: Snapshot, client: Any) -> Iterator[Any]:
     job = snapshot.job
     for figures in snapshot.ranks:
         rank = [job, figures.rank]
-        family("megatron_training_goodput_seconds", "rank").add_metric(rank, figures.goodput_s)
-        badput = family("megatron_training_badput_seconds", "rank", "category")
+        family(GOODPUT_GAUGES[MEGATRON_TRAINING_GOODPUT_S].prometheus, "rank").add_metric(
+            rank, figures.goodput_s
+        )
+        badput = family(GOODPUT_GAUGES[MEGATRON_TRAINING_BADPUT_S].prometheus, "rank", "category")
         for category, seconds in figures.badput_s.items():
             badput.add_metric([*rank, str(getattr(category, "value", category))], seconds)
-        wall = family("megatron_training_wall_clock_seconds", "rank")
+        wall = family(GOODPUT_GAUGES[MEGATRON_TRAINING_WALL_CLOCK_S].prometheus, "rank")
         wall.add_metric(rank, figures.wall_s)
         ratio = figures.goodput_s / figures.wall_s if figures.wall_s else 0.0
-        family("megatron_training_goodput_ratio", "rank").add_metric(rank, ratio)
+        family(GOODPUT_GAUGES[MEGATRON_TRAINING_GOODPUT_FRACTION].prometheus, "rank").add_metric(
+            rank, ratio
+        )
         if figures.iteration is not None:
-            family("megatron_training_iteration", "rank").add_metric(rank, figures.iteration)
+            family(GOODPUT_GAUGES[MEGATRON_TRAINING_ITERATION].prometheus, "rank").add_metric(
+                rank, figures.iteration
+            )
         states = family("megatron_job_state", "rank", "state")
         for state in STATES:
             states.add_metric([*rank, state], 1.0 if figures.state == state else 0.0)
