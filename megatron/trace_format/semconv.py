@@ -24,6 +24,7 @@ from types import MappingProxyType
 __all__ = [
     "BADPUT_CATEGORIES",
     "BADPUT_CATEGORY_ATTRIBUTE",
+    "CHECKPOINT_DIR",
     "CHECKPOINT_EXIT_FINALIZE_SPAN",
     "CHECKPOINT_FINALIZE_SPAN",
     "CHECKPOINT_LOAD_SPAN",
@@ -33,7 +34,12 @@ __all__ = [
     "DL_RANK",
     "DL_WORLD_SIZE",
     "ERROR_TYPE",
+    "EVALUATE_LOSS",
     "EVALUATE_SPAN",
+    "EVALUATE_STEP",
+    "FIRST_ITERATION_SPAN",
+    "FORWARD_BACKWARD_SPAN",
+    "GET_BATCH_SPAN",
     "GOODPUT_GAUGES",
     "GRAD_SYNC_BUCKETS",
     "GRAD_SYNC_FINISH_SPAN",
@@ -66,9 +72,12 @@ __all__ = [
     "MEGATRON_TRAINING_GOODPUT_S",
     "MEGATRON_TRAINING_ITERATION",
     "MEGATRON_TRAINING_WALL_CLOCK_S",
+    "MICROBATCH_BACKWARD_SPAN",
+    "MICROBATCH_FORWARD_SPAN",
     "MODEL_TYPE",
     "NEMO_RUN_ID",
     "NVRX_CYCLE",
+    "OPTIMIZER_SPAN",
     "PRE_STARTUP_SPAN",
     "PROCESS_PID",
     "RUN_ID",
@@ -80,6 +89,11 @@ __all__ = [
     "SPAN_CUT_SHORT",
     "SPAN_TRUNCATED",
     "STALE_AFTER_S",
+    "STARTUP_ARG_PARSE_SPAN",
+    "STARTUP_DATALOADER_SPAN",
+    "STARTUP_IMPORTS_SPAN",
+    "STARTUP_INITIALIZE_SPAN",
+    "STARTUP_MODEL_INIT_SPAN",
     "STARTUP_PHASE_PREFIX",
     "STARTUP_SPAN",
     "STRUCTURAL_SPAN_NAMES",
@@ -112,6 +126,34 @@ CHECKPOINT_SAVE_SPAN = "megatron.checkpoint.save"
 CHECKPOINT_LOAD_SPAN = "megatron.checkpoint.load"
 #: One evaluation pass, inside an interval.
 EVALUATE_SPAN = "megatron.evaluate"
+#: One evaluation step inside it (span and attribute: the step's number).
+EVALUATE_STEP = "megatron.evaluate.step"
+#: Attribute of an evaluation: its mean loss.
+EVALUATE_LOSS = "megatron.evaluate.loss"
+#: Attribute of a checkpoint load: the directory it read.
+CHECKPOINT_DIR = "megatron.checkpoint.dir"
+#: Child of startup: program start to ``main()`` (the imports).
+STARTUP_IMPORTS_SPAN = "megatron.startup.imports"
+#: Child of startup: ``main()`` to ``pretrain()`` (parsing the arguments).
+STARTUP_ARG_PARSE_SPAN = "megatron.startup.arg_parse"
+#: Child of startup: ``pretrain()`` to the distributed setup done.
+STARTUP_INITIALIZE_SPAN = "megatron.startup.initialize_megatron"
+#: Child of startup: building the model and optimizer (and loading a checkpoint).
+STARTUP_MODEL_INIT_SPAN = "megatron.startup.model_init"
+#: Child of startup: building the data iterators.
+STARTUP_DATALOADER_SPAN = "megatron.startup.dataloader"
+#: The first iteration of an incarnation (its warm-up), a goodput span.
+FIRST_ITERATION_SPAN = "megatron.train.first_iteration"
+#: Inside an iteration: the forward and backward passes of every microbatch.
+FORWARD_BACKWARD_SPAN = "megatron.train.forward_backward"
+#: Inside ``forward_backward``: fetching one microbatch.
+GET_BATCH_SPAN = "megatron.train.get_batch"
+#: Inside ``forward_backward``: one microbatch's forward pass.
+MICROBATCH_FORWARD_SPAN = "megatron.microbatch.forward"
+#: Inside ``forward_backward``: one microbatch's backward pass.
+MICROBATCH_BACKWARD_SPAN = "megatron.microbatch.backward"
+#: Inside an iteration: the optimizer step.
+OPTIMIZER_SPAN = "megatron.train.optimizer"
 #: The prefix of every checkpoint span. Megatron-LM writes more than the save and load
 #: (``exposed_save`` around each save, bookkeeping such as ``reclaim_memory``,
 #: ``timers_log``, ``ft_heartbeat``): the report counts their time as checkpoint time.
