@@ -60,8 +60,6 @@ def main(argv: list[str] | None = None) -> None:
         from megatron.trace.render.timeline.write import write_beside_trace
 
         write_beside_trace(result.trace_file)
-    if result.exit_reason is not None:
-        sys.exit(0)
 
 
 def _ignore_sigint(signum: int, frame: object) -> None:

@@ -160,11 +160,9 @@ def _serve(args: argparse.Namespace) -> int:
         try:
             started = client.start_http_server(port, addr=host, registry=registry)
         except OSError as error:
-            print(
-                f"{_PREFIX}: error: cannot listen on {host}:{port}: {error.strerror or error}",
-                file=sys.stderr,
-            )
-            return 2
+            raise TraceError(
+                f"cannot listen on {host}:{port}: {error.strerror or error}"
+            ) from error
         server = started[0] if isinstance(started, tuple) else None
         bound = server.server_address[1] if server is not None else port
         print(

@@ -78,7 +78,3 @@ class LaneIndex:
         """Every lane, by incarnation then rank."""
         lanes = [self.lane_of_incarnation(inc) for inc in self.trace.incarnations]
         return sorted(lanes, key=lambda lane: (lane.incarnation, self.ranks.index(lane.rank)))
-
-    def thread_id(self, rank: str) -> int:
-        """A rank as the integer thread id Chrome traces need (its number, else its position)."""
-        return int(rank) if rank.isdigit() else len(self.ranks) + self.ranks.index(rank)
