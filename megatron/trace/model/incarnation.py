@@ -125,8 +125,8 @@ class Incarnation:
     @property
     def interval_facts(self) -> list[IntervalFacts]:
         """Each interval's index and iteration range (:func:`intervals.derive`), worked out
-        when first asked for: with thousands of intervals that is a tenth of a read,
-        and only the goodput accounting and the pictures ask."""
+        when first asked for: it reads every interval, and only the goodput accounting
+        and the pictures ask."""
         if self._facts is None:
             if self._deriver is not None:
                 self._facts = self._deriver(self)

@@ -299,7 +299,7 @@ def paused_gc() -> Iterator[None]:
 
     Decoding allocates millions of small containers, and every 700 of them
     the collector would scan the young ones for cycles that decoded JSON
-    never makes: about a tenth of the read's time.
+    never makes.
     """
     was_enabled = gc.isenabled()
     gc.disable()

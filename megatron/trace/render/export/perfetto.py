@@ -37,8 +37,8 @@ as it stands.
 
 The structural packets (track descriptors) are built with the protobuf
 classes of PyPI's ``perfetto`` package; the per-span packets, millions of
-them, are encoded here (protobuf's Python objects cost about 5 µs a span,
-this about a fifth), and the tests parse them back with those classes.
+them, are encoded here (building protobuf's Python objects for each would
+dominate the export), and the tests parse them back with those classes.
 """
 
 from __future__ import annotations
