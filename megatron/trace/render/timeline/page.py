@@ -446,7 +446,7 @@ def _plot_div(fig: Any, div_id: str, config: dict[str, Any]) -> list[_Piece]:
     plotly writes the markup, the layout and the config around a stand-in for the
     traces, and msgspec the traces themselves, escaped as plotly escapes them; they
     stay bytes until they are written. Without msgspec, or for a value it cannot
-    encode, it is plotly's own markup; ``test_trace_timeline`` holds the two to the
+    encode, it is plotly's own markup; its tests (``timeline/test_write.py``) hold the two to the
     same figure.
     """
     figure_json = fig.to_plotly_json()
@@ -466,7 +466,7 @@ def _lanes_plot(timeline: Timeline, div_id: str, config: dict[str, Any]) -> list
     naming the column), so the markup, layout and traces' settings are plotly's
     own; the traces' JSON is split at the stand-ins and each column's array goes
     in its place. Memory is a chunk per column, not a few kilobytes per bar
-    (``test_trace_timeline`` holds the page to plotly's ``to_html`` of
+    (``tests/trace/render/timeline/test_write.py`` holds the page to plotly's ``to_html`` of
     :func:`figure`).
     """
     columns = JsonColumns()

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from megatron.trace.otlp import decode as otlp_decode
 from megatron.trace.otlp.reader import ReadStats, TraceFileDamaged, iter_spans
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _read(path: Path, fast: bool, monkeypatch: pytest.MonkeyPatch) -> Any:

@@ -1,7 +1,7 @@
 """The gates for CI: exit 1 exactly when the bound is crossed, with one line saying which.
 
 ``report --fail-under-goodput PCT`` (and, with ``diff``, ``--fail-if-slower``
-in ``test_trace_diff.py``); ``megatron/trace/README.md``, "Gates for CI".
+in ``test_diff.py``); ``megatron/trace/README.md``, "Gates for CI".
 """
 
 from __future__ import annotations

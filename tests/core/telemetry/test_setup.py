@@ -362,7 +362,7 @@ def test_import_starts_nothing() -> None:
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        cwd=str(Path(__file__).resolve().parents[2]),
+        cwd=str(Path(__file__).resolve().parents[3]),
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(
     not hasattr(signal, "pthread_sigmask"), reason="needs POSIX signal masks"
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 SCRIPT = """
 import os, signal, sys, threading, time
