@@ -52,6 +52,7 @@ from typing import Any
 from megatron.trace.analysis.hangs import find_hang
 from megatron.trace.analysis.liveness import Clock, judge, newest_beats
 from megatron.trace.live.accounting import LiveAccounting
+from megatron.trace.live.facts import FactsCaches
 from megatron.trace.live.stragglers import LiveStragglers
 from megatron.trace.model.builder import TraceBuilder
 from megatron.trace.model.incarnation import Incarnation, Trace
@@ -133,6 +134,7 @@ class LiveJob:
     # (so a scrape costs what changed since the last one)
     _accounting: dict[str, LiveAccounting] = field(default_factory=dict, repr=False)
     _stragglers: LiveStragglers = field(default_factory=LiveStragglers, repr=False)
+    _facts: FactsCaches = field(default_factory=FactsCaches, repr=False)
 
     def add_lines(self, lines: Iterable[tuple[Path, int, bytes]]) -> int:
         """Decode and add each line; a damaged one is counted, warned about and skipped.
@@ -157,6 +159,7 @@ class LiveJob:
         if not self.builder.span_count:
             return None
         trace = self.builder.finish()
+        self._facts.attach(trace)
         liveness = judge(trace, list(self.trace_files), clock)
         scores = self._stragglers(trace)
         last_records = _newest_records(trace, liveness.metrics_files)

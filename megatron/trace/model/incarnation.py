@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -118,9 +118,12 @@ class Incarnation:
     error_type: str | None = None
     #: its :class:`Revision` as of its builder's finish (None: not from a builder)
     revision: Revision | None = field(default=None, compare=False)
-    # derives interval_facts as intervals.derive does, from what an earlier finish of the
-    # same builder derived (split.py's _FactsCache); None: intervals.derive itself
-    _deriver: Any = field(default=None, repr=False, compare=False)
+    #: derives :attr:`interval_facts` as :func:`intervals.derive` does, set by whoever keeps
+    #: what earlier finishes derived (``watch``: :mod:`megatron.trace.live.facts`); None:
+    #: :func:`intervals.derive` itself
+    facts_deriver: Callable[[Incarnation], list[IntervalFacts]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @property
     def interval_facts(self) -> list[IntervalFacts]:
@@ -128,8 +131,8 @@ class Incarnation:
         when first asked for: it reads every interval, and only the goodput accounting
         and the pictures ask."""
         if self._facts is None:
-            if self._deriver is not None:
-                self._facts = self._deriver(self)
+            if self.facts_deriver is not None:
+                self._facts = self.facts_deriver(self)
             else:
                 self._facts = intervals.derive(
                     self.intervals,
