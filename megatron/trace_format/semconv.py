@@ -70,7 +70,15 @@ __all__ = [
     "MEGATRON_TRAINING_BADPUT_S",
     "MEGATRON_TRAINING_GOODPUT_FRACTION",
     "MEGATRON_TRAINING_GOODPUT_S",
+    "MEGATRON_TRAINING_GRAD_NORM",
     "MEGATRON_TRAINING_ITERATION",
+    "MEGATRON_TRAINING_LEARNING_RATE",
+    "MEGATRON_TRAINING_LOSS",
+    "MEGATRON_TRAINING_MEMORY_ALLOCATED_GB",
+    "MEGATRON_TRAINING_SKIPPED_ITERS",
+    "MEGATRON_TRAINING_STEP_DURATION_MS",
+    "MEGATRON_TRAINING_THROUGHPUT_TFLOPS",
+    "MEGATRON_TRAINING_TOKENS_PER_SEC",
     "MEGATRON_TRAINING_WALL_CLOCK_S",
     "MICROBATCH_BACKWARD_SPAN",
     "MICROBATCH_FORWARD_SPAN",
@@ -242,6 +250,20 @@ HEARTBEAT_PERIOD_S = 10.0
 #: How old the newest record of an incarnation that has not ended may be for
 #: it to count as running: three heartbeat periods.
 STALE_AFTER_S = 3 * HEARTBEAT_PERIOD_S
+
+# ---------------------------------------------------------------------------
+# The per-iteration training metrics (:mod:`megatron.core.telemetry.training_metrics`
+# records them: a histogram of step durations, a counter of skipped iterations, gauges)
+# ---------------------------------------------------------------------------
+
+MEGATRON_TRAINING_STEP_DURATION_MS = "megatron.training.step_duration_ms"
+MEGATRON_TRAINING_LOSS = "megatron.training.loss"
+MEGATRON_TRAINING_THROUGHPUT_TFLOPS = "megatron.training.throughput_tflops"
+MEGATRON_TRAINING_GRAD_NORM = "megatron.training.grad_norm"
+MEGATRON_TRAINING_SKIPPED_ITERS = "megatron.training.skipped_iters"
+MEGATRON_TRAINING_LEARNING_RATE = "megatron.training.learning_rate"
+MEGATRON_TRAINING_TOKENS_PER_SEC = "megatron.training.tokens_per_sec"
+MEGATRON_TRAINING_MEMORY_ALLOCATED_GB = "megatron.training.memory_allocated_gb"
 
 # ---------------------------------------------------------------------------
 # The live goodput metrics (:mod:`megatron.training.telemetry.goodput_metrics` records them
