@@ -208,7 +208,7 @@ def test_without_room_for_a_temporary_file_the_columns_stay_in_memory(
     other = Iterations()
     other.extend(its)
     assert _rows(other) == [(n, n, n + 1) for n in range(10)]
-    assert not its._blocks and not other._blocks
+    assert not its.spilled and not other.spilled
     assert len(spill._UNWRITABLE) == 1  # tried once, not at every row
 
 

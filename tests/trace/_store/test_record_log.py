@@ -136,7 +136,7 @@ def test_without_room_for_a_temporary_file_the_records_stay_in_memory(
     log = RecordLog()
     for record in expected:
         log.append(record)
-    assert list(log) == expected and not log._blocks
+    assert list(log) == expected and not log.spilled
 
 
 def test_a_trace_read_with_its_records_spilled_reports_the_same(
