@@ -272,6 +272,9 @@ class _PassCounter:
             self._on_boundary(iteration)
 
 
+_LATEST: list[SpanPhases | None] = [None]
+
+
 class SpanPhases:
     """The span lifecycle of one ``pretrain()`` call, driven by named transitions.
 
@@ -365,6 +368,7 @@ class SpanPhases:
         self._in_transition = 0
         self._deferred: list[Callable[[], None]] = []
         _keep_transitions_quiet()
+        _LATEST[0] = self
         self._phase = _Phase()
         with _quiet():
             self.machine = Machine(
@@ -375,6 +379,15 @@ class SpanPhases:
                 auto_transitions=False,
                 name="span_phases",
             )
+
+    @classmethod
+    def current(cls) -> SpanPhases | None:
+        """The lifecycle of the most recent ``pretrain()`` in this process (None before one).
+
+        Megatron-LM's ``train()`` is a separate function from the ``pretrain()``
+        that creates the lifecycle; it fires its triggers on this one.
+        """
+        return _LATEST[0]
 
     @property
     def state(self) -> str:
