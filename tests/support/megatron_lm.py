@@ -55,6 +55,9 @@ SIGNAL_AT = "MEGATRON_LM_TEST_SIGNAL_AT_STEP"
 HIDE_PACKAGES = "MEGATRON_LM_TEST_HIDE_PACKAGES"
 #: Where the ``console`` exporter's spans go (set by :func:`run_pretrain_gpt`).
 SPANS_FILE = "MEGATRON_LM_SPANS_FILE"
+#: Where the process writes, at exit, which signals have a Python handler (set by
+#: :func:`run_pretrain_gpt`; a run killed by a signal writes nothing).
+SIGNALS_FILE = "MEGATRON_LM_TEST_SIGNALS_FILE"
 
 #: The flags that make a one-rank, one-layer GPT train on a CPU with mock data
 #: (no fused kernels, no CUDA-only paths), before the caller's own.
@@ -95,6 +98,9 @@ class MegatronRun:
     stdout: str = ""
     stderr: str = ""
     argv: list[str] = field(default_factory=list)
+    #: Signal name -> ``default``, ``ignore``, ``python`` or ``other``, as the
+    #: process left them at exit (empty when it died by a signal).
+    signal_handlers: dict[str, str] = field(default_factory=dict)
 
     def names(self) -> list[str]:
         """Span names in export order."""
@@ -167,6 +173,7 @@ def job_env(
             "WORLD_SIZE": "1",
             "OMP_NUM_THREADS": "1",
             SPANS_FILE: str(work_dir / "spans.jsonl"),
+            SIGNALS_FILE: str(work_dir / "signals.json"),
         }
     )
     if telemetry:
@@ -220,15 +227,17 @@ def run_pretrain_gpt(
     """Run ``TREE/pretrain_gpt.py`` with :data:`CPU_FLAGS`, ``--train-iters`` and ``flags``.
 
     ``work_dir`` (created if missing) holds the captured spans
-    (``spans.jsonl``, emptied first) and is where checkpoint paths in
-    ``flags`` usually point. Returns when the process has ended, however it
-    ended (a signal's death is a negative ``returncode``).
+    (``spans.jsonl``, emptied first), the signal record (``signals.json``) and
+    is where checkpoint paths in ``flags`` usually point. Returns when the
+    process has ended, however it ended (a signal's death is a negative
+    ``returncode``).
     """
     tree = Path(tree).resolve()
     work = Path(work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     spans_file = work / "spans.jsonl"
     spans_file.unlink(missing_ok=True)
+    (work / "signals.json").unlink(missing_ok=True)
     environment = job_env(tree, work, telemetry=telemetry, span_groups=span_groups, env=env)
     argv = [
         python_for_megatron(),
@@ -248,10 +257,121 @@ def run_pretrain_gpt(
         timeout=timeout,
         check=False,
     )
+    signals_file = Path(environment.get(SIGNALS_FILE, work / "signals.json"))
     return MegatronRun(
         returncode=completed.returncode,
         spans=read_spans(Path(environment.get(SPANS_FILE, spans_file))),
+        signal_handlers=json.loads(signals_file.read_text()) if signals_file.exists() else {},
         stdout=completed.stdout,
         stderr=completed.stderr,
         argv=argv,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Reading spans as a forest of traces, independent of ids and timestamps
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class SpanNode:
+    """One span in :func:`span_forest`: what two runs of the same code share."""
+
+    name: str
+    status: str
+    links: tuple
+    attribute_keys: frozenset
+    children: list[SpanNode] = field(default_factory=list)
+
+    def shape(self) -> tuple:
+        """Name, status, links and children's shapes: equal for equal trees."""
+        return (self.name, self.status, self.links, tuple(c.shape() for c in self.children))
+
+
+def _span_id(span: dict) -> str:
+    return span["context"]["span_id"]
+
+
+def span_forest(spans: Sequence[dict]) -> list[SpanNode]:
+    """Each trace's root with its children, roots and siblings in start order.
+
+    A link is written as the position of the root it points to, ``("root",
+    i)``, or as ``("span", name)`` when it points inside a trace; a parent the
+    spans do not hold (exported by no one) makes its children roots.
+    """
+    by_id = {_span_id(span): span for span in spans}
+    children: dict[str, list[dict]] = {}
+    roots = []
+    for span in spans:
+        parent = span.get("parent_id")
+        if parent and parent in by_id:
+            children.setdefault(parent, []).append(span)
+        else:
+            roots.append(span)
+
+    def order(group: list[dict]) -> list[dict]:
+        return sorted(group, key=lambda s: (s["start_time"], s["name"]))
+
+    roots = order(roots)
+    root_index = {_span_id(span): i for i, span in enumerate(roots)}
+
+    def link(target: dict) -> tuple:
+        span_id = target["context"]["span_id"]
+        if span_id in root_index:
+            return ("root", root_index[span_id])
+        return ("span", by_id[span_id]["name"] if span_id in by_id else None)
+
+    def node(span: dict) -> SpanNode:
+        return SpanNode(
+            name=span["name"],
+            status=span["status"]["status_code"],
+            links=tuple(link(target) for target in span.get("links") or ()),
+            attribute_keys=frozenset(span.get("attributes") or {}),
+            children=[node(child) for child in order(children.get(_span_id(span), []))],
+        )
+
+    return [node(root) for root in roots]
+
+
+def forest_differences(upstream: list[SpanNode], ours: list[SpanNode]) -> list[str]:
+    """Where ``ours`` is not ``upstream``: a different shape (names, parents,
+    trace roots, links, statuses), or a span missing one of upstream's attribute keys."""
+    differences: list[str] = []
+
+    def walk(a: SpanNode, b: SpanNode, path: str) -> None:
+        mine, theirs = (b.name, b.status, b.links), (a.name, a.status, a.links)
+        if theirs != mine:
+            differences.append(f"{path}: upstream {theirs} != ours {mine}")
+            return
+        missing = a.attribute_keys - b.attribute_keys
+        if missing:
+            differences.append(f"{path}/{a.name}: missing attribute keys {sorted(missing)}")
+        if [c.name for c in a.children] != [c.name for c in b.children]:
+            differences.append(
+                f"{path}/{a.name}: children upstream {[c.name for c in a.children]} "
+                f"!= ours {[c.name for c in b.children]}"
+            )
+            return
+        for i, (x, y) in enumerate(zip(a.children, b.children, strict=True)):
+            walk(x, y, f"{path}/{a.name}[{i}]")
+
+    if [r.name for r in upstream] != [r.name for r in ours]:
+        return [f"roots: upstream {[r.name for r in upstream]} != ours {[r.name for r in ours]}"]
+    for i, (a, b) in enumerate(zip(upstream, ours, strict=True)):
+        walk(a, b, f"trace {i}")
+    return differences
+
+
+def port_checkout(checkout: Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m megatron.training.port_upstream CHECKOUT`` as a user does.
+
+    ``cwd`` (default: this repository) must let this interpreter import the
+    project (installed, or the repository on ``PYTHONPATH``).
+    """
+    return subprocess.run(
+        [sys.executable, "-m", "megatron.training.port_upstream", str(checkout)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=cwd or Path(__file__).resolve().parents[2],
     )

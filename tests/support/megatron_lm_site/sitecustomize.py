@@ -16,8 +16,8 @@ touches the Megatron-LM tree:
   ``TorchFunctionMode`` that rewrites the ``device`` a factory or ``.to()`` is
   given);
 * test hooks, by variable: a ``RuntimeError`` or a signal to itself at the
-  N-th ``train_step`` call, and packages that fail to import as if not
-  installed;
+  N-th ``train_step`` call, packages that fail to import as if not installed,
+  and a record, at exit, of which signals have a Python handler;
 * spans the OpenTelemetry SDK's ``ConsoleSpanExporter`` writes (nemo-lens's
   ``console`` exporter) go to the file ``MEGATRON_LM_SPANS_FILE`` names, one
   JSON object a line, flushed per export, instead of standard output.
@@ -36,6 +36,7 @@ import typing
 FAULT_AT = "MEGATRON_LM_TEST_FAULT_AT_STEP"
 SIGNAL_AT = "MEGATRON_LM_TEST_SIGNAL_AT_STEP"
 HIDE_PACKAGES = "MEGATRON_LM_TEST_HIDE_PACKAGES"
+SIGNALS_FILE = "MEGATRON_LM_TEST_SIGNALS_FILE"
 
 
 def _backport_override() -> None:
@@ -265,7 +266,40 @@ class _AfterImport:
         return spec
 
 
+def _record_signal_handlers() -> None:
+    """At exit, write which terminating signals have a Python handler (JSON).
+
+    Registered first, so it runs after every other atexit hook: what the
+    process left installed. ``default``, ``ignore``, ``python`` or ``other``
+    per signal.
+    """
+    path = os.environ.get(SIGNALS_FILE)
+    if not path:
+        return
+    import atexit
+    import json
+    import signal
+
+    def record() -> None:
+        kinds = {}
+        for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT"):
+            handler = signal.getsignal(getattr(signal, name))
+            if handler == signal.SIG_DFL:
+                kinds[name] = "default"
+            elif handler == signal.SIG_IGN:
+                kinds[name] = "ignore"
+            elif callable(handler):
+                kinds[name] = "python"
+            else:
+                kinds[name] = "other"
+        with open(path, "w", encoding="utf-8") as out:
+            json.dump(kinds, out)
+
+    atexit.register(record)
+
+
 def _install() -> None:
+    _record_signal_handlers()
     _hide_packages()
     sys.meta_path.insert(0, _AfterImport("megatron.training.training", _step_hooks))
     _backport_override()
