@@ -46,7 +46,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from transitions import Machine, MachineError
 
@@ -272,9 +272,6 @@ class _PassCounter:
             self._on_boundary(iteration)
 
 
-_LATEST: list[SpanPhases | None] = [None]
-
-
 class SpanPhases:
     """The span lifecycle of one ``pretrain()`` call, driven by named transitions.
 
@@ -288,6 +285,10 @@ class SpanPhases:
     """
 
     step: Callable[[int | None], None]
+
+    # The most recently created lifecycle (see current()): one reference, replaced
+    # by each pretrain(), as the exit hooks act on the most recent one.
+    _latest: ClassVar[SpanPhases | None] = None
 
     # Each state names the callbacks that open and close the spans it owns.
     STATES: tuple[dict[str, Any], ...] = (
@@ -368,7 +369,7 @@ class SpanPhases:
         self._in_transition = 0
         self._deferred: list[Callable[[], None]] = []
         _keep_transitions_quiet()
-        _LATEST[0] = self
+        SpanPhases._latest = self
         self._phase = _Phase()
         with _quiet():
             self.machine = Machine(
@@ -387,7 +388,7 @@ class SpanPhases:
         Megatron-LM's ``train()`` is a separate function from the ``pretrain()``
         that creates the lifecycle; it fires its triggers on this one.
         """
-        return _LATEST[0]
+        return cls._latest
 
     @property
     def state(self) -> str:

@@ -239,3 +239,11 @@ def test_graceful_sigterm_only_flushes(hooks, monkeypatch):
     phases.end_train()
     phases.shutdown()
     assert len(handle.spans("megatron.train")) == 1
+
+
+def test_train_finds_the_lifecycle_of_the_latest_pretrain():
+    """``train()`` fires its triggers on ``SpanPhases.current()``: the newest lifecycle."""
+    first = lifecycle(Handle())
+    assert SpanPhases.current() is first
+    second = lifecycle(None)
+    assert SpanPhases.current() is second

@@ -293,7 +293,7 @@ def _span_id(span: dict) -> str:
 
 
 def span_forest(spans: Sequence[dict]) -> list[SpanNode]:
-    """Each trace's root with its children, roots and siblings in start order.
+    """Each trace's root with its children, roots and siblings in start (then end) order.
 
     A link is written as the position of the root it points to, ``("root",
     i)``, or as ``("span", name)`` when it points inside a trace; a parent the
@@ -310,7 +310,9 @@ def span_forest(spans: Sequence[dict]) -> list[SpanNode]:
             roots.append(span)
 
     def order(group: list[dict]) -> list[dict]:
-        return sorted(group, key=lambda s: (s["start_time"], s["name"]))
+        # Backdated phases can share a start (a phase that took no time at all):
+        # the shorter first, as they were recorded.
+        return sorted(group, key=lambda s: (s["start_time"], s["end_time"], s["name"]))
 
     roots = order(roots)
     root_index = {_span_id(span): i for i, span in enumerate(roots)}

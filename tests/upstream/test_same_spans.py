@@ -218,7 +218,6 @@ def test_without_opentelemetry_or_nemo_lens_the_port_trains_as_pristine(trees, t
     ported = _run(trees.ported, case, tmp_path / "ported")
     assert ported.returncode == pristine.returncode == 0, ported.describe()
     assert ported.signal_handlers == pristine.signal_handlers
-    assert ported.signal_handlers["SIGTERM"] == "default"
     assert pristine.spans == ported.spans == []
     assert _loss_lines(ported) == _loss_lines(pristine) != []
     assert "No module named 'opentelemetry" not in ported.stderr
