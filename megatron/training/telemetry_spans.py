@@ -460,14 +460,16 @@ class SpanPhases:
         """Run one transition through ``transitions``, a table miss raising SpanPhaseError."""
         state = self._phase.state
         self._in_transition += 1
+        quiet = _QUIET  # what _quiet() does, inline: this runs at every reroot
+        quiet.depth = getattr(quiet, "depth", 0) + 1
         try:
-            with _quiet():
-                getattr(self._phase, trigger)(*args, **kwargs)
+            getattr(self._phase, trigger)(*args, **kwargs)
         except SpanPhaseError:
             raise
         except MachineError:
             raise SpanPhaseError(trigger, state) from None
         finally:
+            quiet.depth -= 1
             self._in_transition -= 1
             if self._deferred and not self._in_transition:
                 self._run_deferred()
