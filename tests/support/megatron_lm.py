@@ -20,10 +20,12 @@ again without touching the tree.
 Telemetry is nemo-lens's, configured the way Megatron-LM reads it:
 ``telemetry=True`` sets ``MEGATRON_OTEL_ENABLED=1`` and, unless the caller's
 ``env`` chooses another, the ``console`` exporter, whose spans come back in
-:attr:`MegatronRun.spans` (one dict per span, the SDK's ``to_json`` form). A
-caller that exports elsewhere (``MEGATRON_OTEL_EXPORTER=otlp`` with
-``OTEL_EXPORTER_OTLP_ENDPOINT`` on a loopback receiver) gets no spans here
-and reads its receiver instead.
+:attr:`MegatronRun.spans` (one dict per span, the SDK's ``to_json`` form).
+Metrics are off by default (``MEGATRON_OTEL_METRICS_ENABLED=0``: the console
+exporter would print them on standard output). A caller that exports
+elsewhere (``MEGATRON_OTEL_EXPORTER=otlp`` with ``OTEL_EXPORTER_OTLP_ENDPOINT``
+on a loopback receiver, and ``MEGATRON_OTEL_METRICS_ENABLED=1`` for metrics
+too) gets no spans here and reads its receiver instead.
 
 The Python that runs the job is :func:`python_for_megatron`: the interpreter
 running the tests unless ``MEGATRON_LM_PYTHON`` names another (an environment
