@@ -36,7 +36,7 @@ def _results() -> dict:
     results = {}
     for index, (key, target) in enumerate(targets.TARGETS.items()):
         has_target = target == target  # nan: measured, no target
-        value = (0.9 * target if has_target else 3.4) if key != "lifecycle_ratio" else 1.63
+        value = (0.9 * target if has_target else 3.4) if key != "lifecycle_ratio" else 2.63
         results[key] = {
             "value": value,
             "target": target if has_target else None,
@@ -103,7 +103,7 @@ def test_the_table_has_a_row_for_every_key_and_names_the_misses() -> None:
     rows = [line for line in block.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == list(targets.TARGETS)
     (lifecycle,) = [row for row in rows if row.startswith("| `lifecycle_ratio`")]
-    assert "| 1.630 | ≤ 1.3 | **no** |" in lifecycle
+    assert "| 2.630 | ≤ 2 | **no** |" in lifecycle
     assert "1 of" in block and "miss it: `lifecycle_ratio`" in block
     assert "commit `8619c6884627`" in block
     assert "\\| ours" in block  # a cell's | does not split the row
