@@ -1,9 +1,15 @@
 """Fixtures shared by the training-side tests.
 
-``lifecycles`` serves the span-lifecycle tests (``test_telemetry_spans_*.py``).
-The ``training_*`` fixtures serve the end-to-end tests of the training loop
-(``test_training_*.py``), which run the real trainer in subprocesses through
-the one harness, ``tests/support/processes.py``.
+The folders say what they test:
+
+* ``telemetry_spans/``: the span lifecycle, ``megatron/training/telemetry_spans.py``,
+  one file per concern; the ``lifecycles`` fixture serves them.
+* ``port_upstream/``: ``megatron/training/port_upstream.py`` on checkouts it must
+  refuse (the port on the real tree is ``tests/upstream``).
+* ``telemetry/``: the trainer's telemetry modules, ``megatron/training/telemetry/``.
+* ``runs/``: end-to-end runs of the trainer (``megatron/training/training.py``) in
+  subprocesses through the one harness, ``tests/support/processes.py``; the
+  ``training_*`` fixtures serve them.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ _logger = logging.getLogger(__name__)
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+# Twin of telemetry_spans.py's (standalone; core may not import training); a test holds them equal.
 def _is_clean_exit(exc: BaseException) -> bool:
     """``sys.exit(0)`` or generator close passing through a span is no failure."""
     if isinstance(exc, GeneratorExit):

@@ -307,6 +307,20 @@ class RootFlushingBatchSpanProcessor(SpanProcessor):
         """Spans dropped because the queue was full."""
         return self._dropped
 
+    @property
+    def queued_spans(self) -> int:
+        """Ended spans waiting in the queue for the worker's next export."""
+        return len(self._queue)
+
+    @property
+    def export_thread(self) -> threading.Thread | None:
+        """The worker thread that exports; ``None`` in a forked child, which starts none.
+
+        It is alive from construction until :meth:`shutdown` has exported the
+        last batch (or its timeout has passed).
+        """
+        return self._worker
+
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         pass
 

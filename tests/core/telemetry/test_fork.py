@@ -111,10 +111,10 @@ def test_processors_reset_in_a_forked_child() -> None:
             os.close(read_end)
             report = {
                 "open_after_fork": tracker.open_span_count,
-                "queued_after_fork": len(processor._queue),
+                "queued_after_fork": processor.queued_spans,
             }
             tracer.start_span("child-root").end()
-            report["queued_after_child_span"] = len(processor._queue)
+            report["queued_after_child_span"] = processor.queued_spans
             report["flushed"] = processor.force_flush(timeout_millis=1000)
             report["exported"] = exporter.names
             with os.fdopen(write_end, "w") as pipe:

@@ -132,7 +132,7 @@ def test_force_flush_and_shutdown_drain_the_queue(provider: TracerProvider) -> N
     # after shutdown, spans are dropped and no thread is left
     root.end()
     assert exporter.names == ["a", "b"]
-    assert processor._worker is not None and not processor._worker.is_alive()
+    assert processor.export_thread is not None and not processor.export_thread.is_alive()
     processor.shutdown()  # second call is a no-op
 
 

@@ -1,6 +1,6 @@
 """The DDP gradient-sync spans, on a real one-rank gloo process group in this process.
 
-Two ranks are the torchrun tests' business (``test_training_stragglers_hangs``);
+Two ranks are the torchrun tests' business (``runs/test_stragglers_hangs.py``);
 here: the hook reduces exactly as DDP's built-in reduction, the spans are
 where and what they should be, and nothing is registered without the
 ``communication`` span group.

@@ -27,9 +27,9 @@ BACKGROUND_AND_NOHUP = ("SIGINT", "SIGQUIT", "SIGHUP")
 
 #: The existing tests that send a trainer SIGINT and SIGHUP and expect it to die by them.
 SIGNALLING_TESTS = (
-    "tests/training/test_training_reliability.py"
+    "tests/training/runs/test_reliability.py"
     "::test_sigint_ends_with_one_line_status_130_and_a_complete_trace",
-    "tests/training/test_training_reliability.py::test_sighup_ends_spans_and_dies_by_the_signal",
+    "tests/training/runs/test_reliability.py::test_sighup_ends_spans_and_dies_by_the_signal",
 )
 
 

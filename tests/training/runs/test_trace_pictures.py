@@ -24,7 +24,7 @@ from megatron.trace.render.timeline import write as timeline
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 RUN = ("--save", "ck", "--save-interval", "4", "--eval-interval", "4", "--eval-iters", "1")
 
 

@@ -4,7 +4,7 @@ machine"), in process, with the process faked.
 ``atexit.register``, ``signal.signal``, ``signal.getsignal``, ``os.kill`` and
 ``signal.raise_signal`` are replaced by recorders, so installing and chaining can
 be counted without touching the test process. The real-signal behaviour is in
-test_telemetry_spans_signals.py.
+test_signals.py.
 """
 
 from __future__ import annotations
