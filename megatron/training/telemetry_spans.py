@@ -690,7 +690,10 @@ def _is_clean_exit(cause: BaseException) -> bool:
     """``sys.exit(0)`` (or a generator closing) unwinding through ``pretrain()`` is no failure."""
     if isinstance(cause, GeneratorExit):
         return True
-    return isinstance(cause, SystemExit) and cause.code in (None, 0)
+    # Python exits 0 for a code of None or an int equal to 0 (False too), not 0.0.
+    return isinstance(cause, SystemExit) and (
+        cause.code is None or (isinstance(cause.code, int) and cause.code == 0)
+    )
 
 
 def _type_name(kind: type) -> str:

@@ -44,7 +44,10 @@ def _is_clean_exit(exc: BaseException) -> bool:
     """``sys.exit(0)`` or generator close passing through a span is no failure."""
     if isinstance(exc, GeneratorExit):
         return True
-    return isinstance(exc, SystemExit) and exc.code in (None, 0)
+    # Python exits 0 for a code of None or an int equal to 0 (False too), not 0.0.
+    return isinstance(exc, SystemExit) and (
+        exc.code is None or (isinstance(exc.code, int) and exc.code == 0)
+    )
 
 
 class _NoSpan:
