@@ -46,6 +46,8 @@ def test_an_editable_install_after_megatron_core_trains_with_telemetry(
     assert telemetry == str(our_source / "megatron/core/telemetry/__init__.py")
     assert spans == str(our_source / "megatron/training/telemetry_spans.py")
 
+    assert user.ok([user.script, "--version"]) == "megatron-trace 0.1.0\n"  # its metadata
+
     pretrain = user.python.parent / "megatron-pretrain"
     user.ok([pretrain, *TINY])
     trace = beside.cwd / "telemetry" / "traces.jsonl"
