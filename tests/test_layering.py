@@ -32,11 +32,12 @@ ROOMS: dict[str, frozenset[str]] = {
     "megatron.trace.semconv": frozenset(),
     "megatron.trace.errors": frozenset(),
     "megatron.trace.otlp": _BASE,
+    "megatron.trace.receive": _BASE,
     "megatron.trace._store": _OTLP,
     "megatron.trace.model": _STORE,
     "megatron.trace.analysis": _MODEL,
     "megatron.trace.render": _ANALYSIS,
-    "megatron.trace.cli": _RENDER,
+    "megatron.trace.cli": _RENDER | {"megatron.trace.receive"},
 }
 ALLOWED: dict[str, frozenset[str]] = {
     **ROOMS,

@@ -26,6 +26,9 @@ NEEDS_EXTRAS_MODULES = frozenset(
         "test_trace_otlp_decode.py",
         "test_trace_otlp_files.py",
         "test_trace_pieces.py",
+        # the receive extra's grpcio and opentelemetry-proto (test_trace_without_extras.py
+        # checks the one line `receive` gives without them)
+        "test_trace_receive.py",
         "test_trace_timeline.py",
         "test_trace_timeline_ranks.py",
     }

@@ -38,6 +38,7 @@ COMMANDS = {
     "export": "megatron.trace.cli.export",
     "diff": "megatron.trace.cli.diff",
     "watch": "megatron.trace.cli.watch",
+    "receive": "megatron.trace.cli.receive",
 }
 
 __all__ = ["COMMANDS", "build_parser", "main"]
