@@ -65,9 +65,13 @@ def _exporter(transport: str, receiver: Running):
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         return OTLPSpanExporter(endpoint=f"http://127.0.0.1:{receiver.grpc_port}", insecure=True)
+    from opentelemetry.exporter.otlp.proto.http import Compression
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return OTLPSpanExporter(endpoint=f"http://127.0.0.1:{receiver.http_port}/v1/traces")
+    return OTLPSpanExporter(
+        endpoint=f"http://127.0.0.1:{receiver.http_port}/v1/traces",
+        compression=Compression.Gzip if transport == "http-gzip" else Compression.NoCompression,
+    )
 
 
 def _job(reference: Path, transport: str, receiver: Running) -> None:
@@ -97,7 +101,7 @@ def _report(*files: Path) -> dict:
     return report
 
 
-@pytest.mark.parametrize("transport", ["grpc", "http"])
+@pytest.mark.parametrize("transport", ["grpc", "http", "http-gzip"])
 def test_received_spans_report_and_check_as_the_file_exporter_s(
     receiver: Running, tmp_path: Path, transport: str
 ) -> None:
