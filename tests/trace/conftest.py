@@ -31,6 +31,7 @@ NEEDS_EXTRAS_MODULES = frozenset(
         "test_trace_receive.py",
         "test_trace_timeline.py",
         "test_trace_timeline_ranks.py",
+        "test_trace_timeline_many_ranks.py",
     }
 )
 
