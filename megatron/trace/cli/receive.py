@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from megatron.trace.cli.options import exit_statuses
 from megatron.trace.errors import TraceInputError, TraceOutputError
 
 __all__ = ["DEFAULT_GRPC", "DEFAULT_HTTP", "add_parser", "run"]
@@ -117,8 +118,7 @@ def add_parser(subparsers: Any) -> None:
         "OUT/rank*/traces.jsonl` then reads them. Point the job's exporter here, e.g. "
         "OTEL_EXPORTER_OTLP_ENDPOINT=http://HOST:4317 (needs the 'receive' extra). Ctrl-C "
         "or SIGTERM stops it, with status 0.",
-        epilog="exit status: 0 stopped by Ctrl-C or SIGTERM; 2 a bad option, a port that "
-        "cannot be had, a missing optional package",
+        epilog=exit_statuses(None),
     )
     parser.add_argument(
         "--out", type=_out, required=True, metavar="DIR", help="the folder to write into"
