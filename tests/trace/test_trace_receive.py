@@ -162,6 +162,7 @@ def test_ids_are_hex_as_the_file_exporter_writes_them(receiver: Running, tmp_pat
 
 
 def test_metrics_arrive_beside_the_rank_s_trace(receiver: Running, tmp_path: Path) -> None:
+    u.official_file_exporter()  # (the official file exporters need the newest SDK: skip if not)
     from opentelemetry.exporter.otlp.json.file.metric_exporter import FileMetricExporter
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
