@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace.cli.options import exit_statuses
-from megatron.trace.errors import TraceInputError, TraceOutputError
+from megatron.trace_format.errors import TraceInputError, TraceOutputError
 
 __all__ = ["DEFAULT_GRPC", "DEFAULT_HTTP", "add_parser", "run"]
 

@@ -16,8 +16,8 @@ import base64
 import json
 from typing import Any
 
-from megatron.trace.errors import MissingExtraError, TraceInputError
 from megatron.trace.receive.files import KINDS
+from megatron.trace_format.errors import MissingExtraError, TraceInputError
 
 __all__ = ["ID_FIELDS", "from_json", "from_protobuf", "request_types", "to_json"]
 

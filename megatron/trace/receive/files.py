@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from megatron.trace.errors import TraceOutputError
-from megatron.trace.semconv import DL_RANK, SERVICE_INSTANCE_ID
+from megatron.trace_format.errors import TraceOutputError
+from megatron.trace_format.semconv import DL_RANK, SERVICE_INSTANCE_ID
 
 __all__ = ["KINDS", "RankFiles", "rank_folder"]
 

@@ -19,9 +19,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from megatron.trace.errors import MissingExtraError, TraceError, TraceInputError
 from megatron.trace.receive.convert import from_json, from_protobuf, request_types, to_json
 from megatron.trace.receive.files import RankFiles
+from megatron.trace_format.errors import MissingExtraError, TraceError, TraceInputError
 
 __all__ = ["HTTP_PATHS", "Receiver"]
 
