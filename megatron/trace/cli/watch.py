@@ -69,7 +69,7 @@ class _Watch:
         self.follower = Follower(trace_files)
         self.job = LiveJob(
             trace_files,
-            job=args.job,
+            run_id=args.run_id,
             hang_factor=args.hang_factor,
             hang_floor_s=args.hang_floor,
             killed_after_s=args.killed_after,
@@ -259,6 +259,12 @@ def add_parser(subparsers: Any) -> None:
         help="how often they are pushed (default 10, the trainer's metrics export period)",
     )
     parser.add_argument(
-        "--job", default=None, help="the job label (default: the run id, nemo.run.id)"
+        "--run-id",
+        "--job",
+        dest="run_id",
+        default=None,
+        help="the run_id label of every series (default: from the first record read: its "
+        "resource's megatron.run_id, nemo.run.id, nemo.lens.run_uuid, slurm.job.id or "
+        "service.instance.id less -rank<N>, else the first file's folder)",
     )
     parser.set_defaults(func=run)
