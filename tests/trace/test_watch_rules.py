@@ -11,11 +11,14 @@ stalled to killed, and the recording rules read a falling goodput gauge as a fal
 from __future__ import annotations
 
 import importlib.resources
+import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
-from promtool import promtool
+import pytest
+from promtool import REQUIRED, promtool
 
 from megatron.trace.render.metrics.prometheus import METRICS
 
@@ -148,3 +151,37 @@ def test_the_alerts_fire_as_promtool_test_rules_sees_them(tmp_path: Path) -> Non
         [tool, "test", "rules", tests.name], capture_output=True, text=True, cwd=tmp_path
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+ROUTING = importlib.resources.files("megatron.trace") / "watch_alertmanager.yml"
+DASHBOARD = importlib.resources.files("megatron.trace") / "watch_dashboard.json"
+
+
+def test_the_alertmanager_routing_passes_amtool_check_config() -> None:
+    amtool = shutil.which("amtool")
+    if amtool is None:
+        reason = "amtool is not installed (apt-get install prometheus-alertmanager)"
+        if REQUIRED:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    text = ROUTING.read_text()
+    # one notification group per alert and run; a dead run's hang and goodput are inhibited
+    assert "group_by: [alertname, run_id]" in text and "equal: [run_id]" in text
+    with importlib.resources.as_file(ROUTING) as path:
+        result = subprocess.run([amtool, "check-config", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_dashboard_queries_only_what_watch_serves_by_run_and_rank() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert variables == {"datasource", "run_id", "rank"}
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    assert len({panel["id"] for panel in dashboard["panels"]}) == len(dashboard["panels"])
+    for expr in exprs:
+        names = set(re.findall(r"\bmegatron_[a-z_]+", expr))
+        assert names and names <= set(METRICS), expr
+        assert 'run_id=~"$run_id"' in expr and 'rank=~"$rank"' in expr, expr
+        # rate() only of counters; the gauges through gauge functions
+        for name in re.findall(r"rate\((megatron_[a-z_]+)", expr):
+            assert METRICS[name][0] == "counter", expr
