@@ -21,6 +21,7 @@ process still dies by SIGINT (status -2 / 130) as Python's default does, so a
 calling shell script stops too.
 """
 
+import os
 import time
 
 PROGRAM_START = time.time()
@@ -46,6 +47,13 @@ from megatron.training.training import pretrain  # noqa: E402
 def main(argv: list[str] | None = None) -> None:
     main_entry = time.time()
     config = parse_args(argv)
+    if config.demo and "OMP_NUM_THREADS" not in os.environ:
+        # The demo's model is too small to gain from a second intra-op thread, and on a
+        # core another process keeps busy that thread's spin-waits make every iteration
+        # many times slower: one thread keeps the run's length what --help says.
+        import torch
+
+        torch.set_num_threads(1)
     try:
         result = pretrain(config, program_start=PROGRAM_START, main_entry=main_entry)
     except (CheckpointError, TelemetryConfigError) as exc:
