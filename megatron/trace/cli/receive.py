@@ -21,7 +21,7 @@ from typing import Any
 from megatron.trace.cli.options import exit_statuses
 from megatron.trace_format.errors import TraceInputError, TraceOutputError
 
-__all__ = ["DEFAULT_GRPC", "DEFAULT_HTTP", "add_parser", "run"]
+__all__ = ["DEFAULT_GRPC", "DEFAULT_HTTP", "add_parser", "listen_address", "out_folder", "run"]
 
 _PREFIX = "megatron-trace receive"
 #: Where a collector's OTLP receiver listens by default (loopback: say 0.0.0.0:PORT for
@@ -30,7 +30,7 @@ DEFAULT_GRPC = "localhost:4317"
 DEFAULT_HTTP = "localhost:4318"
 
 
-def _address(flag: str) -> Any:
+def listen_address(flag: str) -> Any:
     def parse(text: str) -> tuple[str, int] | None:
         if text == "off":
             return None
@@ -44,7 +44,7 @@ def _address(flag: str) -> Any:
     return parse
 
 
-def _out(text: str) -> Path:
+def out_folder(text: str) -> Path:
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
@@ -121,18 +121,18 @@ def add_parser(subparsers: Any) -> None:
         epilog=exit_statuses(None),
     )
     parser.add_argument(
-        "--out", type=_out, required=True, metavar="DIR", help="the folder to write into"
+        "--out", type=out_folder, required=True, metavar="DIR", help="the folder to write into"
     )
     parser.add_argument(
         "--grpc",
-        type=_address("--grpc 4317"),
+        type=listen_address("--grpc 4317"),
         default=DEFAULT_GRPC,
         metavar="HOST:PORT",
         help=f"OTLP/gRPC listen address, or off (default {DEFAULT_GRPC})",
     )
     parser.add_argument(
         "--http",
-        type=_address("--http 4318"),
+        type=listen_address("--http 4318"),
         default=DEFAULT_HTTP,
         metavar="HOST:PORT",
         help=f"OTLP/HTTP listen address, or off (default {DEFAULT_HTTP})",

@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -296,3 +297,88 @@ def test_a_port_in_use_is_one_line_naming_the_flag(receiver: Running, tmp_path: 
     result = _cli("receive", "--out", tmp_path / "other", "--grpc", "off", "--http", taken)
     assert result.returncode == 2
     assert result.stderr.startswith(f"megatron-trace receive: error: --http {taken}: cannot")
+
+
+WATCHING = re.compile(
+    r"serving http://127\.0\.0\.1:(\d+)/metrics for .*received on grpc 127\.0\.0\.1:(\d+), "
+    r"http http://127\.0\.0\.1:(\d+)/v1/traces"
+)
+
+
+class Watching(Running):
+    """``watch --receive``: the receiver and the endpoint in one process."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "megatron.trace", "watch", "--receive", str(out),
+             "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--listen", "127.0.0.1:0",
+             "--interval", "0.2"],
+            stderr=subprocess.PIPE, text=True, cwd=out.parent,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        )  # fmt: skip
+        assert self.process.stderr is not None
+        first = self.process.stderr.readline()
+        match = WATCHING.search(first)
+        assert match, first
+        self.metrics_port, self.grpc_port, self.http_port = map(int, match.groups())
+
+    def scrape(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics") as answer:
+            text = answer.read().decode()
+        series = {}
+        for name, labels, value in re.findall(r"^(\w+)\{(.*)\} (\S+)$", text, re.M):
+            pairs = frozenset(re.findall(r'(\w+)="([^"]*)"', labels))
+            series[(name, pairs)] = float(value)
+        return series
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+def test_watch_receive_serves_what_report_reads_from_the_received_files(
+    tmp_path: Path, transport: str
+) -> None:
+    watching = Watching(tmp_path / "received")
+    try:
+        reference = tmp_path / "reference" / "traces.jsonl"
+        reference.parent.mkdir()
+        _job(reference, transport, watching)  # type: ignore[arg-type]
+        received = sorted(watching.out.glob("*/traces.jsonl"))
+        assert [p.parent.name for p in received] == ["rank0", "rank1"]
+
+        def both_ranks() -> dict:
+            scraped = watching.scrape()
+            states = {dict(k[1])["rank"] for k, v in scraped.items()
+                      if k[0] == "megatron_job_state" and v == 1}  # fmt: skip
+            return scraped if states == {"0", "1"} else {}
+
+        deadline = time.monotonic() + 60
+        while not (scraped := both_ranks()):
+            assert time.monotonic() < deadline, "watch never served both ranks"
+            time.sleep(0.3)
+        time.sleep(1.5)  # a few polls more: every line read
+        scraped = watching.scrape()
+    finally:
+        status, said = watching.stop()
+    assert status == 0, said
+    run = "job-4711"
+    for path in received:
+        rank = path.parent.name.removeprefix("rank")
+        result = _cli("report", "--json", path)
+        assert result.returncode == 0, result.stderr
+        report = json.loads(result.stdout.splitlines()[-1])
+        labels = frozenset({("run_id", run), ("rank", rank)})
+        assert scraped[("megatron_training_goodput_seconds", labels)] == pytest.approx(
+            report["goodput_s"], abs=1e-6
+        )
+        assert scraped[("megatron_training_wall_clock_seconds", labels)] == pytest.approx(
+            report["wall_s"], abs=1e-6
+        )
+        for category, seconds in report["badput_s"].items():
+            key = ("megatron_training_badput_seconds", labels | {("category", category)})
+            assert scraped[key] == pytest.approx(seconds or 0.0, abs=1e-6), category
+    states = {
+        dict(labels)["rank"]: dict(labels)["state"]
+        for (name, labels), value in scraped.items()
+        if name == "megatron_job_state" and value == 1
+    }
+    assert states == {"0": "finished", "1": "killed"}
