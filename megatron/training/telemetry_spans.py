@@ -11,8 +11,12 @@ several separate traces, never one run-long root span:
 * traces C0..Cn, ``megatron.train``: one per checkpoint interval, each linked to
   the one before it (C0 to B), so a SIGKILL loses at most the interval in flight.
 
-The names it writes (span names, attribute keys) are spelled once, in
-:mod:`megatron.trace_format.semconv`, which everything reading them shares.
+The names it writes (span names, attribute keys) are constants of this module:
+it is the one file that opens these spans, and it is the same file in this
+project and in Megatron-LM (``python -m megatron.training.port_upstream``
+copies it there), so it imports only the standard library, ``transitions``
+and, once telemetry is on, OpenTelemetry. A test holds the constants equal to
+the reader's vocabulary (``megatron.trace``'s semconv).
 
 The lifecycle is an explicit state machine on the ``transitions`` library.
 Each state owns exactly the spans that are open while it is current: entering
@@ -28,43 +32,23 @@ lifecycle of the most recent ``pretrain()``.
 Telemetry off (no handle, a handle that is not exporting, or the ``job`` span
 group off): the machine still runs and still rejects illegal orders, so the
 call-site ordering in ``training.py`` is checked in every run, but no callback
-touches the OpenTelemetry API.
+touches (or imports) the OpenTelemetry API.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace as otel_trace
-from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 from transitions import Machine, MachineError
-from transitions.core import EventData
-
-from megatron.core.telemetry.span_groups import SpanGroup
-from megatron.core.telemetry.state import is_span_group_enabled
-from megatron.trace_format.semconv import (
-    CONTAINER_LOAD_SPAN,
-    ERROR_TYPE,
-    INTERVAL_FIRST_ITERATION,
-    INTERVAL_INDEX,
-    INTERVAL_LAST_ITERATION,
-    INTERVAL_REROOTED,
-    INTERVAL_SPAN,
-    IS_GOODPUT_SPAN,
-    LAUNCH_SCRIPT_SPAN,
-    MODEL_TYPE,
-    PRE_STARTUP_SPAN,
-    SHUTDOWN_REASON,
-    STARTUP_SPAN,
-)
 
 __all__ = [
     "EXIT_HOOKS",
@@ -74,7 +58,29 @@ __all__ = [
     "SpanPhases",
     "TelemetryLike",
     "install_exit_hooks",
+    "mark_goodput",
 ]
+
+# The names this module writes. It is the one file that opens these spans, and
+# it lives in two trees (this project and Megatron-LM), so it spells them
+# itself; a test holds them equal to the reader's vocabulary
+# (``megatron.trace``'s semconv), so the two spellings cannot drift.
+PRE_STARTUP_SPAN = "pre_startup"
+STARTUP_SPAN = "megatron.startup"
+LAUNCH_SCRIPT_SPAN = "megatron.startup.launch_script"
+CONTAINER_LOAD_SPAN = "megatron.startup.container_load"
+INTERVAL_SPAN = "megatron.train"
+IS_GOODPUT_SPAN = "is_goodput_span"
+MODEL_TYPE = "megatron.model_type"
+INTERVAL_INDEX = "megatron.interval.index"
+INTERVAL_FIRST_ITERATION = "megatron.interval.first_iteration"
+INTERVAL_LAST_ITERATION = "megatron.interval.last_iteration"
+INTERVAL_REROOTED = "megatron.interval.rerooted"
+SHUTDOWN_REASON = "megatron.shutdown.reason"
+ERROR_TYPE = "error.type"
+
+#: The span group whose spans this module opens (Megatron-LM's name).
+JOB_GROUP = "job"
 
 _log = logging.getLogger(__name__)
 
@@ -89,7 +95,7 @@ class TelemetryLike(Protocol):
     tracer: Any
     is_exporting: bool
 
-    def force_flush(self, timeout_ms: int = ...) -> Any: ...
+    # ``force_flush(timeout_ms=...)`` is used where the handle has it (see _force_flush).
 
     def shutdown(self, timeout_ms: int = ...) -> Any: ...
 
@@ -108,6 +114,55 @@ def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
 
 
+def _telemetry_enabled(telemetry: TelemetryLike | None, gate: Callable[[str], bool] | None) -> bool:
+    """Whether this lifecycle records spans: an exporting handle with the ``job`` group on.
+
+    The group is asked of ``gate`` (the trainer passes the
+    ``is_span_group_enabled`` its call sites use); without one, of the
+    handle's own ``span_groups`` where it has them, else of nemo-lens (which
+    Megatron-LM's telemetry runs on); with neither, telemetry is off.
+    """
+    if telemetry is None or not getattr(telemetry, "is_exporting", False):
+        return False
+    if gate is None:
+        groups = getattr(telemetry, "span_groups", None)
+        if groups is not None:
+            return JOB_GROUP in groups
+        try:
+            from nemo.lens.state import is_span_group_enabled as gate
+        except ImportError:
+            return False
+    return bool(gate(JOB_GROUP))
+
+
+def _force_flush(telemetry: Any, timeout_ms: int) -> None:
+    """Push finished spans out: the handle's ``force_flush``, else the global provider's.
+
+    nemo-lens's handle has no ``force_flush`` of its own; it installs the
+    SDK's provider globally, whose ``force_flush`` takes milliseconds.
+    """
+    flush = getattr(telemetry, "force_flush", None)
+    if callable(flush):
+        flush(timeout_ms=timeout_ms)
+        return
+    provider = _otel()[1].get_tracer_provider()
+    flush = getattr(provider, "force_flush", None)
+    if callable(flush):
+        flush(timeout_millis=timeout_ms)
+
+
+def mark_goodput(span: Any) -> None:
+    """Mark a span the caller opened by hand as a goodput boundary (never raises).
+
+    The lifecycle marks its own spans; Megatron-LM's checkpoint and report
+    spans, opened with the explicit span API, use this too.
+    """
+    if span is None:
+        return
+    with contextlib.suppress(Exception):  # telemetry must never break training
+        span.set_attribute(IS_GOODPUT_SPAN, True)
+
+
 def _is_folded(ts: Mapping[str, float | None]) -> bool:
     """Whether the launch-script window can be drawn inside the startup trace."""
     start = ts.get("launch_script_start")
@@ -116,98 +171,63 @@ def _is_folded(ts: Mapping[str, float | None]) -> bool:
     return None not in (start, presrun, program) and start <= presrun <= program
 
 
-class _Machine(Machine):
-    """A ``Machine`` that leaves a model's own trigger methods in place.
+# ``transitions`` logs every transition at INFO (and DEBUG) on its
+# ``transitions.core`` logger, which would put a line per reroot into the
+# trainer's log. Only this module's own transitions are kept quiet: a filter on
+# that logger drops records below WARNING while one of them runs on the current
+# thread, so other users of ``transitions`` log as before.
+_QUIET = threading.local()
+_TRANSITIONS_LOGGER = "transitions.core"
 
-    ``SpanPhases`` defines typed, documented methods named after its triggers;
-    the stock machine would log a warning for each on every construction.
-    The library's public ``model_override=True`` does not fit: it *replaces*
-    a model's methods with raw triggers (losing ``SpanPhaseError`` and the
-    signal-safe deferral of ``_fire``) and warns for every ``is_*``/``may_*``
-    helper the model lacks. So this overrides a private hook, and
-    ``pyproject.toml`` pins ``transitions`` to the releases it was tested on.
 
-    It also compiles its table (:meth:`routes`): ``Event.trigger`` costs about
-    5 us a call (an ``EventData``, callbacks looked up by name, a dozen log
-    calls) where a reroot's SDK calls take some 20 us, for no behaviour these
-    tables use. A compiled row runs the same callbacks in the same order.
+def _drop_own_chatter(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or not getattr(_QUIET, "depth", 0)
+
+
+def _keep_transitions_quiet() -> None:
+    logger = logging.getLogger(_TRANSITIONS_LOGGER)
+    if _drop_own_chatter not in logger.filters:
+        logger.addFilter(_drop_own_chatter)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    _QUIET.depth = getattr(_QUIET, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _QUIET.depth -= 1
+
+
+class _Phase:
+    """The model the span-phase ``Machine`` drives: it holds the state.
+
+    ``transitions`` adds a method per trigger (and ``is_*``/``may_*``) to its
+    model. Kept on this plain object, they cannot collide with the typed,
+    documented trigger methods of :class:`SpanPhases`, which fire them.
     """
 
-    def _checked_assignment(self, model: Any, name: str, func: Callable[..., Any]) -> None:
-        if not hasattr(model, name):
-            setattr(model, name, func)
+    state: str
 
-    def routes(self, model: Any) -> dict[str, dict[str, Callable[..., None]]]:
-        """Every (trigger, source state) the table lists, as one callable each.
 
-        ``routes(model)[trigger]`` maps each state the trigger is legal in to
-        what firing it there runs; a state missing from it is a trigger the
-        table does not allow there. A row is compiled (see ``_compiled_route``)
-        when it is a plain one: a single transition with no conditions and no
-        prepare callbacks, on a machine without machine-wide callbacks, queue
-        or event objects to pass. Any other row (the exit hooks' conditional
-        ``sigterm``) keeps the library's own ``Event.trigger``. Compiled once:
-        a transition or callback added to the machine afterwards is not seen
-        (the lifecycle's table is fixed at construction).
-        """
-        plain_machine = not (
-            self.has_queue
-            or self.send_event
-            or self.before_state_change
-            or self.after_state_change
-            or self.prepare_event
-            or self.finalize_event
-            or self.on_exception
-            or self.on_final
-        )
-        table: dict[str, dict[str, Callable[..., None]]] = {}
-        for trigger, event in self.events.items():
-            by_state = table[trigger] = {}
-            for source, rows in event.transitions.items():
-                plain = (
-                    plain_machine
-                    and len(rows) == 1
-                    and not rows[0].conditions
-                    and not rows[0].prepare
-                )
-                if plain:
-                    by_state[source] = self._compiled_route(model, event, rows[0])
-                else:
-                    by_state[source] = partial(event.trigger, model)
-        return table
+def _bound(owner: Any, rows: Iterable[Mapping[str, Any]], keys: tuple[str, ...]) -> list[dict]:
+    """``rows`` with each callback name in ``keys`` replaced by ``owner``'s bound method."""
+    bound = []
+    for row in rows:
+        row = dict(row)
+        for key in keys:
+            name = row.get(key)
+            if isinstance(name, str):
+                row[key] = getattr(owner, name)
+        bound.append(row)
+    return bound
 
-    def _compiled_route(self, model: Any, event: Any, row: Any) -> Callable[..., None]:
-        """What ``Transition.execute`` runs for ``row``, resolved once: the
-        transition's ``before`` callbacks, the source state's ``on_exit``, the
-        state change, the destination's ``on_enter``, then ``after``; each
-        called with the trigger's arguments, as with ``send_event=False``.
-        Without the per-call ``EventData``, name lookups and logging."""
-        stub = EventData(None, event, self, model, (), {})
 
-        def resolve(names: list[Any]) -> tuple[Callable[..., Any], ...]:
-            return tuple(self.resolve_callable(name, stub) for name in names)
+def _otel() -> Any:
+    """OpenTelemetry's API, imported only once telemetry is on (it is optional)."""
+    from opentelemetry import context, trace
 
-        before = resolve(row.before)
-        after = resolve(row.after)
-        if row.dest is None:  # internal: no state change, no exit or enter
-            first, dest, then = before, None, after
-        else:
-            first = before + resolve(self.get_state(row.source).on_exit)
-            dest = self.get_state(row.dest).value
-            then = resolve(self.get_state(row.dest).on_enter) + after
-        if dest is None and not first and len(then) == 1:
-            return then[0]  # one callback, no state change: the route is that callback
-        attribute = self.model_attribute
-
-        def route(*args: Any, **kwargs: Any) -> None:
-            for callback in first:
-                callback(*args, **kwargs)
-            if dest is not None:
-                setattr(model, attribute, dest)
-            for callback in then:
-                callback(*args, **kwargs)
-
-        return route
+    return context, trace
 
 
 def _telemetry_guard(callback):
@@ -228,9 +248,8 @@ class _PassCounter:
     """Loop passes left until the next reroot: the one hot path of the lifecycle.
 
     ``step()`` runs at the top of every training iteration, so it lives on this
-    slotted object rather than on ``SpanPhases``, whose instance dict the
-    ``transitions`` machine fills with trigger and ``may_*``/``is_*`` methods:
-    attribute access there measured about 10 % slower per call. A ``remaining``
+    slotted object (``SpanPhases.step`` is its bound method): one decrement and
+    one test, no dict lookup on a larger object. A ``remaining``
     of 1 means "the next pass is a boundary", which is also how a step() in a
     state where it is illegal reaches the table and is rejected there.
     """
@@ -267,6 +286,10 @@ class SpanPhases:
 
     step: Callable[[int | None], None]
 
+    # The most recently created lifecycle (see current()): one reference, replaced
+    # by each pretrain(), as the exit hooks act on the most recent one.
+    _latest: ClassVar[SpanPhases | None] = None
+
     # Each state names the callbacks that open and close the spans it owns.
     STATES: tuple[dict[str, Any], ...] = (
         {"name": "job"},
@@ -281,18 +304,31 @@ class SpanPhases:
     # The whole contract at a glance. A trigger not listed for the current
     # state raises SpanPhaseError. ``dest: None`` is an internal transition:
     # callbacks run, the state (and so every open span) stays as it is.
+    # Every order Megatron-LM's own control flow produces is a row here, so no
+    # call site needs to ask first.
     TRANSITIONS: tuple[dict[str, Any], ...] = (
         {"trigger": "start_job", "source": "job", "dest": "startup"},
         {"trigger": "record_phase", "source": "startup", "dest": None, "after": "_emit_phase"},
         {"trigger": "start_train", "source": "startup", "dest": "train"},
         {"trigger": "reroot", "source": "train", "dest": "interval"},
         # Internal, so the one callback reads as what happens: end C(k), open
-        # C(k+1). (A reflexive edge would run the same exit/enter pair, at
-        # twice transitions' dispatch cost.)
+        # C(k+1). (A reflexive edge would run the same exit/enter pair.)
         {"trigger": "reroot", "source": "interval", "dest": None, "after": "_next_interval"},
         {"trigger": "end_train", "source": "interval", "dest": "train"},
+        # The loop ran no pass (a resume with nothing left to train): no interval to end.
+        {"trigger": "end_train", "source": "train", "dest": None},
         {"trigger": "shutdown", "source": _LIVE, "dest": "shutdown"},
         {"trigger": "flush", "source": _LIVE, "dest": None, "after": "_flush_telemetry"},
+        # After shutdown the process may go on: the atexit fallback reaches
+        # shutdown a second time, an early exit's sys.exit() unwinds through
+        # pretrain()'s own, and a SIGTERM the process ignores leaves the loop
+        # (and a startup) running. Telemetry is gone, so these record nothing.
+        {"trigger": "shutdown", "source": "shutdown", "dest": None},
+        {"trigger": "flush", "source": "shutdown", "dest": None},
+        {"trigger": "record_phase", "source": "shutdown", "dest": None},
+        {"trigger": "start_train", "source": "shutdown", "dest": None},
+        {"trigger": "reroot", "source": "shutdown", "dest": None},
+        {"trigger": "end_train", "source": "shutdown", "dest": None},
     )
 
     def __init__(
@@ -301,21 +337,25 @@ class SpanPhases:
         save_interval: int | None = 0,
         enabled: bool | None = None,
         *,
+        is_span_group_enabled: Callable[[str], bool] | None = None,
         timeout_ms: int = 5000,
     ) -> None:
         self.telemetry = telemetry
-        self.enabled = self._telemetry_enabled(telemetry) if enabled is None else bool(enabled)
+        if enabled is None:
+            enabled = _telemetry_enabled(telemetry, is_span_group_enabled)
+        self.enabled = bool(enabled)
         self.save_interval = save_interval or 0
         self.timeout_ms = timeout_ms
         # Only a live tracer is ever kept: with telemetry off it stays None and
-        # every callback returns before touching OpenTelemetry.
+        # every callback returns before touching (or importing) OpenTelemetry.
         self._tracer = telemetry.tracer if self.enabled and telemetry is not None else None
-        self._startup: Span | None = None
+        self._otel_context, self._otel_trace = _otel() if self._tracer is not None else (None, None)
+        self._startup: Any = None
         self._startup_token: object | None = None
-        self._interval: Span | None = None
+        self._interval: Any = None
         self._interval_token: object | None = None
         # The span context the next interval links to: B's, then each C's.
-        self._link_to: SpanContext | None = None
+        self._link_to: Any = None
         self._interval_index = 0
         self._first_iteration: int | None = None
         # Passes per interval, and the counter of passes left until the next
@@ -328,25 +368,38 @@ class SpanPhases:
         # and work a handler asked for that must wait until they complete.
         self._in_transition = 0
         self._deferred: list[Callable[[], None]] = []
-        self.machine = _Machine(
-            model=self,
-            states=[dict(s) for s in self.STATES],
-            transitions=[dict(t) for t in self.TRANSITIONS],
-            initial="job",
-            auto_transitions=False,
-            name="span_phases",
-        )
-        # The table, compiled: trigger -> legal source state -> what firing runs.
-        self._routes = self.machine.routes(self)
+        _keep_transitions_quiet()
+        SpanPhases._latest = self
+        self._phase = _Phase()
+        with _quiet():
+            self.machine = Machine(
+                model=self._phase,
+                states=_bound(self, self.STATES, ("on_enter", "on_exit")),
+                transitions=_bound(self, self.TRANSITIONS, ("before", "after")),
+                initial="job",
+                auto_transitions=False,
+                name="span_phases",
+            )
 
-    @staticmethod
-    def _telemetry_enabled(telemetry: TelemetryLike | None) -> bool:
-        if telemetry is None or not getattr(telemetry, "is_exporting", False):
-            return False
-        groups = getattr(telemetry, "span_groups", None)
-        if groups is not None:
-            return SpanGroup.JOB in groups
-        return is_span_group_enabled(SpanGroup.JOB)
+    @classmethod
+    def current(cls) -> SpanPhases | None:
+        """The lifecycle of the most recent ``pretrain()`` in this process (None before one).
+
+        Megatron-LM's ``train()`` is a separate function from the ``pretrain()``
+        that creates the lifecycle; it fires its triggers on this one.
+        """
+        return cls._latest
+
+    @property
+    def state(self) -> str:
+        """The current state: ``job``, ``startup``, ``train``, ``interval`` or ``shutdown``."""
+        return self._phase.state
+
+    def __getattr__(self, name: str) -> Any:
+        # The machine's own helpers (``is_interval()``, ``may_shutdown()``).
+        if name.startswith(("is_", "may_")) and "_phase" in self.__dict__:
+            return getattr(self._phase, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ------------------------------------------------------------------
     # Triggers: typed entry points, each firing the transition of its name.
@@ -404,18 +457,19 @@ class SpanPhases:
                 self._passes.remaining = 1
 
     def _fire(self, trigger: str, *args: Any, **kwargs: Any) -> None:
-        """Run one transition, turning a table miss into SpanPhaseError."""
-        route = self._routes[trigger].get(self.state)
-        if route is None:
-            raise SpanPhaseError(trigger, self.state)
+        """Run one transition through ``transitions``, a table miss raising SpanPhaseError."""
+        state = self._phase.state
         self._in_transition += 1
+        quiet = _QUIET  # what _quiet() does, inline: this runs at every reroot
+        quiet.depth = getattr(quiet, "depth", 0) + 1
         try:
-            route(*args, **kwargs)
+            getattr(self._phase, trigger)(*args, **kwargs)
         except SpanPhaseError:
             raise
         except MachineError:
-            raise SpanPhaseError(trigger, self.state) from None
+            raise SpanPhaseError(trigger, state) from None
         finally:
+            quiet.depth -= 1
             self._in_transition -= 1
             if self._deferred and not self._in_transition:
                 self._run_deferred()
@@ -467,12 +521,14 @@ class SpanPhases:
         opened_at = timestamps.get("launch_script_start" if folded else "program_start")
         self._startup = self._tracer.start_span(
             STARTUP_SPAN,
-            context=otel_context.Context(),
+            context=self._otel_context.Context(),
             start_time=None if opened_at is None else _ns(opened_at),
             attributes={IS_GOODPUT_SPAN: True, MODEL_TYPE: str(model_type)},
         )
         self._link_to = self._startup.get_span_context()
-        self._startup_token = otel_context.attach(otel_trace.set_span_in_context(self._startup))
+        self._startup_token = self._otel_context.attach(
+            self._otel_trace.set_span_in_context(self._startup)
+        )
         if folded:
             presrun, program = timestamps["launch_script_presrun"], timestamps["program_start"]
             self._backdated(LAUNCH_SCRIPT_SPAN, launch, presrun, self._startup)
@@ -494,7 +550,7 @@ class SpanPhases:
         span, token = self._startup, self._startup_token
         self._startup = self._startup_token = None
         if token is not None:
-            otel_context.detach(token)
+            self._otel_context.detach(token)
         if span is not None:
             _mark_ending(span, cause)
             span.end()
@@ -529,11 +585,13 @@ class SpanPhases:
                 attributes[INTERVAL_FIRST_ITERATION] = iteration
             span = self._interval = self._tracer.start_span(
                 INTERVAL_SPAN,
-                context=otel_context.Context(),
-                links=None if link_to is None else (Link(link_to),),
+                context=self._otel_context.Context(),
+                links=None if link_to is None else (self._otel_trace.Link(link_to),),
                 attributes=attributes,
             )
-            self._interval_token = otel_context.attach(otel_trace.set_span_in_context(span))
+            self._interval_token = self._otel_context.attach(
+                self._otel_trace.set_span_in_context(span)
+            )
         except Exception:  # noqa: BLE001 -- any exporter/SDK failure is non-fatal
             self._telemetry_failed("_open_interval")
 
@@ -584,7 +642,7 @@ class SpanPhases:
             if cause is not None:
                 _mark_ending(span, cause)
             if token is not None:
-                otel_context.detach(token)
+                self._otel_context.detach(token)
             span.end()
         except Exception:  # noqa: BLE001 -- any exporter/SDK failure is non-fatal
             self._telemetry_failed("_finish_interval")
@@ -593,7 +651,7 @@ class SpanPhases:
     def _flush_telemetry(self) -> None:
         """``flush``: push finished spans out; nothing opens or closes."""
         if self._tracer is not None:
-            self.telemetry.force_flush(timeout_ms=self.timeout_ms)
+            _force_flush(self.telemetry, self.timeout_ms)
 
     @_telemetry_guard
     def _shutdown_telemetry(self, *_: Any, **__: Any) -> None:
@@ -608,7 +666,7 @@ class SpanPhases:
     # ------------------------------------------------------------------
 
     def _backdated(
-        self, name: str, start: float | None, end: float | None, parent: Span | None = None
+        self, name: str, start: float | None, end: float | None, parent: Any = None
     ) -> None:
         """A span created and ended at once, for time that elapsed before now.
 
@@ -618,7 +676,9 @@ class SpanPhases:
         if start is None or end is None:
             return
         context = (
-            otel_trace.set_span_in_context(parent) if parent is not None else otel_context.Context()
+            self._otel_trace.set_span_in_context(parent)
+            if parent is not None
+            else self._otel_context.Context()
         )
         span = self._tracer.start_span(
             name, context=context, start_time=_ns(start), attributes={IS_GOODPUT_SPAN: True}
@@ -640,7 +700,7 @@ def _type_name(kind: type) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
-def _mark_ending(span: Span, cause: BaseException | int | None) -> None:
+def _mark_ending(span: Any, cause: BaseException | int | None) -> None:
     """Record on ``span`` why the run is ending, when it is not a clean end.
 
     An exception (``reason`` ``exception``; ``interrupt`` for a
@@ -653,6 +713,8 @@ def _mark_ending(span: Span, cause: BaseException | int | None) -> None:
     """
     if cause is None:
         return
+    from opentelemetry.trace import Status, StatusCode  # a span exists: telemetry is on
+
     if isinstance(cause, BaseException):
         if _is_clean_exit(cause):
             return
@@ -670,7 +732,8 @@ def _mark_ending(span: Span, cause: BaseException | int | None) -> None:
     span.set_attributes({SHUTDOWN_REASON: reason, ERROR_TYPE: error_type})
 
 
-#: The terminating signals the exit hooks act on (those this platform has).
+#: The terminating signals the exit hooks act on by default (those this platform has).
+#: Megatron-LM's ``training.py`` passes ``(signal.SIGTERM,)``: the one it hooks.
 HOOKED_SIGNALS: tuple[signal.Signals, ...] = tuple(
     getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGINT") if hasattr(signal, name)
 )
@@ -721,30 +784,44 @@ class ExitHooks:
     def __init__(self) -> None:
         self.target: SpanPhases | None = None
         self.graceful = False
-        # The disposition each hooked signal had before the hook, by number.
+        # The signals hooked (chosen by the first attach) and the disposition
+        # each had before the hook, by number.
+        self.signals: tuple[int, ...] = HOOKED_SIGNALS
         self.previous_handlers: dict[int, Any] = {}
-        self.machine = _Machine(
-            model=self,
-            states=list(self.STATES),
-            transitions=[dict(t) for t in self.TRANSITIONS],
-            initial="uninstalled",
-            auto_transitions=False,
-            name="exit_hooks",
-        )
+        _keep_transitions_quiet()
+        with _quiet():
+            self.machine = Machine(
+                model=self,
+                states=list(self.STATES),
+                transitions=[dict(t) for t in self.TRANSITIONS],
+                initial="uninstalled",
+                auto_transitions=False,
+                name="exit_hooks",
+            )
 
-    def attach(self, phases: SpanPhases, graceful: bool = False) -> None:
+    def attach(
+        self,
+        phases: SpanPhases,
+        graceful: bool = False,
+        signals: Iterable[int] | None = None,
+    ) -> None:
         """Make ``phases`` the lifecycle the hooks act on; install them the first time.
 
         Nothing happens for a lifecycle whose handle does not export, so such a
         process keeps exactly its old signal and exit behaviour. A handle that
         exports with the ``job`` group or traces off still gets the hooks: its
         metrics, logs and other spans need the same flush at a SIGTERM.
+        ``signals`` (default :data:`HOOKED_SIGNALS`) are the signals hooked at
+        that first installation; later calls only rebind the lifecycle.
         """
         if not getattr(phases.telemetry, "is_exporting", False):
             return
         self.target = phases
         self.graceful = bool(graceful)
-        self.install()
+        if self.state == "uninstalled" and signals is not None:
+            self.signals = tuple(signals)
+        with _quiet():
+            self.install()
 
     def graceful_drain(self, signum: int = signal.SIGTERM, *_: Any) -> bool:
         """Whether the process outlives ``signum``, so a flush is all it needs.
@@ -769,7 +846,8 @@ class ExitHooks:
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         try:
-            self.sigterm(signum)
+            with _quiet():
+                self.sigterm(signum)
         except Exception:  # noqa: BLE001 -- the signal must still be passed on
             _log.warning("telemetry signal hook failed", exc_info=True)
         self._chain(signum, frame)
@@ -777,7 +855,8 @@ class ExitHooks:
     def handle_exit(self) -> None:
         """The atexit hook: shut down whatever the latest lifecycle left open."""
         try:
-            self.process_exit()
+            with _quiet():
+                self.process_exit()
         except Exception:  # noqa: BLE001 -- interpreter exit must not be disturbed
             _log.warning("telemetry atexit hook failed", exc_info=True)
 
@@ -786,7 +865,7 @@ class ExitHooks:
     def _register(self) -> None:
         atexit.register(self.handle_exit)
         try:
-            for signum in HOOKED_SIGNALS:
+            for signum in self.signals:
                 previous = signal.getsignal(signum)
                 if signum != signal.SIGTERM and previous in (signal.SIG_IGN, None):
                     continue  # ignored (nohup) or not Python's to replace: leave it
@@ -796,14 +875,13 @@ class ExitHooks:
             _log.info("signal hooks not installed: not in the main thread")
 
     def _flush_target(self, *_: Any) -> None:
-        if self.target is not None and self.target.may_flush():
+        if self.target is not None:
             self.target.flush()
 
     def _shutdown_target(self, signum: int | None = None, *_: Any) -> None:
-        # "If the table still allows it": a lifecycle that already shut down is
-        # left alone rather than made to raise from inside a signal handler.
-        # A signal's number is the cause the trace records (None: atexit).
-        if self.target is not None and self.target.may_shutdown():
+        # A lifecycle that already shut down takes this as the no-op its table
+        # lists. A signal's number is the cause the trace records (None: atexit).
+        if self.target is not None:
             self.target.shutdown(cause=signum)
 
     def _chain(self, signum: int, frame: Any) -> None:
@@ -822,7 +900,13 @@ class ExitHooks:
 EXIT_HOOKS = ExitHooks()
 
 
-def install_exit_hooks(phases: SpanPhases, graceful: bool = False) -> ExitHooks:
-    """Point the process-wide exit hooks at ``phases`` (installing them once)."""
-    EXIT_HOOKS.attach(phases, graceful=graceful)
+def install_exit_hooks(
+    phases: SpanPhases, graceful: bool = False, signals: Iterable[int] | None = None
+) -> ExitHooks:
+    """Point the process-wide exit hooks at ``phases`` (installing them once).
+
+    ``signals``: the signals to hook, at the first installation (default
+    :data:`HOOKED_SIGNALS`; Megatron-LM passes its one, ``(signal.SIGTERM,)``).
+    """
+    EXIT_HOOKS.attach(phases, graceful=graceful, signals=signals)
     return EXIT_HOOKS

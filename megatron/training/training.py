@@ -187,7 +187,9 @@ def _run_job(
     # installed next chains to it.
     graceful = config.exit.exit_signal_handler
     exit_signal = install_graceful_exit_handler() if graceful else None
-    phases = SpanPhases(telemetry, save_interval=checkpoint.interval)
+    phases = SpanPhases(
+        telemetry, save_interval=checkpoint.interval, is_span_group_enabled=is_span_group_enabled
+    )
     install_exit_hooks(phases, graceful=graceful)
 
     phases.start_job(
@@ -255,13 +257,13 @@ def _run_job(
             )
     except BaseException as exc:
         never_trained = phases.state in ("job", "startup")
-        _shutdown_if_allowed(phases, exc)  # the trace records how the run ended
+        _shutdown(phases, exc)  # the trace records how the run ended
         if never_trained and isinstance(exc, Exception):
             # A start that failed leaves the disk as it found it; an interrupted one
             # (Ctrl-C, a handler's SystemExit) keeps what it wrote, as any ending does.
             footprint.undo()
         raise
-    _shutdown_if_allowed(phases)
+    _shutdown(phases)
 
     print_telemetry_summary(telemetry, config.telemetry)
     return TrainingResult(
@@ -269,17 +271,14 @@ def _run_job(
     )
 
 
-def _shutdown_if_allowed(phases: SpanPhases, cause: BaseException | None = None) -> None:
-    """Fire ``shutdown`` if the table still allows it, never masking the exception in flight.
+def _shutdown(phases: SpanPhases, cause: BaseException | None = None) -> None:
+    """Fire ``shutdown``, never masking the exception in flight.
 
     ``cause`` is that exception: the lifecycle records it on the spans it ends.
-
     A hard-signal hook may already have shut the lifecycle down before a
-    user's handler raised ``SystemExit``; that ``SystemExit`` is what must
-    propagate, not a ``SpanPhaseError`` from a second shutdown.
+    user's handler raised ``SystemExit``: the table takes the second
+    ``shutdown`` as a no-op, and that ``SystemExit`` propagates.
     """
-    if not phases.may_shutdown():
-        return
     try:
         phases.shutdown(cause)
     except Exception:  # noqa: BLE001 -- never replace the exception that ended the run

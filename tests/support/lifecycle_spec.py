@@ -40,10 +40,19 @@ SPEC_TABLE: dict[tuple[str, str], str] = {
     ("interval", "end_train"): "train",
     **{(s, "shutdown"): "shutdown" for s in ("job", "startup", "train", "interval")},
     **{(s, "flush"): s for s in ("job", "startup", "train", "interval")},
+    # the loop ran no pass (a resume with nothing left to train)
+    ("train", "end_train"): "train",
+    # after shutdown the process may go on (atexit, sys.exit() unwinding, an
+    # ignored SIGTERM): everything but start_job is absorbed
+    **{
+        ("shutdown", t): "shutdown"
+        for t in ("shutdown", "flush", "record_phase", "start_train", "reroot", "end_train")
+    },
 }
 STEP_TABLE: dict[tuple[str, str], str] = {
     ("train", "step"): "interval",
     ("interval", "step"): "interval",
+    ("shutdown", "step"): "shutdown",
 }
 FULL_TABLE = {**SPEC_TABLE, **STEP_TABLE}
 

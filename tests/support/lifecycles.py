@@ -31,9 +31,11 @@ class Lifecycles:
                 pass
         _detach(self._token)
 
-    def new(self, telemetry: Any, save_interval: int = 3, enabled: bool | None = None):
+    def new(
+        self, telemetry: Any, save_interval: int = 3, enabled: bool | None = None, **kwargs: Any
+    ):
         from megatron.training.telemetry_spans import SpanPhases
 
-        phases = SpanPhases(telemetry, save_interval=save_interval, enabled=enabled)
+        phases = SpanPhases(telemetry, save_interval=save_interval, enabled=enabled, **kwargs)
         self.created.append(phases)
         return phases

@@ -99,7 +99,7 @@ def test_failing_telemetry_does_not_hide_illegal_orders(lifecycles, caplog):
         phases.start_job()
     phases.shutdown()
     with pytest.raises(SpanPhaseError):
-        phases.shutdown()
+        phases.start_job()
     assert phases.state == "shutdown"
     assert_exactly_one_warning(caplog)
 

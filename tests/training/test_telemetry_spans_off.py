@@ -16,44 +16,38 @@ from fake_handles import FakeHandle, ForbiddenHandle, ForbiddenTracer, forbid_ot
 from launch_times import launch_timestamps
 from lifecycle_spec import STARTUP, TRAIN
 
-import megatron.core.telemetry as core_telemetry
 import megatron.training.telemetry_spans as telemetry_spans
 from megatron.training.telemetry_spans import SpanPhaseError
 
 
-def patch_job_group(monkeypatch, enabled: bool) -> None:
-    """Make the base layer's ``is_span_group_enabled`` answer for the job group,
-    wherever the module under test looks it up."""
+def job_gate(enabled: bool):
+    """An ``is_span_group_enabled`` that answers ``enabled`` for the job group, and
+    records what it was asked."""
 
-    def fake(group):
+    def gate(group):
+        gate.asked.append(group)
         return enabled if group == "job" else False
 
-    monkeypatch.setattr(core_telemetry, "is_span_group_enabled", fake, raising=False)
-    for name, value in list(vars(telemetry_spans).items()):
-        if getattr(value, "__name__", None) == "is_span_group_enabled" and callable(value):
-            monkeypatch.setattr(telemetry_spans, name, fake)
-    state = sys.modules.get("megatron.core.telemetry.state")
-    if state is not None and hasattr(state, "is_span_group_enabled"):
-        monkeypatch.setattr(state, "is_span_group_enabled", fake)
+    gate.asked = []
+    return gate
 
 
 OFF_VARIANTS = ["no_handle", "not_exporting", "job_group_off", "enabled_false", "global_job_off"]
 
 
-def make_off(variant, monkeypatch):
-    """-> (handle, enabled)"""
+def make_off(variant):
+    """-> (handle, enabled, gate)"""
     if variant == "no_handle":
-        return None, None
+        return None, None, None
     if variant == "not_exporting":
-        return ForbiddenHandle(is_exporting=False), None
+        return ForbiddenHandle(is_exporting=False), None, None
     if variant == "job_group_off":
-        return ForbiddenHandle(is_exporting=True, span_groups=("step", "checkpoint")), None
+        return ForbiddenHandle(is_exporting=True, span_groups=("step", "checkpoint")), None, None
     if variant == "enabled_false":
-        return ForbiddenHandle(is_exporting=True), False
+        return ForbiddenHandle(is_exporting=True), False, None
     if variant == "global_job_off":
-        # No span_groups attribute: the base layer's global switch decides.
-        patch_job_group(monkeypatch, False)
-        return ForbiddenHandle(is_exporting=True, span_groups=None), None
+        # The trainer's is_span_group_enabled decides, and says no.
+        return ForbiddenHandle(is_exporting=True, span_groups=None), None, job_gate(False)
     raise AssertionError(variant)
 
 
@@ -66,8 +60,8 @@ def expect_rejected(phases, trigger, *args):
 
 @pytest.mark.parametrize("variant", OFF_VARIANTS)
 def test_off_lifecycle_touches_no_otel_api_and_still_checks_order(monkeypatch, lifecycles, variant):
-    handle, enabled = make_off(variant, monkeypatch)
-    phases = lifecycles.new(handle, save_interval=2, enabled=enabled)
+    handle, enabled, gate = make_off(variant)
+    phases = lifecycles.new(handle, save_interval=2, enabled=enabled, is_span_group_enabled=gate)
     api_calls = forbid_otel_api(monkeypatch, telemetry_spans)
 
     expect_rejected(phases, "reroot")
@@ -82,7 +76,7 @@ def test_off_lifecycle_touches_no_otel_api_and_still_checks_order(monkeypatch, l
     expect_rejected(phases, "end_train")
     phases.start_train()
     expect_rejected(phases, "record_phase", "late", 1.0, 2.0)
-    expect_rejected(phases, "end_train")
+    expect_rejected(phases, "start_train")
     for iteration in range(1000, 1007):  # reroots at passes 0, 2, 4, 6
         phases.step(iteration)
         assert phases.state == "interval"
@@ -91,12 +85,18 @@ def test_off_lifecycle_touches_no_otel_api_and_still_checks_order(monkeypatch, l
     phases.step(2000)
     assert phases.state == "interval"
     phases.flush()
+    phases.end_train()
+    phases.end_train()  # the loop ran no pass: nothing to end, legal
     phases.shutdown()
     assert phases.state == "shutdown"
-    for trigger in ("shutdown", "start_job", "start_train", "reroot", "end_train", "flush"):
-        expect_rejected(phases, trigger)
-    expect_rejected(phases, "step", 3000)
-    expect_rejected(phases, "record_phase", "late", 1.0, 2.0)
+    expect_rejected(phases, "start_job")
+    # After shutdown the process may go on: everything else is absorbed.
+    for trigger in ("shutdown", "start_train", "reroot", "end_train", "flush"):
+        getattr(phases, trigger)()
+        assert phases.state == "shutdown"
+    phases.step(3000)
+    phases.record_phase("late", 1.0, 2.0)
+    assert phases.state == "shutdown"
 
     assert api_calls == []
     if handle is not None:
@@ -134,25 +134,53 @@ def test_enabled_true_forces_spans_on(lifecycles):
 
 
 @pytest.mark.parametrize("job_on", [True, False])
-def test_without_span_groups_attribute_the_global_job_group_decides(
-    monkeypatch, lifecycles, job_on
-):
-    patch_job_group(monkeypatch, job_on)
+def test_the_gate_the_trainer_passes_decides(lifecycles, job_on):
+    """The ``is_span_group_enabled`` the call sites use is asked about the job group."""
+    gate = job_gate(job_on)
     handle = FakeHandle(span_groups=None)
     assert not hasattr(handle, "span_groups")
-    phases = lifecycles.new(handle, save_interval=1)
+    phases = lifecycles.new(handle, save_interval=1, is_span_group_enabled=gate)
+    assert gate.asked == ["job"]
     phases.start_job(model_type="gpt", timestamps=None)
     phases.shutdown()
     assert [s.name for s in handle.spans()] == ([STARTUP] if job_on else [])
 
 
-def test_span_groups_attribute_wins_over_the_global_switch(monkeypatch, lifecycles):
-    patch_job_group(monkeypatch, False)
+def test_the_gate_wins_over_the_handles_span_groups(lifecycles):
+    handle = FakeHandle(span_groups=("job",))
+    phases = lifecycles.new(handle, is_span_group_enabled=job_gate(False))
+    phases.start_job()
+    phases.shutdown()
+    assert [s.name for s in handle.spans()] == []
+
+
+def test_without_a_gate_the_handles_span_groups_decide(lifecycles):
     handle = FakeHandle(span_groups=("job",))
     phases = lifecycles.new(handle)
     phases.start_job()
     phases.shutdown()
     assert [s.name for s in handle.spans()] == [STARTUP]
+
+
+def test_without_a_gate_or_span_groups_nemo_lens_decides(monkeypatch, lifecycles):
+    """Megatron-LM's handle (nemo-lens's) has no ``span_groups``: nemo-lens's state says."""
+    import types
+
+    for job_on in (True, False):
+        state = types.ModuleType("nemo.lens.state")
+        state.is_span_group_enabled = job_gate(job_on)
+        monkeypatch.setitem(sys.modules, "nemo", types.ModuleType("nemo"))
+        monkeypatch.setitem(sys.modules, "nemo.lens", types.ModuleType("nemo.lens"))
+        monkeypatch.setitem(sys.modules, "nemo.lens.state", state)
+        handle = FakeHandle(span_groups=None)
+        phases = lifecycles.new(handle)
+        phases.start_job()
+        phases.shutdown()
+        assert [s.name for s in handle.spans()] == ([STARTUP] if job_on else [])
+    monkeypatch.setitem(sys.modules, "nemo.lens.state", None)  # not installed: off
+    handle = FakeHandle(span_groups=None)
+    phases = lifecycles.new(handle)
+    assert phases.enabled is False
 
 
 class RealOffHandle:

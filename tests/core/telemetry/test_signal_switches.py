@@ -88,5 +88,5 @@ def test_lifecycle_with_traces_off_runs_and_rejects(make_handle: Make, tmp_path:
     phases.end_train()
     phases.shutdown()
     with pytest.raises(SpanPhaseError):
-        phases.start_train()
+        phases.start_job()  # a lifecycle starts once; all else after shutdown is absorbed
     assert files(tmp_path) == ["metrics.jsonl"]
