@@ -29,12 +29,14 @@ _RENDER = _LIVE | {"megatron.trace.render"}
 ROOMS: dict[str, frozenset[str]] = {
     "megatron.trace_format": frozenset(),
     "megatron.trace.otlp": _FORMAT,
+    # the OTLP receiver writes trace files: the format, nothing that reads them
+    "megatron.trace.receive": _FORMAT,
     "megatron.trace._store": _OTLP,
     "megatron.trace.model": _STORE,
     "megatron.trace.analysis": _MODEL,
     "megatron.trace.live": _ANALYSIS,
     "megatron.trace.render": _LIVE,
-    "megatron.trace.cli": _RENDER,
+    "megatron.trace.cli": _RENDER | {"megatron.trace.receive"},
 }
 ALLOWED: dict[str, frozenset[str]] = {
     **ROOMS,

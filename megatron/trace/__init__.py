@@ -18,6 +18,10 @@ do. The package imports nothing from ``megatron.core`` or
 ``megatron.training``: it reads traces wherever Megatron-LM is installed, or
 no trainer at all. Names load on first use, so importing the vocabulary
 (:mod:`megatron.trace_format.semconv`) costs a writer nothing more.
+
+``__version__`` (worked out on first use) is the installed distribution's version (its metadata), or
+:data:`SOURCE_VERSION` with ``+source`` appended when the package runs from a
+source tree that was never installed (``PYTHONPATH`` at a checkout).
 """
 
 from __future__ import annotations
@@ -37,6 +41,44 @@ if TYPE_CHECKING:
     from megatron.trace.render.timeline.write import write_timeline
     from megatron.trace_format.errors import NoSpansError, TraceError, TraceInputError
     from megatron.trace_format.semconv import Category
+
+#: The distribution this package ships in, and the version pyproject.toml declares
+#: (what ``__version__`` says from a source tree that has no metadata installed).
+DISTRIBUTION = "megatron-telemetry-spans"
+SOURCE_VERSION = "0.1.0"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, distribution
+    from pathlib import Path
+
+    try:
+        found = distribution(DISTRIBUTION)
+    except PackageNotFoundError:
+        return f"{SOURCE_VERSION}+source"
+    # Installed somewhere, but is it this copy? A checkout on PYTHONPATH in front of
+    # an install runs the checkout's code: say so, rather than the install's number.
+    here = Path(__file__).resolve().parent
+    installed = Path(str(found.locate_file("megatron/trace/__init__.py"))).resolve().parent
+    if installed == here or _editable_home(found) == here.parent.parent:
+        return found.version
+    return f"{SOURCE_VERSION}+source"
+
+
+def _editable_home(found: Any) -> Any:
+    """The source root of an editable install (PEP 610 ``direct_url.json``), or None."""
+    import json
+    from pathlib import Path
+    from urllib.parse import unquote, urlparse
+
+    text = found.read_text("direct_url.json")
+    if not text:
+        return None
+    url = json.loads(text)
+    if not url.get("dir_info", {}).get("editable"):
+        return None
+    return Path(unquote(urlparse(url["url"]).path)).resolve()
+
 
 #: Public name -> the module that defines it.
 _HOMES = {
@@ -83,6 +125,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # on first use: reading metadata costs an importer nothing
+        globals()[name] = value = _version()
+        return value
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -92,4 +137,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_HOMES])
+    return sorted([*globals(), *_HOMES, "__version__"])

@@ -67,6 +67,7 @@ __all__ = [
     "ITERATION",
     "ITERATION_SPAN",
     "LAUNCH_SCRIPT_SPAN",
+    "LOST_PROGRESS_COUNTER",
     "MEGATRON_TRAINING_BADPUT_S",
     "MEGATRON_TRAINING_GOODPUT_FRACTION",
     "MEGATRON_TRAINING_GOODPUT_S",
@@ -83,15 +84,18 @@ __all__ = [
     "MICROBATCH_BACKWARD_SPAN",
     "MICROBATCH_FORWARD_SPAN",
     "MODEL_TYPE",
+    "NEMO_LENS_RUN_UUID",
     "NEMO_RUN_ID",
     "NVRX_CYCLE",
     "OPTIMIZER_SPAN",
     "PRE_STARTUP_SPAN",
     "PROCESS_PID",
+    "PROGRESS_COUNTER",
     "RUN_ID",
     "SERVICE_INSTANCE_ID",
     "SERVICE_NAME",
     "SHUTDOWN_REASON",
+    "SLURM_JOB_ID",
     "SLURM_RESTART_COUNT",
     "SPAN_CATEGORY",
     "SPAN_CUT_SHORT",
@@ -335,6 +339,11 @@ GOODPUT_GAUGES: Mapping[str, Gauge] = MappingProxyType(
     }
 )
 
+#: ``megatron-trace watch``'s counters beside the gauges (Prometheus names): time that made
+#: training progress, kept or later lost, and the part lost; goodput is their difference.
+PROGRESS_COUNTER = "megatron_training_progress_seconds_total"
+LOST_PROGRESS_COUNTER = "megatron_training_lost_progress_seconds_total"
+
 # ---------------------------------------------------------------------------
 # Resource attribute keys (the first three are OpenTelemetry's own names)
 # ---------------------------------------------------------------------------
@@ -349,6 +358,10 @@ PROCESS_PID = "process.pid"
 RUN_ID = "megatron.run_id"
 #: nemo-lens's run id: the same on every rank of a job.
 NEMO_RUN_ID = "nemo.run.id"
+#: nemo-lens's run UUID, where a version of it records one.
+NEMO_LENS_RUN_UUID = "nemo.lens.run_uuid"
+#: SLURM's job id, as nemo-lens's SLURM resource detector records it.
+SLURM_JOB_ID = "slurm.job.id"
 #: OpenTelemetry's host name: with the pid, which process wrote (containers reuse pids).
 HOST_NAME = "host.name"
 #: SLURM's requeue counter, where a launcher records it: a requeued job's process again.

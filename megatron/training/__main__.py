@@ -5,6 +5,9 @@ is imported: the startup trace shows that import time as
 ``megatron.startup.imports`` (``[program_start, main_entry]``), and on a cold
 cluster node it is often the largest piece of startup.
 
+Without torch (installed without the ``train`` extra) the command ends
+before importing anything of the loop, with one line naming the extra.
+
 Errors a user can fix (bad telemetry settings found at setup, an unreadable
 checkpoint) end as one ``megatron-pretrain: error: ...`` line and exit status
 2, like the argument errors argparse reports; everything else keeps its
@@ -18,6 +21,7 @@ process still dies by SIGINT (status -2 / 130) as Python's default does, so a
 calling shell script stops too.
 """
 
+import os
 import time
 
 PROGRAM_START = time.time()
@@ -25,6 +29,14 @@ PROGRAM_START = time.time()
 import _signal  # noqa: E402  (the C functions under signal's Python wrappers: see main)
 import sys  # noqa: E402
 from types import TracebackType  # noqa: E402
+
+from megatron.training.requirements import missing_for_trainer  # noqa: E402
+
+# Before the training loop's imports: without torch (an install without the `train`
+# extra), one line naming the extra, as the argument errors end (status 2).
+if (_missing := missing_for_trainer()) is not None:
+    print(f"megatron-pretrain: error: {_missing}", file=sys.stderr)
+    sys.exit(2)
 
 from megatron.core.telemetry import TelemetryConfigError  # noqa: E402
 from megatron.training.arguments import PROG, parse_args  # noqa: E402
@@ -35,6 +47,13 @@ from megatron.training.training import pretrain  # noqa: E402
 def main(argv: list[str] | None = None) -> None:
     main_entry = time.time()
     config = parse_args(argv)
+    if config.demo and "OMP_NUM_THREADS" not in os.environ:
+        # The demo's model is too small to gain from a second intra-op thread, and on a
+        # core another process keeps busy that thread's spin-waits make every iteration
+        # many times slower: one thread keeps the run's length what --help says.
+        import torch
+
+        torch.set_num_threads(1)
     try:
         result = pretrain(config, program_start=PROGRAM_START, main_entry=main_entry)
     except (CheckpointError, TelemetryConfigError) as exc:

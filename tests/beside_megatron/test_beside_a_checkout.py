@@ -86,9 +86,12 @@ def test_without_megatron_core_a_checkout_anywhere_owns_megatron_core(
     )
     assert user.resolve(*names, pythonpath=[own, checkout]) == {
         "megatron.core.parallel_state": str(checkout / "megatron/core/parallel_state.py"),
+        # imported first, before anything of megatron.training: the checkout's regular
+        # megatron/core hides ours
         "megatron.core.telemetry": None,
-        # our trainer is found first, but what it imports of megatron.core.telemetry is not
-        "megatron.training.training": "needs megatron.core.telemetry",
+        # our trainer is found first, and importing megatron.training points
+        # megatron.core.telemetry at our copy (megatron/training/requirements.py)
+        "megatron.training.training": str(own / "megatron/training/training.py"),
         "megatron.trace.cli.main": str(own / "megatron/trace/cli/main.py"),
     }
     assert user.resolve(*names, pythonpath=[checkout]) == {

@@ -26,8 +26,12 @@ NEEDS_EXTRAS_MODULES = frozenset(
         "render/export/test_perfetto.py",
         "otlp/test_decode.py",
         "otlp/test_parallel.py",
+        # the receive extra's grpcio and opentelemetry-proto (test_without_extras.py
+        # checks the one line `receive` gives without them)
+        "receive/test_receive.py",
         "render/timeline/test_write.py",
         "render/timeline/test_ranks.py",
+        "render/timeline/test_many_ranks.py",
     }
 )
 

@@ -135,3 +135,40 @@ def test_watch_without_prometheus_client_names_its_extra(trace: Path) -> None:
         "megatron-trace watch: error: watch needs the prometheus_client package: "
         "pip install 'megatron-telemetry-spans[watch]'\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("blocked", "message"),
+    [
+        (
+            ("opentelemetry.proto",),
+            "receive needs the opentelemetry-proto package",
+        ),
+        (("grpc",), "receive --grpc needs the grpcio package"),
+    ],
+)
+def test_receive_without_its_extra_names_it(tmp_path: Path, blocked, message) -> None:
+    """The receive extra's packages, blocked here, in every env: one line, nothing listens."""
+    out = tmp_path / "out"
+    result = _run(blocked, "receive", "--out", str(out), "--grpc", "127.0.0.1:0", "--http",
+                  "127.0.0.1:0")  # fmt: skip
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"megatron-trace receive: error: {message}: "
+        "pip install 'megatron-telemetry-spans[receive]'\n"
+    )
+
+
+@pytest.mark.parametrize("blocked", [("opentelemetry.proto",), ("grpc",)])
+def test_watch_receive_without_the_receive_extra_names_it(tmp_path: Path, blocked) -> None:
+    """``watch --receive`` needs the receive extra as ``receive`` does: one line, exit 2
+    (where the watch extra itself is installed; without it, watch's own line comes first)."""
+    pytest.importorskip("prometheus_client", reason="the watch extra: watch's own line first")
+    out = tmp_path / "out"
+    result = _run(blocked, "watch", "--receive", str(out), "--grpc", "127.0.0.1:0",
+                  "--http", "127.0.0.1:0", "--listen", "127.0.0.1:0")  # fmt: skip
+    assert (result.returncode, result.stdout) == (2, "")
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("megatron-trace watch: error: receive")
+    assert lines[0].endswith("pip install 'megatron-telemetry-spans[receive]'")

@@ -22,7 +22,7 @@ __all__ = ["SLURM_RESOURCE_ATTRIBUTES", "build_resource"]
 #: SLURM job metadata on the resource, named as nemo-lens's resource detection
 #: names it; present only inside a SLURM job (``SLURM_JOB_ID`` set).
 SLURM_RESOURCE_ATTRIBUTES: dict[str, tuple[str, ...]] = {
-    "slurm.job.id": ("SLURM_JOB_ID",),
+    semconv.SLURM_JOB_ID: ("SLURM_JOB_ID",),
     "slurm.job.name": ("SLURM_JOB_NAME",),
     "slurm.nodelist": ("SLURM_JOB_NODELIST", "SLURM_NODELIST"),
     "slurm.nnodes": ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"),

@@ -38,6 +38,7 @@ COMMANDS = {
     "export": "megatron.trace.cli.export",
     "diff": "megatron.trace.cli.diff",
     "watch": "megatron.trace.cli.watch",
+    "receive": "megatron.trace.cli.receive",
 }
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -53,6 +54,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "input (a file missing, unreadable or damaged, no spans, a bad option, a missing "
         "optional package, an output that cannot be written, a gate on a figure not "
         "computed); 141 the output pipe was closed; each command's --help lists its own",
+    )
+    parser.add_argument(
+        "--version", action=_Version, help="print the version (megatron.trace.__version__)"
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module in COMMANDS.items():
@@ -80,6 +84,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(args.command, str(error), error.exit_code)
     except OSError as error:  # a trace file the system will not let us read
         return _fail(args.command, f"cannot read {error.filename}: {error.strerror}", 2)
+
+
+class _Version(argparse.Action):
+    """``--version``: ``megatron-trace VERSION``, then exit 0. The version is read from the
+    package metadata only when asked (argparse's own action wants it at parser build)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        import megatron.trace
+
+        print(f"{parser.prog} {megatron.trace.__version__}")
+        parser.exit()
 
 
 @contextlib.contextmanager

@@ -198,7 +198,13 @@ def clock(args: argparse.Namespace) -> Clock:
 def writing(output: Path) -> Iterator[None]:
     """Name ``output`` in what goes wrong writing it: the readers raise their own errors
     (:class:`~megatron.trace_format.errors.TraceInputError`), so an ``OSError`` here is
-    the output's."""
+    the output's. A folder that is not there is said first, naming ``-o``, before any
+    reading."""
+    if not output.parent.is_dir():
+        raise TraceOutputError(
+            f"-o {output}: no folder {output.parent} (create it first, or name a file in "
+            "an existing folder)"
+        )
     try:
         yield
     except OSError as error:

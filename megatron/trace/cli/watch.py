@@ -5,7 +5,12 @@ The command is the loop and the endpoint; following the files is
 :class:`~megatron.trace.live.job.LiveJob`'s (``report``'s code), the
 metric families :mod:`megatron.trace.render.metrics.prometheus`'s. The files are
 polled every ``--interval`` seconds; a scrape computes the figures from what
-was read so far (at most once per second). Ctrl-C or SIGTERM stops it: one
+was read so far (at most once per second). With ``--receive DIR`` it is also
+the job's OTLP receiver (``receive``'s :class:`~megatron.trace.receive.Receiver`,
+on ``--grpc``/``--http``): what arrives is written to ``DIR/rank<N>/traces.jsonl``
+(and ``metrics.jsonl``) and each rank's file is followed from when it appears,
+so a job that exports over OTLP only (Megatron-LM's nemo-lens) is watched live
+and its files are there for ``report`` after. Ctrl-C or SIGTERM stops it: one
 line, exit 0.
 """
 
@@ -23,11 +28,12 @@ from typing import Any
 
 from megatron.trace.analysis.liveness import Clock
 from megatron.trace.cli.options import exit_statuses
+from megatron.trace.cli.receive import DEFAULT_GRPC, DEFAULT_HTTP, listen_address, out_folder
 from megatron.trace.live.follow import Follower
 from megatron.trace.live.job import HANG_FACTOR, HANG_FLOOR_S, KILLED_AFTER_S, LiveJob
 from megatron.trace.render.metrics.otlp_push import OtlpPush
 from megatron.trace.render.metrics.prometheus import SnapshotCollector, prometheus_client
-from megatron.trace_format.errors import TraceError
+from megatron.trace_format.errors import TraceError, TraceInputError, TraceOutputError
 from megatron.trace_format.semconv import STALE_AFTER_S
 
 __all__ = ["add_parser", "run"]
@@ -66,10 +72,11 @@ class _Watch:
 
     def __init__(self, args: argparse.Namespace) -> None:
         trace_files = [p for p in args.files if not p.name.startswith("metrics")]
-        self.follower = Follower(trace_files)
+        self.received: Path | None = args.receive
+        self.follower = Follower(list(trace_files))
         self.job = LiveJob(
-            trace_files,
-            job=args.job,
+            list(trace_files),
+            run_id=args.run_id,
             hang_factor=args.hang_factor,
             hang_floor_s=args.hang_floor,
             killed_after_s=args.killed_after,
@@ -82,6 +89,10 @@ class _Watch:
         self._failed = ""
 
     def poll(self) -> None:
+        if self.received is not None:  # a rank the receiver began writing since
+            for path in sorted(self.received.glob("*/traces.jsonl")):
+                if self.follower.add(path):
+                    self.job.trace_files.append(path)  # its metrics.jsonl: signs of life
         with self.lock:
             if self.job.add_lines(self.follower.poll()):
                 self._dirty = True
@@ -146,6 +157,9 @@ def _serve(args: argparse.Namespace) -> int:
     # main() pauses the cyclic collector for a command's one read; a process that runs
     # for weeks, with an HTTP server's garbage, needs it back
     gc.enable()
+    if not args.files and args.receive is None:
+        raise TraceInputError("no trace files to watch: name them, or --receive DIR")
+    receiver = _receiver(args) if args.receive is not None else None
     watch = _Watch(args)
     push = (
         OtlpPush(watch.snapshot, args.otlp_endpoint, args.otlp_interval, _say)
@@ -165,9 +179,17 @@ def _serve(args: argparse.Namespace) -> int:
             ) from error
         server = started[0] if isinstance(started, tuple) else None
         bound = server.server_address[1] if server is not None else port
+        watched = [str(p) for p in args.files]
+        if receiver is not None:
+            receiver.start()
+            listening = []
+            if args.grpc is not None:
+                listening.append(f"grpc {args.grpc[0]}:{receiver.grpc_port}")
+            if args.http is not None:
+                listening.append(f"http http://{args.http[0]}:{receiver.http_port}/v1/traces")
+            watched.append(f"{args.receive}/RANK/traces.jsonl (received on {', '.join(listening)})")
         print(
-            f"{_PREFIX}: serving http://{host}:{bound}/metrics for "
-            + ", ".join(str(p) for p in args.files),
+            f"{_PREFIX}: serving http://{host}:{bound}/metrics for " + ", ".join(watched),
             file=sys.stderr,
             flush=True,
         )
@@ -175,6 +197,8 @@ def _serve(args: argparse.Namespace) -> int:
             watch.poll()
             time.sleep(args.interval)
     finally:
+        if receiver is not None:
+            receiver.stop()
         watch.follower.close()
         if push is not None:
             push.shutdown()  # the last figures, pushed once more
@@ -182,6 +206,23 @@ def _serve(args: argparse.Namespace) -> int:
             with contextlib.suppress(Exception):
                 server.shutdown()
                 server.server_close()
+
+
+def _receiver(args: argparse.Namespace) -> Any:
+    """The OTLP receiver ``--receive`` asks for (not listening yet)."""
+    from megatron.trace.receive import Receiver
+
+    if args.grpc is None and args.http is None:
+        raise TraceInputError("--grpc off and --http off: nothing would receive; keep one")
+    try:
+        args.receive.mkdir(exist_ok=True)
+    except OSError as error:
+        raise TraceOutputError(f"--receive {args.receive}: {error.strerror or error}") from None
+    return Receiver(args.receive, args.grpc, args.http, on_error=_warn)
+
+
+def _warn(text: str) -> None:
+    print(f"{_PREFIX}: warning: {text}", file=sys.stderr, flush=True)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -194,10 +235,36 @@ def add_parser(subparsers: Any) -> None:
         "(running, finished, stalled, killed), a suspected hang and how long it has lasted, "
         "the rolling iteration time and the straggler score, on an HTTP endpoint Prometheus "
         "scrapes (needs the 'watch' extra), and with --otlp-endpoint pushed over OTLP "
-        "too. Ctrl-C or SIGTERM stops it, with status 0.",
+        "too; with --receive DIR it is the job's OTLP receiver as well, writing and watching "
+        "DIR/rank<N>/traces.jsonl. Ctrl-C or SIGTERM stops it, with status 0.",
         epilog=exit_statuses(None),
     )
-    parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="trace files")
+    parser.add_argument(
+        "files", nargs="*", type=Path, metavar="FILE", help="trace files (or --receive)"
+    )
+    parser.add_argument(
+        "--receive",
+        type=out_folder,
+        default=None,
+        metavar="DIR",
+        help="also be the job's OTLP receiver, as `receive --out DIR` is (needs the "
+        "'receive' extra): write what arrives to DIR/rank<N>/ and watch each rank's "
+        "traces.jsonl from when it appears",
+    )
+    parser.add_argument(
+        "--grpc",
+        type=listen_address("--grpc 4317"),
+        default=DEFAULT_GRPC,
+        metavar="HOST:PORT",
+        help=f"with --receive: the OTLP/gRPC listen address, or off (default {DEFAULT_GRPC})",
+    )
+    parser.add_argument(
+        "--http",
+        type=listen_address("--http 4318"),
+        default=DEFAULT_HTTP,
+        metavar="HOST:PORT",
+        help=f"with --receive: the OTLP/HTTP listen address, or off (default {DEFAULT_HTTP})",
+    )
     parser.add_argument(
         "--listen",
         type=_listen,
@@ -259,6 +326,12 @@ def add_parser(subparsers: Any) -> None:
         help="how often they are pushed (default 10, the trainer's metrics export period)",
     )
     parser.add_argument(
-        "--job", default=None, help="the job label (default: the run id, nemo.run.id)"
+        "--run-id",
+        "--job",
+        dest="run_id",
+        default=None,
+        help="the run_id label of every series (default: from the first record read: its "
+        "resource's megatron.run_id, nemo.run.id, nemo.lens.run_uuid, slurm.job.id or "
+        "service.instance.id less -rank<N>, else the first file's folder)",
     )
     parser.set_defaults(func=run)

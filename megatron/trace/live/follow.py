@@ -73,6 +73,16 @@ class Follower:
     def __post_init__(self) -> None:
         self._files = [_Live(Path(path)) for path in self.paths]
 
+    def add(self, path: Path) -> bool:
+        """Follow ``path`` too, from its start (a file that appeared after the start: a rank
+        the OTLP receiver began writing); False when it is followed already."""
+        path = Path(path)
+        if any(live.path == path for live in self._files):
+            return False
+        self.paths.append(path)
+        self._files.append(_Live(path))
+        return True
+
     def close(self) -> None:
         for live in self._files:
             if live.file is not None:

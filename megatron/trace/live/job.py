@@ -37,12 +37,21 @@ ago, the median over its last :data:`ROLLING_ITERATIONS` iterations (the
 hang watchdog's own bound, 10 × at least 300 s, by default); or when the
 watchdog recorded a stall it did not recover from. Without iteration spans
 (the ``default`` groups) and without a watchdog record, it is not computed.
+
+The **run id** every series is labelled with is fixed by the first record
+read and never changes after (two sets of series for one job, or two jobs
+starting together under one name, are what a later choice would give): the
+one given (``--run-id``), else the first span batch's resource attributes
+(:data:`RUN_ID_KEYS`, in order, then ``service.instance.id`` less its
+``-rank<N>``), else the first trace file's folder (the one above a
+``rank<N>`` folder).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -58,12 +67,21 @@ from megatron.trace.model.builder import TraceBuilder
 from megatron.trace.model.incarnation import Incarnation, Trace
 from megatron.trace.otlp.reader import decode_line
 from megatron.trace_format.errors import TraceFileDamaged
-from megatron.trace_format.semconv import BADPUT_CATEGORIES, NEMO_RUN_ID, RUN_ID, Category
+from megatron.trace_format.semconv import (
+    BADPUT_CATEGORIES,
+    NEMO_LENS_RUN_UUID,
+    NEMO_RUN_ID,
+    RUN_ID,
+    SERVICE_INSTANCE_ID,
+    SLURM_JOB_ID,
+    Category,
+)
 
 __all__ = [
     "HANG_FACTOR",
     "HANG_FLOOR_S",
     "ROLLING_ITERATIONS",
+    "RUN_ID_KEYS",
     "STATES",
     "LiveJob",
     "RankFigures",
@@ -81,7 +99,10 @@ HANG_FLOOR_S = 300.0
 KILLED_AFTER_S = 300.0
 STATES = ("running", "finished", "stalled", "killed")
 _FINISHED = frozenset({"shutdown", "failed", "interrupted", "cut_short"})
-_RUN_ID_KEYS = (NEMO_RUN_ID, RUN_ID)
+#: The resource attributes that name a run, the same on each of its ranks, in the order
+#: they are tried.
+RUN_ID_KEYS = (RUN_ID, NEMO_RUN_ID, NEMO_LENS_RUN_UUID, SLURM_JOB_ID)
+_RANK_SUFFIX = re.compile(r"-rank\d+$")
 
 
 @dataclass(frozen=True)
@@ -105,7 +126,7 @@ class RankFigures:
 class Snapshot:
     """The job's figures at ``now_ns``; ``ranks`` in rank order, the job's rank first."""
 
-    job: str
+    run_id: str
     now_ns: int
     ranks: list[RankFigures]
     spans: int
@@ -123,7 +144,7 @@ class LiveJob:
     """The accumulated summary of a job's trace files, and its figures on demand."""
 
     trace_files: Sequence[Path]
-    job: str | None = None
+    run_id: str | None = None
     hang_factor: float = HANG_FACTOR
     hang_floor_s: float = HANG_FLOOR_S
     killed_after_s: float = KILLED_AFTER_S
@@ -146,6 +167,9 @@ class LiveJob:
             try:
                 line = decode_line(path, number, raw, builder.stats)
                 if line is not None:
+                    if self.run_id is None:
+                        self.run_id = _run_id(line.batches[0].resource if line.batches else {})
+                        self.run_id = self.run_id or _folder_run_id(self.trace_files or [path])
                     builder.add_line(line)
             except TraceFileDamaged as error:
                 self.corrupt_lines += 1
@@ -186,7 +210,7 @@ class LiveJob:
                 )
             )
         return Snapshot(
-            job=self.job or _run_id(trace) or "unknown",
+            run_id=self.run_id or _folder_run_id(self.trace_files),
             now_ns=clock.now_ns,
             ranks=ranks,
             spans=trace.span_count,
@@ -260,13 +284,23 @@ def _newest_records(trace: Trace, metrics_files: list[Path]) -> dict[Any, int]:
     return {key: beat.time_ns for key, beat in newest_beats(metrics_files, wanted).items()}
 
 
-def _run_id(trace: Trace) -> str | None:
-    for incs in trace.ranks.values():
-        for inc in incs:
-            record = inc.startup or next(iter(inc.intervals), None)
-            if record is not None:
-                for key in _RUN_ID_KEYS:
-                    value = record["resource"].get(key)
-                    if value:
-                        return str(value)
+def _run_id(resource: dict[str, Any]) -> str | None:
+    """The run id the resource attributes carry, or ``None``."""
+    for key in RUN_ID_KEYS:
+        value = resource.get(key)
+        if value not in (None, ""):
+            return str(value)
+    instance = resource.get(SERVICE_INSTANCE_ID)
+    if instance not in (None, ""):
+        return _RANK_SUFFIX.sub("", str(instance))
     return None
+
+
+def _folder_run_id(files: Sequence[Path]) -> str:
+    """The first trace file's folder, or the one above it when that is ``rank<N>``."""
+    if not files:
+        return "unknown"
+    folder = Path(files[0]).resolve().parent
+    if re.fullmatch(r"rank\d+", folder.name) and folder.parent.name:
+        folder = folder.parent
+    return folder.name or "unknown"

@@ -55,6 +55,7 @@ from megatron.trace_format.records import SpanFields, SpanRecord, span_record
 __all__ = [
     "DAMAGE_ERRORS",
     "DecodedLine",
+    "NotSpansError",
     "ReadStats",
     "SpanBatch",
     "TornLine",
@@ -289,7 +290,7 @@ def decode_line(
         try:
             batches = decode_python(request)
         except DAMAGE_ERRORS as error:
-            raise damaged(path, number, error) from error
+            raise _other_signal(path, number, request) or damaged(path, number, error) from error
     return DecodedLine(path, number, raw, batches)
 
 
@@ -313,6 +314,41 @@ def paused_gc() -> Iterator[None]:
 def damaged(path: Path, number: int, error: BaseException) -> TraceFileDamaged:
     """The damage a decoding error of a span on ``path:number`` means."""
     return TraceFileDamaged(path, number, f"not an OTLP trace request: {error!r}")
+
+
+#: The other OTLP signals' requests, by the field that holds their entries.
+_OTHER_SIGNALS = {
+    "resourceMetrics": ("metrics", "metrics.jsonl"),
+    "resourceLogs": ("logs", "logs.jsonl"),
+}
+
+
+class NotSpansError(TraceFileDamaged):
+    """A line that is a whole OTLP export request of another signal (metrics, logs): a
+    metrics or logs file given where trace files go. Damage of the line, as any line that
+    is no trace request, with a message that says what the file is."""
+
+    def __init__(self, path: Path | str, line: int, signal: str) -> None:
+        super().__init__(path, line, f"an OTLP {signal} export")
+        self.signal = signal
+        usual = dict(_OTHER_SIGNALS.values()).get(signal, signal)
+        self.args = (
+            f"{path}: line {line} is an OTLP {signal} export, not spans: this is a {signal} "
+            f"file (as {usual} is); give the trace files (traces.jsonl), beside which "
+            f"{usual} is read by itself",
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.line, self.signal))
+
+
+def _other_signal(path: Path, number: int, request: Any) -> NotSpansError | None:
+    """The error for a request of another OTLP signal, or None when it is none of them."""
+    if isinstance(request, dict) and "resourceSpans" not in request:
+        for key, (signal, _) in _OTHER_SIGNALS.items():
+            if key in request:
+                return NotSpansError(path, number, signal)
+    return None
 
 
 def span_fields(span: Any) -> SpanFields:

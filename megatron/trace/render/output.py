@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from megatron.trace_format.errors import TraceOutputError
+
 __all__ = ["append_file", "replacing"]
 
 
@@ -22,12 +24,15 @@ __all__ = ["append_file", "replacing"]
 def replacing(output: Path, binary: bool = False) -> Iterator[IO[Any]]:
     """A file to write ``output``'s new content to; renamed over ``output`` on success.
 
-    The file is ``.<name>.tmp`` in ``output``'s directory (created if need
-    be), so the rename stays within one file system; text (UTF-8), or bytes
-    when ``binary``. If the block raises, the temporary file is removed and
-    ``output`` is left as it was.
+    The file is ``.<name>.tmp`` in ``output``'s directory, so the rename stays
+    within one file system; text (UTF-8), or bytes when ``binary``. If the
+    block raises, the temporary file is removed and ``output`` is left as it
+    was. A directory that does not exist is an error
+    (:class:`~megatron.trace_format.errors.TraceOutputError`), never created: a
+    mistyped path must not leave folders behind.
     """
-    output.parent.mkdir(parents=True, exist_ok=True)
+    if not output.parent.is_dir():
+        raise TraceOutputError(f"cannot write {output}: no folder {output.parent}")
     tmp = output.with_name(f".{output.name}.tmp")
     try:
         with open(tmp, "wb") if binary else open(tmp, "w", encoding="utf-8") as out:

@@ -15,7 +15,7 @@ from typing import Any
 from megatron.core.telemetry import TelemetryConfig, TelemetryHandle
 from megatron.training.distributed import DistributedEnv
 from megatron.training.job_config import JobConfig
-from megatron.training.telemetry.trace_summary import summarize
+from megatron.training.telemetry.trace_summary import rank_line, summarize
 
 __all__ = ["print_telemetry_summary", "resource_attributes", "startup_timestamps"]
 
@@ -73,15 +73,21 @@ def startup_timestamps(
 def print_telemetry_summary(telemetry: TelemetryHandle, config: TelemetryConfig) -> None:
     """What this run's telemetry wrote, printed by the rank that wrote it.
 
-    After training nothing telemetry does may change the job's exit status:
-    a summary that cannot be made is one warning line. Spans sent to the
-    console or over OTLP are summarized too; with traces off, one line says so.
+    Rank 0 prints the whole summary; every other exporting rank (``all_ranks``)
+    one line of its own (its rank, spans, file and goodput), so a job of many
+    ranks does not repeat the summary once per rank. After training nothing
+    telemetry does may change the job's exit status: a summary that cannot be
+    made is one warning line. Spans sent to the console or over OTLP are
+    summarized too; with traces off, one line says so.
     """
     if not telemetry.is_exporting:
         return
     try:
         tally = telemetry.tally
-        if tally is not None:
+        if tally is not None and telemetry.rank != 0:
+            print(rank_line(telemetry.rank, telemetry.trace_file, tally, config.exporter,
+                            telemetry.span_groups), flush=True)  # fmt: skip
+        elif tally is not None:
             summary = summarize(
                 telemetry.trace_file,
                 tally,

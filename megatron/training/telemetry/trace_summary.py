@@ -26,7 +26,7 @@ from megatron.trace_format.semconv import (
     Category,
 )
 
-__all__ = ["goodput_line", "summarize", "unaccounted"]
+__all__ = ["goodput_line", "rank_line", "summarize", "unaccounted"]
 
 # Where spans went when no file holds them, by exporter.
 _DESTINATIONS = {
@@ -77,6 +77,26 @@ def unaccounted(tally: SpanTally, span_groups: Set[str] | None) -> str | None:
             "span to account (only the other groups' spans are counted below)"
         )
     return None
+
+
+def rank_line(
+    rank: int,
+    path: str | Path | None,
+    tally: SpanTally,
+    exporter: str = "jsonl",
+    span_groups: Set[str] | None = None,
+) -> str:
+    """One line for a rank other than 0: its spans, where they went and its goodput
+    (rank 0 prints the whole :func:`summarize`)."""
+    where = (
+        f"written to {path}"
+        if path is not None
+        else _DESTINATIONS.get(exporter, f"exported ({exporter})")
+    )
+    reason = unaccounted(tally, span_groups)
+    goodput = goodput_line(tally.kept) if reason is None else None
+    figure = goodput.strip() if goodput is not None else "goodput: not computed"
+    return f"telemetry rank {rank}: {tally.span_count} spans {where};   {figure}"
 
 
 def summarize(

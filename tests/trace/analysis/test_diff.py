@@ -197,3 +197,36 @@ def test_the_schema_names_the_typed_fields(typed: type, path: tuple[str, ...]) -
 
 def test_the_schema_s_categories_are_the_vocabulary_s() -> None:
     assert schema()["properties"]["badput"]["required"] == sorted(BADPUT_CATEGORIES)
+
+
+def test_every_figure_stands_in_its_column_whatever_a_name_s_length() -> None:
+    from megatron.trace.render.text.diff import format_diff
+
+    def figure(value: float) -> dict:
+        return {"a": value, "b": value, "delta": 0.0, "delta_pct": 0.0}
+
+    def share(value: float) -> dict:
+        amount = {"s": value, "pct": 1.0, "per_iteration_s": 0.1}
+        return {"a": amount, "b": amount, "delta": {"s": 0.0, "pct": 0.0, "per_iteration_s": 0.0}}
+
+    side = {"files": ["a"], "rank": "0", "incarnations": 1, "iterations": 10, "spans": 5,
+            "running": False}  # fmt: skip
+    diff = {
+        "a": side, "b": side, "wall_s": figure(100.0), "progress_iterations": figure(10),
+        "goodput": share(50.0), "badput": {c: share(1.0) for c in BADPUT_CATEGORIES},
+        "iterations": {"median_ms": figure(5.0), "p90_ms": figure(6.0)},
+        "startup_phases": {"megatron.startup.initialize_megatron": figure(2.0),
+                           "megatron.startup.imports": figure(1.0)},
+        "stragglers": {"a": [], "b": [], "straggler_s": figure(0.0)}, "not_computed": [],
+    }  # fmt: skip
+    lines = format_diff(diff).splitlines()
+    figures = [line for line in lines if line.rstrip().endswith(("s  +0.0 %", "ms  +0.0 %"))]
+    assert any("initialize_megatron" in line for line in figures)
+    # the A column's unit: at the same place on every line of one figure
+    ends = {line.index(" s ") if " s " in line else line.index(" ms ") for line in figures}
+    assert len(ends) == 1, "\n".join(figures)
+    shares = [line for line in lines if line.endswith("+0.000   +0.0   +0.000")]
+    assert len(shares) == 1 + len(BADPUT_CATEGORIES)
+    assert len({len(line) for line in shares}) == 1, "\n".join(shares)
+    # the names' column holds the longest name and a space
+    assert lines[2].startswith(" " * len("  initialize_megatron "))

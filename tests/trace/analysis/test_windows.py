@@ -107,7 +107,7 @@ def test_the_command_line_prints_the_windows_in_text_and_json(tmp_path: Path, ca
     assert len(report["windows"]["entries"]) == 5
     text = "\n".join(out[:-1])
     assert "per window of 5s from the wall clock's start" in text
-    assert "+10s" in text and "2 it of   2000.0 ms" in text
+    assert "+10s" in text and "2 it, mean   2000.0 ms" in text
     assert "startup 40.0 %, checkpoint_save 5.0 %" in text
     # without --window: no windows, in text or JSON
     assert main(["report", str(path), "--json"]) == 0
@@ -145,3 +145,16 @@ def test_too_many_windows_is_one_line(tmp_path: Path, capsys) -> None:
     assert captured.out == ""
     assert captured.err.startswith("megatron-trace report: error: --window 1e-05 s cuts")
     assert "choose a longer window" in captured.err
+
+
+@pytest.mark.parametrize(
+    ("seconds", "label"),
+    [(0, "0s"), (0.25, "250ms"), (30, "30s"), (59.5, "59.5s"), (70, "1m10s"), (120, "2m"),
+     (5400, "1h30m"), (90061, "1d1h1m1s")],
+)  # fmt: skip
+def test_window_labels_are_whole_units_never_a_fraction_of_a_minute(
+    seconds: float, label: str
+) -> None:
+    from megatron.trace.render.text.report import _duration
+
+    assert _duration(seconds) == label

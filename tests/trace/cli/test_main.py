@@ -39,7 +39,7 @@ def _help_here(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 
 
 def test_every_subcommand_is_covered() -> None:
-    assert SUBCOMMANDS == ["check", "report", "timeline", "export", "diff", "watch"]
+    assert SUBCOMMANDS == ["check", "report", "timeline", "export", "diff", "watch", "receive"]
 
 
 @pytest.mark.parametrize(

@@ -253,14 +253,110 @@ def test_the_families_as_prometheus_reads_them(tmp_path: Path) -> None:
     registry = prometheus_client.CollectorRegistry()
     registry.register(SnapshotCollector(lambda: job.snapshot(Clock.at(LATER))))
     text = prometheus_client.generate_latest(registry).decode()
-    assert 'megatron_training_goodput_seconds{job="job-4711",rank="0"} 4.0' in text
-    assert 'megatron_job_state{job="job-4711",rank="0",state="finished"} 1.0' in text
-    assert 'megatron_training_badput_seconds{category="restart_gap",job="job-4711",rank="0"}' in (
-        text
+    assert 'megatron_training_goodput_seconds{rank="0",run_id="job-4711"} 4.0' in text
+    assert 'megatron_job_state{rank="0",run_id="job-4711",state="finished"} 1.0' in text
+    assert (
+        'megatron_training_badput_seconds{category="restart_gap",rank="0",run_id="job-4711"}'
+        in (text)
     )
-    assert 'megatron_training_iteration{job="job-4711",rank="0"} 40.0' in text
+    assert 'megatron_training_iteration{rank="0",run_id="job-4711"} 40.0' in text
     served = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
     assert served <= {*METRICS, *(name.removesuffix("_total") for name in METRICS)}
+
+
+def _upstream_resource(path: Path, **attributes: str) -> Path:
+    """A one-line trace whose resource carries ``attributes`` (and nothing else naming a run)."""
+    span = g.lifecycle(0)[0]
+    request = {"resourceSpans": [{
+        "resource": {"attributes": [
+            {"key": key, "value": {"stringValue": value}} for key, value in attributes.items()
+        ]},
+        "scopeSpans": [{"scope": {"name": "megatron"}, "spans": [span]}],
+    }]}  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(request) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("attributes", "expected"),
+    [
+        ({"megatron.run_id": "ours-1", "nemo.run.id": "nemo-1"}, "ours-1"),
+        ({"nemo.run.id": "nemo-1", "service.instance.id": "x-rank3"}, "nemo-1"),
+        ({"nemo.lens.run_uuid": "6f1c", "slurm.job.id": "4711"}, "6f1c"),
+        ({"slurm.job.id": "4711", "service.instance.id": "x-rank3"}, "4711"),
+        ({"service.instance.id": "pretrain-7b-rank12"}, "pretrain-7b"),
+        ({"service.name": "megatron"}, "run-a"),  # nothing names it: the folder above rank0/
+    ],
+)
+def test_the_run_id_comes_from_the_first_record(
+    tmp_path: Path, attributes: dict[str, str], expected: str
+) -> None:
+    path = _upstream_resource(tmp_path / "run-a" / "rank0" / "traces.jsonl", **attributes)
+    job = LiveJob([path])
+    job.add_lines(Follower([path]).poll())
+    snapshot = job.snapshot(Clock.at(LATER))
+    assert snapshot is not None and snapshot.run_id == expected
+
+
+def test_the_run_id_is_fixed_by_the_first_record_and_never_changes(tmp_path: Path) -> None:
+    path = tmp_path / "traces.jsonl"
+    follower = Follower([path])
+    g.write(path, g.lifecycle(0, kill_after=1)[:2])  # a first line, before any startup span
+    job = LiveJob([path])
+    job.add_lines(follower.poll())
+    first = job.snapshot(Clock(now_ns=5 * g.SECOND))
+    assert first is not None and first.run_id == "run100"
+    g.write(path, g.lifecycle(0, kill_after=1)[2:], g.lifecycle(60, first=4))  # a second process
+    job.add_lines(follower.poll())
+    later = job.snapshot(Clock.at(LATER))
+    assert later is not None and later.run_id == "run100"
+    given = LiveJob([path], run_id="pretrain-7b")
+    given.add_lines(Follower([path]).poll())
+    assert given.snapshot(Clock.at(LATER)).run_id == "pretrain-7b"  # type: ignore[union-attr]
+
+
+@pytest.mark.needs_extras  # prometheus_client (the watch extra)
+def test_a_kill_lowers_the_goodput_gauge_and_no_counter(tmp_path: Path) -> None:
+    import prometheus_client
+
+    from megatron.trace.render.metrics.prometheus import SnapshotCollector
+
+    path = g.write(tmp_path / "traces.jsonl", g.lifecycle(0, kill_after=1))  # last span 10.25 s
+    job = LiveJob([path])
+    job.add_lines(Follower([path]).poll())
+    clock = {"now": 10.5}
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(
+        SnapshotCollector(lambda: job.snapshot(Clock(now_ns=round(clock["now"] * g.SECOND))))
+    )
+
+    def scrape() -> dict[str, float]:
+        text = prometheus_client.generate_latest(registry).decode()
+        series = r'^(megatron_training_\w+)\{rank="0",run_id="run100"\} (\S+)$'
+        return {name: float(value) for name, value in re.findall(series, text, re.M)}
+
+    running = scrape()
+    clock["now"] = 100.0  # long past the staleness bound: killed, its last progress lost
+    killed = scrape()
+    assert (
+        killed["megatron_training_goodput_seconds"] < running["megatron_training_goodput_seconds"]
+    )
+    lost = killed["megatron_training_lost_progress_seconds_total"]
+    assert lost > running["megatron_training_lost_progress_seconds_total"] == 0
+    for counter in ("progress_seconds_total", "lost_progress_seconds_total"):
+        name = f"megatron_training_{counter}"
+        assert killed[name] >= running[name], name
+    # goodput is what the progress kept: progress less the lost part
+    assert killed["megatron_training_goodput_seconds"] == pytest.approx(
+        killed["megatron_training_progress_seconds_total"] - lost
+    )
+    assert running["megatron_training_progress_seconds_total"] == pytest.approx(
+        running["megatron_training_goodput_seconds"]
+    )
+    clock["now"] = 10.5  # a figure that would fall back (a clock set back): the counters hold
+    again = scrape()
+    assert again["megatron_training_lost_progress_seconds_total"] == lost
 
 
 @pytest.mark.needs_extras  # prometheus_client (the watch extra)
@@ -310,7 +406,7 @@ def test_watch_serves_follows_and_stops_on_sigterm(tmp_path: Path) -> None:
         while "megatron_training_goodput_seconds" not in text and time.monotonic() < deadline:
             time.sleep(0.2)
             text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-        assert 'megatron_training_goodput_seconds{job="job-4711",rank="0"} 4.0' in text
+        assert 'megatron_training_goodput_seconds{rank="0",run_id="job-4711"} 4.0' in text
         # a second watch on the same port: one line, exit 2
         other, line = _start(["--listen", f"127.0.0.1:{port}", str(path)])
         assert other.wait(timeout=60) == 2

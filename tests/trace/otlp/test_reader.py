@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,3 +139,30 @@ def test_backwards_reader_reads_a_compressed_file_too(tmp_path: Path) -> None:
     with gzip.open(path, "wt") as file:  # a rotated copy compressed under the live name
         file.write("".join(json.dumps({"n": n}) + "\n" for n in range(5)))
     assert [r["n"] for r in iter_requests_backwards(path)] == [4, 3, 2, 1, 0]
+
+
+@pytest.mark.parametrize(
+    ("line", "signal", "usual"),
+    [
+        ('{"resourceMetrics": [{"resource": {}, "scopeMetrics": []}]}', "metrics", "metrics.jsonl"),
+        ('{"resourceLogs": [{"resource": {}, "scopeLogs": []}]}', "logs", "logs.jsonl"),
+    ],
+)
+@pytest.mark.parametrize("command", ["report", "check"])
+def test_a_metrics_or_logs_file_given_as_a_trace_says_what_it_is(
+    tmp_path: Path, line: str, signal: str, usual: str, command: str
+) -> None:
+    path = tmp_path / usual
+    path.write_text(line + "\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "megatron.trace", command, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"megatron-trace {command}: error: {path}: line 1 is an OTLP {signal} export, not "
+        f"spans: this is a {signal} file (as {usual} is); give the trace files "
+        f"(traces.jsonl), beside which {usual} is read by itself\n"
+    )

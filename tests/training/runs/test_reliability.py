@@ -551,6 +551,14 @@ def test_torchrun_all_ranks_share_one_trace_file(training_cli):
     assert result.returncode == 0, result.stderr
     spans = read_spans(cli.cwd / "deep" / "nested" / "ckpt" / "telemetry" / "traces.jsonl")
     assert {s["resource"]["dl.rank"] for s in spans} == {0, 1}
+    # the end-of-run summary once (rank 0's), and one line of rank 1's own
+    out = result.stdout.splitlines()
+    assert sum(line.startswith("telemetry written to ") for line in out) == 1
+    assert sum(line.strip() == "spans by name:" for line in out) == 1
+    (own,) = [line for line in out if line.startswith("telemetry rank 1: ")]
+    assert " spans written to deep/nested/ckpt/telemetry/traces.jsonl;" in own
+    assert "goodput: " in own
+    assert not any(line.startswith("telemetry rank 0") for line in out)
 
 
 # -- a full trace disk ----------------------------------------------------------

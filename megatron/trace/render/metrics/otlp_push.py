@@ -6,7 +6,7 @@ instead. :class:`OtlpPush` runs the SDK's own ``MeterProvider`` with a
 ``PeriodicExportingMetricReader`` and the OTLP/HTTP (protobuf) metric
 exporter (:func:`_exporter`): at each export the reader's thread observes the gauges below from
 the newest :class:`~megatron.trace.live.job.Snapshot`, every point with
-the attributes ``job`` and ``rank``, as the Prometheus series are labelled.
+the attributes ``run_id`` and ``rank``, as the Prometheus series are labelled.
 
 The goodput gauges carry the in-process live metrics' names
 (:data:`~megatron.trace_format.semconv.MEGATRON_TRAINING_GOODPUT_S` and its
@@ -168,7 +168,7 @@ class OtlpPush:
                 if snapshot is None:
                     return []
                 return [
-                    Observation(value, {"job": snapshot.job, "rank": figures.rank, **extra})
+                    Observation(value, {"run_id": snapshot.run_id, "rank": figures.rank, **extra})
                     for figures in snapshot.ranks
                     for value, extra in points(figures)
                 ]

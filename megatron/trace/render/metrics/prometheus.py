@@ -2,13 +2,25 @@
 
 :class:`SnapshotCollector` is a ``prometheus_client`` collector: at each
 scrape it asks for the newest :class:`~megatron.trace.live.job.Snapshot`
-and turns it into metric families, every series labelled with ``job`` (the
-run id, ``nemo.run.id``) and ``rank``. Names follow Prometheus's conventions
+and turns it into metric families, every series labelled with ``run_id``
+(:class:`~megatron.trace.live.job.LiveJob`'s, fixed by the first record) and
+``rank``: not ``job`` nor ``instance``, which Prometheus sets from its scrape
+config (a default scrape config keeps both labels as served). Names follow Prometheus's conventions
 (base units, ``_seconds``, ``_ratio``, ``_total`` on counters only), and the
 goodput ones are the in-process live metrics' (``megatron.training.goodput_s``
 and its siblings, ``megatron/training/README.md``) in those conventions, so
 one dashboard serves a job of ours and a watched Megatron-LM job alike.
 ``prometheus_client`` is imported only here (the ``watch`` extra).
+
+The types mean what Prometheus assumes. ``megatron_training_goodput_seconds``
+is a **gauge**: when a kill is seen, the progress since the last checkpoint
+turns from goodput into ``wasted_progress`` badput, and the gauge falls (use
+``delta()``/``deriv()`` on it, never ``rate()``). What only grows is a counter
+of its own: ``megatron_training_progress_seconds_total`` (time that made
+training progress, kept or later lost: goodput plus wasted progress) and
+``megatron_training_lost_progress_seconds_total`` (the part later lost), so
+goodput = progress - lost and ``rate()`` of either is valid. Each counter is
+served as its highest value so far, so it never goes lower between scrapes.
 """
 
 from __future__ import annotations
@@ -20,14 +32,20 @@ from megatron.trace.live.job import STATES, Snapshot
 from megatron.trace_format.errors import MissingExtraError
 from megatron.trace_format.semconv import (
     GOODPUT_GAUGES,
+    LOST_PROGRESS_COUNTER,
     MEGATRON_TRAINING_BADPUT_S,
     MEGATRON_TRAINING_GOODPUT_FRACTION,
     MEGATRON_TRAINING_GOODPUT_S,
     MEGATRON_TRAINING_ITERATION,
     MEGATRON_TRAINING_WALL_CLOCK_S,
+    PROGRESS_COUNTER,
+    Category,
 )
 
-__all__ = ["METRICS", "SnapshotCollector", "prometheus_client"]
+__all__ = ["LABEL", "METRICS", "SnapshotCollector", "prometheus_client"]
+
+#: The label naming the run on every series (what the shipped rules group by).
+LABEL = "run_id"
 
 #: name -> (kind, help): every family the endpoint serves.
 METRICS: dict[str, tuple[str, str]] = {
@@ -35,6 +53,16 @@ METRICS: dict[str, tuple[str, str]] = {
         gauge.prometheus: ("gauge", f"{gauge.description} ({gauge.name}).")
         for gauge in GOODPUT_GAUGES.values()
     },
+    PROGRESS_COUNTER: (
+        "counter",
+        "Time spent making training progress so far, whether it survived or was lost later "
+        "(goodput plus wasted progress): never decreases.",
+    ),
+    LOST_PROGRESS_COUNTER: (
+        "counter",
+        "Time whose training progress was lost so far (the wasted_progress badput): never "
+        "decreases.",
+    ),
     "megatron_job_state": (
         "gauge",
         "1 for the rank's state (running, finished, stalled, killed), 0 for the others.",
@@ -79,6 +107,7 @@ class SnapshotCollector:
     def __init__(self, snapshot: Callable[[], Snapshot | None]) -> None:
         self._snapshot = snapshot
         self._client = prometheus_client()
+        self._highest: dict[tuple[str, ...], float] = {}
 
     def describe(self) -> list[Any]:
         return []  # unchecked: the families depend on the job
@@ -87,12 +116,22 @@ class SnapshotCollector:
         snapshot = self._snapshot()
         if snapshot is None:
             return
-        yield from families(snapshot, self._client)
+        yield from families(snapshot, self._client, self._highest)
 
 
-def families(snapshot: Snapshot, client: Any) -> Iterator[Any]:
-    """The metric families of one snapshot."""
+def families(
+    snapshot: Snapshot, client: Any, highest: dict[tuple[str, ...], float] | None = None
+) -> Iterator[Any]:
+    """The metric families of one snapshot; ``highest`` holds each counter series' highest
+    value so far (between the scrapes of one collector), and is what a counter serves."""
     core = client.core
+    highest = {} if highest is None else highest
+
+    def counted(name: str, labels: list[str], value: float) -> None:
+        key = (name, *labels)
+        highest[key] = max(value, highest.get(key, value))
+        family(name, "rank").add_metric(labels, highest[key])
+
     built: dict[str, Any] = {}
 
     def family(name: str, *labels: str) -> Any:
@@ -100,15 +139,18 @@ def families(snapshot: Snapshot, client: Any) -> Iterator[Any]:
             kind, text = METRICS[name]
             make = core.CounterMetricFamily if kind == "counter" else core.GaugeMetricFamily
             stem = name.removesuffix("_total") if kind == "counter" else name
-            built[name] = make(stem, text, labels=["job", *labels])
+            built[name] = make(stem, text, labels=[LABEL, *labels])
         return built[name]
 
-    job = snapshot.job
+    run_id = snapshot.run_id
     for figures in snapshot.ranks:
-        rank = [job, figures.rank]
+        rank = [run_id, figures.rank]
         family(GOODPUT_GAUGES[MEGATRON_TRAINING_GOODPUT_S].prometheus, "rank").add_metric(
             rank, figures.goodput_s
         )
+        lost = figures.badput_s.get(Category.WASTED_PROGRESS, 0.0)
+        counted(PROGRESS_COUNTER, rank, figures.goodput_s + lost)
+        counted(LOST_PROGRESS_COUNTER, rank, lost)
         badput = family(GOODPUT_GAUGES[MEGATRON_TRAINING_BADPUT_S].prometheus, "rank", "category")
         for category, seconds in figures.badput_s.items():
             badput.add_metric([*rank, str(getattr(category, "value", category))], seconds)
@@ -135,9 +177,9 @@ def families(snapshot: Snapshot, client: Any) -> Iterator[Any]:
         if figures.straggler_score is not None:
             score = family("megatron_straggler_score", "rank")
             score.add_metric(rank, figures.straggler_score)
-    family("megatron_trace_watch_spans").add_metric([job], snapshot.spans)
-    family("megatron_trace_watch_lines_total").add_metric([job], snapshot.lines)
+    family("megatron_trace_watch_spans").add_metric([run_id], snapshot.spans)
+    family("megatron_trace_watch_lines_total").add_metric([run_id], snapshot.lines)
     corrupt = family("megatron_trace_watch_corrupt_lines_total")
-    corrupt.add_metric([job], snapshot.corrupt_lines)
-    family("megatron_trace_watch_torn_lines").add_metric([job], snapshot.torn_lines)
+    corrupt.add_metric([run_id], snapshot.corrupt_lines)
+    family("megatron_trace_watch_torn_lines").add_metric([run_id], snapshot.torn_lines)
     yield from built.values()

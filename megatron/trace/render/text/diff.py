@@ -38,17 +38,18 @@ def _amount(amount: dict[str, Any], signed: bool = False) -> str:
     )
 
 
-def _share_line(name: str, share: dict[str, Any]) -> str:
+def _share_line(name: str, share: dict[str, Any], width: int) -> str:
     return (
-        f"{name:<17}{_amount(share['a'])}   {_amount(share['b'])}   "
+        f"{name:<{width}}{_amount(share['a'])}   {_amount(share['b'])}   "
         f"{_amount(share['delta'], signed=True)}"
     )
 
 
-def _figure_line(name: str, fig: dict[str, Any], spec: str, unit: str) -> str:
+def _figure_line(name: str, fig: dict[str, Any], spec: str, unit: str, width: int) -> str:
     relative = "" if fig["delta_pct"] is None else f"  {fig['delta_pct']:+.1f} %"
     return (
-        f"{name:<17}{_num(fig['a'], spec):>12} {unit:<3}  {_num(fig['b'], spec):>12} {unit:<3}  "
+        f"{name:<{width}}{_num(fig['a'], spec):>12} {unit:<3}  "
+        f"{_num(fig['b'], spec):>12} {unit:<3}  "
         f"{_num(fig['delta'], spec, signed=True):>12} {unit}{relative}"
     )
 
@@ -60,34 +61,41 @@ def _ranks(ranks: list[Any] | None) -> str:
 
 
 def format_diff(diff: dict[str, Any]) -> str:
-    """The diff as a few human-readable lines."""
+    """The diff as a few human-readable lines (the names' column as wide as the widest
+    name, a startup phase's included, so every figure stands in its column)."""
+    phases = diff["startup_phases"]
+    names = [
+        "time lost",
+        *(f"  {c}" for c in BADPUT_CATEGORIES),
+        *(f"  {name.removeprefix(STARTUP_PHASE_PREFIX)}" for name in phases or ()),
+    ]
+    width = max(17, *(len(name) + 1 for name in names))
     lines = [_side_line("A", diff["a"]), _side_line("B", diff["b"])]
-    lines.append(f"{'':17}{'A':>12}       {'B':>12}       {'B - A':>12}")
-    lines.append(_figure_line("wall clock", diff["wall_s"], ".3f", "s"))
-    lines.append(_figure_line("progress", diff["progress_iterations"], ".0f", "it"))
+    lines.append(f"{'':{width}}{'A':>12}       {'B':>12}       {'B - A':>12}")
+    lines.append(_figure_line("wall clock", diff["wall_s"], ".3f", "s", width))
+    lines.append(_figure_line("progress", diff["progress_iterations"], ".0f", "it", width))
     lines.append(
         "per category: seconds, % of the wall clock (1 % = 36 s per hour; B - A in points), "
         "seconds per iteration of progress"
     )
     head = f"{'s':>10} {'%':>6} {'s/it':>8}"
-    lines.append(f"{'':17}{head}   {head}   {head}")
-    lines.append(_share_line("goodput", diff["goodput"]))
+    lines.append(f"{'':{width}}{head}   {head}   {head}")
+    lines.append(_share_line("goodput", diff["goodput"], width))
     lines.append("badput:")
-    lines += [_share_line(f"  {c}", diff["badput"][c]) for c in BADPUT_CATEGORIES]
+    lines += [_share_line(f"  {c}", diff["badput"][c], width) for c in BADPUT_CATEGORIES]
     lines.append("iteration time:")
-    lines.append(_figure_line("  median", diff["iterations"]["median_ms"], ".1f", "ms"))
-    lines.append(_figure_line("  p90", diff["iterations"]["p90_ms"], ".1f", "ms"))
-    phases = diff["startup_phases"]
+    lines.append(_figure_line("  median", diff["iterations"]["median_ms"], ".1f", "ms", width))
+    lines.append(_figure_line("  p90", diff["iterations"]["p90_ms"], ".1f", "ms", width))
     if phases:
         lines.append(f"{Category.STARTUP} phases:")
         lines += [
-            _figure_line(f"  {name.removeprefix(STARTUP_PHASE_PREFIX)}", fig, ".3f", "s")
+            _figure_line(f"  {name.removeprefix(STARTUP_PHASE_PREFIX)}", fig, ".3f", "s", width)
             for name, fig in phases.items()
         ]
     stragglers = diff["stragglers"]
     lines.append(
         f"stragglers: A {_ranks(stragglers['a'])}; B {_ranks(stragglers['b'])}",
     )
-    lines.append(_figure_line("  time lost", stragglers["straggler_s"], ".3f", "s"))
+    lines.append(_figure_line("  time lost", stragglers["straggler_s"], ".3f", "s", width))
     lines += [f"not computed: {reason}" for reason in diff["not_computed"]]
     return "\n".join(lines)

@@ -148,7 +148,7 @@ def _window_lines(report: dict[str, Any]) -> list[str]:
             for name in entry["top_badput"]
         )
         lines.append(
-            f"  {entry['start']}  +{_duration(entry['start_s']):<7}"
+            f"  {entry['start']}  +{_duration(entry['start_s']):<9}"
             f"  goodput {100 * entry['goodput_fraction']:5.1f} %"
             f"  {entry['goodput_s']:10.3f} s of {wall:.3f} s"
             + _window_iterations(entry)
@@ -157,22 +157,32 @@ def _window_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-_UNITS_S = (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0))
+_UNITS_S = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 
 
 def _duration(seconds: float) -> str:
-    """``5400`` -> ``1.5h``, ``30`` -> ``30s``, ``0`` -> ``0s``."""
+    """``5400`` -> ``1h30m``, ``70`` -> ``1m10s``, ``30`` -> ``30s``, ``0.25`` -> ``250ms``,
+    ``0`` -> ``0s``: from a minute on, whole units to the second (as ``--window`` and
+    ``--since`` are written), never a fraction of a minute."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{seconds * 1000:.4g}ms"
+    if seconds < 60:
+        return f"{seconds:.4g}s"
+    left, parts = round(seconds), []
     for unit, size in _UNITS_S:
-        if seconds >= size:
-            return f"{seconds / size:.4g}{unit}"
-    return f"{seconds * 1000:.4g}ms" if seconds else "0s"
+        if left >= size:
+            parts.append(f"{left // size}{unit}")
+            left %= size
+    return "".join(parts)
 
 
 def _window_iterations(entry: dict[str, Any]) -> str:
     count, mean = entry["iterations"], entry["iteration_mean_ms"]
     if count is None:
         return ""
-    return f"  {count:6d} it" + (f" of {mean:8.1f} ms" if mean is not None else " " * 15)
+    return f"  {count:6d} it" + (f", mean {mean:8.1f} ms" if mean is not None else " " * 19)
 
 
 def _advice_lines(report: dict[str, Any]) -> list[str]:

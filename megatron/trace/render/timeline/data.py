@@ -59,6 +59,7 @@ __all__ = [
     "LaneSummary",
     "Timeline",
     "collect",
+    "group_alike",
     "line_window_ns",
 ]
 
@@ -102,6 +103,8 @@ class LaneSummary:
     ended: str = "shutdown"  # the model's ending (ENDED_TEXT's keys)
     cut_short: list[str] = field(default_factory=list)  # names of the spans cut short
     as_of_ns: int | None = None  # running: the newest record seen
+    #: The other ranks this lane stands for: their lanes look the same (:func:`group_alike`)
+    alike: list[str] = field(default_factory=list)
 
 
 #: The goodput line's window widths, in seconds: the shortest that cuts the wall clock into
@@ -140,19 +143,25 @@ class Timeline:
     """Everything the page draws, collected in one pass over the spans."""
 
     bars: Bars  # iterable, again and again; not held in memory
-    lanes: list[LaneSummary]
+    lanes: list[LaneSummary]  # the lanes drawn: one per group of alike ranks
     several_ranks: bool
     spans: int
     files: list[str]
     report: dict[str, Any] | None = None  # build_report's dict: the summary at the top
     series: list[RankSeries] = field(default_factory=list)  # the per-rank iteration panel
     windows: list[GoodputWindow] = field(default_factory=list)  # the goodput line
+    #: Every lane, drawn or stood for by an alike rank's (what the header counts)
+    all_lanes: list[LaneSummary] = field(default_factory=list)
 
     @property
     def wall_ns(self) -> int:
         if not self.lanes:
             return 0
         return max(s.end_ns for s in self.lanes) - min(s.start_ns for s in self.lanes)
+
+    @property
+    def ranks(self) -> int:
+        return len({s.lane.rank for s in self.all_lanes or self.lanes})
 
 
 def collect(
@@ -185,6 +194,7 @@ def collect(
         for inc in trace.incarnations
     ]
     lanes = sorted(summaries, key=lambda s: (s.lane.incarnation, index.ranks.index(s.lane.rank)))
+    drawn = group_alike(trace, lanes)
     report, windows = None, []
     if trace.ranks:
         start, end = wall_bounds_ns(next(iter(trace.ranks.values())))  # the job rank's
@@ -192,14 +202,77 @@ def collect(
         windows = _goodput_windows(start, report.pop("windows")["entries"])  # type: ignore[misc]
     return Timeline(
         Bars(trace, index, lanes),
-        lanes,
+        drawn,
         index.several_ranks,
         trace.span_count,
         list(files or []),
         report,
         rank_series(trace),
         windows,
+        lanes,
     )
+
+
+#: Two ranks are drawn as one lane when every time of theirs agrees to within this share of
+#: the wall clock: a pixel of a page 1,000 pixels wide, so the lanes would look the same.
+ALIKE_SHARE = 1 / 1000
+
+
+def _rank_shape(incs: list[Incarnation]) -> tuple[list[Any], list[int]]:
+    """What a rank's lanes draw, as (everything but the times, the times in order)."""
+    shape: list[Any] = []
+    times: list[int] = []
+    for inc in incs:
+        shape.append((inc.ended, len(inc.iterations), [r["name"] for r in inc.cut_short]))
+        times += [inc.start_ns, inc.end_ns]
+        if inc.as_of_ns is not None:
+            times.append(inc.as_of_ns)
+        for records in (
+            [inc.startup] if inc.startup is not None else [],
+            inc.pre_startup, inc.launch, inc.startup_phases, inc.intervals, inc.saves,
+            inc.loads, inc.evaluations, inc.hangs, inc.recoveries,
+        ):  # fmt: skip
+            shape.append([record["name"] for record in records])
+            for record in records:
+                times += [record["start_ns"], record["end_ns"]]
+    return shape, times
+
+
+def group_alike(trace: Trace, lanes: list[LaneSummary]) -> list[LaneSummary]:
+    """The lanes to draw: of ranks whose lanes would look the same (the same incarnations,
+    endings, spans drawn and iteration counts; every time within :data:`ALIKE_SHARE` of the
+    wall clock) only the first rank's, its ``alike`` naming the others; in ``lanes``' order.
+
+    A data-parallel job's ranks usually run in step: 64 such ranks are one lane, and the
+    one that was killed, restarted or hung stands out as a lane of its own.
+    """
+    if len(trace.ranks) < 2 or not lanes:
+        return lanes
+    wall = max(s.end_ns for s in lanes) - min(s.start_ns for s in lanes)
+    tolerance = max(int(wall * ALIKE_SHARE), 1)
+    groups: list[tuple[str, list[Any], list[int], list[str]]] = []
+    leader: dict[str, str] = {}
+    for rank, incs in trace.ranks.items():
+        shape, times = _rank_shape(incs)
+        for first, their_shape, their_times, members in groups:
+            if (
+                shape == their_shape
+                and len(times) == len(their_times)
+                and all(abs(a - b) <= tolerance for a, b in zip(times, their_times, strict=True))
+            ):
+                members.append(rank)
+                leader[rank] = first
+                break
+        else:
+            groups.append((rank, shape, times, []))
+            leader[rank] = rank
+    members_of = {first: members for first, _, _, members in groups}
+    drawn = []
+    for summary in lanes:
+        if leader[summary.lane.rank] == summary.lane.rank:
+            summary.alike = list(members_of[summary.lane.rank])
+            drawn.append(summary)
+    return drawn
 
 
 def _goodput_windows(start_ns: int, entries: list[Any]) -> list[GoodputWindow]:

@@ -46,7 +46,17 @@ from megatron.trace_format.semconv import (
     Category,
 )
 
-__all__ = ["CATEGORIES", "figure", "page_pieces", "render_html"]
+__all__ = [
+    "CATEGORIES",
+    "endings_text",
+    "figure",
+    "files_text",
+    "lane_layout",
+    "lane_name",
+    "page_pieces",
+    "rank_list",
+    "render_html",
+]
 
 # Categories, in legend and drawing order: (key, legend label, colour).
 # Later ones are drawn on top, so nested spans stay visible over their parents.
@@ -105,14 +115,52 @@ _ENDED_COLOURS = {
 }
 
 
-def _lane_label(summary: LaneSummary, several_ranks: bool) -> str:
+def rank_list(ranks: Sequence[str]) -> str:
+    """Ranks as a reader scans them: runs of numbers as ranges (``0–4, 6–63``)."""
+    if not all(rank.isdigit() for rank in ranks):
+        return ", ".join(ranks)
+    numbers = sorted(int(rank) for rank in ranks)
+    runs: list[list[int]] = []
+    for number in numbers:
+        if runs and number == runs[-1][1] + 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    return ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in runs)
+
+
+def lane_name(summary: LaneSummary, several_ranks: bool) -> str:
+    """The lane's name: its incarnation and rank, or every rank it stands for."""
+    if not summary.alike:
+        return summary.lane.label(several_ranks)
+    ranks = [summary.lane.rank, *summary.alike]
+    return f"incarnation {summary.lane.incarnation} · ranks {rank_list(ranks)} ({len(ranks)} alike)"
+
+
+def _lane_label(summary: LaneSummary, several_ranks: bool, one_line: bool = False) -> str:
     colour = _ENDED_COLOURS.get(summary.ended, "#444")
     ended = ENDED_TEXT.get(summary.ended, summary.ended)
     if summary.as_of_ns is not None:
         ended += f" · as of {_when(summary.as_of_ns)[11:19]} UTC"
-    return (
-        f"<b>{summary.lane.label(several_ranks)}</b><br><span style='color:{colour}'>{ended}</span>"
-    )
+    name = html.escape(lane_name(summary, several_ranks))
+    gap = " · " if one_line else "<br>"
+    return f"<b>{name}</b>{gap}<span style='color:{colour}'>{ended}</span>"
+
+
+#: The lanes' share of the page: each lane LANE_PX high while they fit in LANES_PX, then
+#: thinner, down to MIN_LANE_PX; more lanes than that scroll (drag the lane axis).
+LANE_PX = 90
+MIN_LANE_PX = 30
+LANES_PX = 1350
+#: Below this height a lane's label is one line (its name, then how it ended).
+_TWO_LINE_PX = 60
+
+
+def lane_layout(lanes: int) -> tuple[int, int]:
+    """(pixels per lane, lanes in view) for ``lanes`` lanes: the page's height is bounded."""
+    lanes = max(lanes, 1)
+    px = max(MIN_LANE_PX, min(LANE_PX, LANES_PX // lanes))
+    return px, min(lanes, LANES_PX // px)
 
 
 def figure(timeline: Timeline) -> Any:
@@ -133,9 +181,11 @@ def _bar_values(timeline: Timeline) -> Iterator[tuple[str, str, Any]]:
     and, for nested categories, their markers' (``marker_y``, ``marker_x``)."""
     rows = _rows(timeline)
     labels = {
-        summary.lane: summary.lane.label(timeline.several_ranks) for summary in timeline.lanes
+        summary.lane: lane_name(summary, timeline.several_ranks) for summary in timeline.lanes
     }
     for bar in timeline.bars:
+        if bar.lane not in rows:  # a rank drawn by an alike rank's lane
+            continue
         key, row = bar.category, rows[bar.lane]
         yield key, "y", row
         yield key, "base", _when(bar.start_ns)
@@ -205,7 +255,8 @@ def _figure(timeline: Timeline, values: Mapping[str, Mapping[str, Sequence[Any]]
                 )
             )
     _add_endings(fig, timeline, rows)
-    height = 230 + 90 * max(len(timeline.lanes), 1)
+    lane_px, in_view = lane_layout(len(timeline.lanes))
+    height = 230 + lane_px * in_view
     if timeline.windows:
         height += _STRIP_PX
     fig.update_layout(
@@ -221,8 +272,12 @@ def _figure(timeline: Timeline, values: Mapping[str, Mapping[str, Sequence[Any]]
     fig.update_yaxes(
         tickmode="array",
         tickvals=list(rows.values()),
-        ticktext=[_lane_label(s, timeline.several_ranks) for s in timeline.lanes],
-        autorange="reversed",
+        ticktext=[
+            _lane_label(s, timeline.several_ranks, lane_px < _TWO_LINE_PX) for s in timeline.lanes
+        ],
+        # the lanes in view, first at the top (an explicit range: autorange pads bars' axes)
+        range=[in_view - 0.5, -0.5],
+        autorange=False,
         showgrid=False,
         zeroline=False,
     )
@@ -338,7 +393,7 @@ def _add_endings(fig: Any, timeline: Timeline, rows: dict[Lane, int]) -> None:
         for summary in lanes:
             lines = [
                 f"<b>{ENDED_TEXT[ended]}</b>",
-                html.escape(summary.lane.label(timeline.several_ranks)),
+                html.escape(lane_name(summary, timeline.several_ranks)),
             ]
             if ended == "killed":
                 lines.append("its interval in flight was never written (SIGKILL)")
@@ -391,7 +446,7 @@ h1 {{ font-size: 20px; margin: 0 0 4px 0; }}
 <p class="note">Time runs left to right in wall-clock UTC. Hover a bar for its span,
 duration, iterations and attributes; drag to zoom, double-click to reset. Triangles mark
 checkpoint loads, saves and evaluations, which are too short to see at full scale. Lanes are
-incarnations (one per launch of the job){ranks}.</p>
+incarnations (one per launch of the job){ranks}.{lanes_note}</p>
 {iterations}
 </body>
 </html>
@@ -525,15 +580,11 @@ def page_pieces(timeline: Timeline) -> Iterator[bytes]:
     are gone through once, into temporary columns); those are read as the
     pieces are."""
     plot = _lanes_plot(timeline, "timeline", {"displaylogo": False})
-    ended = ", ".join(
-        f"{s.lane.label(timeline.several_ranks)}: {ENDED_TEXT.get(s.ended, s.ended)}"
-        + (f" as of {_when(s.as_of_ns)[:19]} UTC" if s.as_of_ns is not None else "")
-        for s in timeline.lanes
-    )
     summary = [
         f"<span>incarnations <b>{len({s.lane.incarnation for s in timeline.lanes})}</b></span>",
+        *([f"<span>ranks <b>{timeline.ranks}</b></span>"] if timeline.several_ranks else []),
         f"<span>spans <b>{timeline.spans}</b></span>",
-        f"<span>{html.escape(ended)}</span>",
+        f"<span>{endings_text(timeline)}</span>",
     ]
     goodput = ""
     if timeline.report is not None:
@@ -563,14 +614,73 @@ def page_pieces(timeline: Timeline) -> Iterator[bytes]:
     head, _, tail = _PAGE.format(
         plotlyjs=get_plotlyjs(),
         title="megatron-trace timeline",
-        files=html.escape(" ".join(timeline.files)),
+        files=html.escape(files_text(timeline.files)),
         summary="\n".join(summary),
         goodput=goodput,
         plot=_PLOT_MARK,
         ranks=" and ranks" if timeline.several_ranks else "",
+        lanes_note=_lanes_note(timeline),
         iterations=iterations,
     ).partition(_PLOT_MARK)
     return _bytes([head, *plot, tail])
+
+
+#: With more files than this the header names the first and the last few, and counts them.
+_NAMED_FILES = 6
+
+
+def files_text(files: Sequence[str]) -> str:
+    """The files read, as the header gives them: every one, or for many the first and last
+    three and how many there are."""
+    if len(files) <= _NAMED_FILES:
+        return " ".join(files)
+    half = _NAMED_FILES // 2
+    return f"{len(files)} files: {' '.join(files[:half])} … {' '.join(files[-half:])}"
+
+
+def _lanes_note(timeline: Timeline) -> str:
+    notes = []
+    if any(s.alike for s in timeline.lanes):
+        notes.append(
+            " Ranks whose lanes would look the same (every time within a thousandth of the "
+            "wall clock) share one lane, which names them."
+        )
+    in_view = lane_layout(len(timeline.lanes))[1]
+    if in_view < len(timeline.lanes):
+        notes.append(
+            f" {in_view} of the {len(timeline.lanes)} lanes are in view: drag the lane "
+            "names up or down to scroll."
+        )
+    return "".join(notes)
+
+
+#: How many lanes of an unusual ending the header names before it only counts them.
+_NAMED_ENDINGS = 4
+
+
+def endings_text(timeline: Timeline) -> str:
+    """The header's line on how the lanes ended: a count per ending, and the lanes of each
+    ending other than a clean shutdown named (the first few), never one entry per lane."""
+    lanes = timeline.all_lanes or timeline.lanes
+    by_ending: dict[str, list[LaneSummary]] = {}
+    for summary in lanes:
+        by_ending.setdefault(summary.ended, []).append(summary)
+    parts = []
+    for ended, found in sorted(by_ending.items(), key=lambda item: item[0] != "shutdown"):
+        text = f"{len(found)} {ENDED_TEXT.get(ended, ended)}"
+        if ended != "shutdown" or len(lanes) <= _NAMED_ENDINGS:
+            names = [_ended_name(s, timeline.several_ranks) for s in found[:_NAMED_ENDINGS]]
+            more = len(found) - len(names)
+            text += f" ({', '.join(names)}{f', and {more} more' if more else ''})"
+        parts.append(text)
+    return html.escape(f"lanes ended: {'; '.join(parts)}")
+
+
+def _ended_name(summary: LaneSummary, several_ranks: bool) -> str:
+    name = summary.lane.label(several_ranks)
+    if summary.as_of_ns is not None:
+        name += f" as of {_when(summary.as_of_ns)[:19]} UTC"
+    return name
 
 
 def render_html(timeline: Timeline) -> str:

@@ -26,6 +26,8 @@ from megatron.trace.render.timeline.summary import duration_text
 __all__ = ["MAX_POINTS", "RankSeries", "rank_series", "ranks_figure"]
 
 MAX_POINTS = 2000
+#: With more ranks than this the legend lists only the stragglers (hover names any line).
+LEGEND_RANKS = 8
 
 
 @dataclass
@@ -103,6 +105,7 @@ def ranks_figure(series: list[RankSeries], report: dict[str, Any] | None) -> Any
         colour = _RANK_COLOURS[position % len(_RANK_COLOURS)]
         entry = entries.get(one.rank, {})
         flag = " · straggler" if entry.get("straggler") else ""
+        listed = len(series) <= LEGEND_RANKS or bool(flag)
         if one.work_ms:
             score = entry.get("score")
             scored = f" (score {score:.2f}{flag})" if score is not None else ""
@@ -113,6 +116,7 @@ def ranks_figure(series: list[RankSeries], report: dict[str, Any] | None) -> Any
                     y=one.work_ms,
                     mode="lines",
                     line={"color": colour, "width": 3 if flag else 1.5},
+                    showlegend=listed,
                     hovertemplate=f"rank {one.rank}<br>iteration %{{x}}<br>work %{{y:.1f}} ms"
                     "<extra></extra>",
                 )
@@ -125,6 +129,7 @@ def ranks_figure(series: list[RankSeries], report: dict[str, Any] | None) -> Any
                 mode="lines",
                 line={"color": colour, "width": 1, "dash": "dot"},
                 opacity=0.7,
+                showlegend=listed,
                 hovertemplate=f"rank {one.rank}<br>iteration %{{x}}<br>iteration %{{y:.1f}} ms"
                 "<extra></extra>",
             )
@@ -169,6 +174,8 @@ def _title(series: list[RankSeries], report: dict[str, Any] | None) -> str:
         if lost is not None:
             note += f"; time lost waiting for slower ranks {duration_text(lost)}"
         notes.append(note)
+    if len(series) > LEGEND_RANKS:
+        notes.append(f"{len(series)} ranks: the legend lists the stragglers, hover names a line")
     per_point = max((one.per_point for one in series), default=1)
     if per_point > 1:
         notes.append(f"each point: the median of {per_point} iterations")

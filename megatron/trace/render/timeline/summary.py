@@ -17,7 +17,7 @@ from megatron.trace_format.semconv import (
     Category,
 )
 
-__all__ = ["CATEGORY_COLOURS", "duration_text", "summary_figure", "summary_html"]
+__all__ = ["BAR_ORDER", "CATEGORY_COLOURS", "duration_text", "summary_figure", "summary_html"]
 
 # The report's categories in the timeline's colours (goodput is the interval green).
 CATEGORY_COLOURS = {
@@ -35,11 +35,30 @@ CATEGORY_COLOURS = {
 }
 
 
+#: The bar's order, left to right: the order a job's life meets them (queued, launched,
+#: started, loaded, trained with saves and evaluations, then what was lost), so startup
+#: sits at the left end, where the lanes below have it.
+BAR_ORDER = (
+    Category.QUEUE,
+    Category.LAUNCH,
+    Category.STARTUP,
+    Category.CHECKPOINT_LOAD,
+    Category.GOODPUT,
+    Category.CHECKPOINT_SAVE,
+    Category.EVALUATION,
+    Category.HANG,
+    Category.WASTED_PROGRESS,
+    Category.RESTART_GAP,
+    Category.OTHER,
+)
+
+
 def _shares(report: dict[str, Any]) -> list[tuple[str, float]]:
-    """(category, seconds) for goodput and every badput category that took time."""
-    shares = [(Category.GOODPUT, report["goodput_s"])]
-    shares += [(name, seconds) for name, seconds in report["badput_s"].items() if seconds]
-    return shares
+    """(category, seconds) for goodput and every badput category that took time, in
+    :data:`BAR_ORDER` (a category not listed there last, in the report's order)."""
+    seconds_of = {Category.GOODPUT: report["goodput_s"], **report["badput_s"]}
+    order = [*BAR_ORDER, *(name for name in seconds_of if name not in BAR_ORDER)]
+    return [(name, seconds_of[name]) for name in order if seconds_of.get(name)]
 
 
 def summary_figure(report: dict[str, Any]) -> Any:

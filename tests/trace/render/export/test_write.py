@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import chrome_helpers
+import pytest
 from pictures_helpers import (
     T0,
     S,
@@ -241,3 +242,30 @@ def test_an_output_that_cannot_be_written_is_one_error_line_and_exit_2(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"megatron-trace export: error: cannot write {out}")
     assert out.is_dir() and list(tmp_path.glob(".*.tmp")) == []
+
+
+@pytest.mark.parametrize("command", ["export", "timeline"])
+def test_an_output_in_a_missing_folder_is_an_error_naming_o_and_creates_nothing(
+    tmp_path, capsys, command
+) -> None:
+    from megatron.trace.render.timeline import write as timeline
+
+    trace = write_trace(tmp_path / "t.jsonl", [(resource("job", 0, 1), incarnation(0, 0, 1))])
+    out = tmp_path / "nonexistent" / "dir" / "x.json"
+    module = export if command == "export" else timeline
+    assert run_command(module, [str(trace), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"megatron-trace {command}: error: -o {out}: no folder {out.parent} (create it first, "
+        "or name a file in an existing folder)"
+    ]
+    assert not (tmp_path / "nonexistent").exists()
+
+
+def test_the_api_refuses_a_missing_folder_too(tmp_path) -> None:
+    from megatron.trace.render.output import replacing
+    from megatron.trace_format.errors import TraceOutputError
+
+    with pytest.raises(TraceOutputError, match="no folder"), replacing(tmp_path / "a" / "b.json"):
+        pass
+    assert not (tmp_path / "a").exists()

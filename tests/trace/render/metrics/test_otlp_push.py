@@ -127,7 +127,7 @@ def test_the_pushed_figures_are_the_scraped_ones(tmp_path: Path, receiver: Recei
     path_, _, resource = receiver.requests[-1]
     assert path_ == "/v1/metrics" and resource["service.name"] == "megatron-trace-watch"
     pushed = pushes[-1]
-    rank = frozenset({("job", "pretrain-7b"), ("rank", "0")})
+    rank = frozenset({("run_id", "pretrain-7b"), ("rank", "0")})
 
     def both(otel: str, prometheus: str, **labels: str) -> tuple[float, float]:
         extra = frozenset(labels.items())

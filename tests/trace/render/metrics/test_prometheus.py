@@ -24,30 +24,52 @@ wait less. Prometheus's HTTP API then shows:
   compressed, a new one started): the scraped totals equal ``report`` over all
   the rotated pieces, span for span.
 
-``tox -e promtool`` runs this; there a missing ``prometheus`` fails the test
-(``MEGATRON_TEST_REQUIRE_PROMTOOL=1``), elsewhere it skips.
+Prometheus loads the shipped rules (``watch_rules.yml``, only the alerts'
+``for: 1m`` shortened to 2 s) and sends its alerts to Debian's
+``prometheus-alertmanager``, routed by the shipped ``watch_alertmanager.yml``
+(its waits shortened, its webhook pointed at a recorder here). The scrape
+config is Prometheus's default one (no ``honor_labels``): ``job`` and
+``instance`` are Prometheus's, the run is ``run_id``. And:
+
+* a SIGKILLed job gives exactly one firing notification (``MegatronJobStalled``,
+  identified by ``run_id`` alone), still active and never resolved as the job
+  goes from stalled to killed and stays dead; a job that finishes cleanly gives
+  none;
+* every query of the shipped Grafana dashboard (``watch_dashboard.json``), its
+  variables substituted, returns data while a two-rank torchrun job of ours
+  (``per_step``) trains.
+
+``tox -e promtool`` runs this; there a missing ``prometheus`` or
+``prometheus-alertmanager`` fails the test (``MEGATRON_TEST_REQUIRE_PROMTOOL=1``),
+elsewhere it skips.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import importlib.resources
 import json
+import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from processes import REPO_ROOT, TINY, subprocess_env
+from processes import REPO_ROOT, TELEMETRY_ON, TINY, subprocess_env
 from promtool import REQUIRED
 from upstream_traces import official_file_exporter
 
@@ -87,16 +109,92 @@ def our_job(tmp_path: Path, iters: int) -> Job:
     return Job(argv, trace, {"MEGATRON_TEST_ITERATION_SLEEP": "0.05", "OMP_NUM_THREADS": "1"})
 
 
-def _prometheus() -> str:
-    found = shutil.which("prometheus")
+def two_rank_job(tmp_path: Path, iters: int) -> Job:
+    """Our trainer on two torchrun ranks (gloo), every rank exporting the ``per_step``
+    groups (so straggler scores and the rolling iteration time are served)."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+            "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+            "--master-port", str(_free_port()), "-m", "megatron.training", *TINY,
+            *TELEMETRY_ON, "--global-batch-size", "4", "--save", "ckpt",
+            "--save-interval", "50", "--train-iters", str(iters)]  # fmt: skip
+    trace = tmp_path / "ckpt" / "telemetry" / "traces.jsonl"
+    env = {"MEGATRON_TEST_ITERATION_SLEEP": "0.05", "OMP_NUM_THREADS": "1",
+           "MEGATRON_OTEL_RANK_STRATEGY": "all_ranks"}  # fmt: skip
+    return Job(argv, trace, env)
+
+
+def _binary(name: str, package: str) -> str:
+    found = shutil.which(name)
     if found is None:
-        reason = (
-            "prometheus is not installed (apt-get install prometheus); tox -e promtool runs this"
-        )
+        reason = f"{name} is not installed (apt-get install {package}); tox -e promtool runs this"
         if REQUIRED:
             pytest.fail(reason)
         pytest.skip(reason)
     return found
+
+
+def _prometheus() -> str:
+    return _binary("prometheus", "prometheus")
+
+
+def _alertmanager() -> str:
+    return _binary("prometheus-alertmanager", "prometheus-alertmanager")
+
+
+SHIPPED = importlib.resources.files("megatron.trace")
+
+
+class Webhook:
+    """An Alertmanager webhook receiver on loopback: every notification it is sent."""
+
+    def __init__(self) -> None:
+        self.notifications: list[dict[str, Any]] = []
+        received = self.notifications
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                received.append(json.loads(body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/megatron"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """Every alert of every notification, in the order they came."""
+        return [alert for note in self.notifications for alert in note["alerts"]]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _shipped_rules(path: Path) -> Path:
+    """The shipped rules, the alerts' ``for: 1m`` made 2 s (nothing else changed)."""
+    text = (SHIPPED / "watch_rules.yml").read_text()
+    assert text.count("for: 1m") == 2
+    path.write_text(text.replace("for: 1m", "for: 2s"))
+    return path
+
+
+def _shipped_routing(path: Path, webhook: Webhook) -> Path:
+    """The shipped Alertmanager routing, its waits shortened, its receiver the recorder."""
+    text = (SHIPPED / "watch_alertmanager.yml").read_text()
+    changes = {
+        "group_wait: 30s": "group_wait: 1s",
+        "group_interval: 5m": "group_interval: 2s",
+        "url: http://127.0.0.1:5001/megatron": f"url: {webhook.url}",
+    }
+    for old, new in changes.items():
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path.write_text(text)
+    return path
 
 
 def _free_port() -> int:
@@ -169,24 +267,48 @@ def _stop(child: subprocess.Popen[Any] | None, sig: int = signal.SIGTERM) -> Non
         child.wait(timeout=10)
 
 
+@dataclass
+class Stack:
+    """The running servers: Prometheus's API, the processes, the alerts' recorder."""
+
+    prom: Prom
+    children: dict[str, subprocess.Popen[Any]]
+    webhook: Webhook
+    alertmanager: str
+
+    def active_alerts(self) -> list[dict[str, Any]]:
+        return json.loads(_get(f"{self.alertmanager}/api/v2/alerts"))
+
+
 @contextmanager
-def _stack(
-    tmp_path: Path, watch_args: Sequence[str], jobs: Mapping[str, Job]
-) -> Iterator[tuple[Prom, dict[str, subprocess.Popen[Any]]]]:
-    """Prometheus, ``watch`` on the jobs' trace files, and the jobs, all running;
-    everything stopped after (the jobs by SIGKILL), and the logs shown on a failure."""
-    prometheus = _prometheus()
-    prom_port, watch_port = _free_port(), _free_port()
+def _stack(tmp_path: Path, watch_args: Sequence[str], jobs: Mapping[str, Job]) -> Iterator[Stack]:
+    """Alertmanager, Prometheus (the shipped rules loaded, alerting to it), ``watch`` on the
+    jobs' trace files, and the jobs, all running; everything stopped after (the jobs by
+    SIGKILL), and the logs shown on a failure."""
+    prometheus, alertmanager = _prometheus(), _alertmanager()
+    prom_port, watch_port, am_port = _free_port(), _free_port(), _free_port()
+    webhook = Webhook()
+    rules = _shipped_rules(tmp_path / "watch_rules.yml")
+    routing = _shipped_routing(tmp_path / "alertmanager.yml", webhook)
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: watch\n    honor_labels: true\n"
+        f"rule_files: ['{rules}']\n"
+        "alerting:\n  alertmanagers:\n    - static_configs:\n"
+        f"        - targets: ['127.0.0.1:{am_port}']\n"
+        "scrape_configs:\n  - job_name: watch\n"
         f"    static_configs:\n      - targets: ['127.0.0.1:{watch_port}']\n"
     )
-    names = ("prometheus", "watch", *jobs)
+    names = ("alertmanager", "prometheus", "watch", *jobs)
     logs = {name: open(tmp_path / f"{name}.log", "w") for name in names}  # noqa: SIM115
     children: dict[str, subprocess.Popen[Any]] = {}
+    am_base = f"http://127.0.0.1:{am_port}"
     try:
+        children["alertmanager"] = subprocess.Popen(
+            [alertmanager, f"--config.file={routing}", f"--storage.path={tmp_path / 'am'}",
+             f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
+            stdout=logs["alertmanager"], stderr=subprocess.STDOUT, cwd=tmp_path,
+        )  # fmt: skip
         children["prometheus"] = subprocess.Popen(
             [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{prom_port}"],
@@ -199,26 +321,34 @@ def _stack(
             stdout=logs["watch"], stderr=subprocess.STDOUT, env=subprocess_env(), cwd=tmp_path,
         )  # fmt: skip
         prom = Prom(prom_port)
+        _wait(lambda: _get(f"{am_base}/-/ready") is not None, 60, "alertmanager ready",
+              children["alertmanager"])  # fmt: skip
         _wait(prom.ready, 60, "prometheus ready", children["prometheus"])
         _wait(lambda: _get(f"http://127.0.0.1:{watch_port}/metrics") is not None, 30,
               "watch serving", children["watch"])  # fmt: skip
         for name, job in jobs.items():
             children[name] = subprocess.Popen(
                 job.argv, stdout=logs[name], stderr=subprocess.STDOUT,
-                env=subprocess_env(job.env), cwd=tmp_path,
+                env=subprocess_env(job.env), cwd=tmp_path, start_new_session=True,
             )  # fmt: skip
-        yield prom, children
+        yield Stack(prom, children, webhook, am_base)
     except BaseException:
         for log in logs.values():
             log.flush()
         for name in logs:
             print(f"--- {name}.log ---\n" + (tmp_path / f"{name}.log").read_text()[-4000:])
+        print("--- notifications ---\n" + json.dumps(webhook.notifications, indent=1)[-4000:])
         raise
     finally:
         for name in jobs:
             _stop(children.get(name), signal.SIGKILL)
+            if name in children:  # what a launcher (torchrun) started, too
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(children[name].pid, signal.SIGKILL)
         _stop(children.get("watch"))
         _stop(children.get("prometheus"))
+        _stop(children.get("alertmanager"))
+        webhook.close()
         for log in logs.values():
             log.close()
 
@@ -269,12 +399,22 @@ def _agrees_with_report(prom: Prom, report: dict[str, Any]) -> None:
         assert badput.get(category, 0.0) == pytest.approx(seconds or 0.0, abs=tolerance), category
 
 
+def _labels_are_prometheus_s_and_the_run_s(prom: Prom, run_id: str) -> None:
+    """A default scrape config: ``job``/``instance`` are the scrape's, ``run_id`` the run's."""
+    series = prom.query("megatron_job_state")
+    assert series
+    for labels, _ in series:
+        assert labels["job"] == "watch" and labels["instance"].startswith("127.0.0.1:"), labels
+        assert labels["run_id"] == run_id and not any(k.startswith("exported_") for k in labels)
+
+
 @pytest.mark.parametrize("shape", ["megatron-lm", "ours"])
 def test_prometheus_sees_a_running_job_then_reports_figures(tmp_path: Path, shape: str) -> None:
     # long enough (about 10 s of training) that several scrapes fall while it runs,
     # however loaded the machine
     job = megatron_lm_job(tmp_path, 300) if shape == "megatron-lm" else our_job(tmp_path, 240)
-    with _stack(tmp_path, (), {"train": job}) as (prom, children):
+    with _stack(tmp_path, (), {"train": job}) as stack:
+        prom, children = stack.prom, stack.children
         train = children["train"]
         seen: list[tuple[str | None, float | None]] = []
         while train.poll() is None:
@@ -285,6 +425,18 @@ def test_prometheus_sees_a_running_job_then_reports_figures(tmp_path: Path, shap
         assert running[-1] > running[0], seen
         _finished(prom, children, "train")
         _agrees_with_report(prom, _report(job.trace))
+        run_id = (
+            "job-4711"
+            if shape == "megatron-lm"
+            else prom.query("megatron_job_state")[0][0]["run_id"]
+        )
+        _labels_are_prometheus_s_and_the_run_s(prom, run_id)
+        # a clean finish: no alert, however long it stays finished (past every shortened
+        # `for:`, Alertmanager's group wait and a group interval)
+        time.sleep(6)
+        assert stack.webhook.notifications == []
+        assert stack.active_alerts() == []
+        assert prom.query("ALERTS") == []
 
 
 STALE_AFTER_S = 3.0
@@ -293,7 +445,8 @@ KILLED_AFTER_S = 8.0
 
 def test_a_sigkilled_job_turns_stalled_then_killed(tmp_path: Path) -> None:
     args = ("--stale-after", str(STALE_AFTER_S), "--killed-after", str(KILLED_AFTER_S))
-    with _stack(tmp_path, args, {"train": megatron_lm_job(tmp_path, 100_000)}) as (prom, children):
+    with _stack(tmp_path, args, {"train": megatron_lm_job(tmp_path, 100_000)}) as stack:
+        prom, children = stack.prom, stack.children
         train = children["train"]
 
         def running_with_goodput() -> bool:
@@ -301,6 +454,7 @@ def test_a_sigkilled_job_turns_stalled_then_killed(tmp_path: Path) -> None:
             return prom.state() == "running" and (goodput or 0) > 0
 
         _wait(running_with_goodput, 120, "running with goodput", train, children["watch"])
+        _labels_are_prometheus_s_and_the_run_s(prom, "job-4711")
         train.send_signal(signal.SIGKILL)
         train.wait(timeout=10)
         killed_at = time.monotonic()
@@ -311,6 +465,68 @@ def test_a_sigkilled_job_turns_stalled_then_killed(tmp_path: Path) -> None:
         stalled_after = time.monotonic() - killed_at
         _wait(lambda: prom.state() == "killed", KILLED_AFTER_S + 5, "killed", children["watch"])
         assert stalled_after <= bound
+        # Alertmanager was told: one alert, the run's, firing
+        _wait(lambda: stack.webhook.notifications, 30, "a notification", children["watch"])
+        # dead for a while more: through stalled -> killed and 10 s (5 group intervals) past
+        time.sleep(10)
+        alerts = stack.webhook.alerts()
+        assert {alert["status"] for alert in alerts} == {"firing"}, alerts
+        assert {alert["fingerprint"] for alert in alerts} == {alerts[0]["fingerprint"]}, alerts
+        assert alerts[0]["labels"] == {
+            "alertname": "MegatronJobStalled",
+            "run_id": "job-4711",
+            "severity": "critical",
+        }
+        assert all(note["status"] == "firing" for note in stack.webhook.notifications)
+        active = stack.active_alerts()
+        assert [alert["fingerprint"] for alert in active] == [alerts[0]["fingerprint"]]
+        assert active[0]["status"]["state"] == "active"
+        # the counters never went down across the kill, the goodput gauge may have
+        assert prom.one("resets(megatron_training_progress_seconds_total[5m])") == 0
+        assert prom.one("resets(megatron_training_lost_progress_seconds_total[5m])") == 0
+
+
+def _panel_queries() -> list[tuple[str, str]]:
+    """Every target of the shipped dashboard: (panel title, expr)."""
+    dashboard = json.loads((SHIPPED / "watch_dashboard.json").read_text())
+    return [
+        (panel["title"], target["expr"])
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+    ]
+
+
+def test_every_dashboard_query_returns_data_for_a_running_job(tmp_path: Path) -> None:
+    queries = _panel_queries()
+    titles = {title for title, _ in queries}
+    assert {"Goodput over time", "State per rank", "Hang seconds", "Iteration time"} <= titles
+    assert any("badput" in t.lower() for t in titles) and any("Straggler" in t for t in titles)
+    job = two_rank_job(tmp_path, 400)
+    with _stack(tmp_path, (), {"train": job}) as stack:
+        prom, children = stack.prom, stack.children
+
+        def scored() -> bool:  # both ranks past the stragglers' warm-up
+            return len(prom.query("megatron_straggler_score")) == 2 and prom.state() == "running"
+
+        _wait(scored, 240, "straggler scores of two ranks", children["train"], children["watch"])
+        time.sleep(3)  # a few scrapes more, for the rates
+        assert children["train"].poll() is None, "the job must still run"
+        runs = json.loads(
+            _get(f"{prom.base}/api/v1/label/run_id/values?match[]=megatron_job_state")
+        )
+        assert len(runs["data"]) == 1
+        run_id = runs["data"][0]
+        values = {"$run_id": re.escape(run_id), "$rank": ".+", "$__rate_interval": "30s"}
+        empty = []
+        for title, expr in queries:
+            query = expr
+            for name, value in values.items():
+                query = query.replace(name, value)
+            assert "$" not in query, query
+            if not prom.query(query):
+                empty.append((title, query))
+        assert empty == []
+        _stop(children["train"])  # torchrun passes SIGTERM on to both ranks
 
 
 HANG_AT = 60
@@ -325,7 +541,8 @@ def test_a_hung_rank_is_suspected_within_the_bound(tmp_path: Path) -> None:
         ),
     }
     args = ("--hang-floor", str(HANG_FLOOR_S))
-    with _stack(tmp_path, args, jobs) as (prom, children):
+    with _stack(tmp_path, args, jobs) as stack:
+        prom, children = stack.prom, stack.children
         log = tmp_path / "rank1.log"
         # rank 1 logs its HANG_AT-th iteration, then blocks in the next one's forward step
         _wait(lambda: f"iteration {HANG_AT:8d}/" in log.read_text(), 120, "rank 1 at the hang",
@@ -348,7 +565,8 @@ def test_a_hung_rank_is_suspected_within_the_bound(tmp_path: Path) -> None:
 
 def test_a_rotated_file_loses_no_span(tmp_path: Path) -> None:
     job = megatron_lm_job(tmp_path, 300, "--rotate-bytes", "16000")
-    with _stack(tmp_path, (), {"train": job}) as (prom, children):
+    with _stack(tmp_path, (), {"train": job}) as stack:
+        prom, children = stack.prom, stack.children
         _finished(prom, children, "train")
         pieces = sorted(job.trace.parent.glob("traces.jsonl*"))
         assert len(pieces) >= 4, pieces  # the live file and at least three compressed copies

@@ -95,9 +95,13 @@ def test_the_restart_gap_runs_from_the_last_span_to_the_next_start(tmp_path: Pat
 
 
 def test_several_ranks_get_a_lane_each(tmp_path: Path) -> None:
+    # ranks that do not look alike (rank 1 runs an interval more): one lane each
     path = write_trace(
         tmp_path / "t.jsonl",
-        [(resource("job", rank, 10 + rank), incarnation(0.01 * rank, 0, 2)) for rank in (0, 1)],
+        [
+            (resource("job", rank, 10 + rank), incarnation(0.01 * rank, 0, 2 + rank))
+            for rank in (0, 1)
+        ],
     )
     tl = timeline.collect(span_source([path]))
     assert tl.several_ranks
@@ -150,8 +154,9 @@ def test_a_missing_file_is_one_error_line_and_exit_2(tmp_path: Path, capsys) -> 
 @pytest.mark.parametrize("several_ranks", [False, True])
 def test_the_figure_has_a_row_per_lane(tmp_path: Path, several_ranks: bool) -> None:
     ranks = (0, 1) if several_ranks else (0,)
-    processes = [(resource("job", r, 10 + r), incarnation(0, 0, 1)) for r in ranks]
-    processes += [(resource("job", r, 20 + r), incarnation(20, 4, 1)) for r in ranks]
+    # rank r runs 1 + r intervals: no two ranks look alike
+    processes = [(resource("job", r, 10 + r), incarnation(0, 0, 1 + r)) for r in ranks]
+    processes += [(resource("job", r, 20 + r), incarnation(40, 8, 1 + r)) for r in ranks]
     tl = timeline.collect(span_source([write_trace(tmp_path / "t.jsonl", processes)]))
     fig = timeline.figure(tl)
     assert list(fig.layout.yaxis.tickvals) == list(range(2 * len(ranks)))
@@ -159,7 +164,10 @@ def test_the_figure_has_a_row_per_lane(tmp_path: Path, several_ranks: bool) -> N
     expected = [Lane(i, str(r)).label(several_ranks) for i in (0, 1) for r in ranks]
     assert labels == expected
     [interval_trace] = [t for t in fig.data if t.name == "training interval"]
-    assert sorted(interval_trace.y) == sorted(range(2 * len(ranks)))
+    # a bar per interval, in its lane's row: rank r's lanes hold 1 + r intervals each
+    expected_rows = [row for row, (_, r) in enumerate((i, r) for i in (0, 1) for r in ranks)
+                     for _ in range(1 + r)]  # fmt: skip
+    assert sorted(interval_trace.y) == expected_rows
 
 
 def test_the_goodput_summary_is_the_report(tmp_path: Path) -> None:

@@ -1,0 +1,140 @@
+"""``megatron-trace receive``: be a collector's OTLP receiver; write the files ``report`` reads.
+
+For a job whose telemetry exports over OTLP only (Megatron-LM's nemo-lens:
+``OTEL_EXPORTER_OTLP_ENDPOINT``), point its exporter here instead of at a
+collector: every export request is appended, split by rank, under
+``--out`` (:mod:`megatron.trace.receive`), and ``report``, ``check``,
+``timeline`` and ``watch`` read those files. Ctrl-C or SIGTERM stops it:
+what was received is on disk (each request one whole line), one summary
+line, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from megatron.trace.cli.options import exit_statuses
+from megatron.trace_format.errors import TraceInputError, TraceOutputError
+
+__all__ = ["DEFAULT_GRPC", "DEFAULT_HTTP", "add_parser", "listen_address", "out_folder", "run"]
+
+_PREFIX = "megatron-trace receive"
+#: Where a collector's OTLP receiver listens by default (loopback: say 0.0.0.0:PORT for
+#: a job on other machines).
+DEFAULT_GRPC = "localhost:4317"
+DEFAULT_HTTP = "localhost:4318"
+
+
+def listen_address(flag: str) -> Any:
+    def parse(text: str) -> tuple[str, int] | None:
+        if text == "off":
+            return None
+        host, _, port = text.rpartition(":")
+        if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise argparse.ArgumentTypeError(
+                f"expected HOST:PORT (e.g. 0.0.0.0:{flag[-4:]}) or off, got {text!r}"
+            )
+        return host.strip("[]"), int(port)
+
+    return parse
+
+
+def out_folder(text: str) -> Path:
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
+    if not path.exists() and not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text}: its folder {path.parent} does not exist (receive creates only the last one)"
+        )
+    return path
+
+
+class _Stopped(Exception):
+    """SIGTERM arrived: stop receiving."""
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise _Stopped
+
+
+def run(args: argparse.Namespace) -> int:
+    from megatron.trace.receive import Receiver
+
+    if args.grpc is None and args.http is None:
+        raise TraceInputError("--grpc off and --http off: nothing would listen; keep one")
+    try:
+        args.out.mkdir(exist_ok=True)
+    except OSError as error:
+        raise TraceOutputError(f"--out {args.out}: {error.strerror or error}") from None
+    receiver = Receiver(args.out, args.grpc, args.http, on_error=_warn)
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        receiver.start()
+        listening = []
+        if args.grpc is not None:
+            listening.append(f"grpc {args.grpc[0]}:{receiver.grpc_port}")
+        if args.http is not None:
+            listening.append(f"http http://{args.http[0]}:{receiver.http_port}/v1/traces")
+        print(
+            f"{_PREFIX}: listening on {', '.join(listening)}; writing {args.out}/RANK/",
+            file=sys.stderr,
+            flush=True,
+        )
+        threading.Event().wait()
+    except (KeyboardInterrupt, _Stopped):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        receiver.stop()
+    files = sorted(receiver.files.lines)
+    print(
+        f"{_PREFIX}: stopped: {receiver.requests} export requests, "
+        f"{sum(receiver.files.lines.values())} lines in {len(files)} files under {args.out}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 0
+
+
+def _warn(text: str) -> None:
+    print(f"{_PREFIX}: warning: {text}", file=sys.stderr, flush=True)
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "receive",
+        help="listen as a collector's OTLP receiver and write the files report reads",
+        description="Listen for OTLP exports as a collector's OTLP receiver does (gRPC, "
+        "and HTTP with protobuf or JSON bodies on /v1/traces, /v1/metrics, /v1/logs) and "
+        "append each request, split by the rank its resource names (dl.rank, else "
+        "service.instance.id), to OUT/rank<N>/traces.jsonl, metrics.jsonl and logs.jsonl "
+        "in the OTLP file exporter's JSON format: `megatron-trace report "
+        "OUT/rank*/traces.jsonl` then reads them. Point the job's exporter here, e.g. "
+        "OTEL_EXPORTER_OTLP_ENDPOINT=http://HOST:4317 (needs the 'receive' extra). Ctrl-C "
+        "or SIGTERM stops it, with status 0.",
+        epilog=exit_statuses(None),
+    )
+    parser.add_argument(
+        "--out", type=out_folder, required=True, metavar="DIR", help="the folder to write into"
+    )
+    parser.add_argument(
+        "--grpc",
+        type=listen_address("--grpc 4317"),
+        default=DEFAULT_GRPC,
+        metavar="HOST:PORT",
+        help=f"OTLP/gRPC listen address, or off (default {DEFAULT_GRPC})",
+    )
+    parser.add_argument(
+        "--http",
+        type=listen_address("--http 4318"),
+        default=DEFAULT_HTTP,
+        metavar="HOST:PORT",
+        help=f"OTLP/HTTP listen address, or off (default {DEFAULT_HTTP})",
+    )
+    parser.set_defaults(func=run)

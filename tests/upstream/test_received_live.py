@@ -1,0 +1,142 @@
+"""Megatron-LM's own ``pretrain_gpt.py``, unmodified, exporting over OTLP to ``watch --receive``.
+
+nemo-lens picks its exporter as Megatron-LM configures it: ``MEGATRON_OTEL_EXPORTER=otlp``,
+and the OpenTelemetry SDK's ``OTEL_EXPORTER_OTLP_ENDPOINT`` and
+``OTEL_EXPORTER_OTLP_PROTOCOL`` (``grpc``, its default, or ``http/protobuf``:
+``nemo.lens.providers._resolve_otlp_protocol``). The pristine checkout trains
+a one-layer GPT on mock data, with checkpoints and metrics, its spans and
+metric points sent to ``megatron-trace watch --receive DIR`` (the receiver and
+the Prometheus endpoint in one process). The test scrapes the endpoint while
+the job runs (the rank seen ``running``, under nemo-lens's run id), and once it
+has finished: the scraped goodput, badput per category and wall clock equal
+``report --json`` on the received ``DIR/rank0/traces.jsonl``, and ``check``
+passes on it. Nothing here touches the checkout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from megatron_lm import MegatronRun, run_pretrain_gpt
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SERVING = re.compile(
+    r"serving http://127\.0\.0\.1:(\d+)/metrics for .*received on grpc 127\.0\.0\.1:(\d+), "
+    r"http http://127\.0\.0\.1:(\d+)/v1/traces"
+)
+RUN_ID = "lens-run-41"
+Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def _trace(*argv: str | Path, **kwargs) -> subprocess.Popen[str] | subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    command = [sys.executable, "-m", "megatron.trace", *map(str, argv)]
+    if kwargs.pop("background", False):
+        return subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env, **kwargs)
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+
+
+def _scrape(port: int) -> Series:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return {
+        (name, frozenset(re.findall(r'(\w+)="([^"]*)"', labels))): float(value)
+        for name, labels, value in re.findall(r"^(\w+)\{(.*)\} (\S+)$", text, re.M)
+    }
+
+
+def _state(series: Series) -> str | None:
+    on = [dict(k[1]).get("state") for k, v in series.items() if k[0] == "megatron_job_state" and v]
+    return on[0] if len(on) == 1 else None
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_megatron_lm_job_over_otlp_is_watched_live_then_reported(
+    trees, tmp_path: Path, protocol: str
+) -> None:
+    received = tmp_path / "received"
+    watch = _trace(
+        "watch", "--receive", received, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0",
+        "--listen", "127.0.0.1:0", "--interval", "0.2", background=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert isinstance(watch, subprocess.Popen) and watch.stderr is not None
+    try:
+        match = SERVING.search(watch.stderr.readline())
+        assert match, "watch --receive did not start"
+        metrics_port, grpc_port, http_port = map(int, match.groups())
+        port = grpc_port if protocol == "grpc" else http_port
+        done: list[MegatronRun] = []
+        job = threading.Thread(
+            target=lambda: done.append(
+                run_pretrain_gpt(
+                    trees.pristine,
+                    ["--save", str(tmp_path / "ckpt"), "--save-interval", "10"],
+                    work_dir=tmp_path / "work",
+                    train_iters=30,
+                    env={
+                        "MEGATRON_OTEL_EXPORTER": "otlp",
+                        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+                        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+                        "MEGATRON_OTEL_METRICS_ENABLED": "1",
+                        "MEGATRON_OTEL_RUN_ID": RUN_ID,
+                        "OTEL_BSP_SCHEDULE_DELAY": "200",  # spans out every 0.2 s, as they end
+                    },
+                    timeout=600,
+                )
+            )
+        )
+        job.start()
+        seen: list[str | None] = []
+        while job.is_alive():
+            seen.append(_state(_scrape(metrics_port)))
+            time.sleep(0.3)
+        job.join()
+        (run,) = done
+        assert run.returncode == 0, run.describe()
+        assert "running" in seen, seen  # watched live, not only read after
+        # the job flushed at its shutdown: wait for watch to read that far
+        deadline = time.monotonic() + 60
+        while _state(series := _scrape(metrics_port)) != "finished":
+            assert time.monotonic() < deadline, series
+            time.sleep(0.3)
+        time.sleep(1.5)  # a few polls more: every received line read
+        series = _scrape(metrics_port)
+    finally:
+        watch.send_signal(signal.SIGTERM)
+        watch.wait(timeout=30)
+    assert watch.returncode == 0
+
+    files = sorted(received.glob("*/traces.jsonl"))
+    assert [f.parent.name for f in files] == ["rank0"]
+    assert (received / "rank0" / "metrics.jsonl").stat().st_size > 0  # nemo-lens's metrics too
+    checked = _trace("check", files[0])
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    reported = _trace("report", "--json", files[0])
+    assert reported.returncode == 0, reported.stderr
+    report = json.loads(reported.stdout.splitlines()[-1])
+    assert report["incarnations"][-1]["ended"] == "shutdown"
+    assert report["goodput_s"] > 0 and report["badput_s"]["checkpoint_save"] > 0
+    rank = frozenset({("run_id", RUN_ID), ("rank", "0")})
+    assert series[("megatron_training_goodput_seconds", rank)] == pytest.approx(
+        report["goodput_s"], abs=1e-6
+    )
+    assert series[("megatron_training_wall_clock_seconds", rank)] == pytest.approx(
+        report["wall_s"], abs=1e-6
+    )
+    for category, seconds in report["badput_s"].items():
+        scraped = series[("megatron_training_badput_seconds", rank | {("category", category)})]
+        assert scraped == pytest.approx(seconds or 0.0, abs=1e-6), category
+    assert series[("megatron_training_iteration", rank)] == 30
+    assert (
+        series[("megatron_trace_watch_spans", frozenset({("run_id", RUN_ID)}))] == report["spans"]
+    )
