@@ -151,8 +151,9 @@ class IntervalChoice(TypedDict):
 
 class CheckpointAdvice(TypedDict):
     """How often to checkpoint (:mod:`megatron.trace.analysis.checkpoint_advice`): the
-    figures, the interval now, and Young's and Daly's optimum (None: not computed, the
-    reason in its own ``not_computed``)."""
+    figures, the interval now, Young's and Daly's optimum (while save and restart are
+    small against the MTBF) and the availability optimum (None: not computed, the reason
+    in its own ``not_computed``)."""
 
     rule: str
     save_s: float | None
@@ -167,6 +168,10 @@ class CheckpointAdvice(TypedDict):
     now: IntervalChoice | None
     young: IntervalChoice | None
     daly: IntervalChoice | None
+    #: The interval that maximises availability under random failures (any restart cost).
+    availability: IntervalChoice | None
+    #: Which model the badput figures come from: ``young`` or ``exponential``.
+    badput_model: Literal["young", "exponential"] | None
     not_computed: list[str]
 
 

@@ -190,15 +190,25 @@ def _advice_lines(report: dict[str, Any]) -> list[str]:
         f"{figure(advice['mtbf_s'], 's')}{f' ({source})' if source else ''}, restart "
         f"{figure(advice['restart_s'], 's')}"
     ]
-    for name in ("now", "young", "daly"):
-        choice = advice[name]
+    for name in ("now", "young", "daly", "availability"):
+        choice = advice.get(name)
         if choice is None:
-            lines.append(f"  {name:<6} ?")
+            lines.append(f"  {name:<12} ?")
             continue
         every = "?" if choice["iterations"] is None else choice["iterations"]
         lines.append(
-            f"  {name:<6} every {every} iterations ({choice['interval_s']:.3f} s of training): "
+            f"  {name:<12} every {every} iterations ({choice['interval_s']:.3f} s of training): "
             f"badput {figure(choice['badput_per_day_s'], 's', '.1f')} a day"
+        )
+    model = advice.get("badput_model")
+    if model is not None:
+        lines.append(
+            "  badput a day by "
+            + (
+                "Young's first-order model"
+                if model == "young"
+                else "the exact model of random failures (Young's does not hold here)"
+            )
         )
     lines += [f"  not computed: {reason}" for reason in advice["not_computed"]]
     return lines
