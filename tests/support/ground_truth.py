@@ -164,7 +164,7 @@ class Truth:
     failures: int  # incarnations ended by a kill
     restarts: int
     straggler_ranks: list[int]  # work over 1/0.75 times the fastest's (NVRx's 0.75 score)
-    straggler_ns: int  # per counted iteration, slowest work - fastest work, summed
+    straggler_ns: int  # per counted iteration, slowest straggler's - slowest other's work
     counted_iterations: int  # iterations all ranks finished, past each incarnation's warm-up 2
 
     @property
@@ -314,14 +314,11 @@ def simulate(history: History) -> Simulated:
         )  # fmt: skip
     fastest = min(works)
     stragglers = [r for r in range(ranks) if fastest / works[r] < 0.75] if ranks > 1 else []
-    truth = Truth(
-        rank_truths,
-        failures,
-        len(history.incarnations) - 1,
-        stragglers,
-        counted * (max(works) - fastest) if per_step and ranks > 1 else 0,
-        counted,
-    )
+    healthy = [works[r] for r in range(ranks) if r not in stragglers]
+    # what the stragglers cost: their slowest work over the slowest healthy rank's
+    lost = max(works) - max(healthy) if stragglers and per_step else 0
+    truth = Truth(rank_truths, failures, len(history.incarnations) - 1, stragglers,
+                  counted * lost, counted)  # fmt: skip
     return Simulated(history, truth, produced)
 
 

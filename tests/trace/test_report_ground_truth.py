@@ -77,7 +77,7 @@ def histories(draw: st.DrawFn, kills: bool) -> gt.History:
     return gt.History(
         tuple(plans),
         ranks=ranks,
-        factors=tuple(draw(st.sampled_from((1.0, 1.0, 1.6))) for _ in range(ranks)),
+        factors=tuple(draw(st.sampled_from((1.0, 1.0, 1.2, 1.6))) for _ in range(ranks)),
         save_interval=save_interval,
         save_s=draw(st.floats(0.1, 5)),
         startup_s=draw(st.floats(2, 30)),

@@ -110,7 +110,7 @@ def _straggler_lines(report: dict[str, Any]) -> list[str]:
     names = ", ".join(f"rank {rank}" for rank in found["ranks"]) or "none"
     return [
         f"stragglers: {names}  (rule: {found['rule']})",
-        f"time lost waiting for slower ranks: {report['straggler_s']:.3f} s",
+        f"time lost waiting for the stragglers: {report['straggler_s']:.3f} s",
     ]
 
 

@@ -167,7 +167,7 @@ def _title(series: list[RankSeries], report: dict[str, Any] | None) -> str:
         note = f"stragglers: {names}"
         lost = report.get("straggler_s")
         if lost is not None:
-            note += f"; time lost waiting for slower ranks {duration_text(lost)}"
+            note += f"; time lost waiting for the stragglers {duration_text(lost)}"
         notes.append(note)
     per_point = max((one.per_point for one in series), default=1)
     if per_point > 1:
