@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from report_checks import assert_accounted, nonzero
 
 from megatron.trace.analysis.goodput import ANOMALY_RULE, report_files
 from megatron.trace.cli.main import main
+from megatron.trace.semconv import BADPUT_CATEGORIES
 
 
 def report_of(tmp_path: Path, *incarnations: list[dict]) -> dict:
@@ -513,3 +515,27 @@ def _sorted_reference(incs: list) -> dict:
             else [],
         },
     }
+
+
+_ACCOUNTING_LINE = re.compile(r"^(?P<name>\S.*?|  \S+)  +(?P<s>\d+\.\d{3}) s +\d+\.\d %")
+
+
+@pytest.mark.parametrize("factor", [1, 1_000_000, 1_000_000_000])
+def test_the_text_s_columns_stay_apart_at_large_figures(tmp_path: Path, capsys, factor) -> None:
+    """A week-long job's saves sum to six figures of seconds (issue 40 item 8:
+    ``checkpoint_save141880.366 s``): every line of the accounting still reads as a name,
+    two spaces at least, its seconds, its share; and the seconds end in one column."""
+    path = g.write(tmp_path / "t.jsonl", g.slowed(g.lifecycle(0), factor, since=0))
+    assert main(["report", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("badput:")
+    block = [*lines[:start], *lines[start + 1 : start + 1 + len(BADPUT_CATEGORIES)]]
+    names, ends = [], set()
+    for line in block:
+        found = _ACCOUNTING_LINE.match(line)
+        assert found, line
+        names.append(found["name"].strip())
+        ends.add(found.end("s"))
+    assert names == ["wall clock", "goodput", *BADPUT_CATEGORIES]
+    assert len(ends) == 1, block
+    assert report_files([path])["badput_s"]["checkpoint_save"] == pytest.approx(0.75 * factor)

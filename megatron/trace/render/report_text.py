@@ -16,9 +16,13 @@ _PRINTED_ANOMALIES = 5  # the slowest iterations the text names (the JSON lists 
 def format_report(report: dict[str, Any]) -> str:
     """The report as a few human-readable lines."""
     wall = report["wall_s"]
+    # the seconds column: as wide as its widest figure needs, with two spaces before it,
+    # so a long category name never runs into a large figure
+    figures = [wall, report["goodput_s"], *(s for s in report["badput_s"].values() if s)]
+    width = max(10, 2 + max(len(f"{seconds:.3f}") for seconds in figures))
 
     def share(seconds: float) -> str:
-        return f"{seconds:10.3f} s  {100 * seconds / wall if wall else 0:5.1f} %"
+        return f"{seconds:{width}.3f} s  {100 * seconds / wall if wall else 0:5.1f} %"
 
     lines = []
     if report.get("running"):
@@ -28,8 +32,8 @@ def format_report(report: dict[str, Any]) -> str:
             + (f", {age:.1f} s before now)" if age is not None else ")")
         )
     lines += [
-        f"wall clock      {share(wall)}   (rank {report['rank']}, {report['spans']} spans)",
-        f"goodput         {share(report['goodput_s'])}",
+        f"{'wall clock':<17}{share(wall)}   (rank {report['rank']}, {report['spans']} spans)",
+        f"{'goodput':<17}{share(report['goodput_s'])}",
         "badput:",
     ]
     lines += [
