@@ -188,5 +188,11 @@ def test_the_availability_optimum_is_the_best_interval_and_young_s_to_first_orde
         for factor in (0.5, 0.9, 0.99, 1.01, 1.1, 2.0):
             assert availability(tau * factor, c, m, r) < best
         assert 0 < exponential_badput_per_day(tau, c, m, r) < 86400
+    # costs of thousands of MTBFs (a short observed MTBF): no overflow, and at most the day
+    for c, m, r in ((2000.0, 0.5, 30.0), (0.1, 0.5, 5000.0)):
+        tau = availability_optimum(c, m)
+        assert 0 < tau <= m
+        assert exponential_badput_per_day(tau, c, m, r) == pytest.approx(86400)
+        assert exponential_badput_per_day(tau, c, m, r) <= 86400
     assert availability_optimum(1, 1e7) == pytest.approx(young(1, 1e7), rel=1e-3)
     assert availability_optimum(30, 86400) == pytest.approx(daly(30, 86400), rel=1e-3)

@@ -132,7 +132,9 @@ def availability(interval_s: float, save_s: float, mtbf_s: float, restart_s: flo
     """The share of wall time that is training, saving every ``interval_s``, under
     failures at random (rate ``1/mtbf_s``) that strike during saves and restarts too."""
     x = (interval_s + save_s) / mtbf_s
-    return interval_s / (mtbf_s * math.exp(restart_s / mtbf_s) * math.expm1(x))
+    # in logarithms: costs of many MTBFs overflow exp() (the availability is then ~0)
+    log_expm1 = x + math.log1p(-math.exp(-x)) if x > 30 else math.log(math.expm1(x))
+    return math.exp(math.log(interval_s / mtbf_s) - restart_s / mtbf_s - log_expm1)
 
 
 def exponential_badput_per_day(
