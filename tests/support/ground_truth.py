@@ -29,6 +29,10 @@ How the job behaves, so the truth can be worked out without the reader:
   startup), or from iteration 0 when there is none.
 * A clean exit saves first (Megatron-LM's save at the end of training) unless
   it just saved.
+* A hang: one rank stops in its own work, the others wait for it; the
+  watchdog reports it on every rank, and a SIGTERM ends them all (everything
+  exported, the spans in flight cut short). Its time from the last progress
+  is ``hang``; the iterations past the last save are redone, as after a kill.
 
 :func:`long_history` makes weeks of such a job (hundreds of kills, many
 ranks) for the benchmarks.
@@ -43,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from synthetic import _bool, _int, _resource, _Writer
+from synthetic import _bool, _double, _int, _resource, _Writer
 
 __all__ = [
     "BATCH",
@@ -80,15 +84,22 @@ class Plan:
 
     ``killed``: a SIGKILL ``into`` (0..1) of the way through the phase after
     them: the next iteration, or the save when ``in_save`` (only where a save
-    falls due). ``shutdown``: a clean exit. ``gap_s``: the restart gap after it.
+    falls due). ``hang``: rank ``victim`` stops in its own work in the next
+    iteration, the others wait for it in the all-reduce; each rank's watchdog
+    reports the stall ``hang_timeout_s`` after the last progress, and the
+    operator's SIGTERM ends every rank ``hang_s`` after it (the spans in
+    flight written cut short). ``shutdown``: a clean exit. ``gap_s``: the
+    restart gap after it.
     """
 
     iterations: int
-    ending: Literal["shutdown", "killed"] = "shutdown"
+    ending: Literal["shutdown", "killed", "hang"] = "shutdown"
     into: float = 0.5
     in_save: bool = False
     victim: int = 0
     gap_s: float = 30.0
+    hang_s: float = 60.0
+    hang_timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -126,7 +137,7 @@ class History:
 @dataclass
 class IncarnationTruth:
     index: int
-    ended: str  # "shutdown" or "killed"
+    ended: str  # "shutdown", "killed" or "cut_short" (a hang, ended by SIGTERM)
     start_ns: int
     end_ns: int  # when this rank's process really died (or exited)
     resumed_from: int  # the checkpoint it loaded (0: started afresh)
@@ -161,11 +172,13 @@ class Truth:
     """What really happened, per rank and for the job."""
 
     ranks: list[RankTruth]
-    failures: int  # incarnations ended by a kill
+    failures: int  # incarnations ended by a kill or a hang
     restarts: int
     straggler_ranks: list[int]  # work over 1/0.75 times the fastest's (NVRx's 0.75 score)
     straggler_ns: int  # per counted iteration, slowest straggler's - slowest other's work
     counted_iterations: int  # iterations all ranks finished, past each incarnation's warm-up 2
+    # (incarnation, the rank that stopped in its own work, ns from the last progress to the end)
+    hangs: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def job(self) -> RankTruth:
@@ -230,6 +243,7 @@ def simulate(history: History) -> Simulated:
     now = history.t0_ns
     ends = [now] * ranks  # where each rank's previous incarnation died
     failures = counted = 0
+    hangs: list[tuple[int, int, int]] = []
 
     for index, plan in enumerate(history.incarnations):
         start, resumed_from = now, durable
@@ -247,7 +261,8 @@ def simulate(history: History) -> Simulated:
                 phases.append(("save", t, t + save_ns, iteration))
                 t += save_ns
         killed = plan.ending == "killed"
-        if not killed and (not phases or phases[-1][0] != "save"):
+        hung = plan.ending == "hang"
+        if plan.ending == "shutdown" and (not phases or phases[-1][0] != "save"):
             phases.append(("save", t, t + save_ns, iteration))  # the save at the end
             t += save_ns
         death = t
@@ -261,19 +276,25 @@ def simulate(history: History) -> Simulated:
             death = a + max(1, min(b - a - 1, round((b - a) * plan.into)))
             in_flight = (kind, a, at)
             failures += 1
+        if hung:  # stalls in the next iteration; SIGTERMed hang_s later
+            in_flight = ("hang", t, iteration)
+            death = t + round(plan.hang_s * NS)
+            failures += 1
+            hangs.append((index, plan.victim, death - t))
         saves_done = [p[3] for p in phases if p[0] == "save"]
         if saves_done:
             durable = saves_done[-1]
         final = index == len(history.incarnations) - 1
         # the horizon: iterations from here on were redone (or, after the last, lost)
-        horizon = None if not killed else durable
+        horizon = durable if killed or hung else None
         finished = plan.iterations
 
         for r in range(ranks):
             dies = death + (teardown_ns if killed and r != plan.victim else 0)
             spans = _rank_spans(
                 ids, history, r, index, start, phases, resumed_from, works[r], step_ns,
-                in_flight if killed else None, final,
+                in_flight if killed or hung else None, final,
+                (plan, dies) if hung else None,
             )  # fmt: skip
             acc = accounting[r]
             acc["startup"] += startup_ns - (load_ns if resumed_from else 0)
@@ -291,9 +312,12 @@ def simulate(history: History) -> Simulated:
                 kind, a, _ = in_flight
                 acc["checkpoint_save" if kind == "save" else "wasted_progress"] += dies - a
                 wasted_ns += dies - a
+            if hung:  # from the last progress to the end: the hang (it wins over the rest)
+                acc["hang"] += dies - in_flight[1]
+            ended = "killed" if killed else "cut_short" if hung else "shutdown"
             incs[r].append(
                 IncarnationTruth(
-                    index, "killed" if killed else "shutdown", start, dies, resumed_from,
+                    index, ended, start, dies, resumed_from,
                     resumed_from, finished, horizon, wasted, wasted_ns,
                 )
             )  # fmt: skip
@@ -318,7 +342,7 @@ def simulate(history: History) -> Simulated:
     # what the stragglers cost: their slowest work over the slowest healthy rank's
     lost = max(works) - max(healthy) if stragglers and per_step else 0
     truth = Truth(rank_truths, failures, len(history.incarnations) - 1, stragglers,
-                  counted * lost, counted)  # fmt: skip
+                  counted * lost, counted, hangs)  # fmt: skip
     return Simulated(history, truth, produced)
 
 
@@ -334,9 +358,11 @@ def _rank_spans(
     step_ns: int,
     in_flight: tuple[str, int, int] | None,
     final: bool,
+    hang: tuple[Plan, int] | None = None,
 ) -> list[_Span]:
-    """One rank's spans of one incarnation, as the lifecycle produces them (the in-flight
-    interval and step never end, so they are not among them)."""
+    """One rank's spans of one incarnation, as the lifecycle produces them (at a SIGKILL
+    the in-flight interval and step never end, so they are not among them; at a hang's
+    SIGTERM they are written cut short, the watchdog's stall record under the step)."""
     spans: list[_Span] = []
     trace, startup = ids.trace(), ids.span()
     startup_ns, load_ns = round(history.startup_s * NS), round(history.load_s * NS)
@@ -396,7 +422,50 @@ def _rank_spans(
         previous, previous_trace = interval, interval_trace
         interval_index, interval_start, first = interval_index + 1, b, at
         interval_trace, interval = ids.trace(), ids.span()
+    if hang is not None and in_flight is not None:
+        plan, end = hang
+        _, a, at = in_flight
+        cut = _bool("megatron.span.cut_short", True)
+        step = ids.span()
+        # the watchdog writes its record under the innermost open span, whatever the groups
+        detected = a + round(plan.hang_timeout_s * NS)
+        stalled_in = "megatron.train.iteration" if per_step else "megatron.train"
+        record = ",".join(
+            (
+                _int("megatron.iteration", at),
+                _double("megatron.hang.stalled_s", round(plan.hang_timeout_s, 3)),
+                _double("megatron.hang.timeout_s", plan.hang_timeout_s),
+                _int("megatron.hang.last_progress_unix_nano", a),
+                _str("megatron.hang.span", stalled_in),
+                _str("megatron.hang.frame", "train.py:1 in _own_work" if rank == plan.victim
+                     else "torch/autograd/graph.py:979 in _engine_run_backward"),
+                _bool("megatron.hang.waiting", rank != plan.victim),
+                *([_int("megatron.hang.last_iteration", at - 1)] if at else []),
+            )
+        )  # fmt: skip
+        spans.append(_Span("megatron.hang", interval_trace, ids.span(),
+                           step if per_step else interval, detected, detected, record,
+                           depth=2 if per_step else 1))  # fmt: skip
+        if per_step:
+            spans.append(_Span("megatron.train.iteration", interval_trace, step, interval, a, end,
+                               _int("megatron.iteration", at) + "," + cut, depth=1))  # fmt: skip
+        attributes = ",".join(
+            (
+                _bool("is_goodput_span", True),
+                _int("megatron.interval.index", interval_index),
+                _bool("megatron.interval.rerooted", False),
+                _int("megatron.interval.first_iteration", first),
+                cut,
+            )
+        )
+        link = f'{{"traceId":"{previous_trace}","spanId":"{previous}","flags":256}}'
+        spans.append(_Span("megatron.train", interval_trace, interval, "", interval_start, end,
+                           attributes, link))  # fmt: skip
     return spans
+
+
+def _str(key: str, value: str) -> str:
+    return f'{{"key":"{key}","value":{{"stringValue":"{value}"}}}}'
 
 
 def _exports(
