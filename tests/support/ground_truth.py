@@ -40,9 +40,11 @@ ranks) for the benchmarks.
 
 from __future__ import annotations
 
+import functools
+import heapq
 import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -210,8 +212,10 @@ class _Span:
 class Simulated:
     history: History
     truth: Truth
-    # per rank, per incarnation: (the spans it produced, when it died or exited)
-    produced: list[list[tuple[list[_Span], int, bool]]] = field(default_factory=list)
+    # per rank, per incarnation: (what makes the spans it produced, when it died or exited,
+    # killed?); the spans are made as they are written, so a long history is never whole
+    # in memory
+    produced: list[list[tuple[Callable[[], list[_Span]], int, bool]]] = field(default_factory=list)
 
 
 class _Ids:
@@ -238,7 +242,7 @@ def simulate(history: History) -> Simulated:
     per_step = history.groups == "per_step"
     accounting = [dict.fromkeys(("goodput", *CATEGORIES), 0) for _ in range(ranks)]
     incs: list[list[IncarnationTruth]] = [[] for _ in range(ranks)]
-    produced: list[list[tuple[list[_Span], int, bool]]] = [[] for _ in range(ranks)]
+    produced: list[list[tuple[Callable[[], list[_Span]], int, bool]]] = [[] for _ in range(ranks)]
     durable = 0  # the latest durable checkpoint's iteration
     now = history.t0_ns
     ends = [now] * ranks  # where each rank's previous incarnation died
@@ -291,9 +295,9 @@ def simulate(history: History) -> Simulated:
 
         for r in range(ranks):
             dies = death + (teardown_ns if killed and r != plan.victim else 0)
-            spans = _rank_spans(
-                ids, history, r, index, start, phases, resumed_from, works[r], step_ns,
-                in_flight if killed or hung else None, final,
+            spans = functools.partial(
+                _rank_spans, ids, history, r, index, start, phases, resumed_from, works[r],
+                step_ns, in_flight if killed or hung else None, final,
                 (plan, dies) if hung else None,
             )  # fmt: skip
             acc = accounting[r]
@@ -498,16 +502,17 @@ def _exports(
 
 def write(simulated: Simulated, path: Path) -> list[Path]:
     """Write the files the job would have left; returns their paths (``path``, or one per
-    rank beside it)."""
+    rank beside it). Streams: one incarnation of each rank is in memory at a time."""
     history = simulated.history
     ids = itertools.count(1)
-    per_rank: list[list[tuple[int, str]]] = []
-    for rank, incarnations in enumerate(simulated.produced):
-        lines: list[tuple[int, str]] = []
-        for index, (spans, dies, killed) in enumerate(incarnations):
+
+    def lines_of(rank: int) -> Iterator[tuple[int, int, int, str]]:
+        """(when, rank, n, line) of the rank's lines, in the order it wrote them."""
+        n = 0
+        for index, (make, dies, killed) in enumerate(simulated.produced[rank]):
             pid = 10_000 + rank * 1_000 + index
-            resource = _resource(rank, history.ranks, pid, "truth")
-            writer = _Writer(resource, ids, per_line=BATCH + 1)
+            writer = _Writer(_resource(rank, history.ranks, pid, "truth"), ids, BATCH + 1)
+            spans = make()
             start = min(s.start for s in spans)
             for when, batch in _exports(
                 spans, start, dies, killed, history.delay_ns(rank), history.phase_ns(rank)
@@ -516,21 +521,20 @@ def write(simulated: Simulated, path: Path) -> list[Path]:
                     writer.span(s.name, s.trace, s.span_id, s.parent, s.start, s.end,
                                 s.attributes, s.links)  # fmt: skip
                 writer.flush()
-                lines.append((when, writer.lines.pop()))
-        per_rank.append(lines)
+                yield when, rank, n, writer.lines.pop()
+                n += 1
+
     if history.per_rank_files:
         paths = []
-        for rank, lines in enumerate(per_rank):
+        for rank in range(history.ranks):
             rank_path = path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
-            rank_path.write_text("".join(text for _, text in lines))
+            with rank_path.open("w") as file:
+                file.writelines(text for *_, text in lines_of(rank))
             paths.append(rank_path)
         return paths
-    merged = sorted(
-        (when, rank, n, text)
-        for rank, lines in enumerate(per_rank)
-        for n, (when, text) in enumerate(lines)
-    )
-    path.write_text("".join(text for *_, text in merged))
+    with path.open("w") as file:  # the ranks' lines in the order they were appended
+        merged = heapq.merge(*(lines_of(rank) for rank in range(history.ranks)))
+        file.writelines(text for *_, text in merged)
     return [path]
 
 
