@@ -17,25 +17,23 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SOURCE = REPO_ROOT / "megatron"
 
 # The rooms, lowest first: each may import only the rooms listed for it (besides
-# itself). ``megatron.trace`` is the bottom of everything: its vocabulary
-# (``semconv``), its error type and its files (``otlp``) are what the writers
-# share with the reader, and none of it imports ``megatron.core`` or
-# ``megatron.training``, so ``megatron-trace`` reads a trace wherever Megatron-LM
-# (or no trainer at all) is installed.
-_BASE = frozenset({"megatron.trace.semconv", "megatron.trace.errors"})
-_OTLP = _BASE | {"megatron.trace.otlp"}
+# itself). ``megatron.trace_format`` is the bottom of everything: the vocabulary,
+# the error type and the trace files, shared by the writers and the reader.
+_FORMAT = frozenset({"megatron.trace_format"})
+_OTLP = _FORMAT | {"megatron.trace.otlp"}
 _STORE = _OTLP | {"megatron.trace._store"}
 _MODEL = _STORE | {"megatron.trace.model"}
 _ANALYSIS = _MODEL | {"megatron.trace.analysis"}
-_RENDER = _ANALYSIS | {"megatron.trace.render"}
+_LIVE = _ANALYSIS | {"megatron.trace.live"}
+_RENDER = _LIVE | {"megatron.trace.render"}
 ROOMS: dict[str, frozenset[str]] = {
-    "megatron.trace.semconv": frozenset(),
-    "megatron.trace.errors": frozenset(),
-    "megatron.trace.otlp": _BASE,
+    "megatron.trace_format": frozenset(),
+    "megatron.trace.otlp": _FORMAT,
     "megatron.trace._store": _OTLP,
     "megatron.trace.model": _STORE,
     "megatron.trace.analysis": _MODEL,
-    "megatron.trace.render": _ANALYSIS,
+    "megatron.trace.live": _ANALYSIS,
+    "megatron.trace.render": _LIVE,
     "megatron.trace.cli": _RENDER,
 }
 ALLOWED: dict[str, frozenset[str]] = {
@@ -43,7 +41,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     # the front modules (__init__, __main__): the public API over every room
     "megatron.trace": frozenset(ROOMS),
     # the writers: the vocabulary, the error type and the file format, nothing that reads
-    "megatron.core": _OTLP,
+    "megatron.core": _FORMAT,
     "megatron.training": frozenset({"megatron.core", *ROOMS}),
 }
 
@@ -103,7 +101,9 @@ def test_the_rooms_cover_every_package() -> None:
     }
     assert {_layer(name) for name in packages} <= set(ALLOWED)
     in_trace = {name for name in packages if name.startswith("megatron.trace.")}
-    assert in_trace == {name for name in ROOMS if not name.endswith(("semconv", "errors"))}
+    assert {_layer(name) for name in in_trace} == {
+        name for name in ROOMS if name.startswith("megatron.trace.")
+    }
 
 
 def test_megatron_is_a_namespace_as_in_megatron_lm() -> None:
@@ -115,7 +115,7 @@ def test_megatron_is_a_namespace_as_in_megatron_lm() -> None:
 
 def test_the_trace_package_front_holds_only_its_front_modules() -> None:
     front = {path.name for path in (SOURCE / "trace").glob("*.py")}
-    assert front == {"__init__.py", "__main__.py", "semconv.py", "errors.py"}
+    assert front == {"__init__.py", "__main__.py"}
 
 
 @pytest.mark.parametrize(
@@ -127,6 +127,9 @@ def test_the_trace_package_front_holds_only_its_front_modules() -> None:
         ("trace/otlp/x.py", "from ...training import telemetry_spans\n", "megatron.training"),
         ("trace/otlp/x.py", "from megatron.core.telemetry import jsonl\n", "megatron.core"),
         ("trace/otlp/x.py", "from megatron.trace.model import trace\n", "megatron.trace.model"),
+        ("trace_format/x.py", "from megatron.trace.otlp import reader\n", "megatron.trace.otlp"),
+        ("trace/model/x.py", "from megatron.trace.live import job\n", "megatron.trace.live"),
+        ("trace/analysis/x.py", "from ..live import follow\n", "megatron.trace.live"),
         ("trace/model/x.py", "from ..analysis import goodput\n", "megatron.trace.analysis"),
         ("trace/render/x.py", "from megatron.trace import cli\n", "megatron.trace.cli"),
     ],

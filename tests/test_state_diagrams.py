@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron.training import diagrams
+from megatron.training.telemetry import diagrams
 from megatron.training.telemetry_spans import ExitHooks, SpanPhases
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ and raises a :class:`TraceError` (with its ``exit_code``) for what it cannot
 do. The package imports nothing from ``megatron.core`` or
 ``megatron.training``: it reads traces wherever Megatron-LM is installed, or
 no trainer at all. Names load on first use, so importing the vocabulary
-(:mod:`megatron.trace.semconv`) costs a writer nothing more.
+(:mod:`megatron.trace_format.semconv`) costs a writer nothing more.
 """
 
 from __future__ import annotations
@@ -31,17 +31,18 @@ if TYPE_CHECKING:
     from megatron.trace.analysis.goodput import build_report, report_files
     from megatron.trace.analysis.liveness import Clock, judge
     from megatron.trace.analysis.report import Report
-    from megatron.trace.errors import NoSpansError, TraceError, TraceInputError
-    from megatron.trace.model.trace import Incarnation, Trace, load_trace
-    from megatron.trace.render.export import export_files
-    from megatron.trace.render.timeline import write_timeline
-    from megatron.trace.semconv import Category
+    from megatron.trace.model.builder import load_trace
+    from megatron.trace.model.incarnation import Incarnation, Trace
+    from megatron.trace.render.export.write import export_files
+    from megatron.trace.render.timeline.write import write_timeline
+    from megatron.trace_format.errors import NoSpansError, TraceError, TraceInputError
+    from megatron.trace_format.semconv import Category
 
 #: Public name -> the module that defines it.
 _HOMES = {
-    "load_trace": "megatron.trace.model.trace",
-    "Trace": "megatron.trace.model.trace",
-    "Incarnation": "megatron.trace.model.trace",
+    "load_trace": "megatron.trace.model.builder",
+    "Trace": "megatron.trace.model.incarnation",
+    "Incarnation": "megatron.trace.model.incarnation",
     "build_report": "megatron.trace.analysis.goodput",
     "report_files": "megatron.trace.analysis.goodput",
     "Report": "megatron.trace.analysis.report",
@@ -51,12 +52,12 @@ _HOMES = {
     "CheckResult": "megatron.trace.analysis.check",
     "Clock": "megatron.trace.analysis.liveness",
     "judge": "megatron.trace.analysis.liveness",
-    "export_files": "megatron.trace.render.export",
-    "write_timeline": "megatron.trace.render.timeline",
-    "Category": "megatron.trace.semconv",
-    "TraceError": "megatron.trace.errors",
-    "TraceInputError": "megatron.trace.errors",
-    "NoSpansError": "megatron.trace.errors",
+    "export_files": "megatron.trace.render.export.write",
+    "write_timeline": "megatron.trace.render.timeline.write",
+    "Category": "megatron.trace_format.semconv",
+    "TraceError": "megatron.trace_format.errors",
+    "TraceInputError": "megatron.trace_format.errors",
+    "NoSpansError": "megatron.trace_format.errors",
 }
 
 __all__ = [

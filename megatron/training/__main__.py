@@ -57,11 +57,9 @@ def main(argv: list[str] | None = None) -> None:
         )
         raise
     if config.demo:  # the demo ends by drawing its trace; never raises
-        from megatron.trace.render.timeline import write_beside_trace
+        from megatron.trace.render.timeline.write import write_beside_trace
 
         write_beside_trace(result.trace_file)
-    if result.exit_reason is not None:
-        sys.exit(0)
 
 
 def _ignore_sigint(signum: int, frame: object) -> None:

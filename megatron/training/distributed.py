@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from megatron.core.telemetry.logs import console_logger
-from megatron.training.grad_sync_spans import attach_grad_sync_spans, grad_sync_window
+from megatron.training.telemetry.grad_sync_spans import attach_grad_sync_spans, grad_sync_window
 
 __all__ = [
     "DistributedEnv",
@@ -105,7 +105,7 @@ def wrap_model(model: nn.Module, env: DistributedEnv) -> nn.Module:
     """DDP when there is more than one rank, the bare module otherwise.
 
     With the ``communication`` span group on, the DDP model gets the hook
-    that times its gradient all-reduce (:mod:`~megatron.training.grad_sync_spans`).
+    that times its gradient all-reduce (:mod:`~megatron.training.telemetry.grad_sync_spans`).
     """
     model = model.to(env.device)
     if env.world_size == 1:

@@ -12,7 +12,7 @@ several separate traces, never one run-long root span:
   the one before it (C0 to B), so a SIGKILL loses at most the interval in flight.
 
 The names it writes (span names, attribute keys) are spelled once, in
-:mod:`megatron.trace.semconv`, which everything reading them shares.
+:mod:`megatron.trace_format.semconv`, which everything reading them shares.
 
 The lifecycle is an explicit state machine on the ``transitions`` library.
 Each state owns exactly the spans that are open while it is current: entering
@@ -50,7 +50,7 @@ from transitions.core import EventData
 
 from megatron.core.telemetry.span_groups import SpanGroup
 from megatron.core.telemetry.state import is_span_group_enabled
-from megatron.trace.semconv import (
+from megatron.trace_format.semconv import (
     CONTAINER_LOAD_SPAN,
     ERROR_TYPE,
     INTERVAL_FIRST_ITERATION,

@@ -74,7 +74,7 @@ from megatron.core.telemetry import (
     setup_telemetry,
 )
 from megatron.core.telemetry.watchdog import NO_WATCHDOG, Watchdog, hang_watchdog
-from megatron.trace import semconv
+from megatron.trace_format import semconv
 from megatron.training.arguments import parse_args
 from megatron.training.checkpointing import (
     TrainState,
@@ -96,12 +96,6 @@ from megatron.training.distributed import (
 )
 from megatron.training.early_exit import ExitConditions
 from megatron.training.fault_injection import FaultInjection
-from megatron.training.goodput_metrics import (
-    LiveGoodput,
-    checkpoint_sidecar,
-    start_live_goodput,
-)
-from megatron.training.grad_sync_spans import wait_markers
 from megatron.training.job_config import (
     EvalConfig,
     JobConfig,
@@ -109,14 +103,20 @@ from megatron.training.job_config import (
     OptimizerConfig,
     TrainingConfig,
 )
-from megatron.training.job_telemetry import (
+from megatron.training.model import GPTConfig, GPTModel
+from megatron.training.optimizer import build_optimizer
+from megatron.training.telemetry.goodput_metrics import (
+    LiveGoodput,
+    checkpoint_sidecar,
+    start_live_goodput,
+)
+from megatron.training.telemetry.grad_sync_spans import wait_markers
+from megatron.training.telemetry.job_telemetry import (
     print_telemetry_summary,
     resource_attributes,
     startup_timestamps,
 )
-from megatron.training.model import GPTConfig, GPTModel
-from megatron.training.optimizer import build_optimizer
-from megatron.training.start_footprint import StartFootprint, telemetry_files
+from megatron.training.telemetry.start_footprint import StartFootprint, telemetry_files
 from megatron.training.telemetry_spans import SpanPhases, install_exit_hooks
 from megatron.training.training_log import StepResult, TrainingLog
 
@@ -193,13 +193,13 @@ def _run_job(
     phases.start_job(
         model_type="GPT", timestamps=startup_timestamps(program_start, main_entry, pretrain_entry)
     )
-    phases.record_phase("megatron.startup.imports", program_start, main_entry)
-    phases.record_phase("megatron.startup.arg_parse", main_entry, pretrain_entry)
-    phases.record_phase("megatron.startup.initialize_megatron", pretrain_entry, initialized)
+    phases.record_phase(semconv.STARTUP_IMPORTS_SPAN, program_start, main_entry)
+    phases.record_phase(semconv.STARTUP_ARG_PARSE_SPAN, main_entry, pretrain_entry)
+    phases.record_phase(semconv.STARTUP_INITIALIZE_SPAN, pretrain_entry, initialized)
     exit_reason = None
     hooks = FaultInjection.from_env()
     try:
-        with managed_span(SpanGroup.JOB, "megatron.startup.model_init", is_goodput_span=True):
+        with managed_span(SpanGroup.JOB, semconv.STARTUP_MODEL_INIT_SPAN, is_goodput_span=True):
             hooks.at_startup("model_init")
             state = setup_model_and_optimizer(config.model, config.optimizer, env)
             if checkpoint.load:
@@ -208,7 +208,7 @@ def _run_job(
                     SpanGroup.LOAD_CHECKPOINT,
                     semconv.CHECKPOINT_LOAD_SPAN,
                     is_goodput_span=True,
-                    **{"megatron.checkpoint.dir": checkpoint.load},
+                    **{semconv.CHECKPOINT_DIR: checkpoint.load},
                 ) as span:
                     load_checkpoint(checkpoint.load, state, config.model)
                     safe_set_span_attributes(span, {semconv.ITERATION: state.iteration})
@@ -216,7 +216,7 @@ def _run_job(
         if goodput is not None:
             goodput.follow_iteration(lambda: state.iteration)
 
-        with managed_span(SpanGroup.JOB, "megatron.startup.dataloader", is_goodput_span=True):
+        with managed_span(SpanGroup.JOB, semconv.STARTUP_DATALOADER_SPAN, is_goodput_span=True):
             hooks.at_startup("dataloader")
             train_data, valid_data = build_train_valid_datasets(
                 config.data, config.model.seq_length, config.training.seed
@@ -357,20 +357,20 @@ def train_step(
     losses = []
     num_microbatches = training.num_microbatches
     for microbatch in range(num_microbatches):
-        with managed_span(SpanGroup.FORWARD_BACKWARD, "megatron.train.forward_backward"):
-            with managed_span(MegatronSpanGroup.DATA_LOADING, "megatron.train.get_batch"):
+        with managed_span(SpanGroup.FORWARD_BACKWARD, semconv.FORWARD_BACKWARD_SPAN):
+            with managed_span(MegatronSpanGroup.DATA_LOADING, semconv.GET_BATCH_SPAN):
                 tokens, labels = next(train_batches)
             # DDP all-reduces gradients on the last micro-batch's backward only.
             last = microbatch == num_microbatches - 1
             with grad_sync(model, enabled=last, iteration=state.iteration):
-                with managed_span(MegatronSpanGroup.MICROBATCH, "megatron.microbatch.forward"):
+                with managed_span(MegatronSpanGroup.MICROBATCH, semconv.MICROBATCH_FORWARD_SPAN):
                     hooks.before_forward(state.iteration)
                     loss = model(tokens, labels)
-                with managed_span(MegatronSpanGroup.MICROBATCH, "megatron.microbatch.backward"):
+                with managed_span(MegatronSpanGroup.MICROBATCH, semconv.MICROBATCH_BACKWARD_SPAN):
                     (loss / num_microbatches).backward()
             losses.append(loss.detach())
 
-    with managed_span(SpanGroup.OPTIMIZER, "megatron.train.optimizer"):
+    with managed_span(SpanGroup.OPTIMIZER, semconv.OPTIMIZER_SPAN):
         clip_grad = optimizer_config.clip_grad
         max_norm = clip_grad if clip_grad > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
@@ -410,13 +410,13 @@ def evaluate_and_print(
             for eval_step in range(evaluation.eval_iters):
                 with managed_span(
                     SpanGroup.EVALUATE,
-                    "megatron.evaluate.step",
-                    **{"megatron.evaluate.step": eval_step},
+                    semconv.EVALUATE_STEP,
+                    **{semconv.EVALUATE_STEP: eval_step},
                 ):
                     tokens, labels = next(batches)
                     total += model(tokens, labels)
         loss = all_reduce_mean(total / evaluation.eval_iters).item()
-        safe_set_span_attributes(span, {"megatron.evaluate.loss": loss})
+        safe_set_span_attributes(span, {semconv.EVALUATE_LOSS: loss})
     model.train()
     line = (
         f" validation loss at iteration {state.iteration} | lm loss value: {loss:.6E} |"
@@ -445,7 +445,7 @@ def _first_iteration_span(is_first: bool) -> Any:
     if not is_first:
         return nullcontext()
     return managed_span(
-        MegatronSpanGroup.FIRST_ITERATION, "megatron.train.first_iteration", is_goodput_span=True
+        MegatronSpanGroup.FIRST_ITERATION, semconv.FIRST_ITERATION_SPAN, is_goodput_span=True
     )
 
 

@@ -60,7 +60,7 @@ for line in sys.stdin:
 _SUMMARY = """
 import json, pickle, sys
 from distributed.protocol import serialize
-from megatron.trace.model.trace import TraceBuilder, scan_file
+from megatron.trace.model.builder import TraceBuilder, scan_file
 from megatron.trace.otlp import parallel
 def wire(summary):
     _, frames = serialize(summary)

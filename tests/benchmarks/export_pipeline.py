@@ -70,7 +70,7 @@ def bench_encode(repeats: int, rounds: int = 20):
 
     Ours: ``encode_spans`` dumped as ``JsonlFile.write_lines`` dumps it. The
     official: ``encode_spans(...).to_dict()`` dumped as its ``FileSpanExporter``
-    does. Both produce the same request (``test_core_otlp_conformance``).
+    does. Both produce the same request (``tests/core/telemetry/test_otlp_json.py``).
     """
     batch = _interval_batch()
 

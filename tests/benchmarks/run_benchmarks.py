@@ -4,9 +4,9 @@ Each figure is ours over a baseline measured in the same process (or, for the
 training loop, the same run of this script), interleaved repetition by
 repetition so drift in machine load hits both sides alike; we report medians.
 Nothing here asserts a time: the figures are printed, a readable table first,
-and as the last line one JSON object (the keys of the README's Performance table).
-``--json PATH`` also writes them, with their targets, descriptions and the run's
-machine, to a results file, from which ``table.py`` writes the README's table.
+and as the last line one JSON object (the keys of the benchmarks' table). ``--json
+PATH`` also writes them, with their targets, descriptions and the run's machine, to
+a results file, from which ``table.py`` writes the table of ``tests/benchmarks/README.md``.
 
 Run with ``tox -e bench`` (or ``python tests/benchmarks/run_benchmarks.py``);
 ``--only encode,pipeline`` runs some sections (``--list`` names them all).
@@ -90,7 +90,7 @@ def machine(sections: list[str], quick: bool) -> dict[str, Any]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    # the results file and the README's table, which a run rewrites, are not the code
+    # the results file and the benchmarks' table, which a run rewrites, are not the code
     status = _git(
         "status", "--porcelain", "--untracked-files=no", "--", ".",
         ":(exclude)tests/benchmarks/results.json", ":(exclude,glob)**/*.md",
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PATH",
         type=Path,
         help="also write the results, with targets, descriptions and the machine, to PATH "
-        "(tests/benchmarks/table.py turns it into the README's table)",
+        "(tests/benchmarks/table.py turns it into tests/benchmarks/README.md's table)",
     )
     args = parser.parse_args(argv)
     if set(DESCRIPTIONS) != set(TARGETS):  # before a run's minutes, not after them

@@ -1,10 +1,10 @@
-"""Write the README's performance table from a results file of the benchmarks.
+"""Write the benchmarks' table (``tests/benchmarks/README.md``) from a results file.
 
     python tests/benchmarks/table.py [RESULTS] [--readme PATH]
 
 ``RESULTS`` (default ``tests/benchmarks/results.json``, what ``tox -e bench``
 writes) is the file ``run_benchmarks.py --json`` wrote; the table, with a line
-saying which run it is, replaces whatever lies between the README's lines
+saying which run it is, replaces whatever lies between the lines
 ``<!-- benchmarks:begin -->`` and ``<!-- benchmarks:end -->``, so the figures
 there are a run's, never typed. Only a run of every section makes a table: a
 results file without one of ``targets.TARGETS``' keys, or with a key it lacks,
@@ -144,7 +144,7 @@ def target_keys() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description="Write the README's performance table from a benchmarks results file."
+        description="Write the benchmarks' table (tests/benchmarks/README.md) from a results file."
     )
     parser.add_argument(
         "results",
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--readme",
         type=Path,
-        default=HERE.parents[1] / "README.md",
+        default=HERE / "README.md",
         help="the file whose marked block to replace (default: %(default)s)",
     )
     args = parser.parse_args(argv)

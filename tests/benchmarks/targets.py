@@ -3,7 +3,7 @@
 A figure meets its target when it is at most the target; ``nan`` is a figure
 measured with no target. Plain data, imported by ``run_benchmarks.py`` (which
 writes all three into its results file) and by ``table.py`` (which turns that
-file into the README's table); ``tests/test_benchmark_table.py`` holds the dicts
+file into tests/benchmarks/README.md's table); ``tests/test_benchmark_table.py`` holds the dicts
 to the same keys, so a new key is a target here and a line of the table.
 """
 

@@ -17,8 +17,8 @@ def bench_timeline_page(repeats: int) -> tuple[float, float, float, int]:
     generated file with an interval every 4 iterations (the bars of every interval and
     save: what makes a big page). Returns (ratio, ours s, plotly s, bars)."""
     from megatron.trace.otlp.spans import span_source
-    from megatron.trace.render.timeline_data import collect
-    from megatron.trace.render.timeline_page import _bytes, _lanes_plot, figure
+    from megatron.trace.render.timeline.data import collect
+    from megatron.trace.render.timeline.page import _bytes, _lanes_plot, figure
 
     with tempfile.TemporaryDirectory(prefix="bench-page-") as directory:
         path, _, _ = _trace_file(Path(directory), "traces.jsonl", spans=400_000, save_interval=4)

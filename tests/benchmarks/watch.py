@@ -1,9 +1,9 @@
 """``megatron-trace watch``: CPU per span appended against ``report``'s, and memory as a file grows.
 
 The watch side is what the command does in its loop, in-process: a
-:class:`~megatron.trace.otlp.follow.Follower` on a file that grows a chunk at
+:class:`~megatron.trace.live.follow.Follower` on a file that grows a chunk at
 a time (a synthetic ``per_step`` trace appended in pieces that cut lines in
-two), every chunk's new lines into a :class:`~megatron.trace.analysis.live.LiveJob`,
+two), every chunk's new lines into a :class:`~megatron.trace.live.job.LiveJob`,
 and every :data:`SNAPSHOT_EVERY` chunks the figures a scrape would compute
 (:meth:`LiveJob.snapshot`). Only the follower's and the model's CPU time is
 counted, not the writing.
@@ -33,9 +33,9 @@ _WATCH = textwrap.dedent(
     import gc, json, resource, sys, time
     from pathlib import Path
 
-    from megatron.trace.analysis.live import LiveJob
+    from megatron.trace.live.job import LiveJob
     from megatron.trace.analysis.liveness import Clock
-    from megatron.trace.otlp.follow import Follower
+    from megatron.trace.live.follow import Follower
 
     source, live = Path(sys.argv[1]), Path(sys.argv[2])
     chunk, every = int(sys.argv[3]), int(sys.argv[4])
@@ -71,9 +71,9 @@ _WATCH = textwrap.dedent(
 def _watch_cpu(source: Path, live: Path, chunks: int, every: int) -> tuple[float, int]:
     """CPU seconds the follower and the live model spend on ``source`` appended to ``live``
     in ``chunks`` pieces, with a snapshot every ``every`` pieces; and the spans read."""
-    from megatron.trace.analysis.live import LiveJob
     from megatron.trace.analysis.liveness import Clock
-    from megatron.trace.otlp.follow import Follower
+    from megatron.trace.live.follow import Follower
+    from megatron.trace.live.job import LiveJob
 
     live.unlink(missing_ok=True)
     data = source.read_bytes()

@@ -120,7 +120,7 @@ class Beside:
 
     def pip(self, *args: str | Path) -> str:
         """``python -m pip ARGS`` with torch pinned by the CI's constraint file
-        (2.13.0, the CPU wheel on this disk: unpinned, pip takes a multi-GB CUDA build)."""
+        (2.13.0, the CPU wheel: unpinned, pip takes a multi-GB CUDA build)."""
         result = subprocess.run(
             [str(self.python), "-m", "pip", *map(str, args)],
             cwd=self.cwd,

@@ -2,7 +2,7 @@
 
 megatron-core's wheel ships ``megatron/core/__init__.py`` (a regular package)
 and no ``megatron/__init__.py``; ours ships ``megatron/core/telemetry/``,
-``megatron/training/`` and ``megatron/trace/``. pip overwrites another
+``megatron/training/``, ``megatron/trace_format/`` and ``megatron/trace/``. pip overwrites another
 distribution's file without a word, so a file of ours at one of its places
 would replace megatron-core's, and ``pip uninstall`` of us would delete it.
 """
@@ -22,7 +22,12 @@ if TYPE_CHECKING:
 CORE, OURS = "megatron-core", "megatron-telemetry-spans"
 
 # Where our files may go: beside megatron-core's, never among them.
-OUR_HOMES = ("megatron/core/telemetry/", "megatron/training/", "megatron/trace/")
+OUR_HOMES = (
+    "megatron/core/telemetry/",
+    "megatron/training/",
+    "megatron/trace_format/",
+    "megatron/trace/",
+)
 
 
 def _record(dist: str) -> Path:
@@ -35,10 +40,13 @@ def test_megatron_core_was_installed_first_and_we_import_from_site_packages(
 ) -> None:
     # what the other tests show only means something in this order: us over it
     assert _record(CORE).stat().st_mtime_ns < _record(OURS).stat().st_mtime_ns
-    found = beside.resolve("megatron.core", "megatron.core.telemetry", "megatron.trace")
+    found = beside.resolve(
+        "megatron.core", "megatron.core.telemetry", "megatron.trace_format", "megatron.trace"
+    )
     assert found == {
         "megatron.core": str(site / "megatron/core/__init__.py"),
         "megatron.core.telemetry": str(site / "megatron/core/telemetry/__init__.py"),
+        "megatron.trace_format": str(site / "megatron/trace_format/__init__.py"),
         "megatron.trace": str(site / "megatron/trace/__init__.py"),
     }
 

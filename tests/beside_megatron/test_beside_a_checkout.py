@@ -8,7 +8,8 @@ beats a namespace portion wherever that lies. So the checkout owns
 ``megatron.core`` and ``megatron.training`` (with every module under them,
 ours in ``megatron/core/telemetry`` included) from first place, and
 ``megatron.core`` from anywhere when megatron-core is not installed (ours is
-a namespace portion). ``megatron.trace`` is ours alone and imports neither,
+a namespace portion). ``megatron.trace`` and ``megatron.trace_format`` are ours
+alone and import neither,
 so ``megatron-trace`` works in every case.
 """
 
@@ -32,6 +33,7 @@ def test_a_checkout_first_owns_megatron_core_and_training(
         "megatron.training.training",
         "megatron.core.telemetry",
         "megatron.training.telemetry_spans",
+        "megatron.trace_format.semconv",
         "megatron.trace.cli.main",
         pythonpath=[checkout],
     )
@@ -41,6 +43,7 @@ def test_a_checkout_first_owns_megatron_core_and_training(
         # shadowed with the rest of site-packages' megatron.core and megatron.training
         "megatron.core.telemetry": None,
         "megatron.training.telemetry_spans": None,
+        "megatron.trace_format.semconv": str(site / "megatron/trace_format/semconv.py"),
         "megatron.trace.cli.main": str(site / "megatron/trace/cli/main.py"),
     }
     beside.trace_works(trace, pythonpath=[checkout])
@@ -131,5 +134,5 @@ def test_megatron_trace_loads_nothing_of_megatron_core_or_training(
     assert statuses == [0, 0, 0]
     assert (tmp_path / "chrome.json").stat().st_size > 0
     # the walk reached every room, down to the pictures
-    assert {"megatron.trace.render.timeline", "megatron.trace._store.spill"} <= set(loaded)
+    assert {"megatron.trace.render.timeline.write", "megatron.trace._store.spill"} <= set(loaded)
     assert [m for m in loaded if m.startswith(("megatron.core", "megatron.training"))] == []

@@ -26,7 +26,7 @@ _IMPORTS = """
 import importlib, json
 from megatron.core import InferenceParams
 found = {}
-for name in ("megatron.core", "megatron.core.telemetry", "megatron.trace"):
+for name in ("megatron.core", "megatron.core.telemetry", "megatron.trace_format", "megatron.trace"):
     try:
         found[name] = importlib.import_module(name).__file__
     except ModuleNotFoundError:
@@ -52,6 +52,7 @@ def test_megatron_core_stays_whole_through_our_install_and_uninstall(
     assert found == {
         "megatron.core": str(own / "megatron/core/__init__.py"),
         "megatron.core.telemetry": str(own / "megatron/core/telemetry/__init__.py"),
+        "megatron.trace_format": str(own / "megatron/trace_format/__init__.py"),
         "megatron.trace": str(own / "megatron/trace/__init__.py"),
     }
     user.trace_works(trace)
@@ -63,6 +64,7 @@ def test_megatron_core_stays_whole_through_our_install_and_uninstall(
     assert found == {
         "megatron.core": str(own / "megatron/core/__init__.py"),
         "megatron.core.telemetry": None,
+        "megatron.trace_format": None,
         "megatron.trace": None,
     }
     assert not (venv / "bin" / "megatron-trace").exists()

@@ -22,10 +22,10 @@ import real_runs
 import upstream_traces
 from perfetto_harness import PerfettoTrace, open_trace
 
-from megatron.trace.model.trace import load_trace
+from megatron.trace.model.builder import load_trace
 from megatron.trace.otlp.reader import iter_spans
 from megatron.trace.otlp.spans import span_source
-from megatron.trace.render import export
+from megatron.trace.render.export import write as export
 from megatron.trace.render.lanes import LaneIndex
 
 RUNS = {

@@ -67,7 +67,7 @@ def test_the_exports_time_text_is_nanosecond_exact_for_weeks_after_its_origin(
     browser, perfetto, tmp_path
 ) -> None:
     # What export writes: exact decimal microseconds after the origin (render.chrome).
-    from megatron.trace.render.chrome import micros as _micros
+    from megatron.trace.render.export.chrome import micros as _micros
 
     day = 86_400 * 10**9
     starts = [45 * day + 123_456_789 + 7 * k for k in range(50)]  # 45 days in, odd ns

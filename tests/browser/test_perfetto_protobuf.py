@@ -19,7 +19,7 @@ from perfetto_harness import open_trace
 from pictures_helpers import incarnation, resource, write_trace
 
 from megatron.trace.otlp.reader import read_spans
-from megatron.trace.render import export
+from megatron.trace.render.export import write as export
 
 # Every slice with its lane, as "incarnation N/rank R", from either import.
 _PROTOBUF_SLICES = """

@@ -14,7 +14,7 @@ import pytest
 from pictures_helpers import Span, incarnation, resource, write_trace
 
 from megatron.trace.otlp.spans import span_source
-from megatron.trace.render import timeline
+from megatron.trace.render.timeline import write as timeline
 
 
 def write_page(tmp_path: Path, ranks: tuple[int, ...]) -> tuple[Path, timeline.Timeline]:

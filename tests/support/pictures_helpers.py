@@ -3,7 +3,8 @@
 A test describes a job as a few incarnations of a few ranks, with the spans
 each process wrote (objects that know their parent and links, so a test can
 point at "C1 of incarnation 0"); this writes them through ``tracegen``'s
-encoding as the OTLP/JSON lines the file exporter writes.
+encoding (:func:`tracegen.encoded`, the one OTLP/JSON builder of the tests) as the
+lines the file exporter writes.
 """
 
 from __future__ import annotations
@@ -45,21 +46,16 @@ class Span:
 
 
 def _encode(span: Span) -> dict[str, Any]:
-    item = {
-        "traceId": span.trace_id,
-        "spanId": span.span_id,
-        "parentSpanId": span.parent.span_id if span.parent is not None else "",
-        "name": span.name,
-        "kind": 1,
-        "startTimeUnixNano": str(T0 + round(span.start * S)),
-        "endTimeUnixNano": str(T0 + round(span.end * S)),
-        "attributes": [],
-        "links": [{"traceId": t.trace_id, "spanId": t.span_id} for t in span.links],
-        "status": {"code": 0},
-    }
-    for key, value in span.attributes.items():
-        tracegen.attr(item, key, value)
-    return item
+    return tracegen.encoded(
+        span.name,
+        T0 + round(span.start * S),
+        T0 + round(span.end * S),
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        parent_span_id=span.parent.span_id if span.parent is not None else "",
+        links=[(t.trace_id, t.span_id) for t in span.links],
+        attributes=span.attributes,
+    )
 
 
 def resource(run: str, rank: int, pid: int) -> dict[str, Any]:
@@ -151,7 +147,10 @@ def write_trace(path: Path, processes: list[tuple[dict[str, Any], list[Span]]]) 
 
 
 def run_command(module: Any, argv: list[str]) -> int:
-    """Run one subcommand through the ``megatron-trace`` entry point, as a user does."""
+    """Run one subcommand through the ``megatron-trace`` entry point, as a user does: the
+    command a writer's module serves (``megatron.trace.render.export.write``: ``export``)."""
     from megatron.trace.cli.main import main
 
-    return main([module.__name__.rsplit(".", 1)[-1], *argv])
+    parts = module.__name__.split(".")
+    command = parts[parts.index("render") + 1] if "render" in parts else parts[-1]
+    return main([command, *argv])

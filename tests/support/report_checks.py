@@ -8,7 +8,7 @@ import math
 import jsonschema
 
 from megatron.trace.analysis.report import schema
-from megatron.trace.semconv import BADPUT_CATEGORIES
+from megatron.trace_format.semconv import BADPUT_CATEGORIES
 
 
 def assert_schema(report: dict) -> None:

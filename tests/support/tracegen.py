@@ -42,16 +42,40 @@ def span(
     **attributes: Any,
 ) -> dict[str, Any]:
     """One OTLP/JSON span; a child shares its parent's trace."""
+    return encoded(
+        name,
+        round(start_s * SECOND),
+        round(end_s * SECOND),
+        trace_id=parent["traceId"] if parent else new_id(32),
+        parent_span_id=parent["spanId"] if parent else "",
+        links=[(s["traceId"], s["spanId"]) for s in links],
+        attributes=attributes,
+    )
+
+
+def encoded(
+    name: str,
+    start_ns: int,
+    end_ns: int,
+    *,
+    trace_id: str,
+    span_id: str | None = None,
+    parent_span_id: str = "",
+    links: list[tuple[str, str]] | tuple[()] = (),
+    attributes: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One span as the OTLP/JSON file exporter writes it (the one encoding of every
+    hand-built trace of the tests: :func:`span` and ``pictures_helpers`` build on it)."""
     return {
-        "traceId": parent["traceId"] if parent else new_id(32),
-        "spanId": new_id(),
-        "parentSpanId": parent["spanId"] if parent else "",
+        "traceId": trace_id,
+        "spanId": span_id if span_id is not None else new_id(),
+        "parentSpanId": parent_span_id,
         "name": name,
         "kind": 1,
-        "startTimeUnixNano": str(round(start_s * SECOND)),
-        "endTimeUnixNano": str(round(end_s * SECOND)),
-        "attributes": [{"key": k, "value": _value(v)} for k, v in attributes.items()],
-        "links": [{"traceId": s["traceId"], "spanId": s["spanId"]} for s in links],
+        "startTimeUnixNano": str(start_ns),
+        "endTimeUnixNano": str(end_ns),
+        "attributes": [{"key": k, "value": _value(v)} for k, v in (attributes or {}).items()],
+        "links": [{"traceId": trace, "spanId": span_id_} for trace, span_id_ in links],
         "status": {"code": 0},
     }
 

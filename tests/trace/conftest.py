@@ -4,7 +4,7 @@ That environment sets ``MEGATRON_TEST_WITHOUT_EXTRAS=1``. There, and only there,
 the tests that exercise what only those packages do (drawing with plotly, reading
 Perfetto's protos, zstd frames, msgspec's own decoder) are left out: the modules
 below are not collected and tests marked ``needs_extras`` are deselected, while
-``test_trace_without_extras.py`` checks each command's answer without them. The
+``test_without_extras.py`` checks each command's answer without them. The
 environment is checked to really lack every package. Everywhere else nothing is
 left out, so a missing package fails as an import error.
 """
@@ -19,15 +19,15 @@ import pytest
 
 WITHOUT_EXTRAS = os.environ.get("MEGATRON_TEST_WITHOUT_EXTRAS") == "1"
 EXTRA_PACKAGES = ("plotly", "zstandard", "msgspec", "perfetto")
-# The modules whose every test needs one of the packages.
+HERE = Path(__file__).resolve().parent
+# The modules whose every test needs one of the packages (paths from tests/trace).
 NEEDS_EXTRAS_MODULES = frozenset(
     {
-        "test_trace_export_perfetto.py",
-        "test_trace_otlp_decode.py",
-        "test_trace_otlp_files.py",
-        "test_trace_pieces.py",
-        "test_trace_timeline.py",
-        "test_trace_timeline_ranks.py",
+        "render/export/test_perfetto.py",
+        "otlp/test_decode.py",
+        "otlp/test_parallel.py",
+        "render/timeline/test_write.py",
+        "render/timeline/test_ranks.py",
     }
 )
 
@@ -40,7 +40,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    if WITHOUT_EXTRAS and collection_path.name in NEEDS_EXTRAS_MODULES:
+    if (
+        WITHOUT_EXTRAS
+        and collection_path.is_relative_to(HERE)
+        and collection_path.relative_to(HERE).as_posix() in NEEDS_EXTRAS_MODULES
+    ):
         return True
     return None
 

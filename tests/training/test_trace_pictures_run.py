@@ -18,8 +18,9 @@ import pytest
 
 from megatron.trace.otlp.reader import read_spans
 from megatron.trace.otlp.spans import span_source
-from megatron.trace.render import export, timeline
+from megatron.trace.render.export import write as export
 from megatron.trace.render.lanes import Lane
+from megatron.trace.render.timeline import write as timeline
 
 pytestmark = pytest.mark.slow
 

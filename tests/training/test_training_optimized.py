@@ -15,7 +15,10 @@ from processes import TrainingCLI
     ("module", "usage"),
     [
         ("megatron.training", "usage: "),
-        ("megatron.training.diagrams", "usage: python -m megatron.training.diagrams"),
+        (
+            "megatron.training.telemetry.diagrams",
+            "usage: python -m megatron.training.telemetry.diagrams",
+        ),
     ],
 )
 def test_help_works_under_python_OO(training_cli: TrainingCLI, module: str, usage: str) -> None:

@@ -88,7 +88,7 @@ def test_a_torn_line_in_the_trace_never_changes_the_exit_status(training_cli, ex
 
 
 FAILING_SUMMARY = """
-import megatron.training.job_telemetry as job_telemetry
+import megatron.training.telemetry.job_telemetry as job_telemetry
 from megatron.training.__main__ import main
 
 def broken_summary(path, tally, **kwargs):
@@ -432,7 +432,7 @@ def test_a_second_ctrl_c_adds_no_traceback(training_cli, second):
     """Two Ctrl-Cs close together: still one line, no traceback, death by SIGINT.
 
     ``during-exit`` lands the second one once the first's line is printed,
-    in the exit path where atexit callbacks run (where it used to raise a
+    in the exit path where atexit callbacks run (where it must not raise a
     ``KeyboardInterrupt`` of its own inside one of them).
     """
     cli = training_cli

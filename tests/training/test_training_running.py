@@ -20,7 +20,7 @@ import pytest
 
 from megatron.core.telemetry.heartbeat import STALE_AFTER_S
 from megatron.trace.otlp.reader import read_spans
-from megatron.trace.semconv import BADPUT_CATEGORIES
+from megatron.trace_format.semconv import BADPUT_CATEGORIES
 from megatron.training.training_log import parse_log_losses
 
 pytestmark = pytest.mark.slow

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from megatron.trace.analysis.goodput import BADPUT_CATEGORIES
 from megatron.trace.otlp.reader import read_spans
+from megatron.trace_format.semconv import BADPUT_CATEGORIES
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ The output is the same dict, key for key and in the same order, as the
 official encoder (``opentelemetry-exporter-otlp-json-common``, whose
 ``to_dict`` the official file exporter dumps), so our lines and theirs are
 interchangeable byte for byte up to JSON string escaping;
-``tests/core/test_core_otlp_conformance.py`` checks that on every field
+``tests/core/telemetry/test_otlp_json.py`` checks that on every field
 either side writes. Where that encoder makes a choice the OTLP spec leaves
 open, we make the same one, and say so at the spot.
 

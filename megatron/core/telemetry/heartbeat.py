@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from megatron.trace.semconv import HEARTBEAT_METRIC, HEARTBEAT_PERIOD_S, STALE_AFTER_S
+from megatron.trace_format.semconv import HEARTBEAT_METRIC, HEARTBEAT_PERIOD_S, STALE_AFTER_S
 
 if TYPE_CHECKING:  # imported where a job registers the gauge: readers need only the names
     from opentelemetry.metrics import CallbackOptions, Observation

@@ -54,7 +54,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from megatron.core.telemetry._otlp_json import encode_metrics, encode_spans
-from megatron.trace.otlp.files import metrics_file_for
+from megatron.trace_format.files import metrics_file_for
 
 try:
     import fcntl

@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Status, StatusCode
 
 from megatron.core.telemetry._signals import start_daemon_thread
-from megatron.trace.semconv import SPAN_CUT_SHORT
+from megatron.trace_format.semconv import SPAN_CUT_SHORT
 
 __all__ = [
     "CUT_SHORT_ATTRIBUTE",

@@ -15,7 +15,7 @@ from opentelemetry.sdk.resources import Resource
 
 from megatron.core.telemetry._attributes import sanitize_attributes
 from megatron.core.telemetry.config import TelemetryConfig
-from megatron.trace import semconv
+from megatron.trace_format import semconv
 
 __all__ = ["SLURM_RESOURCE_ATTRIBUTES", "build_resource"]
 

@@ -5,7 +5,7 @@ included, would cost more the longer the job ran. :class:`SpanTally` counts
 as the run goes instead, so the summary costs the same after a minute or a
 week: spans and traces by count, spans by name, cut-short and
 ERROR spans, the torn line of a killed predecessor the sink sealed, and a
-flat record (:class:`~megatron.trace.otlp.records.SpanRecord`, what the
+flat record (:class:`~megatron.trace_format.records.SpanRecord`, what the
 reader yields) of the few structural spans the goodput line needs, a handful
 per checkpoint interval. It also knows which structural spans are open
 (the interval in flight), so the live goodput metrics can count a run's
@@ -23,8 +23,8 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import StatusCode
 
 from megatron.core.telemetry.jsonl import JsonlFile
-from megatron.trace.otlp.records import SpanFields, SpanRecord, span_record
-from megatron.trace.semconv import SPAN_CUT_SHORT, STRUCTURAL_SPAN_NAMES
+from megatron.trace_format.records import SpanFields, SpanRecord, span_record
+from megatron.trace_format.semconv import SPAN_CUT_SHORT, STRUCTURAL_SPAN_NAMES
 
 __all__ = ["SpanTally"]
 

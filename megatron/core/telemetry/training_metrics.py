@@ -1,6 +1,7 @@
 """The per-iteration training metrics and how they are recorded.
 
-The names are constants so a dashboard, a test and the trainer agree on them.
+The names are :mod:`megatron.trace_format.semconv`'s (re-exported here), so a
+dashboard, a test and the trainer agree on them.
 Instruments are created once per meter and cached in a weak-keyed map: a
 meter that goes away (its handle shut down, a test's provider collected)
 takes its instruments with it, and a second handle in the same process gets
@@ -20,6 +21,17 @@ try:
 except ImportError:  # pragma: no cover - exercised only without opentelemetry
     metrics = None  # type: ignore[assignment]
 
+from megatron.trace_format.semconv import (
+    MEGATRON_TRAINING_GRAD_NORM,
+    MEGATRON_TRAINING_LEARNING_RATE,
+    MEGATRON_TRAINING_LOSS,
+    MEGATRON_TRAINING_MEMORY_ALLOCATED_GB,
+    MEGATRON_TRAINING_SKIPPED_ITERS,
+    MEGATRON_TRAINING_STEP_DURATION_MS,
+    MEGATRON_TRAINING_THROUGHPUT_TFLOPS,
+    MEGATRON_TRAINING_TOKENS_PER_SEC,
+)
+
 __all__ = [
     "MEGATRON_TRAINING_GRAD_NORM",
     "MEGATRON_TRAINING_LEARNING_RATE",
@@ -33,15 +45,6 @@ __all__ = [
 ]
 
 _logger = logging.getLogger(__name__)
-
-MEGATRON_TRAINING_STEP_DURATION_MS = "megatron.training.step_duration_ms"
-MEGATRON_TRAINING_LOSS = "megatron.training.loss"
-MEGATRON_TRAINING_THROUGHPUT_TFLOPS = "megatron.training.throughput_tflops"
-MEGATRON_TRAINING_GRAD_NORM = "megatron.training.grad_norm"
-MEGATRON_TRAINING_SKIPPED_ITERS = "megatron.training.skipped_iters"
-MEGATRON_TRAINING_LEARNING_RATE = "megatron.training.learning_rate"
-MEGATRON_TRAINING_TOKENS_PER_SEC = "megatron.training.tokens_per_sec"
-MEGATRON_TRAINING_MEMORY_ALLOCATED_GB = "megatron.training.memory_allocated_gb"
 
 
 @dataclass(frozen=True)

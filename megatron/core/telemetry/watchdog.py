@@ -57,7 +57,7 @@ from opentelemetry import trace as otel_trace
 
 from megatron.core.telemetry._signals import start_daemon_thread
 from megatron.core.telemetry.logs import console_logger
-from megatron.trace.semconv import (
+from megatron.trace_format.semconv import (
     HANG_FRAME,
     HANG_LAST_ITERATION,
     HANG_LAST_PROGRESS,

@@ -82,6 +82,11 @@ class Iterations:
     def __len__(self) -> int:
         return len(self._tail[0]) + self._spilled
 
+    @property
+    def spilled(self) -> bool:
+        """Whether some of its rows were written to the spill file (in blocks)."""
+        return bool(self._blocks)
+
     def _add_block(self, block: _Block) -> None:
         self._firsts.append(self._spilled)
         self._blocks.append(block)

@@ -2,7 +2,7 @@
 
 The trace model keeps a few records per checkpoint interval (the interval, its
 save, an evaluation) and the hang watchdog's. As the reader's
-:class:`~megatron.trace.otlp.records.SpanRecord` each costs about a
+:class:`~megatron.trace_format.records.SpanRecord` each costs about a
 kilobyte of Python objects: a week of many ranks checkpointing often holds
 hundreds of thousands of them, more memory than the rest of a read. So a
 :class:`RecordLog` keeps each record as its pickle (a fifth of the size), and
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from megatron.trace._store import spill
-from megatron.trace.otlp.records import SpanFields, SpanRecord, attributes_cut_short, span_record
+from megatron.trace_format.records import SpanFields, SpanRecord, attributes_cut_short, span_record
 
 __all__ = ["SPILL_RECORDS", "RecordList", "RecordLog", "extents", "extents_from", "latest"]
 
@@ -102,6 +102,11 @@ class RecordLog:
         self._names: list[str] = []
         self._name = array("I")  # every record's name, as its position in _names
         self._last: tuple[Any, Any, int] | None = None  # the context added last
+
+    @property
+    def spilled(self) -> bool:
+        """Whether some of its records were written to the spill file (in blocks)."""
+        return bool(self._blocks)
 
     def __len__(self) -> int:
         return len(self._starts)
@@ -253,6 +258,16 @@ class RecordList(Sequence[SpanRecord]):
 
     def __len__(self) -> int:
         return len(self._positions)
+
+    @property
+    def log(self) -> RecordLog:
+        """The log the records are in (its ``starts`` and ``ends`` columns, undecoded)."""
+        return self._log
+
+    @property
+    def positions(self) -> array:
+        """The records' positions in :attr:`log`, in this list's order."""
+        return self._positions
 
     @overload
     def __getitem__(self, index: int) -> SpanRecord: ...

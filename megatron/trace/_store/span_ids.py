@@ -6,7 +6,7 @@ nowhere, over every span of every file. A Python ``set`` of ids costs about
 here the ids of a file are appended, 8 bytes each, to one growing
 ``array('Q')`` straight from their hex (``bytes.fromhex`` of a line's ids
 joined: one C call a line), and the ids of all files are sorted once, with
-numpy, when all are in (ten million in a tenth of a second). Sorted, a
+numpy, when all are in. Sorted, a
 duplicate is two equal neighbours and a parent's presence is a binary
 search: exact, with no hashing and no false positives.
 
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from megatron.trace._store import spill
-from megatron.trace.errors import SpillError
+from megatron.trace_format.errors import SpillError
 
 __all__ = ["SPILL_FROM_IDS", "IdCollector", "IdSet", "SpillError", "parse_span_ids"]
 
@@ -216,8 +216,8 @@ class IdSet:
     is looked up then. The first question (:attr:`dups`, :attr:`unresolved`) sorts
     the whole buffer once, in place, and answers from it: the duplicates are equal
     neighbours, a parent is found by binary search. Looking each new piece up in
-    every piece before it instead cost a third of ``check`` at ten million spans
-    (the pieces times the pieces), where sorting them all costs a hundredth.
+    every piece before it would cost the pieces times the pieces; sorting them all
+    once costs one sort.
 
     From :data:`SPILL_FROM_IDS` ids on, a merge moves them to disk instead
     (:class:`_Spill`), and the answers are found partition by partition: what the

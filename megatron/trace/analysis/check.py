@@ -61,7 +61,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from megatron.trace.analysis.liveness import Clock, judge, utc_text
-from megatron.trace.model.trace import Incarnation, Trace, TraceBuilder, process_key
+from megatron.trace.model.builder import TraceBuilder
+from megatron.trace.model.identity import process_key
+from megatron.trace.model.incarnation import Incarnation, Trace
 from megatron.trace.otlp.parallel import FilePiece, imap_files, map_files, pieces
 from megatron.trace.otlp.reader import (
     DAMAGE_ERRORS,
@@ -71,8 +73,8 @@ from megatron.trace.otlp.reader import (
     iter_lines,
     paused_gc,
 )
-from megatron.trace.otlp.records import SpanRecord
-from megatron.trace.semconv import (
+from megatron.trace_format.records import SpanRecord
+from megatron.trace_format.semconv import (
     INTERVAL_FIRST_ITERATION,
     INTERVAL_INDEX,
     INTERVAL_LAST_ITERATION,

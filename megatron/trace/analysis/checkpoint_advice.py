@@ -74,8 +74,8 @@ from typing import Any
 
 from megatron.trace.analysis.hangs import find_hang
 from megatron.trace.analysis.report import CheckpointAdvice, IntervalChoice
-from megatron.trace.model.trace import Incarnation
-from megatron.trace.semconv import ITERATION
+from megatron.trace.model.incarnation import Incarnation
+from megatron.trace_format.semconv import ITERATION
 
 __all__ = [
     "ADVICE_RULE",

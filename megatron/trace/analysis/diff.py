@@ -31,8 +31,8 @@ from importlib import resources
 from typing import Any, TypedDict
 
 from megatron.trace.analysis.report import Report
-from megatron.trace.model.trace import Trace
-from megatron.trace.semconv import BADPUT_CATEGORIES
+from megatron.trace.model.incarnation import Trace
+from megatron.trace_format.semconv import BADPUT_CATEGORIES
 
 __all__ = [
     "Amount",

@@ -5,7 +5,7 @@ when their bound is crossed (a finding, like a ``check`` violation), with
 one line naming the figure, its value, the flag and the bound. Each gate is
 a function of the figures alone (the report, or the diff), so it is tested
 without a command line. A gate on a figure the trace cannot give is not a
-pass: it raises :class:`~megatron.trace.errors.TraceInputError` (exit 2)
+pass: it raises :class:`~megatron.trace_format.errors.TraceInputError` (exit 2)
 with the reason.
 
 The comparison is exact, on the figures the JSON holds (the goodput in
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from megatron.trace.errors import TraceInputError
-from megatron.trace.semconv import Category
+from megatron.trace_format.errors import TraceInputError
+from megatron.trace_format.semconv import Category
 
 __all__ = ["goodput_gate", "percent_text", "slower_gate"]
 

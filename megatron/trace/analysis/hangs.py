@@ -23,9 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from megatron.trace.model.trace import Incarnation, Trace, rank_value
-from megatron.trace.otlp.records import SpanRecord
-from megatron.trace.semconv import (
+from megatron.trace.model.identity import rank_value
+from megatron.trace.model.incarnation import Incarnation, Trace
+from megatron.trace_format.records import SpanRecord
+from megatron.trace_format.semconv import (
     HANG_FRAME,
     HANG_LAST_ITERATION,
     HANG_LAST_PROGRESS,

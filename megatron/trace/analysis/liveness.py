@@ -48,11 +48,12 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace._store.record_log import latest
-from megatron.trace.model.trace import Incarnation, Trace, process_of_resource
-from megatron.trace.otlp.files import metrics_file_for
+from megatron.trace.model.identity import process_of_resource
+from megatron.trace.model.incarnation import Incarnation, Trace
 from megatron.trace.otlp.reader import decode_attributes, iter_requests_backwards
-from megatron.trace.otlp.records import SpanFields, SpanRecord, span_record
-from megatron.trace.semconv import (
+from megatron.trace_format.files import metrics_file_for
+from megatron.trace_format.records import SpanFields, SpanRecord, span_record
+from megatron.trace_format.semconv import (
     HEARTBEAT_METRIC,
     INTERVAL_REROOTED,
     INTERVAL_SPAN,

@@ -221,7 +221,7 @@ class Report(_WhenJudged, _WhenWindowed):
     """The goodput report: where the job rank's wall clock went, and what else was found.
 
     ``badput_s`` and ``accounting_ns`` are keyed by
-    :class:`~megatron.trace.semconv.Category` values (``accounting_ns`` also
+    :class:`~megatron.trace_format.semconv.Category` values (``accounting_ns`` also
     by ``wall``); ``goodput + sum(badput) == wall`` exactly in
     ``accounting_ns``.
     """

@@ -11,7 +11,7 @@ from typing import Any
 
 from megatron.trace.analysis.check import check_files
 from megatron.trace.cli.options import add_command, clock, reading_on
-from megatron.trace.errors import NoSpansError
+from megatron.trace_format.errors import NoSpansError
 
 __all__ = ["add_parser", "run"]
 

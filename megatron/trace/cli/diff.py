@@ -5,7 +5,7 @@ Each run is one trace file (``diff A.jsonl B.jsonl``) or a set of rank files
 mix: ``diff A.jsonl --b s0.jsonl --b s1.jsonl``). Each side is read and
 accounted as ``report`` would (:func:`~megatron.trace.analysis.goodput.build_report`);
 :mod:`megatron.trace.analysis.diff` sets the figures side by side and
-:mod:`megatron.trace.render.diff_text` lays them out. ``--fail-if-slower PCT``
+:mod:`megatron.trace.render.text.diff` lays them out. ``--fail-if-slower PCT``
 is a gate for CI (:mod:`megatron.trace.analysis.gates`).
 """
 
@@ -20,9 +20,9 @@ from megatron.trace.analysis.gates import slower_gate
 from megatron.trace.analysis.goodput import build_report
 from megatron.trace.analysis.liveness import judge
 from megatron.trace.cli.options import add_command, answer, clock, percent, reading_on
-from megatron.trace.errors import NoSpansError, TraceInputError
-from megatron.trace.model.trace import load_trace
-from megatron.trace.render.diff_text import format_diff
+from megatron.trace.model.builder import load_trace
+from megatron.trace.render.text.diff import format_diff
+from megatron.trace_format.errors import NoSpansError, TraceInputError
 
 __all__ = ["add_parser", "run", "sides"]
 

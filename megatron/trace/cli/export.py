@@ -1,6 +1,6 @@
 """``megatron-trace export``: write the trace for Perfetto UI (Chrome JSON or protobuf).
 
-What is written, and how, is :mod:`megatron.trace.render.export`'s; this
+What is written, and how, is :mod:`megatron.trace.render.export.write`'s; this
 module is the command: its options, the line it prints and the size warning.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace.cli.options import add_command, clock, reading_on, writing
-from megatron.trace.render.export import FORMATS, export_files, size_warning
+from megatron.trace.render.export.write import FORMATS, export_files, size_warning
 
 __all__ = ["add_parser", "run"]
 

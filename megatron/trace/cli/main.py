@@ -10,7 +10,7 @@ import, a third of its start on a small file.
 
 Exit status: whatever the subcommand returns (0, or 1 for a finding: a ``check``
 violation, a gate's bound crossed); for a
-:class:`~megatron.trace.errors.TraceError`, one line
+:class:`~megatron.trace_format.errors.TraceError`, one line
 ``megatron-trace COMMAND: error: MESSAGE`` and its ``exit_code`` (2: bad
 input); 2 for a file the system will not let us read, likewise; 141
 (128 + SIGPIPE), silently, when the output's reader closed the pipe early.
@@ -27,8 +27,8 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 
-from megatron.trace.errors import TraceError
 from megatron.trace.otlp.reader import paused_gc
+from megatron.trace_format.errors import TraceError
 
 #: Subcommand -> the module that defines it, in the order the help lists them.
 COMMANDS = {

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace.analysis.liveness import Clock
-from megatron.trace.errors import MissingExtraError, TraceError, TraceOutputError
 from megatron.trace.model.window import parse_duration
-from megatron.trace.semconv import STALE_AFTER_S
+from megatron.trace_format.errors import MissingExtraError, TraceError, TraceOutputError
+from megatron.trace_format.semconv import STALE_AFTER_S
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -197,7 +197,8 @@ def clock(args: argparse.Namespace) -> Clock:
 @contextlib.contextmanager
 def writing(output: Path) -> Iterator[None]:
     """Name ``output`` in what goes wrong writing it: the readers raise their own errors
-    (:class:`~megatron.trace.errors.TraceInputError`), so an ``OSError`` here is the output's."""
+    (:class:`~megatron.trace_format.errors.TraceInputError`), so an ``OSError`` here is
+    the output's."""
     try:
         yield
     except OSError as error:

@@ -1,7 +1,7 @@
 """``megatron-trace report``: where the job's wall-clock time went (goodput and badput).
 
 This module is the command; its text is
-:mod:`megatron.trace.render.report_text`'s, and the figures themselves (the
+:mod:`megatron.trace.render.text.report`'s, and the figures themselves (the
 categories, the sweep, wasted progress, the iteration statistics) are
 computed by :mod:`megatron.trace.analysis.goodput`, whose module docstring says how.
 ``--json`` prints :func:`~megatron.trace.analysis.goodput.build_report`'s dict as is.
@@ -27,9 +27,9 @@ from megatron.trace.cli.options import (
     percent,
     reading_on,
 )
-from megatron.trace.errors import NoSpansError
-from megatron.trace.model.trace import load_trace
-from megatron.trace.render.report_text import format_report
+from megatron.trace.model.builder import load_trace
+from megatron.trace.render.text.report import format_report
+from megatron.trace_format.errors import NoSpansError
 
 __all__ = ["add_parser", "run"]
 

@@ -1,6 +1,6 @@
 """``megatron-trace timeline``: draw the job as one self-contained HTML page.
 
-What the page shows is :mod:`megatron.trace.render.timeline`'s; this module
+What the page shows is :mod:`megatron.trace.render.timeline.write`'s; this module
 is the command.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace.cli.options import add_command, clock, reading_on, writing
-from megatron.trace.render.timeline import write_timeline
+from megatron.trace.render.timeline.write import write_timeline
 
 __all__ = ["add_parser", "run"]
 

@@ -1,9 +1,9 @@
 """``megatron-trace watch``: a running job's goodput, state, hangs and stragglers, for Prometheus.
 
 The command is the loop and the endpoint; following the files is
-:class:`~megatron.trace.otlp.follow.Follower`'s, the figures
-:class:`~megatron.trace.analysis.live.LiveJob`'s (``report``'s code), the
-metric families :mod:`megatron.trace.render.prometheus`'s. The files are
+:class:`~megatron.trace.live.follow.Follower`'s, the figures
+:class:`~megatron.trace.live.job.LiveJob`'s (``report``'s code), the
+metric families :mod:`megatron.trace.render.metrics.prometheus`'s. The files are
 polled every ``--interval`` seconds; a scrape computes the figures from what
 was read so far (at most once per second). Ctrl-C or SIGTERM stops it: one
 line, exit 0.
@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from megatron.trace.analysis.live import HANG_FACTOR, HANG_FLOOR_S, KILLED_AFTER_S, LiveJob
 from megatron.trace.analysis.liveness import Clock
 from megatron.trace.cli.options import exit_statuses
-from megatron.trace.errors import TraceError
-from megatron.trace.otlp.follow import Follower
-from megatron.trace.render.otlp_push import OtlpPush
-from megatron.trace.render.prometheus import SnapshotCollector, prometheus_client
-from megatron.trace.semconv import STALE_AFTER_S
+from megatron.trace.live.follow import Follower
+from megatron.trace.live.job import HANG_FACTOR, HANG_FLOOR_S, KILLED_AFTER_S, LiveJob
+from megatron.trace.render.metrics.otlp_push import OtlpPush
+from megatron.trace.render.metrics.prometheus import SnapshotCollector, prometheus_client
+from megatron.trace_format.errors import TraceError
+from megatron.trace_format.semconv import STALE_AFTER_S
 
 __all__ = ["add_parser", "run"]
 
@@ -160,11 +160,9 @@ def _serve(args: argparse.Namespace) -> int:
         try:
             started = client.start_http_server(port, addr=host, registry=registry)
         except OSError as error:
-            print(
-                f"{_PREFIX}: error: cannot listen on {host}:{port}: {error.strerror or error}",
-                file=sys.stderr,
-            )
-            return 2
+            raise TraceError(
+                f"cannot listen on {host}:{port}: {error.strerror or error}"
+            ) from error
         server = started[0] if isinstance(started, tuple) else None
         bound = server.server_address[1] if server is not None else port
         print(

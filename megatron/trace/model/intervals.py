@@ -28,7 +28,7 @@ import bisect
 from array import array
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from megatron.trace.semconv import (
+from megatron.trace_format.semconv import (
     INTERVAL_FIRST_ITERATION,
     INTERVAL_INDEX,
     INTERVAL_LAST_ITERATION,
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from megatron.trace._store.columns import Iterations
-    from megatron.trace.otlp.records import SpanRecord
+    from megatron.trace_format.records import SpanRecord
 
 __all__ = ["IntervalFacts", "by_length", "derive", "derive_each"]
 

@@ -30,9 +30,9 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from megatron.trace.errors import WindowError
-from megatron.trace.model.trace import Trace
-from megatron.trace.semconv import INTERVAL_FIRST_ITERATION, INTERVAL_LAST_ITERATION
+from megatron.trace.model.incarnation import Trace
+from megatron.trace_format.errors import WindowError
+from megatron.trace_format.semconv import INTERVAL_FIRST_ITERATION, INTERVAL_LAST_ITERATION
 
 __all__ = [
     "Window",

@@ -1,12 +1,10 @@
-"""The trace files themselves: finding, opening and decoding OTLP/JSON lines.
+"""Reading the trace files: decoding OTLP/JSON lines, streaming, in parallel pieces.
 
-The lowest room of ``megatron-trace`` and the only one the writers share:
-:mod:`~megatron.trace.otlp.files` (rank files, rotation, compression, pieces),
 :mod:`~megatron.trace.otlp.decode` (one line into spans),
-:mod:`~megatron.trace.otlp.records` (the flat span record),
 :mod:`~megatron.trace.otlp.reader` (the streaming reader),
 :mod:`~megatron.trace.otlp.spans` (a re-readable span source) and
-:mod:`~megatron.trace.otlp.parallel` (several files, one process each).
-It imports nothing of ours but :mod:`megatron.trace.semconv` and
-:mod:`megatron.trace.errors`.
+:mod:`~megatron.trace.otlp.parallel` (several files, or pieces of one, one process
+each, or on any executor). The files' naming, rotation and compression and the flat
+span record are the writers' too: :mod:`megatron.trace_format`, the only thing of
+ours this imports.
 """

@@ -40,9 +40,9 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from megatron.trace.errors import TraceInputError
-from megatron.trace.otlp.files import FilePiece, numbered, split_file
 from megatron.trace.otlp.reader import paused_gc
+from megatron.trace_format.errors import TraceInputError
+from megatron.trace_format.files import FilePiece, numbered, split_file
 
 __all__ = [
     "MAX_PIECE_BYTES",

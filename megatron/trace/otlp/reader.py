@@ -8,12 +8,12 @@ A trace file holds one OTLP/JSON ``ExportTraceServiceRequest`` per line. That
 nesting (resource -> scope -> spans, attributes as typed ``KeyValue`` lists,
 integers as decimal strings) is right for interchange and awkward for
 analysis, so :func:`iter_spans` flattens it into one plain dict per span (a
-:class:`~megatron.trace.otlp.records.SpanRecord`, the shape the tally
+:class:`~megatron.trace_format.records.SpanRecord`, the shape the tally
 builds too). It reads line by line: memory depends on the longest line (one
 export batch), never on the file's size, so a week-long job's gigabytes read
 like a minute's.
 
-Files are opened by :mod:`megatron.trace.otlp.files`, which reads
+Files are opened by :mod:`megatron.trace_format.files`, which reads
 rotated and compressed copies (gzip, zstd) as transparently as plain ones.
 
 Two kinds of bad line, told apart because they mean different things:
@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megatron.trace.errors import TraceFileDamaged
 from megatron.trace.otlp.decode import (
     SpanBatch,
     decode_any_value,
@@ -48,9 +47,10 @@ from megatron.trace.otlp.decode import (
     decode_fast,
     decode_python,
 )
-from megatron.trace.otlp.files import FilePiece, is_compressed
-from megatron.trace.otlp.files import iter_piece_lines as piece_lines
-from megatron.trace.otlp.records import SpanFields, SpanRecord, span_record
+from megatron.trace_format.errors import TraceFileDamaged
+from megatron.trace_format.files import FilePiece, is_compressed
+from megatron.trace_format.files import iter_piece_lines as piece_lines
+from megatron.trace_format.records import SpanFields, SpanRecord, span_record
 
 __all__ = [
     "DAMAGE_ERRORS",
@@ -120,7 +120,7 @@ def iter_lines(
     """Yield ``(path, line number, bytes)`` for every line of the files that is not blank.
 
     The file-opening layer: everything above it sees only lines. A
-    :class:`~megatron.trace.otlp.files.FilePiece` reads its share of
+    :class:`~megatron.trace_format.files.FilePiece` reads its share of
     a file, numbered as the whole file's lines.
     """
     if isinstance(paths, str | Path | FilePiece):
@@ -299,7 +299,7 @@ def paused_gc() -> Iterator[None]:
 
     Decoding allocates millions of small containers, and every 700 of them
     the collector would scan the young ones for cycles that decoded JSON
-    never makes: about a tenth of the read's time.
+    never makes.
     """
     was_enabled = gc.isenabled()
     gc.disable()

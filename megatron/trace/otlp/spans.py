@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from megatron.trace.errors import TraceInputError
 from megatron.trace.otlp.reader import iter_spans
+from megatron.trace_format.errors import TraceInputError
 
 __all__ = ["FileSpans", "SpanSource", "TraceInputError", "reading", "span_source"]
 

@@ -1,5 +1,10 @@
-"""Pictures of a trace: the timeline page, Chrome trace-event JSON and Perfetto.
+"""What ``megatron-trace`` writes, one subpackage per kind of output.
 
-Each writer reads the model and the analyses and writes one output file,
-whole or not at all (:mod:`~megatron.trace.render.output`).
+:mod:`~megatron.trace.render.timeline` (the self-contained HTML timeline page),
+:mod:`~megatron.trace.render.export` (Chrome trace-event JSON and Perfetto),
+:mod:`~megatron.trace.render.text` (the report and diff as text) and
+:mod:`~megatron.trace.render.metrics` (``watch``'s Prometheus endpoint and OTLP
+push). :mod:`~megatron.trace.render.lanes` (one lane per process and rank) and
+:mod:`~megatron.trace.render.output` (each file whole or not at all) serve the
+first two.
 """

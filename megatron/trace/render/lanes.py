@@ -2,7 +2,7 @@
 
 Both pictures of a trace (the timeline page and the Chrome trace export) draw
 one lane per incarnation and rank. The grouping is the trace model's
-(:mod:`megatron.trace.model.trace`: by writing process, split at each
+(:mod:`megatron.trace.model.identity`: by writing process, split at each
 ``megatron.startup``), so a picture, ``check`` and ``report`` always agree on
 what incarnation 1 is; incarnations are numbered from 0, as there.
 
@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from megatron.trace.model.trace import Incarnation, Trace, slot_of
+from megatron.trace.model.identity import slot_of
+from megatron.trace.model.incarnation import Incarnation, Trace
 
 __all__ = ["Lane", "LaneIndex"]
 
@@ -60,7 +61,7 @@ class LaneIndex:
     def split(self, process: tuple[Any, ...], spans: Sequence[Any]) -> list[tuple[Lane, list[Any]]]:
         """Decoded spans of one process, grouped by lane (the usual process has one).
 
-        The model's rule (:func:`~megatron.trace.model.trace.slot_of`), for the span
+        The model's rule (:func:`~megatron.trace.model.identity.slot_of`), for the span
         objects of :mod:`~megatron.trace.otlp.decode` rather than
         flat records.
         """
@@ -77,7 +78,3 @@ class LaneIndex:
         """Every lane, by incarnation then rank."""
         lanes = [self.lane_of_incarnation(inc) for inc in self.trace.incarnations]
         return sorted(lanes, key=lambda lane: (lane.incarnation, self.ranks.index(lane.rank)))
-
-    def thread_id(self, rank: str) -> int:
-        """A rank as the integer thread id Chrome traces need (its number, else its position)."""
-        return int(rank) if rank.isdigit() else len(self.ranks) + self.ranks.index(rank)

@@ -1,0 +1,87 @@
+"""Wasted progress: the iterations an incarnation ran whose progress did not survive it.
+
+An incarnation's progress survives up to its *horizon*, the iteration the next
+incarnation of the rank resumed from (its checkpoint load, else its first
+iteration); a final one that was killed, cut short, failed or interrupted keeps only
+what its last durable checkpoint save recorded (the rule in full:
+:mod:`megatron.trace.analysis.accounting`). :func:`waste_of` gives an incarnation's
+horizon, the start of its wasted window and the wasted iterations.
+"""
+
+from __future__ import annotations
+
+from megatron.trace.model.incarnation import Incarnation
+
+__all__ = ["Waste", "resumed_at", "waste_of"]
+
+
+def resumed_at(later: list[Incarnation]) -> int | None:
+    """The iteration the first of the ``later`` incarnations that shows one resumed from
+    (its checkpoint load, else its first iteration); None: none shows one."""
+    for successor in later:
+        resumed = successor.resumed_from
+        if resumed is None:
+            resumed = successor.first_iteration
+        if resumed is not None:
+            return resumed
+    return None
+
+
+def _horizon(inc: Incarnation, later: list[Incarnation]) -> int | None:
+    """The first iteration whose progress this incarnation lost (None: nothing lost)."""
+    resumed = resumed_at(later)
+    if resumed is not None:
+        return resumed
+    if inc.ended in ("shutdown", "running"):
+        return None
+    saved = inc.durable_saves()
+    if saved:
+        return max(saved)
+    return inc.first_iteration if inc.first_iteration is not None else 0
+
+
+def _wasted(inc: Incarnation, horizon: int | None) -> tuple[int | None, int | None, bool]:
+    """(window start ns, wasted iterations, exact?) for one incarnation."""
+    if horizon is None:
+        return None, 0, True
+    start = inc.iterations.start_of(horizon) if inc.iterations else None
+    if start is None:
+        # the interval boundary where iteration `horizon` began (or would have)
+        before = [
+            r["end_ns"]
+            for r, facts in zip(inc.intervals, inc.interval_facts, strict=True)
+            if facts.last_iteration is not None and facts.last_iteration < horizon
+        ]
+        if before:
+            start = max(before)
+        elif inc.intervals:
+            start = inc.intervals[0]["start_ns"]
+        elif inc.iterations and inc.iterations.end_before(horizon) is not None:
+            # no interval (Megatron-LM without checkpointing): where the last iteration
+            # before the horizon ended
+            start = inc.iterations.end_before(horizon)
+        elif inc.startup is not None:
+            start = inc.startup["end_ns"]
+    if inc.iterations:
+        return start, inc.iterations.count_from(horizon), True
+    last = inc.last_iteration
+    first = inc.first_iteration if inc.first_iteration is not None else horizon
+    count = max(0, (last if last is not None else horizon - 1) + 1 - max(horizon, first))
+    # without per-iteration spans a killed in-flight interval's iterations are unknown,
+    # and so is any range the intervals could not give (see megatron.trace.model.intervals)
+    known = last is not None and all(
+        f.first_iteration is not None and f.last_iteration is not None for f in inc.interval_facts
+    )
+    return start, count, inc.ended != "killed" and known
+
+
+# What waste_of gives of one incarnation: its horizon, and _wasted's (window start,
+# wasted iterations, exact?) at that horizon.
+Waste = tuple[int | None, tuple[int | None, int | None, bool]]
+
+
+def waste_of(inc: Incarnation, later: list[Incarnation]) -> Waste:
+    """The progress ``inc`` lost: its horizon (the incarnations ``later`` of its rank tell
+    where the next resumed) and what :func:`_wasted` makes of it."""
+    horizon = _horizon(inc, later)
+    return horizon, _wasted(inc, horizon)

@@ -1,0 +1,12 @@
+"""The live layer: ``megatron-trace watch``'s incremental view of a job still running.
+
+Above the batch model and analyses, which know nothing of updates:
+:mod:`~megatron.trace.live.follow` (tails the growing files),
+:mod:`~megatron.trace.live.facts` (interval facts kept between finishes),
+:mod:`~megatron.trace.live.accounting` and :mod:`~megatron.trace.live.stragglers`
+(the goodput accounting and the straggler scores, at the cost of what changed) and
+:mod:`~megatron.trace.live.job` (the job's figures, recomputed only where new
+spans landed). They read the model through its public views only: each
+incarnation's :class:`~megatron.trace.model.incarnation.Revision`,
+:attr:`~megatron.trace.model.incarnation.Trace.touched` and ``generation``.
+"""

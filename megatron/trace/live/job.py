@@ -1,0 +1,272 @@
+"""A job's figures while it runs, from its files as they grow (``megatron-trace watch``).
+
+:class:`LiveJob` takes the new lines of the trace files (from
+:class:`~megatron.trace.live.follow.Follower`), decodes each once into the
+same :class:`~megatron.trace.model.builder.TraceBuilder` ``report`` fills, and
+keeps it: what it holds is the model's compact summary (structural spans, three
+integer columns per iteration), never the lines. :meth:`LiveJob.snapshot`
+finishes that summary into a :class:`~megatron.trace.model.incarnation.Trace` and
+computes the figures with ``report``'s own code, per rank: the accounting
+(:func:`~megatron.trace.analysis.accounting.rank_accounting`), the liveness rule
+(:func:`~megatron.trace.analysis.liveness.judge`), the stragglers and the
+watchdog's hangs.
+
+A week-long job must not make the scrapes slower: each costs what changed
+since the last one, not the job's history. The builder's finish places only
+the records added since (:meth:`~megatron.trace.model.builder.TraceBuilder.finish`);
+each rank's accounting keeps the time that can no longer change and sweeps
+only what came after it (:class:`~megatron.trace.live.accounting.LiveAccounting`);
+each rank's median work for the straggler scores is followed as its
+iterations come (:class:`~megatron.trace.live.stragglers.LiveStragglers`);
+the rolling median reads only the last iterations. Whatever is kept, the
+figures are the ones a fresh read of the same lines gives (``report``'s).
+
+The job's **state** per rank (its last incarnation):
+
+* ``running``: ``report``'s liveness rule says so;
+* ``finished``: its spans show it ended (shut down, failed, interrupted or cut short);
+* ``stalled``: not running, and its spans show no ending (``report`` says
+  ``killed``: its in-flight work never reached the file), for less than
+  ``killed_after`` since its newest record (span end or metric point): a job
+  that stopped writing, dead or stuck;
+* ``killed``: the same, for ``killed_after`` or longer.
+
+A **hang is suspected** on a running rank whose iterations stopped: its
+newest finished iteration ended more than ``max(floor, factor × median)``
+ago, the median over its last :data:`ROLLING_ITERATIONS` iterations (the
+hang watchdog's own bound, 10 × at least 300 s, by default); or when the
+watchdog recorded a stall it did not recover from. Without iteration spans
+(the ``default`` groups) and without a watchdog record, it is not computed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from megatron.trace.analysis.hangs import find_hang
+from megatron.trace.analysis.liveness import Clock, judge, newest_beats
+from megatron.trace.live.accounting import LiveAccounting
+from megatron.trace.live.facts import FactsCaches
+from megatron.trace.live.stragglers import LiveStragglers
+from megatron.trace.model.builder import TraceBuilder
+from megatron.trace.model.incarnation import Incarnation, Trace
+from megatron.trace.otlp.reader import decode_line
+from megatron.trace_format.errors import TraceFileDamaged
+from megatron.trace_format.semconv import BADPUT_CATEGORIES, NEMO_RUN_ID, RUN_ID, Category
+
+__all__ = [
+    "HANG_FACTOR",
+    "HANG_FLOOR_S",
+    "ROLLING_ITERATIONS",
+    "STATES",
+    "LiveJob",
+    "RankFigures",
+    "Snapshot",
+]
+
+_logger = logging.getLogger(__name__)
+
+#: The iterations the rolling median iteration time is taken over.
+ROLLING_ITERATIONS = 20
+#: A hang is suspected past ``max(HANG_FLOOR_S, HANG_FACTOR × rolling median)``.
+HANG_FACTOR = 10.0
+HANG_FLOOR_S = 300.0
+#: A job that stopped without an ending reads stalled for this long, then killed.
+KILLED_AFTER_S = 300.0
+STATES = ("running", "finished", "stalled", "killed")
+_FINISHED = frozenset({"shutdown", "failed", "interrupted", "cut_short"})
+_RUN_ID_KEYS = (NEMO_RUN_ID, RUN_ID)
+
+
+@dataclass(frozen=True)
+class RankFigures:
+    """One rank's live figures (seconds; ``None``: not computed)."""
+
+    rank: str
+    state: str
+    ended: str
+    wall_s: float
+    goodput_s: float
+    badput_s: dict[str, float]
+    iteration: int | None
+    iteration_time_s: float | None
+    hang_suspected: bool | None
+    hang_s: float | None
+    straggler_score: float | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The job's figures at ``now_ns``; ``ranks`` in rank order, the job's rank first."""
+
+    job: str
+    now_ns: int
+    ranks: list[RankFigures]
+    spans: int
+    lines: int
+    corrupt_lines: int
+    torn_lines: int
+
+    @property
+    def job_state(self) -> str:
+        return self.ranks[0].state if self.ranks else "running"
+
+
+@dataclass
+class LiveJob:
+    """The accumulated summary of a job's trace files, and its figures on demand."""
+
+    trace_files: Sequence[Path]
+    job: str | None = None
+    hang_factor: float = HANG_FACTOR
+    hang_floor_s: float = HANG_FLOOR_S
+    killed_after_s: float = KILLED_AFTER_S
+    builder: TraceBuilder = field(default_factory=TraceBuilder)
+    corrupt_lines: int = 0
+    lines: int = 0
+    # what the scrapes keep between them: each rank's accounting, and the ranks' work
+    # (so a scrape costs what changed since the last one)
+    _accounting: dict[str, LiveAccounting] = field(default_factory=dict, repr=False)
+    _stragglers: LiveStragglers = field(default_factory=LiveStragglers, repr=False)
+    _facts: FactsCaches = field(default_factory=FactsCaches, repr=False)
+
+    def add_lines(self, lines: Iterable[tuple[Path, int, bytes]]) -> int:
+        """Decode and add each line; a damaged one is counted, warned about and skipped.
+        Returns how many lines were added."""
+        added = 0
+        builder = self.builder
+        for path, number, raw in lines:
+            self.lines += 1
+            try:
+                line = decode_line(path, number, raw, builder.stats)
+                if line is not None:
+                    builder.add_line(line)
+            except TraceFileDamaged as error:
+                self.corrupt_lines += 1
+                _logger.warning("skipped a damaged line: %s", error)
+                continue
+            added += 1
+        return added
+
+    def snapshot(self, clock: Clock) -> Snapshot | None:
+        """The figures as of ``clock``; ``None`` before the first span."""
+        if not self.builder.span_count:
+            return None
+        trace = self.builder.finish()
+        self._facts.attach(trace)
+        liveness = judge(trace, list(self.trace_files), clock)
+        scores = self._stragglers(trace)
+        last_records = _newest_records(trace, liveness.metrics_files)
+        ranks = []
+        for rank, incs in trace.ranks.items():
+            accounting = self._accounting.setdefault(rank, LiveAccounting())(incs, trace)
+            totals = accounting["totals_ns"]
+            last = incs[-1]
+            median, since = _rolling(last, clock.now_ns)
+            suspected, hang_s = self._hang(last, median, since, clock.now_ns)
+            ranks.append(
+                RankFigures(
+                    rank=rank,
+                    state=self._state(last, last_records, clock.now_ns),
+                    ended=last.ended,
+                    wall_s=accounting["wall_ns"] / 1e9,
+                    goodput_s=totals[Category.GOODPUT] / 1e9,
+                    badput_s={c: totals[c] / 1e9 for c in BADPUT_CATEGORIES},
+                    iteration=_iteration(last),
+                    iteration_time_s=median,
+                    hang_suspected=suspected,
+                    hang_s=hang_s,
+                    straggler_score=scores.get(rank),
+                )
+            )
+        return Snapshot(
+            job=self.job or _run_id(trace) or "unknown",
+            now_ns=clock.now_ns,
+            ranks=ranks,
+            spans=trace.span_count,
+            lines=self.lines,
+            corrupt_lines=self.corrupt_lines,
+            torn_lines=len(trace.stats.torn),
+        )
+
+    def _state(self, inc: Incarnation, newest: dict[Any, int], now_ns: int) -> str:
+        if inc.ended == "running":
+            return "running"
+        if inc.ended in _FINISHED:
+            return "finished"
+        quiet_s = (now_ns - max(inc.end_ns, newest.get(inc.process, 0))) / 1e9
+        return "killed" if quiet_s >= self.killed_after_s else "stalled"
+
+    def _hang(
+        self, inc: Incarnation, median: float | None, since_s: float | None, now_ns: int
+    ) -> tuple[bool | None, float | None]:
+        if inc.ended != "running":
+            return (False, 0.0) if median is not None or inc.hangs else (None, None)
+        hang = find_hang(inc)
+        if hang is not None:
+            return True, max(0.0, (now_ns - hang.start_ns) / 1e9)
+        if median is None or since_s is None:
+            return None, None
+        bound = max(self.hang_floor_s, self.hang_factor * median)
+        if since_s > bound:
+            return True, since_s
+        return False, 0.0
+
+
+def _rolling(inc: Incarnation, now_ns: int) -> tuple[float | None, float | None]:
+    """The median of the incarnation's last loop passes (s) and the seconds since its newest
+    sign of progress (``None``, ``None`` when it shows no passes).
+
+    A pass is an iteration span (the ``per_step`` groups), from its start to its end; the
+    progress, the newest one's end. Without iteration spans (the ``default`` groups),
+    Megatron-LM still opens ``megatron.checkpoint.save.finalize`` at the top of every loop
+    pass (the ``checkpoint`` group): a pass is then the time from one finalize's start to
+    the next, and the progress, the newest one's start.
+    """
+    count = len(inc.iterations)
+    if count:
+        tail = inc.iterations.slice(max(0, count - ROLLING_ITERATIONS), count)
+        starts, ends = tail.starts, tail.ends
+        median = statistics.median(end - start for start, end in zip(starts, ends, strict=True))
+        return median / 1e9, max(0, now_ns - max(ends)) / 1e9
+    # read order is nearly time order: the newest passes are among the last written
+    finalizes = sorted(inc.finalize_starts[-2 * ROLLING_ITERATIONS :])
+    if len(finalizes) < 3:
+        return None, None
+    recent = finalizes[-(ROLLING_ITERATIONS + 1) :]
+    median = statistics.median(b - a for a, b in itertools.pairwise(recent))
+    return median / 1e9, max(0, now_ns - recent[-1]) / 1e9
+
+
+def _iteration(inc: Incarnation) -> int | None:
+    """Iterations completed so far: the next one's number (the in-process gauge's)."""
+    last = inc.last_iteration
+    return None if last is None else last + 1
+
+
+def _newest_records(trace: Trace, metrics_files: list[Path]) -> dict[Any, int]:
+    """The newest metric point of each process whose last incarnation may be stalled."""
+    wanted = {
+        incs[-1].process: incs[-1].start_ns
+        for incs in trace.ranks.values()
+        if incs[-1].ended == "killed"
+    }
+    return {key: beat.time_ns for key, beat in newest_beats(metrics_files, wanted).items()}
+
+
+def _run_id(trace: Trace) -> str | None:
+    for incs in trace.ranks.values():
+        for inc in incs:
+            record = inc.startup or next(iter(inc.intervals), None)
+            if record is not None:
+                for key in _RUN_ID_KEYS:
+                    value = record["resource"].get(key)
+                    if value:
+                        return str(value)
+    return None

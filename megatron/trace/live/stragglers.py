@@ -1,0 +1,271 @@
+"""``watch``'s straggler scores, kept up to date as each rank's iterations come.
+
+:class:`LiveStragglers` gives :func:`~megatron.trace.analysis.stragglers.find_stragglers`'s
+scores again and again as the trace grows, following each incarnation by its
+:class:`~megatron.trace.model.incarnation.Revision`; the rule and the batch figures are
+:mod:`megatron.trace.analysis.stragglers`'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from megatron.trace.analysis.stragglers import (
+    WARMUP_ITERATIONS,
+    _compared,
+    _score,
+    _split,
+)
+from megatron.trace.model.incarnation import Incarnation, Trace
+
+__all__ = ["MEDIAN_WINDOW", "LiveStragglers"]
+
+
+#: :class:`LiveStragglers` keeps this many of a rank's work values on each side of their
+#: median (and at most eight times as many in all).
+MEDIAN_WINDOW = 2048
+
+
+class _Rebuild(Exception):
+    """An incarnation's iterations or waits did not grow as :class:`_Timed` follows them."""
+
+
+class _Timed:
+    """The work values :func:`_timed` gives of one incarnation, followed as its iterations
+    and waits grow: each row is read once, and a value given once it is final.
+
+    That holds while the iteration numbers and the wait numbers each only increase
+    (one wait per iteration, the usual case): an iteration's wait is then the one of
+    its number, and an iteration numbered at most the newest wait's will get no
+    other. Anything else raises :class:`_Rebuild` (the caller works the rank out
+    again from the start)."""
+
+    __slots__ = ("last_iteration", "last_wait", "pending", "rows", "wait_rows")
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        self.rows = 0  # the iteration rows given (or skipped) so far
+        self.wait_rows = 0  # the wait rows read so far
+        self.last_iteration: int | None = None  # the number of the last row given
+        self.last_wait: int | None = None  # the newest wait's number
+        # the waits read whose iteration has not come yet: (numbers, durations)
+        self.pending = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
+
+    def update(self, inc: Incarnation) -> Iterator[Any]:
+        """The work values (int64 arrays, ns) of the rows that became final since."""
+        import numpy as np
+
+        waits = inc.waits
+        for part in waits.slice(self.wait_rows, len(waits)).parts():
+            numbers = np.frombuffer(part.numbers, dtype=np.int64)
+            self.last_wait = _increasing(numbers, self.last_wait)
+            self.pending = (
+                np.concatenate([self.pending[0], numbers]),
+                np.concatenate([self.pending[1], part.durations()]),
+            )
+            self.wait_rows += len(numbers)
+        if self.last_wait is None:
+            return
+        iterations = inc.iterations
+        for part in iterations.slice(self.rows, len(iterations)).parts():
+            numbers = np.frombuffer(part.numbers, dtype=np.int64)
+            durations = part.durations()
+            _increasing(numbers, self.last_iteration)
+            final = int(np.searchsorted(numbers, self.last_wait, side="right"))
+            if final:
+                self.last_iteration = int(numbers[final - 1])
+            skip = max(0, WARMUP_ITERATIONS - self.rows)
+            self.rows += final
+            yield self._work(numbers[skip:final], durations[skip:final])
+            if final < len(numbers):
+                return  # the rest wait for their waits
+
+    def _work(self, numbers: Any, durations: Any) -> Any:
+        """The work of the iterations ``numbers`` that have a wait (not negative), the waits
+        of these and earlier iterations dropped."""
+        import numpy as np
+
+        waited, lengths = self.pending
+        at = np.minimum(np.searchsorted(waited, numbers), max(len(waited) - 1, 0))
+        found = (waited[at] == numbers) if len(waited) else np.zeros(len(numbers), dtype=bool)
+        work, wait = durations[found], lengths[at[found]]
+        keep = wait >= 0
+        work = work[keep] - wait[keep]
+        np.maximum(work, 0, out=work)
+        if self.last_iteration is not None:
+            later = waited > self.last_iteration
+            self.pending = (waited[later], lengths[later])
+        return work
+
+
+def _increasing(numbers: Any, last: int | None) -> int | None:
+    """The last of ``numbers`` (or ``last`` when none), which must each be greater than
+    the one before it, ``last`` first; raises :class:`_Rebuild` if not."""
+    if not len(numbers):
+        return last
+    if (last is not None and numbers[0] <= last) or not (numbers[1:] > numbers[:-1]).all():
+        raise _Rebuild
+    return int(numbers[-1])
+
+
+class _Window:
+    """The exact median of a growing multiset of int64 values, holding only those near it:
+    each distinct value in ``[low, high]`` (``None``: unbounded) with how often it came,
+    in order, and how many values lie below."""
+
+    __slots__ = ("below", "count", "counts", "high", "low", "values")
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        self.values = np.empty(0, dtype=np.int64)  # distinct, increasing
+        self.counts = np.empty(0, dtype=np.int64)
+        self.below = self.count = 0
+        self.low: int | None = None
+        self.high: int | None = None
+
+    def add(self, values: Any) -> None:
+        import numpy as np
+
+        self.count += len(values)
+        inside = np.ones(len(values), dtype=bool)
+        if self.low is not None:
+            under = values < self.low
+            self.below += int(under.sum())
+            inside &= ~under
+        if self.high is not None:
+            inside &= values <= self.high
+        new, times = np.unique(values[inside], return_counts=True)
+        if not len(new):
+            return
+        at = np.searchsorted(self.values, new)
+        known = at < len(self.values)
+        known[known] = self.values[at[known]] == new[known]
+        self.counts[at[known]] += times[known]
+        self.values = np.insert(self.values, at[~known], new[~known])
+        self.counts = np.insert(self.counts, at[~known], times[~known])
+
+    def median(self) -> float | None:
+        """The median (as :func:`~megatron.trace._store.selection.median` gives it; 0.0 of
+        none), or None when it lies outside the values held."""
+        import numpy as np
+
+        if not self.count:
+            return 0.0
+        middle = self.count // 2
+        ranks = [middle] if self.count % 2 else [middle - 1, middle]
+        ends = np.cumsum(self.counts)  # the rank (among those held) past each value
+        held = int(ends[-1]) if len(ends) else 0
+        at = [rank - self.below for rank in ranks]
+        if at[0] < 0 or at[-1] >= held:
+            return None
+        index = [int(np.searchsorted(ends, rank, side="right")) for rank in at]
+        found = [int(self.values[i]) for i in index]
+        if len(self.values) > 8 * MEDIAN_WINDOW:  # keep what lies near the median only
+            lo = int(np.searchsorted(ends, max(0, at[0] - MEDIAN_WINDOW), side="right"))
+            hi = int(np.searchsorted(ends, min(held - 1, at[-1] + MEDIAN_WINDOW), "right")) + 1
+            if lo:
+                self.low, self.below = int(self.values[lo]), self.below + int(ends[lo - 1])
+            if hi < len(self.values):
+                self.high = int(self.values[hi - 1])
+            self.values, self.counts = self.values[lo:hi].copy(), self.counts[lo:hi].copy()
+        return float(found[0]) if len(found) == 1 else (found[0] + found[1]) / 2
+
+
+class _RankTimed:
+    """One rank's count and median of work after the warm-up, followed as it grows."""
+
+    __slots__ = ("incarnations", "window")
+
+    def __init__(self) -> None:
+        self.incarnations: dict[Any, _Timed] = {}
+        self.window = _Window()
+
+    def update(self, incs: list[Incarnation]) -> tuple[int, float] | None:
+        """(count, median work in ns) of ``incs``, or None when it must be worked out
+        again from the start (:class:`_Timed`, :meth:`_Window.median`)."""
+        followed = {}
+        for inc in incs:
+            if not inc.waits:
+                continue
+            revision = inc.revision
+            if revision is None or any(
+                isinstance(rows, tuple) and not isinstance(rows[0], int)
+                for rows in (revision.iterations, revision.waits)
+            ):
+                return None  # (not from a builder, or its rows sorted anew each finish)
+            key = revision.incarnation  # its builder's split and slot: the same incarnation
+            followed[key] = self.incarnations.get(key) or _Timed()
+        if not set(self.incarnations) <= set(followed):
+            return None  # (an incarnation placed anew: its values would count twice)
+        self.incarnations = followed
+        try:
+            for inc in incs:
+                if inc.waits and inc.revision is not None:
+                    for values in followed[inc.revision.incarnation].update(inc):
+                        self.window.add(values)
+        except _Rebuild:
+            return None
+        found = self.window.median()
+        return None if found is None else (self.window.count, found)
+
+    def rebuild(self, incs: list[Incarnation]) -> tuple[int, float] | None:
+        """Follow ``incs`` from the start: the values near the median selected over them a
+        part at a time (:mod:`megatron.trace._store.selection`), not held all at once."""
+        from megatron.trace._store.selection import select
+
+        def values() -> Iterator[Any]:
+            timed = [(_Timed(), inc) for inc in incs if inc.waits]
+            for follower, inc in timed:
+                yield from follower.update(inc)
+
+        self.incarnations, self.window = {}, _Window()
+        try:
+            count = sum(len(part) for part in values())
+            middle = count // 2
+            window = self.window
+            if count > 2 * MEDIAN_WINDOW:
+                low, high = select(
+                    values, [max(0, middle - MEDIAN_WINDOW), min(count - 1, middle + MEDIAN_WINDOW)]
+                )
+                window.low, window.high = low, high
+        except _Rebuild:
+            return None
+        return self.update(incs)
+
+
+class LiveStragglers:
+    """:func:`find_stragglers`'s scores again and again as the trace grows (``watch``),
+    each rank's count and median work followed as its iterations come rather than
+    selected over its whole history at every scrape: each row is read once, and the
+    work values near the median are held (at most eight times :data:`MEDIAN_WINDOW`),
+    the others counted. When a rank's iterations do not grow as that follows, or its
+    median leaves the values held, its figures are worked out from the start again
+    (by selection over its columns). ``straggler_s`` is not worked out: ``watch`` does
+    not serve it."""
+
+    def __init__(self) -> None:
+        self._ranks: dict[str, _RankTimed] = {}
+
+    def __call__(self, trace: Trace) -> dict[str, float]:
+        """Each compared rank's score (none when not computed, as :func:`find_stragglers`)."""
+        if len(trace.ranks) < 2:
+            return {}
+        figures = {}
+        for rank, incs in trace.ranks.items():
+            timed = self._ranks.setdefault(rank, _RankTimed())
+            found = timed.update(incs) if timed.incarnations else None
+            if found is None:
+                found = timed.rebuild(incs)
+            if found is None:  # (iterations or waits not each increasing: as report does)
+                del self._ranks[rank]
+                split = _split(incs)
+                found = (split.count, split.work_median)
+            figures[rank] = found
+        compared, _ = _compared({rank: count for rank, (count, _) in figures.items()})
+        if not compared:
+            return {}
+        best = min(figures[rank][1] for rank in compared)
+        return {rank: _score(best, figures[rank][1]) for rank in compared}

@@ -1,0 +1,272 @@
+"""The trace model's data types: an :class:`Incarnation` (one ``pretrain()`` of one
+rank), the :class:`Trace` that holds them, and an incarnation's :class:`Revision`.
+
+An incarnation holds its ``pre_startup``, ``megatron.startup`` (with launch
+children), the ``megatron.train`` intervals, checkpoint loads and saves,
+evaluations and iterations. A resumed job appends its next incarnation to the
+same file; several ranks write several files or share one (``all_ranks``).
+:mod:`megatron.trace.model.builder` builds them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from array import array
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from megatron.trace._store.columns import Iterations
+from megatron.trace._store.record_log import extents, extents_from
+from megatron.trace._store.stretches import Stretches
+from megatron.trace.model import intervals
+from megatron.trace.model.identity import process_of, slot_of
+from megatron.trace.model.intervals import IntervalFacts
+from megatron.trace.otlp.reader import (
+    ReadStats,
+)
+from megatron.trace_format.records import SpanRecord
+from megatron.trace_format.semconv import (
+    ITERATION,
+)
+
+__all__ = ["RECORD_LISTS", "Incarnation", "Revision", "Trace"]
+
+
+@dataclass(frozen=True)
+class Revision:
+    """What an incarnation's records, iterations, waits and finalizes are as of its
+    builder's finish: two incarnations of one builder with equal revisions hold the same
+    of them. What ``watch`` keeps of an incarnation between scrapes
+    (:mod:`megatron.trace.live`) is keyed by it."""
+
+    split: int  # which placement of its process's records (a new startup places all again)
+    slot: int  # the incarnation's index in that placement
+    records: int  # how many records were placed in it
+    #: which rows of the process's iterations it holds: their count (the whole column, in
+    #: start order), its (first, end) rows (a slice of it), or ("sorted", count)
+    iterations: Any
+    waits: Any  # ... of the process's gradient all-reduce waits, alike
+    finalizes: int  # how many async-save finalize starts it holds
+
+    @property
+    def incarnation(self) -> tuple[int, int]:
+        """The same incarnation in every finish of its builder, while its process is not
+        placed again: its split and slot."""
+        return (self.split, self.slot)
+
+
+@dataclass
+class Incarnation:
+    """One ``pretrain()`` of one rank.
+
+    ``ended`` is how it ended (the rule in ``megatron/trace/README.md``); once
+    :mod:`megatron.trace.analysis.liveness` has judged a running one, ``as_of_ns`` is
+    the time of its newest record and ``in_flight`` the open stretch the file cannot
+    show yet. ``intervals``,
+    ``saves``, ``loads``, ``evaluations``, ``launch`` and ``pre_startup`` are
+    sequences of the reader's :class:`~megatron.trace_format.records.SpanRecord`
+    in start order (read from a file: views of the process's
+    :class:`~megatron.trace._store.record_log.RecordLog`, each record decoded as it
+    is read). ``iterations`` holds the finished (not cut short)
+    ``megatron.train.iteration`` spans as :class:`Iterations` (empty without
+    the ``per_step`` groups). ``interval_facts`` holds each interval's index
+    and iteration range (:mod:`megatron.trace.model.intervals`: its attributes, else
+    derived); ``checkpoint_time`` the time Megatron-LM's other checkpoint
+    spans cover; ``goodput_time`` the time training-loop spans outside any interval
+    cover (root iteration spans, and root spans marked ``is_goodput_span``: Megatron-LM
+    without checkpointing opens no interval); ``finalize_starts`` the starts of its
+    async-save finalizes.
+    ``waits`` holds the finished ``megatron.grad_sync.finish`` spans, numbered
+    by their ``megatron.iteration``, as :class:`Iterations` (empty without the
+    ``communication`` group or with one rank). ``hangs`` and ``recoveries``
+    are the hang watchdog's ``megatron.hang`` and ``megatron.hang.recovered``
+    records.
+    """
+
+    rank: str
+    index: int  # 0-based position among the rank's incarnations, in time order
+    process: tuple[Any, ...]
+    startup: SpanRecord | None = None
+    pre_startup: Sequence[SpanRecord] = field(default_factory=list)
+    launch: Sequence[SpanRecord] = field(default_factory=list)
+    intervals: Sequence[SpanRecord] = field(default_factory=list)
+    saves: Sequence[SpanRecord] = field(default_factory=list)
+    loads: Sequence[SpanRecord] = field(default_factory=list)
+    evaluations: Sequence[SpanRecord] = field(default_factory=list)
+    cut_short: Sequence[SpanRecord] = field(default_factory=list)
+    # the startup's phases (megatron.startup.*, but the launch's): not in ``records``
+    startup_phases: Sequence[SpanRecord] = field(default_factory=list)
+    iterations: Iterations = field(default_factory=lambda: Iterations())
+    # interval_facts (a property): derived on first use, which export never makes
+    _facts: list[IntervalFacts] | None = field(default=None, repr=False, compare=False)
+    #: whether its last interval was closed by the reroot that opened a lost one (it was
+    #: killed, as the builder judged: liveness may later call it running)
+    last_closed_by_reroot: bool = field(default=False, repr=False, compare=False)
+    checkpoint_time: Stretches = field(default_factory=lambda: Stretches())
+    goodput_time: Stretches = field(default_factory=lambda: Stretches())
+    finalize_starts: array = field(default_factory=lambda: array("q"))
+    waits: Iterations = field(default_factory=lambda: Iterations())
+    hangs: Sequence[SpanRecord] = field(default_factory=list)
+    recoveries: Sequence[SpanRecord] = field(default_factory=list)
+    start_ns: int = 0
+    end_ns: int = 0
+    ended: str = "shutdown"
+    as_of_ns: int | None = None  # running: the time of the newest record seen
+    in_flight: SpanRecord | None = None  # running: the open interval (or startup) so far
+    # error.type of what ended it: the exception's class, or the signal's name
+    error_type: str | None = None
+    #: its :class:`Revision` as of its builder's finish (None: not from a builder)
+    revision: Revision | None = field(default=None, compare=False)
+    #: derives :attr:`interval_facts` as :func:`intervals.derive` does, set by whoever keeps
+    #: what earlier finishes derived (``watch``: :mod:`megatron.trace.live.facts`); None:
+    #: :func:`intervals.derive` itself
+    facts_deriver: Callable[[Incarnation], list[IntervalFacts]] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    @property
+    def interval_facts(self) -> list[IntervalFacts]:
+        """Each interval's index and iteration range (:func:`intervals.derive`), worked out
+        when first asked for: it reads every interval, and only the goodput accounting
+        and the pictures ask."""
+        if self._facts is None:
+            if self.facts_deriver is not None:
+                self._facts = self.facts_deriver(self)
+            else:
+                self._facts = intervals.derive(
+                    self.intervals,
+                    self.iterations,
+                    self.saves,
+                    self.resumed_from,
+                    last_closed_by_reroot=self.last_closed_by_reroot,
+                )
+        return self._facts
+
+    @interval_facts.setter
+    def interval_facts(self, facts: list[IntervalFacts]) -> None:
+        self._facts = facts
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank} incarnation {self.index}"
+
+    def _record_lists(self) -> tuple[Sequence[SpanRecord], ...]:
+        """The lists :attr:`records` chains, in its order, the startup as a list of one."""
+        startup = [self.startup] if self.startup else []
+        return (
+            self.pre_startup,
+            startup,
+            self.launch,
+            self.intervals,
+            self.loads,
+            self.saves,
+            self.evaluations,
+        )
+
+    @property
+    def records(self) -> Iterator[SpanRecord]:
+        """Every structural span of the incarnation, its startup included (one at a time:
+        a week's intervals are decoded as they are read, not all at once)."""
+        return itertools.chain.from_iterable(self._record_lists())
+
+    def records_with_facts(self) -> Iterator[tuple[SpanRecord, IntervalFacts | None]]:
+        """:attr:`records`, each paired with its :attr:`interval_facts` if it is an
+        interval (None if not): the timeline's labels, without a map of every interval."""
+        for records in self._record_lists():
+            if records is self.intervals:
+                yield from zip(records, self.interval_facts, strict=True)
+            else:
+                yield from zip(records, itertools.repeat(None))
+
+    def extents(self) -> Iterator[tuple[int, int, str]]:
+        """(start, end, name) of each of :attr:`records`, without decoding them."""
+        return itertools.chain.from_iterable(map(extents, self._record_lists()))
+
+    def extents_from(self, start_ns: int) -> Iterator[tuple[int, int, str]]:
+        """:meth:`extents` of the records that start at ``start_ns`` or later (in the views
+        a builder makes, in start order, found by bisection: what ``watch`` reads again)."""
+        lists = self._record_lists()
+        return itertools.chain.from_iterable(extents_from(r, start_ns) for r in lists)
+
+    @property
+    def first_iteration(self) -> int | None:
+        """The first iteration this incarnation ran (its first interval's, else its
+        first iteration span's); None when neither is known."""
+        facts = self.interval_facts[:1]
+        candidates = [f.first_iteration for f in facts if f.first_iteration is not None]
+        first = self.iterations.first_number()
+        candidates += [] if first is None else [first]
+        return min(candidates) if candidates else None
+
+    @property
+    def last_iteration(self) -> int | None:
+        """The last iteration this incarnation finished, as far as the file shows (its
+        last interval's, or a later iteration span's: a killed one's lost interval)."""
+        facts = self.interval_facts[-1:]
+        candidates = [f.last_iteration for f in facts if f.last_iteration is not None]
+        last = self.iterations.last_number()
+        candidates += [] if last is None else [last]
+        return max(candidates) if candidates else None
+
+    def durable_saves(self) -> list[int]:
+        """Iterations of the checkpoint saves that became durable, in save order.
+
+        A save is durable when it ends; with Megatron-LM's async saves (the
+        incarnation has finalize spans) only once a finalize that started
+        after it ended, since the save span itself only dispatched the write.
+        Upstream's spans do not say which finalize completed which save, so
+        the first finalize after a save is taken as its completion.
+        """
+        last_finalize = max(self.finalize_starts, default=None)
+        return [
+            save["attributes"][ITERATION]
+            for save in self.saves
+            if isinstance(save["attributes"].get(ITERATION), int)
+            and (last_finalize is None or last_finalize >= save["end_ns"])
+        ]
+
+    @property
+    def resumed_from(self) -> int | None:
+        """The iteration a checkpoint load put this incarnation at (None: no load)."""
+        for load in self.loads:
+            if ITERATION in load["attributes"]:
+                return load["attributes"][ITERATION]
+        return None
+
+
+# The incarnation's sequences of records (intervals, saves, ...), by field name.
+RECORD_LISTS = tuple(f.name for f in fields(Incarnation) if f.type == "Sequence[SpanRecord]")
+
+
+@dataclass
+class Trace:
+    """What :class:`TraceBuilder` learnt: ``ranks`` maps rank -> incarnations in time order.
+
+    ``processes`` maps each writing process (:func:`process_of`) to where it
+    was split (the start of each ``megatron.startup`` but its first) and its
+    incarnations in that order.
+    """
+
+    ranks: dict[str, list[Incarnation]]
+    stats: ReadStats
+    span_count: int
+    processes: dict[tuple[Any, ...], tuple[list[int], list[Incarnation]]] = field(
+        default_factory=dict, repr=False
+    )
+    #: The builder's finishes so far, this one included.
+    generation: int = 1
+    #: Each process given spans since the builder's previous finish -> the earliest start
+    #: of those spans: nothing older than that changed since (every process, at the
+    #: first finish). ``watch`` keeps what that earlier time still gives.
+    touched: dict[tuple[Any, ...], int] = field(default_factory=dict, repr=False)
+
+    @property
+    def incarnations(self) -> list[Incarnation]:
+        """Every incarnation of every rank, rank by rank."""
+        return [inc for incs in self.ranks.values() for inc in incs]
+
+    def incarnation_of(self, span: Mapping[str, Any]) -> Incarnation:
+        """The incarnation that wrote ``span``, any span of the files read (:func:`slot_of`)."""
+        boundaries, incs = self.processes[process_of(span)]
+        return incs[slot_of(boundaries, span["name"], span["start_ns"], span["end_ns"])]
