@@ -273,9 +273,7 @@ def simulate(history: History) -> Simulated:
         if killed:
             if plan.in_save and phases and phases[-1][0] == "save":
                 kind, a, b, at = phases.pop()  # the kill strikes during this save
-            elif plan.in_save:
-                raise ValueError(f"incarnation {index}: no save falls due where it is killed")
-            else:
+            else:  # (in_save where no save falls due, resumed off the cadence: in the step)
                 kind, a, b, at = "iteration", t, t + step_ns, iteration
             death = a + max(1, min(b - a - 1, round((b - a) * plan.into)))
             in_flight = (kind, a, at)

@@ -25,7 +25,7 @@ from typing import Any
 
 import ground_truth as gt
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from report_checks import assert_accounted
 
@@ -95,6 +95,11 @@ def histories(
         plans = [*plans, *hung]
         draw(st.randoms()).shuffle(plans)
     plans = [gt.Plan(**{**vars(p), "victim": p.victim % ranks}) for p in plans]
+    # A job whose every incarnation was killed may have left startups and no trace of its
+    # loop (its intervals in flight, its iteration spans not exported yet): the file of a
+    # clean job that records no loop (Megatron-LM with save_interval 0 and the default
+    # groups), so its endings cannot be told. One clean incarnation writes an interval.
+    assume(any(p.ending != "killed" for p in plans))
     return gt.History(
         tuple(plans),
         ranks=ranks,
@@ -133,8 +138,12 @@ def assert_within_truth(
     (``wasted_s=False``: but the incarnations' ``wasted_s``, issue 40 item 4)."""
     assert_accounted(report)  # goodput + badput == wall, exactly, and the schema
     truth, history = simulated.truth, simulated.history
-    job = truth.job
-    assert report["rank"] == 0
+    by_rank = {entry["rank"]: entry for entry in report["ranks"]}
+    # a rank all of whose incarnations were killed before their first export wrote nothing
+    missing = set(range(history.ranks)) - set(by_rank)
+    assert all(inc.ended == "killed" for r in missing for inc in truth.ranks[r].incarnations)
+    assert report["rank"] == min(by_rank)
+    job = truth.ranks[report["rank"]]
     _holds(report, "wall_s", report["accounting_ns"]["wall"] / NS, job.wall_ns / NS, 1e-9)
     for key, ns in job.accounting_ns.items():
         path = "goodput_s" if key == "goodput" else f"badput_s.{key}"
@@ -143,9 +152,9 @@ def assert_within_truth(
         )
         _holds(report, path, None if figure is None else figure / NS, ns / NS, 1e-9)
     _holds(report, "wasted_iterations", report["wasted_iterations"], truth.wasted_iterations, 0)
-    by_rank = {entry["rank"]: entry for entry in report["ranks"]}
-    assert sorted(by_rank) == list(range(history.ranks))
     for rank in truth.ranks:
+        if rank.rank in missing:
+            continue
         entry, at = by_rank[rank.rank], f"ranks.{rank.rank}"
         _holds(report, f"{at}.wall_s", entry["wall_s"], rank.wall_ns / NS, 1e-3)
         _holds(report, f"{at}.goodput_s", entry["goodput_s"], rank.goodput_ns / NS, 1e-3)
@@ -182,11 +191,38 @@ def assert_within_truth(
         assert stragglers["ranks"] == truth.straggler_ranks
         _holds(report, "straggler_s", report["straggler_s"], truth.straggler_ns / NS, 1e-3)
     else:
-        assert history.groups == "default" or history.ranks == 1 or truth.counted_iterations < 10
+        killed = any(plan.ending == "killed" for plan in history.incarnations)
+        assert (
+            history.groups == "default"
+            or history.ranks == 1
+            or truth.counted_iterations < 10
+            or killed  # the iterations a kill kept from the file may leave too few to compare
+        )
 
 
 def _report(paths: list[Path]) -> dict[str, Any]:
     return build_report(load_trace(paths, jobs=1))
+
+
+def _tellable(simulated: gt.Simulated, paths: list[Path]) -> bool:
+    """Whether the files can tell each incarnation and how it ended. One killed before its
+    first export left nothing: no file can say it was there. One killed right after a
+    clean end, before any of its loop was exported, left a startup resumed where that end
+    left off: the file of a resumed run that had nothing left to train."""
+    trace = load_trace(paths, jobs=1)
+    for rank, incs in trace.ranks.items():
+        real = simulated.truth.ranks[int(rank)].incarnations
+        if len(incs) != len(real):
+            return False
+        for inc in incs[1:]:
+            loopless = not (inc.intervals or inc.iterations or inc.goodput_time)
+            if (
+                loopless
+                and real[inc.index].ended == "killed"
+                and real[inc.index - 1].ended == ("shutdown")
+            ):
+                return False
+    return True
 
 
 def _written(history: gt.History, folder: Path) -> tuple[gt.Simulated, list[Path]]:
@@ -218,11 +254,6 @@ def test_hung_histories_report_the_truth(tmp_path: Path, history: gt.History) ->
     assert_within_truth(_report(paths), simulated, wasted_s=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 40 item 4 (phase 2): a hung incarnation's wasted_s is its whole wasted "
-    "window, the hang's time in it included, not the wasted_progress the sweep gives it",
-)
 def test_a_hung_incarnation_s_wasted_time_is_its_wasted_progress_alone(tmp_path: Path) -> None:
     history = gt.History((gt.Plan(14, "hang", victim=1, gap_s=40), gt.Plan(13)), ranks=2)
     simulated, paths = _written(history, tmp_path)
@@ -250,15 +281,11 @@ def test_the_generator_loses_the_unexported_tail_at_a_kill(tmp_path: Path) -> No
 # -- issue 40's phase-2 items: these fail until it fixes them ---------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 40 item 2 (phase 2): the unexported tail of a killed incarnation is booked "
-    "as restart_gap and its wasted iterations printed as the figure, not as bounds",
-)
 @SETTINGS
 @given(history=histories(kills=True))
 def test_killed_histories_report_the_truth_or_bounds(tmp_path: Path, history) -> None:
     simulated, paths = _written(history, tmp_path)
+    assume(_tellable(simulated, paths))
     assert_within_truth(_report(paths), simulated)
 
 
@@ -269,11 +296,6 @@ _BEFORE_FIRST_CHECKPOINT = [
 ]  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 40 item 1 (phase 2): a kill before the first checkpoint leaves goodput "
-    "not computed, with a false reason (no interval, no iteration spans)",
-)
 @pytest.mark.parametrize("history", _BEFORE_FIRST_CHECKPOINT, ids=["one_rank", "two_ranks"])
 def test_a_kill_before_the_first_checkpoint_leaves_goodput_computed(tmp_path, history) -> None:
     simulated, paths = _written(history, tmp_path)
@@ -282,11 +304,6 @@ def test_a_kill_before_the_first_checkpoint_leaves_goodput_computed(tmp_path, hi
     assert_within_truth(report, simulated)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 40 item 7 (phase 2): a kill during an incarnation's first iteration "
-    "reads as a clean shutdown and is missing from the advice's failures",
-)
 def test_a_kill_in_the_first_iteration_is_a_failure(tmp_path: Path) -> None:
     history = gt.History((gt.Plan(0, "killed", into=0.5, gap_s=40), gt.Plan(13)), ranks=1,
                          export_delay_s=(0.0,))  # fmt: skip
@@ -334,11 +351,6 @@ def test_clean_histories_report_the_truth_on_a_cluster(
     assert spread == _cli_report(capsys, *names, "--jobs", "1")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 40 item 2 (phase 2): the unexported tail of a killed incarnation is booked "
-    "as restart_gap and its wasted iterations printed as the figure, not as bounds",
-)
 @pytest.mark.needs_extras  # dask
 def test_a_killed_history_reports_the_truth_or_bounds_on_a_cluster(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], scheduler: str
