@@ -543,3 +543,35 @@ def test_the_text_s_columns_stay_apart_at_large_figures(tmp_path: Path, capsys, 
     assert names == ["wall clock", "goodput", *BADPUT_CATEGORIES]
     assert len(ends) == 1, block
     assert report_files([path])["badput_s"]["checkpoint_save"] == pytest.approx(0.75 * factor)
+
+
+def test_text_report_prints_a_bound_as_a_bound(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two ranks SIGKILLed at iteration 36 with the SDK's export delays, then resumed: the
+    redone iterations read `≥ N` (the most any rank's file shows), the figures the lost
+    seconds could belong to a range, and each bound's reason once."""
+    import ground_truth as gt
+
+    history = gt.History(
+        (gt.Plan(36, "killed", into=0.5, victim=1, gap_s=40), gt.Plan(13)),
+        ranks=2,
+        export_delay_s=(5.0, 3.0),
+    )
+    paths = gt.write(gt.simulate(history), tmp_path / "traces.jsonl")
+    assert main(["report", "--json", *map(str, paths)]) == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    wasted = report["bounds"]["wasted_iterations"]
+    furthest = max(r["wasted_iterations"] for r in report["ranks"])
+    assert wasted["lower"] == furthest == report["wasted_iterations"]
+    assert wasted["upper"] is None and "SIGKILLed" in wasted["reason"]
+    assert main(["report", *map(str, paths)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"wasted iterations: ≥ {furthest}" in lines
+    goodput = report["bounds"]["goodput_s"]
+    (line,) = [line for line in lines if line.startswith("goodput ")]
+    assert f"{goodput['lower']:.3f}–{goodput['upper']:.3f} s" in line
+    (first,) = [line for line in lines if line.startswith("  0: killed ")]
+    assert f"wasted ≥ {furthest} it / " in first
+    bounded = [line for line in lines if line.startswith("bounded: ")]
+    assert len(bounded) == len(set(bounded)) and any("SIGKILLed" in b for b in bounded)
