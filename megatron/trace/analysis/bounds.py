@@ -66,6 +66,8 @@ def furthest_waste(ranks: dict[str, tuple[list[Incarnation], dict[str, Any]]]) -
     A killed incarnation followed by another lost at least what the file shows past the
     iteration its successor resumed from. One killed last (no successor yet) may have
     finished and saved a checkpoint after its last exported span: its lower bound is 0.
+    Without iteration spans, an interval closed at an exception or a signal says its last
+    iteration from the passes begun, the one in flight too: one fewer is its lower bound.
     """
     per_rank = list(ranks.values())
     job_incs, _ = per_rank[0]
@@ -73,19 +75,15 @@ def furthest_waste(ranks: dict[str, tuple[list[Incarnation], dict[str, Any]]]) -
     lowers: list[int | None] = []
     exact: list[bool] = []
     for position in range(len(job_incs)):
-        counts, known, open_end = [], True, False
+        counts, low, known = [], [], True
         for incs, acc in per_rank:
             entries = acc["per_incarnation"]
-            if position < len(entries):
+            if position < len(entries) and entries[position]["wasted_iterations"] is not None:
                 counts.append(entries[position]["wasted_iterations"])
+                low.append(_lower(incs, position, entries[position]))
                 known = known and entries[position]["wasted_exact"]
-                open_end = open_end or (
-                    position == len(incs) - 1 and incs[position].ended == "killed"
-                )
-        found = [count for count in counts if count is not None]
-        figure = max(found) if found else None
-        figures.append(figure)
-        lowers.append(0 if open_end else figure)
+        figures.append(max(counts) if counts else None)
+        lowers.append(max(low) if low else None)
         exact.append(known)
     return {
         "job": sum(f for f in figures if f is not None),
@@ -97,14 +95,22 @@ def furthest_waste(ranks: dict[str, tuple[list[Incarnation], dict[str, Any]]]) -
     }
 
 
+def _lower(incs: list[Incarnation], position: int, entry: dict[str, Any]) -> int:
+    """The lower bound of one incarnation's wasted iterations (:func:`furthest_waste`)."""
+    inc, count = incs[position], entry["wasted_iterations"] or 0
+    if entry["wasted_exact"]:
+        return count
+    if inc.ended == "killed":
+        return 0 if position == len(incs) - 1 else count
+    if inc.ended in ("failed", "interrupted", "cut_short") and not inc.iterations:
+        return max(0, count - 1)  # its last interval may have counted the pass in flight
+    return count
+
+
 def _rank_lower(incs: list[Incarnation], accounting: dict[str, Any]) -> int:
     """A rank's wasted iterations' lower bound (:func:`furthest_waste`'s rule, one rank)."""
     entries = accounting["per_incarnation"]
-    last = len(incs) - 1
-    return sum(
-        0 if (position == last and inc.ended == "killed") else (entry["wasted_iterations"] or 0)
-        for position, (inc, entry) in enumerate(zip(incs, entries, strict=True))
-    )
+    return sum(_lower(incs, position, entry) for position, entry in enumerate(entries))
 
 
 def _floor6(value: float) -> float:
@@ -234,6 +240,7 @@ def _wasted_reason(killed: list[int]) -> str:
     if killed:
         return _LOWER_COUNT.format(killed=killed)
     return (
-        "a lower bound: an interval's iteration range is not known (no per-iteration "
-        "spans or interval attributes to derive it from)"
+        "a lower bound: an interval closed at an exception or signal counts the iteration in "
+        "flight (which may not have finished), or an interval's iteration range is not known "
+        "(no per-iteration spans or interval attributes to derive it from)"
     )

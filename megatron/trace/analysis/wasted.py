@@ -79,7 +79,11 @@ def _wasted(inc: Incarnation, horizon: int | None) -> tuple[int | None, int | No
     known = last is not None and all(
         f.first_iteration is not None and f.last_iteration is not None for f in inc.interval_facts
     )
-    return start, count, inc.ended != "killed" and known
+    # an interval the lifecycle closed at an exception or signal counted the pass in flight
+    # (megatron/training/telemetry_spans.py: its last iteration is from the passes begun),
+    # which may not have finished: one too many, perhaps
+    closed_mid_pass = inc.ended in ("failed", "interrupted", "cut_short")
+    return start, count, inc.ended != "killed" and known and not closed_mid_pass
 
 
 # What waste_of gives of one incarnation: its horizon, and _wasted's (window start,
