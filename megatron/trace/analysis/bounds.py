@@ -185,7 +185,12 @@ def report_bounds(
                     bound(path, seconds(max(0, figure - gap)), seconds(figure), unattributed)
             elif category == Category.OTHER:
                 if figure:
-                    bound(path, 0.0, seconds(figure), f"{where}: part of it may be a lost span's")
+                    bound(
+                        path,
+                        0.0,
+                        seconds(figure),
+                        f"{where}: time nothing in the file covers may be a span the kill lost",
+                    )
             elif spare or open_end:
                 upper = None if open_end else seconds(figure + spare)
                 lower = figure

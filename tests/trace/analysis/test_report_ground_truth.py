@@ -362,6 +362,22 @@ def test_a_killed_history_reports_the_truth_or_bounds_on_a_cluster(
     assert_within_truth(_cli_report(capsys, *names, "--scheduler", scheduler), simulated)
 
 
+@pytest.mark.needs_extras  # dask
+@settings(SETTINGS, max_examples=8)
+@given(history=histories(kills=True))
+def test_killed_histories_report_the_truth_or_bounds_on_a_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], scheduler: str, history: gt.History
+) -> None:
+    """Kills at random points on random ranks, read on the cluster: the same figures and
+    bounds as on one process, each holding the truth."""
+    simulated, paths = _written(history, tmp_path)
+    assume(_tellable(simulated, paths))
+    names = [str(p) for p in paths]
+    spread = _cli_report(capsys, *names, "--scheduler", scheduler, "--jobs", "2")
+    assert_within_truth(spread, simulated)
+    assert spread == _cli_report(capsys, *names, "--jobs", "1")
+
+
 # -- the long history the benchmarks use ------------------------------------------------
 
 
