@@ -39,6 +39,7 @@ from cluster import section_cluster
 from export_pipeline import section_encode, section_pipeline
 from goodput_commands import section_goodput
 from harness import REPO_ROOT, Run
+from history import section_history
 from lifecycle import section_lifecycle, section_reroot, section_step
 from reader import section_report, section_selection
 from targets import DESCRIPTIONS, TARGETS, unit
@@ -64,6 +65,7 @@ SECTIONS: dict[str, Callable[[Run], None]] = {
     "cluster": section_cluster,
     "watch": section_watch,
     "goodput": section_goodput,
+    "history": section_history,
 }
 
 

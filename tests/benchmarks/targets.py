@@ -65,6 +65,10 @@ TARGETS = {
     # report, and a diff about two reports
     "report_window_ratio": 1.1,
     "diff_ratio": 2.2,
+    # a long history whose truth is known (issue 40): weeks, hundreds of kills, 8 ranks; its
+    # lines hold one span each beside a 900-byte resource, which the floor only parses
+    "report_long_history_floor_ratio": 1.2,
+    "report_long_history_peak_mb": 200.0,
 }
 
 
@@ -143,6 +147,11 @@ DESCRIPTIONS = {
     "report_window_ratio": "`report --window 1h` of the 1M-span file (two ranks, a SIGKILL and "
     "a resume each), over plain `report` of it, each a process of its own, interleaved",
     "diff_ratio": "`diff` of two 1M-span files of that shape, over one `report` of one of them",
+    "report_long_history_floor_ratio": "`report --json --jobs 2` of the ground truth's long "
+    "history (14 days, 8 ranks, 300 SIGKILLs at random points, a slow rank, the last batch of "
+    "each kill lost; about 670 MB), over `json.loads` of every line of it, each a process of "
+    "its own",
+    "report_long_history_peak_mb": "peak RSS of that report, of its biggest process",
 }
 
 #: The unit of each key that is not a ratio of ours over a baseline.
@@ -152,6 +161,7 @@ UNITS = {
     "report_peak_mb_1m_spans": "MB",
     "check_peak_mb_1m_spans": "MB",
     "cluster_bytes_per_piece": "bytes per iteration",
+    "report_long_history_peak_mb": "MB",
 }
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from processes import finished_iteration
 
+from megatron.trace.analysis.checkpoint_advice import availability_optimum
 from megatron.trace.cli.main import main as trace_main
 
 pytestmark = pytest.mark.slow
@@ -140,13 +141,24 @@ def test_a_job_killed_three_times_gets_the_formula_s_optimum(training_cli, capsy
     ended = [inc["ended"] for inc in report["incarnations"]]
     assert ended == ["killed", "killed", "killed", "shutdown"]
     advice = report["checkpoint_advice"]
-    assert advice["not_computed"] == []
     assert (advice["failures"], advice["mtbf_source"], advice["save_every"]) == (3, "observed", 10)
-    # the formula by hand, from the report's own figures
     run_s = sum(inc["duration_s"] for inc in report["incarnations"])
     assert advice["mtbf_s"] == round(run_s / 3, 6)
     c, m, r = advice["save_s"], advice["mtbf_s"], advice["restart_s"]
     assert 0 < c < m
+    # a restart (a new Python process importing torch) is not small against runs of
+    # seconds: Young's and Daly's models do not hold, and the advice says so
+    assert r > m / 10
+    assert advice["young"] is advice["daly"] is None
+    (reason,) = advice["not_computed"]
+    assert reason.startswith("young, daly: ") and f"the restart ({r:.3f} s)" in reason
+    assert advice["availability"]["interval_s"] == round(availability_optimum(c, m), 3)
+    assert advice["badput_model"] == "exponential"
+    assert 0 < advice["now"]["badput_per_day_s"] < 86400
+    # with a mean time between failures of a day, the formula by hand from the same figures
+    advice = _json(capsys, "report", str(trace), "--mtbf", "1d")["checkpoint_advice"]
+    assert advice["not_computed"] == [] and advice["badput_model"] == "young"
+    c, m, r = advice["save_s"], 86400.0, advice["restart_s"]
     iteration_s = report["iterations"]["median_ms"] / 1000
     tau = math.sqrt(2 * c * m)
     assert advice["young"]["interval_s"] == round(tau, 3)

@@ -13,7 +13,10 @@ Two properties matter more than speed:
   and every line after it parses.
 * Each export is one ``write`` of whole lines on an ``O_APPEND`` descriptor,
   with no user-space buffer, so a crash after ``export`` returns loses
-  nothing, and ranks sharing a file (``all_ranks``) interleave whole lines.
+  nothing, and ranks sharing a file (``all_ranks``) interleave whole lines:
+  the torn-line check and the write happen under an exclusive ``flock`` on
+  the file, so no process looks at, or writes into, a line another process
+  is still writing.
 
 And three that long jobs on shared filesystems need:
 
@@ -32,11 +35,12 @@ And three that long jobs on shared filesystems need:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +55,11 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from megatron.core.telemetry._otlp_json import encode_metrics, encode_spans
 from megatron.trace_format.files import metrics_file_for
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no advisory locks, single-writer files only
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "ExportFailures",
@@ -85,6 +94,8 @@ class JsonlFile:
         self._pid = os.getpid()
         #: Torn last lines (a killed writer's) this file sealed with a newline.
         self.torn_lines_sealed = 0
+        # Set once flock fails on this file's filesystem: later writes go unlocked.
+        self._unlockable = False
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> JsonlFile:
@@ -131,21 +142,60 @@ class JsonlFile:
             fd = self._fd
             if fd is None:
                 return False
-            fd, size = self._reopen_if_replaced(fd)
-            sealed = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
-            if sealed:
-                payload = b"\n" + payload
-                self.torn_lines_sealed += 1
-            view = memoryview(payload)
-            try:
-                while view:
-                    written = os.write(fd, view)
-                    view = view[written:]
-            except OSError:
-                if self._drop_partial_write(fd, len(payload) - len(view)) and sealed:
-                    self.torn_lines_sealed -= 1  # the seal went too; the next write seals again
-                raise
+            fd = self._reopen_if_replaced(fd)
+            with self._file_lock(fd):
+                # Under the lock no other writer is mid-line, so the last byte
+                # is either a finished line's newline or a killed writer's tear.
+                size = os.fstat(fd).st_size
+                sealed = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+                if sealed:
+                    payload = b"\n" + payload
+                    self.torn_lines_sealed += 1
+                view = memoryview(payload)
+                try:
+                    while view:
+                        written = os.write(fd, view)
+                        view = view[written:]
+                except OSError:
+                    if self._drop_partial_write(fd, len(payload) - len(view)) and sealed:
+                        self.torn_lines_sealed -= 1  # the seal went too; the next write seals
+                    raise
         return True
+
+    @contextlib.contextmanager
+    def _file_lock(self, fd: int) -> Iterator[None]:
+        """Hold an exclusive advisory lock on the file around one seal check and write.
+
+        Without it, another process's append can be in flight while this one
+        looks at the last byte: a multi-page ``write`` grows the file page by
+        page, so the byte read is the middle of that line, this process takes
+        it for a torn line and prepends a newline, which lands after the
+        other line's end as a blank line. Every writer of these files takes
+        the lock, so no process ever looks at or writes into a line another
+        process is writing. The kernel drops the lock of a killed process.
+
+        A filesystem without ``flock`` (Lustre mounted without ``-o flock``)
+        gets one warning and unlocked writes, as before; see the README.
+        """
+        if self._unlockable or fcntl is None:
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            self._unlockable = True
+            _logger.warning(
+                "Cannot lock %s (%s): ranks appending to it at once may leave blank "
+                "lines; use per-rank files on this filesystem",
+                self.path,
+                _cause(exc),
+            )
+            yield
+            return
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
     @staticmethod
     def _drop_partial_write(fd: int, written: int) -> bool:
@@ -167,13 +217,10 @@ class JsonlFile:
             return False
         return True
 
-    def _reopen_if_replaced(self, fd: int) -> tuple[int, int]:
-        """The descriptor for what is at ``self.path`` now, and that file's size.
+    def _reopen_if_replaced(self, fd: int) -> int:
+        """The descriptor for what is at ``self.path`` now.
 
-        Called with the lock held, once per write (one export batch); the
-        size is for the torn-last-line check, which looks at the last byte on
-        every write because another process appending to the same file may
-        have been killed mid-line since.
+        Called with the thread lock held, once per write (one export batch).
 
         When the file behind ``fd`` is no longer the one at the path (moved
         or deleted by log rotation), open the path again, creating it and its
@@ -185,7 +232,7 @@ class JsonlFile:
         try:
             here = os.stat(self.path)
             if (here.st_dev, here.st_ino) == (current.st_dev, current.st_ino):
-                return fd, current.st_size
+                return fd
         except FileNotFoundError:
             pass
         _make_parents(self.path.parent)
@@ -193,7 +240,7 @@ class JsonlFile:
         os.close(fd)
         self._fd = reopened
         self._created = ()  # what a rotation left behind is not ours to discard
-        return reopened, os.fstat(reopened).st_size
+        return reopened
 
     def discard(self) -> None:
         """Close, and remove what ``open`` created if nothing was written to it.

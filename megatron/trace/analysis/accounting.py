@@ -126,10 +126,30 @@ def _worked_segments(inc: Incarnation) -> list[tuple[int, int, str]]:
     """The segments of the incarnation worked out rather than read from a span: a running
     one's open interval (or startup) so far, and its hang."""
     segments = read_segments(extents([inc.in_flight] if inc.in_flight is not None else []))
+    lost = _lost_interval(inc)
+    if lost is not None:
+        segments.append((*lost, Category.GOODPUT))
     hang = find_hang(inc)
     if hang is not None:
         segments.append((hang.start_ns, hang.end_ns, Category.HANG))
     return segments
+
+
+def _lost_interval(inc: Incarnation) -> tuple[int, int] | None:
+    """A killed incarnation's in-flight interval, which the kill kept from being written,
+    as far as the file shows it: from the end of its last interval (or its startup) to
+    its last span's end. Its iteration spans were written (children of that lost
+    interval), and its time is the training loop's, as the interval would have counted
+    it; the wasted window and any save or hang in it win over it as over an interval."""
+    if inc.ended != "killed":
+        return None
+    ends = [record["end_ns"] for record in inc.intervals]
+    if inc.startup is not None:
+        ends.append(inc.startup["end_ns"])
+    if not ends:
+        return None
+    start = max(ends)
+    return (start, inc.end_ns) if inc.end_ns > start else None
 
 
 def _stretch_events(
@@ -246,17 +266,33 @@ def rank_accounting(incs: list[Incarnation], window_ns: int | None = None) -> di
     worked, waste = worked_out(incs, waste_of)
     segments = [seg for inc in incs for seg in read_segments(inc.extents())] + worked
     cuts = window_cuts(start, end, window_ns) if window_ns is not None else []
-    boxes = sweep(segments, (start, end), category_stretches(incs), cuts)
-    totals = boxes[0]
-    if cuts:
-        totals = {key: sum(box[key] for box in boxes) for key in totals}
+    # each incarnation's share (from its start to the next one's) is swept in the same pass
+    starts = sorted({inc.start_ns for inc in incs[1:] if start < inc.start_ns < end})
+    every = sorted({*cuts, *starts})
+    pieces = sweep(segments, (start, end), category_stretches(incs), every)
+    keys = list(pieces[0])
+    windows = [dict.fromkeys(keys, 0) for _ in range(len(cuts) + 1)]
+    shares = [dict.fromkeys(keys, 0) for _ in range(len(starts) + 1)]
+    for lo, piece in zip([start, *every], pieces, strict=True):
+        window = windows[bisect.bisect_right(cuts, lo)]
+        share = shares[bisect.bisect_right(starts, lo)]
+        for box in (window, share):
+            for key, ns in piece.items():
+                box[key] += ns
+    totals = {key: sum(box[key] for box in shares) for key in keys}
     windowed = {}
     if window_ns is not None:
         bounds = [start, *cuts, end]
         windowed["windows_ns"] = [
-            (lo, hi, box) for lo, hi, box in zip(bounds[:-1], bounds[1:], boxes, strict=True)
+            (lo, hi, box) for lo, hi, box in zip(bounds[:-1], bounds[1:], windows, strict=True)
         ]
-    return {**windowed, **accounting_of(start, end, totals, incs, waste)}
+    found = accounting_of(start, end, totals, incs, waste)
+    # an incarnation's wasted time is the wasted_progress of its share, not its whole wasted
+    # window (a hang, or a save, in that window is counted as such)
+    share_of = {inc.start_ns: shares[bisect.bisect_right(starts, inc.start_ns)] for inc in incs}
+    for inc, entry in zip(incs, found["per_incarnation"], strict=True):
+        entry["wasted_progress_ns"] = share_of[inc.start_ns][Category.WASTED_PROGRESS]
+    return {**windowed, **found}
 
 
 def worked_out(
@@ -300,6 +336,7 @@ def accounting_of(
             {
                 "horizon": horizon,
                 "wasted_iterations": count,
+                "wasted_exact": count_exact,
                 "wasted_window_ns": max(0, inc.end_ns - window_start)
                 if window_start is not None
                 else 0,

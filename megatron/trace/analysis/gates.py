@@ -13,6 +13,13 @@ integer nanoseconds, the medians in ms): the gate fails exactly when the
 figure is past the bound, never when it equals it. The line prints the
 figure with as many decimals as it takes to differ from the bound, so it
 never reads ``80.0 % is under 80 %``.
+
+A goodput the trace can only bound (a SIGKILL lost the spans its ranks had not
+exported: the report's ``bounds``) is judged on its bounds: a pass when even the
+lower bound reaches the threshold, a failure when even the upper one is under it,
+and exit 2 only when they straddle it, with one line giving both. The median
+iteration time ``diff --fail-if-slower`` reads is not a bound (the median of the
+iterations each file holds) and is judged as it is.
 """
 
 from __future__ import annotations
@@ -41,12 +48,42 @@ def goodput_gate(report: dict[str, Any], bound_pct: float) -> str | None:
         raise TraceInputError(f"--fail-under-goodput cannot judge: not computed: {reason}")
     exact = report["accounting_ns"]
     wall, goodput = exact["wall"], exact[Category.GOODPUT]
+    bounds = report.get("bounds", {})
+    if "goodput_s" in bounds or "wall_s" in bounds:
+        return _bounded_gate(bounds, wall, bound_pct)
     # goodput / wall < bound / 100, without rounding either side
     if goodput * 100 >= bound_pct * wall:
         return None
     value = 100 * goodput / wall if wall else 0.0
     return (
         f"goodput {percent_text(value, bound_pct)} % is under --fail-under-goodput {bound_pct:g} %"
+    )
+
+
+def _ns(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds * 1e9)
+
+
+def _bounded_gate(bounds: dict[str, Any], wall: int, bound_pct: float) -> str | None:
+    """:func:`goodput_gate` on a goodput the report bounds (module doc)."""
+    goodput = bounds.get("goodput_s", {})
+    low, high = _ns(goodput.get("lower")), _ns(goodput.get("upper"))
+    if "wall_s" in bounds:  # the job's end is unknown: its share of the wall clock too
+        low = high = None
+    reason = (bounds.get("goodput_s") or bounds["wall_s"])["reason"]
+    lower = 100 * low / wall if low is not None and wall else 0.0
+    upper = 100 * high / wall if high is not None and wall else 100.0
+    if low is not None and low * 100 >= bound_pct * wall:
+        return None
+    if high is not None and high * 100 < bound_pct * wall:
+        return (
+            f"goodput at most {percent_text(upper, bound_pct)} % (between "
+            f"{percent_text(lower, bound_pct)} and {percent_text(upper, bound_pct)} %: {reason}) "
+            f"is under --fail-under-goodput {bound_pct:g} %"
+        )
+    raise TraceInputError(
+        f"--fail-under-goodput cannot judge: goodput between {percent_text(lower, bound_pct)} "
+        f"and {percent_text(upper, bound_pct)} % straddles {bound_pct:g} % ({reason})"
     )
 
 

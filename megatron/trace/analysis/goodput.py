@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace.analysis.accounting import rank_accounting, seconds
+from megatron.trace.analysis.bounds import furthest_waste, report_bounds
 from megatron.trace.analysis.checkpoint_advice import checkpoint_advice
 from megatron.trace.analysis.hangs import hang_entries, recovered_stalls
 from megatron.trace.analysis.iteration_stats import ANOMALY_MAX_SHARE, iteration_stats
@@ -54,7 +55,7 @@ def _incarnation_entry(inc: Incarnation, wall_start: int, waste: dict[str, Any])
         "start_s": seconds(inc.start_ns - wall_start),
         "duration_s": seconds(inc.end_ns - inc.start_ns),
         "wasted_iterations": waste["wasted_iterations"],
-        "wasted_s": seconds(waste["wasted_window_ns"]),
+        "wasted_s": seconds(waste["wasted_progress_ns"]),
         "as_of": utc_text(inc.as_of_ns) if inc.as_of_ns is not None else None,
         "in_flight_s": seconds(inc.in_flight["end_ns"] - inc.in_flight["start_ns"])
         if inc.in_flight is not None
@@ -64,8 +65,12 @@ def _incarnation_entry(inc: Incarnation, wall_start: int, waste: dict[str, Any])
 
 def _loop_unrecorded(inc: Incarnation) -> bool:
     """Whether the incarnation went past its startup but no span covers its training loop:
-    no interval (Megatron-LM without checkpointing) and no iteration span."""
+    no interval (Megatron-LM without checkpointing) and no iteration span. A killed one is
+    not: its in-flight interval was lost, and its time is counted as that interval's (from
+    the last interval or the startup to its last span, and bounded past that)."""
     if inc.intervals or inc.goodput_time or inc.in_flight is not None or inc.startup is None:
+        return False
+    if inc.ended == "killed" or inc.iterations:
         return False
     return inc.end_ns > inc.startup["end_ns"]
 
@@ -103,6 +108,7 @@ def build_report(
     wall = accounting["wall_ns"]
     iterations = iteration_stats(incs)
     stragglers = find_stragglers(trace)
+    furthest = furthest_waste(ranks)
     not_computed = _not_computed(incs, accounting, iterations, stragglers)
     not_computed_categories = {reason.split(":")[0] for reason in not_computed}
     report: Report = {
@@ -118,10 +124,15 @@ def build_report(
             Category.GOODPUT: totals[Category.GOODPUT],
             **{category: totals[category] for category in BADPUT_CATEGORIES},
         },
-        "wasted_iterations": accounting["wasted_iterations"],
+        "wasted_iterations": furthest["job"],
         "incarnations": [
-            _incarnation_entry(inc, accounting["start_ns"], waste)
-            for inc, waste in zip(incs, accounting["per_incarnation"], strict=True)
+            {
+                **_incarnation_entry(inc, accounting["start_ns"], waste),
+                "wasted_iterations": furthest["incarnations"][position],
+            }
+            for position, (inc, waste) in enumerate(
+                zip(incs, accounting["per_incarnation"], strict=True)
+            )
         ],
         "iterations": iterations,
         "rank": rank_value(job_rank),
@@ -148,6 +159,7 @@ def build_report(
         "not_computed": not_computed,
         **_liveness_entry(incs, liveness),  # type: ignore[typeddict-item]
     }
+    report["bounds"] = report_bounds(report, ranks, job_rank, furthest, not_computed_categories)
     report["checkpoint_advice"] = checkpoint_advice(
         incs,
         report["incarnations"],  # type: ignore[arg-type]
@@ -205,8 +217,8 @@ def _not_computed(
         uncovered = [inc.index for inc in incs if _loop_unrecorded(inc)]
         if uncovered:
             not_computed.append(
-                f"{Category.GOODPUT}: incarnations {uncovered} have no {INTERVAL_SPAN} interval "
-                f"(save_interval 0) and no {ITERATION_SPAN} spans (the step span group is off): "
+                f"{Category.GOODPUT}: incarnations {uncovered} ended cleanly past their startup "
+                f"with no {INTERVAL_SPAN} interval and no {ITERATION_SPAN} or goodput span: "
                 "their training loop's time is other"
             )
     if _loads_unrecorded(incs):
@@ -214,12 +226,6 @@ def _not_computed(
             f"{Category.CHECKPOINT_LOAD}: an incarnation resumed past iteration 0 but the trace "
             f"holds no {CHECKPOINT_LOAD_SPAN} span (the load_checkpoint span group is off, as in "
             "the default groups); its load time is counted in startup"
-        )
-    if not accounting["wasted_exact"]:
-        not_computed.append(
-            "wasted_iterations: a killed incarnation's in-flight interval is missing and there "
-            "are no per-iteration spans, or an interval's iteration range is not known, so the "
-            "figure is a lower bound"
         )
     return not_computed
 

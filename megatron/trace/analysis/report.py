@@ -8,7 +8,9 @@ it); the tests validate real reports against it, so neither can drift from
 what ``build_report`` writes. Times are seconds (``*_s``), milliseconds
 (``*_ms``) or exact integer nanoseconds (``accounting_ns``); wall-clock
 instants are UTC text; a figure the trace cannot give is ``None`` (JSON
-``null``) and its reason is in ``not_computed``.
+``null``) and its reason is in ``not_computed``; a figure it can only bound (a
+SIGKILL lost the spans not yet exported) keeps the value the file gives and has a
+:class:`Bound` under its path in ``bounds`` (:mod:`megatron.trace.analysis.bounds`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Literal, TypedDict
 
 __all__ = [
     "Anomalies",
+    "Bound",
     "CheckpointAdvice",
     "Ended",
     "HangEntry",
@@ -39,6 +42,15 @@ __all__ = [
 
 #: How an incarnation ended (``megatron/trace/README.md``, "How an incarnation ended").
 Ended = Literal["shutdown", "failed", "interrupted", "cut_short", "killed", "running"]
+
+
+class Bound(TypedDict):
+    """A figure the trace can only bound: the truth lies in ``[lower, upper]`` (``None``:
+    unbounded on that side), in the figure's unit, for ``reason``."""
+
+    lower: float | None
+    upper: float | None
+    reason: str
 
 
 class IncarnationEntry(TypedDict):
@@ -151,8 +163,9 @@ class IntervalChoice(TypedDict):
 
 class CheckpointAdvice(TypedDict):
     """How often to checkpoint (:mod:`megatron.trace.analysis.checkpoint_advice`): the
-    figures, the interval now, and Young's and Daly's optimum (None: not computed, the
-    reason in its own ``not_computed``)."""
+    figures, the interval now, Young's and Daly's optimum (while save and restart are
+    small against the MTBF) and the availability optimum (None: not computed, the reason
+    in its own ``not_computed``)."""
 
     rule: str
     save_s: float | None
@@ -167,6 +180,10 @@ class CheckpointAdvice(TypedDict):
     now: IntervalChoice | None
     young: IntervalChoice | None
     daly: IntervalChoice | None
+    #: The interval that maximises availability under random failures (any restart cost).
+    availability: IntervalChoice | None
+    #: Which model the badput figures come from: ``young`` or ``exponential``.
+    badput_model: Literal["young", "exponential"] | None
     not_computed: list[str]
 
 
@@ -238,6 +255,9 @@ class Report(_WhenJudged, _WhenWindowed):
     spans: int
     torn_lines: int
     not_computed: list[str]
+    #: the figures the trace can only bound, by their path (``wall_s``,
+    #: ``badput_s.wasted_progress``, ``ranks.1.wasted_iterations``, ...)
+    bounds: dict[str, Bound]
     running: bool
     as_of: str | None
     checkpoint_advice: CheckpointAdvice

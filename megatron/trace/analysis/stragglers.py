@@ -12,11 +12,15 @@ the ``megatron.train.iteration`` span. A rank's own speed is its median work.
   work, so 1.0 for the fastest rank and about 1/k for a rank k times slower
   (the relative score nvidia-resiliency-ext's straggler detection uses);
 * ``straggler`` = ``score < 0.75`` (nvidia-resiliency-ext's default threshold);
-* ``straggler_s``, the job time lost waiting for slower ranks: over every
-  iteration that all compared ranks finished, the slowest rank's work minus
-  the fastest rank's work, summed. It is what the job would have saved per
-  iteration had every rank been as fast as that iteration's fastest: the
-  waiting that slower ranks imposed, whoever was slow that time.
+* ``straggler_s``, the job time lost waiting for the stragglers: over every
+  iteration that all compared ranks finished, the slowest straggler's work
+  minus the slowest other rank's work, where positive, summed; 0 when no
+  rank is a straggler. It is what the job would have saved had the
+  stragglers been as fast as the slowest healthy rank. Ranks within the
+  threshold of each other are noise, not waiting: two identical ranks take
+  turns being the slower by a few percent every iteration, and those turns
+  (which a faster rank's wait absorbs either way) are not time a straggler
+  cost.
 
 The first :data:`WARMUP_ITERATIONS` iterations each incarnation finished are
 warm-up and left out of all three (the first pays for lazy initialisation,
@@ -246,7 +250,8 @@ def find_stragglers(trace: Trace) -> Stragglers:
         ranks[rank] = RankWork(
             rank, measured[rank].count, work / 1e6, wait / 1e6, score, score < SCORE_THRESHOLD
         )
-    return Stragglers(ranks, _lost_s(list(measured.values())), [])
+    flagged = [ranks[rank].straggler for rank in measured]
+    return Stragglers(ranks, _lost_s(list(measured.values()), flagged), [])
 
 
 _ONE_RANK = (
@@ -276,8 +281,9 @@ def _score(best: float, work: float) -> float:
     return best / work if work > 0 else 1.0
 
 
-def _lost_s(per_rank: list[_RankSplit]) -> float:
-    """Sum over iterations every rank finished of (slowest work - fastest work), in s.
+def _lost_s(per_rank: list[_RankSplit], flagged: list[bool]) -> float:
+    """Sum over iterations every rank finished of (the slowest straggler's work - the
+    slowest other rank's work, where positive), in s; 0 without a straggler.
 
     An iteration is its incarnation index and number; one that a rank finished
     twice counts with its later work. The ranks are matched one incarnation index
@@ -285,6 +291,8 @@ def _lost_s(per_rank: list[_RankSplit]) -> float:
     (the usual case), a part of the columns at a time, every rank's side by side;
     otherwise each rank's iterations against those every rank before it had.
     """
+    if not any(flagged) or all(flagged):
+        return 0.0
     first, *others = per_rank
     lost = 0
     for index, inc in first.by_incarnation.items():
@@ -293,12 +301,19 @@ def _lost_s(per_rank: list[_RankSplit]) -> float:
             continue  # not every rank ran this incarnation: nothing to compare
         incs = [inc, *theirs]
         steps = [split.in_step[index] for split in per_rank]
-        together = _lost_side_by_side(incs) if all(steps) else None
-        lost += together if together is not None else _lost_matched(incs, steps)
+        together = _lost_side_by_side(incs, flagged) if all(steps) else None
+        lost += together if together is not None else _lost_matched(incs, steps, flagged)
     return round(lost / 1e9, 9)
 
 
-def _lost_side_by_side(incs: list[Incarnation]) -> int | None:
+def _excess(straggling: Any, healthy: Any) -> int:
+    """The ns by which the stragglers' slowest work exceeds the others' slowest."""
+    import numpy as np
+
+    return int(np.maximum(straggling - healthy, 0).sum())
+
+
+def _lost_side_by_side(incs: list[Incarnation], flagged: list[bool]) -> int | None:
     """The ns lost over one incarnation index, the ranks' parts side by side; None
     when their iterations differ (then :func:`_lost_matched` matches them)."""
     import numpy as np
@@ -307,22 +322,23 @@ def _lost_side_by_side(incs: list[Incarnation]) -> int | None:
         return None
     lost, last = 0, None
     streams = [_timed_parts(inc, True) for inc in incs]
-    for (numbers, _, slowest), *theirs in zip(*streams, strict=True):
-        if any(not np.array_equal(numbers, their_numbers) for their_numbers, _, _ in theirs):
+    for parts in zip(*streams, strict=True):
+        numbers = parts[0][0]
+        if any(not np.array_equal(numbers, their_numbers) for their_numbers, _, _ in parts[1:]):
             return None
         if len(numbers):
             if (last is not None and numbers[0] <= last) or not (numbers[1:] > numbers[:-1]).all():
                 return None  # finished again or out of order: the later work counts
             last = numbers[-1]
-        fastest = slowest.copy()
-        for _, _, work in theirs:
-            np.maximum(slowest, work, out=slowest)
-            np.minimum(fastest, work, out=fastest)
-        lost += int((slowest - fastest).sum())
+        slowest = {True: None, False: None}
+        for (_, _, work), straggler in zip(parts, flagged, strict=True):
+            held = slowest[straggler]
+            slowest[straggler] = work.copy() if held is None else np.maximum(held, work)
+        lost += _excess(slowest[True], slowest[False])
     return lost
 
 
-def _lost_matched(incs: list[Incarnation], steps: list[bool]) -> int:
+def _lost_matched(incs: list[Incarnation], steps: list[bool], flagged: list[bool]) -> int:
     """The ns lost over one incarnation index, each rank's iterations (whole) matched
     against those every rank before it had."""
     import numpy as np
@@ -332,18 +348,18 @@ def _lost_matched(incs: list[Incarnation], steps: list[bool]) -> int:
         numbers = np.concatenate([numbers for numbers, _, _ in parts])
         return _last_by_number(numbers, np.concatenate([work for _, _, work in parts]))
 
-    numbers, slowest = whole(incs[0], steps[0])
-    fastest = slowest
-    for inc, in_step in zip(incs[1:], steps[1:], strict=True):
+    numbers, work = whole(incs[0], steps[0])
+    none = np.full(len(work), -1, dtype=np.int64)  # (work is never negative)
+    slowest = {flagged[0]: work, not flagged[0]: none}
+    for inc, in_step, straggler in zip(incs[1:], steps[1:], flagged[1:], strict=True):
         their_numbers, their_works = whole(inc, in_step)
         numbers, mine, at = _matched(numbers, their_numbers)
         if mine is not None:
-            slowest, fastest = slowest[mine], fastest[mine]
+            slowest = {group: held[mine] for group, held in slowest.items()}
         if at is not None:
             their_works = their_works[at]
-        slowest = np.maximum(slowest, their_works)
-        fastest = np.minimum(fastest, their_works)
-    return int((slowest - fastest).sum())
+        slowest[straggler] = np.maximum(slowest[straggler], their_works)
+    return _excess(slowest[True], slowest[False])
 
 
 def _matched(numbers: Any, theirs: Any) -> tuple[Any, Any | None, Any | None]:

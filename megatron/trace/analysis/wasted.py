@@ -62,8 +62,15 @@ def _wasted(inc: Incarnation, horizon: int | None) -> tuple[int | None, int | No
             start = inc.iterations.end_before(horizon)
         elif inc.startup is not None:
             start = inc.startup["end_ns"]
+        if inc.iterations:
+            # iterations before the horizon were written, the horizon's was not (a kill lost
+            # its span): the window starts past them, whatever interval boundary held them
+            done = inc.iterations.end_before(horizon)
+            if done is not None:
+                start = done if start is None else max(start, done)
     if inc.iterations:
-        return start, inc.iterations.count_from(horizon), True
+        # a kill loses the spans exported since the last batch: a lower bound then
+        return start, inc.iterations.count_from(horizon), inc.ended != "killed"
     last = inc.last_iteration
     first = inc.first_iteration if inc.first_iteration is not None else horizon
     count = max(0, (last if last is not None else horizon - 1) + 1 - max(horizon, first))
@@ -72,7 +79,11 @@ def _wasted(inc: Incarnation, horizon: int | None) -> tuple[int | None, int | No
     known = last is not None and all(
         f.first_iteration is not None and f.last_iteration is not None for f in inc.interval_facts
     )
-    return start, count, inc.ended != "killed" and known
+    # an interval the lifecycle closed at an exception or signal counted the pass in flight
+    # (megatron/training/telemetry_spans.py: its last iteration is from the passes begun),
+    # which may not have finished: one too many, perhaps
+    closed_mid_pass = inc.ended in ("failed", "interrupted", "cut_short")
+    return start, count, inc.ended != "killed" and known and not closed_mid_pass
 
 
 # What waste_of gives of one incarnation: its horizon, and _wasted's (window start,

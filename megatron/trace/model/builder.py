@@ -335,9 +335,34 @@ class TraceBuilder:
             incarnations.sort(key=lambda inc: inc.start_ns)
             for index, inc in enumerate(incarnations):
                 inc.index = index
+            _killed_in_first_iteration(incarnations)
         ordered = dict(sorted(ranks.items(), key=lambda item: rank_sort_key(item[0])))
         self._finishes += 1
         return Trace(ordered, self.stats, self.span_count, processes, self._finishes, touched)
+
+
+def _killed_in_first_iteration(incs: list[Incarnation]) -> None:
+    """Mark killed each of a rank's incarnations that wrote its startup and nothing of its
+    training loop (no interval, iteration or goodput span), though the rank's other
+    incarnations wrote intervals: a SIGKILL during its first iteration lost the interval in
+    flight, and a clean end would have written it. But one that resumed where a clean end
+    left off had nothing left to train. (A rank that never writes an interval, Megatron-LM
+    with ``save_interval`` 0 and the default groups, cannot tell the two.)"""
+    with_intervals = any(inc.intervals for inc in incs)
+    for position, inc in enumerate(incs):
+        if inc.ended != "shutdown" or inc.startup is None or inc.in_flight is not None:
+            continue
+        if inc.intervals or inc.iterations or inc.goodput_time or not with_intervals:
+            continue
+        before = incs[position - 1] if position else None
+        if (
+            before is not None
+            and before.ended == "shutdown"
+            and before.last_iteration is not None
+            and inc.resumed_from == before.last_iteration + 1
+        ):
+            continue  # resumed where a clean end left off: nothing was left to train
+        inc.ended = "killed"
 
 
 def scan_file(path: Path | str | FilePiece) -> TraceBuilder:

@@ -10,7 +10,12 @@ what one wants to look at. A bound is
 * an iteration: ``iteration:1200``. ``--since`` starts where any rank first
   started it, ``--until`` ends where any rank last finished it (from the
   ``megatron.train.iteration`` spans; without them, the interval that holds
-  it). A re-done iteration therefore covers the restart between its runs.
+  it). With iterations on both sides the window is those iterations as they
+  ran: each incarnation's run of them, from the first of them it started to
+  the last it finished (merged across ranks), and nothing between the runs.
+  On a restarted job whose iterations 700..710 ran twice (killed, resumed
+  from an earlier checkpoint) that is two stretches of time, not the gap
+  between them with the rest of the killed run and the restart's startup.
 
 A span is kept when it overlaps the window (so the intervals and startup
 around a window's iterations come with them, and children stay nested in
@@ -19,9 +24,10 @@ their parents); ``--ranks 0,4-7`` keeps those ranks.
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from megatron.trace.model.incarnation import Trace
@@ -55,15 +61,27 @@ class Window:
     since_ns: int | None = None
     until_ns: int | None = None
     ranks: frozenset[str] | None = None
+    #: A window of iterations on both sides: the stretches of time they ran in (sorted,
+    #: disjoint, inside ``[since_ns, until_ns]``); a span is kept when it overlaps one.
+    stretches: tuple[tuple[int, int], ...] | None = None
+    _stretch_ends: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
 
     @property
     def cuts_time(self) -> bool:
         return self.since_ns is not None or self.until_ns is not None
 
     def keeps(self, start_ns: int, end_ns: int) -> bool:
+        if self.stretches is not None:
+            # the first stretch that ends at or after the span's start, if it starts in time
+            at = bisect.bisect_left(self._stretch_ends, start_ns)
+            return at < len(self.stretches) and self.stretches[at][0] <= end_ns
         return (self.since_ns is None or end_ns >= self.since_ns) and (
             self.until_ns is None or start_ns <= self.until_ns
         )
+
+    def __post_init__(self) -> None:
+        # the stretches' ends, for the binary search of each span kept or not
+        object.__setattr__(self, "_stretch_ends", tuple(end for _, end in self.stretches or ()))
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)")
@@ -128,6 +146,45 @@ def _iteration_bound(trace: Trace, number: int, ranks: frozenset[str] | None, up
     return max(candidates) if upper else min(candidates)
 
 
+def _iteration_stretches(
+    trace: Trace, first: int, last: int, ranks: frozenset[str] | None
+) -> tuple[tuple[int, int], ...]:
+    """The stretches of time iterations ``first..last`` ran in: per incarnation of each
+    rank, from the start of the first of them it started to the end of the last it
+    finished (its ``megatron.train.iteration`` spans; without any in the trace, its
+    intervals that hold some of them), merged where they overlap."""
+    stretches: list[tuple[int, int]] = []
+    with_spans = any(len(inc.iterations) for inc in trace.incarnations)
+    for rank, incs in trace.ranks.items():
+        if ranks is not None and rank not in ranks:
+            continue
+        for inc in incs:
+            if with_spans:
+                its = inc.iterations
+                times = [
+                    (start, end)
+                    for n, start, end in zip(its.numbers, its.starts, its.ends, strict=True)
+                    if first <= n <= last
+                ]
+            else:
+                times = []
+                for interval in inc.intervals:
+                    low = interval["attributes"].get(INTERVAL_FIRST_ITERATION)
+                    high = interval["attributes"].get(INTERVAL_LAST_ITERATION)
+                    held = isinstance(low, int) and isinstance(high, int)
+                    if held and low <= last and first <= high:
+                        times.append((interval["start_ns"], interval["end_ns"]))
+            if times:
+                stretches.append((min(a for a, _ in times), max(b for _, b in times)))
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(stretches):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return tuple(merged)
+
+
 def _iteration_range(trace: Trace) -> str:
     firsts = [inc.first_iteration for inc in trace.incarnations if inc.first_iteration is not None]
     lasts = [inc.last_iteration for inc in trace.incarnations if inc.last_iteration is not None]
@@ -170,6 +227,13 @@ def resolve_window(trace: Trace, since: str | None, until: str | None, ranks: st
     high = _bound("--until", until, trace, chosen) if until is not None else None
     if low is not None and high is not None and high < low:
         raise WindowError(f"--until ({until}) is before --since ({since})")
+    first = _ITERATION.fullmatch(since) if since is not None else None
+    last = _ITERATION.fullmatch(until) if until is not None else None
+    if first and last:
+        if int(last.group(1)) < int(first.group(1)):
+            raise WindowError(f"--until ({until}) is before --since ({since})")
+        stretches = _iteration_stretches(trace, int(first.group(1)), int(last.group(1)), chosen)
+        return Window(stretches[0][0], stretches[-1][1], chosen, stretches)
     return Window(low, high, chosen)
 
 

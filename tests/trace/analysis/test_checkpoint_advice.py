@@ -12,7 +12,13 @@ import pytest
 import tracegen as g
 from report_checks import assert_accounted
 
-from megatron.trace.analysis.checkpoint_advice import daly, young
+from megatron.trace.analysis.checkpoint_advice import (
+    availability,
+    availability_optimum,
+    daly,
+    exponential_badput_per_day,
+    young,
+)
 from megatron.trace.cli.main import main
 
 
@@ -25,14 +31,14 @@ def _report(tmp_path: Path, capsys, *incarnations: list[dict], argv: tuple[str, 
 
 
 def _killed_three_times() -> list[list[dict]]:
-    """Saves every 2 iterations (one each interval); killed one iteration into the fourth
-    interval three times, each restart resuming from the last save."""
+    """Saves every 2 iterations (one each interval); killed one iteration into the 31st
+    interval three times (71 s into the incarnation), each restart resuming from the last
+    save a second later: restarts of 3 s, small against the ~71 s between failures."""
     return [
-        g.lifecycle(0, kill_after=1),
-        g.lifecycle(20, first=6, load=6, kill_after=1),
-        g.lifecycle(40, first=12, load=12, kill_after=1),
-        g.lifecycle(60, first=18, load=18),
-    ]
+        g.lifecycle(72 * k, first=60 * k, load=60 * k if k else None, intervals=30,
+                    kill_after=1 if k < 3 else None)
+        for k in range(4)
+    ]  # fmt: skip
 
 
 def test_killed_three_times_the_optimum_is_the_formula_s_from_the_report_s_figures(
@@ -42,7 +48,7 @@ def test_killed_three_times_the_optimum_is_the_formula_s_from_the_report_s_figur
     advice = report["checkpoint_advice"]
     incarnations = report["incarnations"]
     assert advice["failures"] == 3 and advice["mtbf_source"] == "observed"
-    assert advice["saves"] == 12 and advice["save_s"] == 0.25  # every save takes 0.25 s
+    assert advice["saves"] == 120 and advice["save_s"] == 0.25  # every save takes 0.25 s
     run_s = sum(inc["duration_s"] for inc in incarnations)
     assert advice["run_s"] == pytest.approx(run_s)
     assert advice["mtbf_s"] == round(run_s / 3, 6)
@@ -65,6 +71,7 @@ def test_killed_three_times_the_optimum_is_the_formula_s_from_the_report_s_figur
         assert choice["badput_per_day_s"] == round(per_day, 3), name
     # Young's interval is the one that loses the least, by its own model
     assert advice["young"]["badput_per_day_s"] <= advice["now"]["badput_per_day_s"]
+    assert advice["badput_model"] == "young"
     assert advice["not_computed"] == []
 
 
@@ -73,9 +80,15 @@ def test_the_text_says_the_figures_and_each_interval(tmp_path: Path, capsys) -> 
     assert main(["report", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("checkpoint interval:"))
-    assert "save 0.250 s (12 saves), 3 failures in" in lines[head]
+    assert "save 0.250 s (120 saves), 3 failures in" in lines[head]
     assert "(observed)" in lines[head]
-    assert [line.split()[0] for line in lines[head + 1 : head + 4]] == ["now", "young", "daly"]
+    assert [line.split()[0] for line in lines[head + 1 : head + 5]] == [
+        "now",
+        "young",
+        "daly",
+        "availability",
+    ]
+    assert lines[head + 5] == "  badput a day by Young's first-order model"
     assert "every 2 iterations (2.000 s of training): badput" in lines[head + 1]
 
 
@@ -112,3 +125,74 @@ def test_without_saves_the_save_cost_is_not_measured(tmp_path: Path, capsys) -> 
 def test_daly_is_young_less_the_save_to_first_order_and_mtbf_past_2c() -> None:
     assert daly(1, 1e6) == pytest.approx(young(1, 1e6) - 1, rel=1e-3)
     assert daly(10, 4) == 4  # a save longer than twice the MTBF: save every MTBF
+
+
+def _restarts_longer_than_the_runs() -> list[list[dict]]:
+    """Killed three times ~10 s in, each restart ~12 s: the restart is about the mean
+    time between failures (issue 40's case: restart 25 s, MTBF 23 s)."""
+    return [
+        g.lifecycle(0, kill_after=1),
+        g.lifecycle(20, first=6, load=6, kill_after=1),
+        g.lifecycle(40, first=12, load=12, kill_after=1),
+        g.lifecycle(60, first=18, load=18),
+    ]
+
+
+def test_no_young_or_daly_when_the_restart_is_not_small_against_the_mtbf(
+    tmp_path: Path, capsys
+) -> None:
+    """Young's and Daly's models assume a restart is short against the time between failures:
+    past a tenth of it they are not given, and the reason names the restart with its figures;
+    the availability optimum, which holds at any restart cost, is; no choice's badput a day
+    is over a day."""
+    report = _report(tmp_path, capsys, *_restarts_longer_than_the_runs())
+    advice = report["checkpoint_advice"]
+    c, m, r = advice["save_s"], advice["mtbf_s"], advice["restart_s"]
+    assert m / 10 < r  # the case the models do not cover
+    assert advice["young"] is None and advice["daly"] is None
+    (reason,) = advice["not_computed"]
+    assert reason.startswith("young, daly: the restart (")
+    assert f"{r:.3f} s" in reason and f"({m:.3f} s)" in reason and "save cost" not in reason
+    assert advice["badput_model"] == "exponential"
+    best = advice["availability"]
+    assert best["interval_s"] == round(availability_optimum(c, m), 3)
+    for choice in (advice["now"], best):
+        assert 0 < choice["badput_per_day_s"] < 86400
+    tau = advice["now"]["interval_s"]
+    expected = 86400 * (1 - tau / (m * math.exp(r / m) * math.expm1((tau + c) / m)))
+    assert advice["now"]["badput_per_day_s"] == pytest.approx(expected, abs=1e-3)
+    assert best["badput_per_day_s"] <= advice["now"]["badput_per_day_s"]
+    path = g.write(tmp_path / "text.jsonl", *_restarts_longer_than_the_runs())
+    assert main(["report", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "  young        ?" in text and "  daly         ?" in text
+    assert "the exact model of random failures (Young's does not hold here)" in text
+    for line in text.splitlines():
+        if " s a day" in line and "?" not in line:
+            assert float(line.split("badput ")[1].split(" s a day")[0]) < 86400, line
+
+
+def test_a_save_cost_not_small_against_the_mtbf_is_named_too(tmp_path: Path, capsys) -> None:
+    report = _report(tmp_path, capsys, g.lifecycle(0, kill_after=1), argv=("--mtbf", "2s"))
+    advice = report["checkpoint_advice"]
+    assert advice["young"] is None and advice["daly"] is None
+    (reason,) = advice["not_computed"]
+    assert "the save cost (0.250 s) and the restart (2.000 s) are not small" in reason
+    assert "(2.000 s)" in reason
+
+
+def test_the_availability_optimum_is_the_best_interval_and_young_s_to_first_order() -> None:
+    for c, m, r in ((30.0, 86400.0, 600.0), (0.25, 12.0, 25.0), (5.0, 23.0, 25.0), (1, 1e7, 0)):
+        tau = availability_optimum(c, m)
+        best = availability(tau, c, m, r)
+        for factor in (0.5, 0.9, 0.99, 1.01, 1.1, 2.0):
+            assert availability(tau * factor, c, m, r) < best
+        assert 0 < exponential_badput_per_day(tau, c, m, r) < 86400
+    # costs of thousands of MTBFs (a short observed MTBF): no overflow, and at most the day
+    for c, m, r in ((2000.0, 0.5, 30.0), (0.1, 0.5, 5000.0)):
+        tau = availability_optimum(c, m)
+        assert 0 < tau <= m
+        assert exponential_badput_per_day(tau, c, m, r) == pytest.approx(86400)
+        assert exponential_badput_per_day(tau, c, m, r) <= 86400
+    assert availability_optimum(1, 1e7) == pytest.approx(young(1, 1e7), rel=1e-3)
+    assert availability_optimum(30, 86400) == pytest.approx(daly(30, 86400), rel=1e-3)

@@ -106,3 +106,45 @@ def test_every_help_lists_the_exit_statuses(command: str | None, capsys) -> None
         assert "; 1 " not in epilog
     gated = command in (None, "report", "diff")
     assert ("a gate on a figure not computed" in epilog) == gated
+
+
+@pytest.fixture
+def killed_before_the_first_checkpoint(tmp_path: Path) -> list[Path]:
+    """Two ranks killed at iteration 7 before the first checkpoint (save interval 50, the
+    SDK's 5 s export delay), then resumed: the kill's last seconds are not in the files."""
+    import ground_truth as gt
+
+    history = gt.History(
+        (gt.Plan(7, "killed", into=0.5, gap_s=40), gt.Plan(13)),
+        ranks=2,
+        save_interval=50,
+        export_delay_s=(5.0, 3.0),
+    )
+    return gt.write(gt.simulate(history), tmp_path / "traces.jsonl")
+
+
+def test_a_gate_on_a_bounded_goodput_judges_the_bounds(
+    killed_before_the_first_checkpoint: list[Path], capsys
+) -> None:
+    """Exit 0 when even the lower bound reaches the threshold, 1 when even the upper one is
+    under it, 2 (one line giving both) only when they straddle it."""
+    files = [str(path) for path in killed_before_the_first_checkpoint]
+    assert main(["report", "--json", *files]) == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    bound = report["bounds"]["goodput_s"]
+    wall = report["accounting_ns"]["wall"] / 1e9
+    lower, upper = 100 * bound["lower"] / wall, 100 * bound["upper"] / wall
+    assert lower < upper
+    assert main(["report", *files, "--fail-under-goodput", f"{lower - 0.5:.3f}"]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["report", *files, "--fail-under-goodput", f"{upper + 0.5:.3f}"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("megatron-trace report: goodput at most ")
+    assert f"--fail-under-goodput {upper + 0.5:.3f} %" in line
+    middle = (lower + upper) / 2
+    assert main(["report", *files, "--fail-under-goodput", f"{middle:.3f}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # a gate that cannot judge prints no report
+    (line,) = captured.err.splitlines()
+    assert "cannot judge: goodput between " in line and f"straddles {middle:.3f} %" in line
+    assert "SIGKILLed" in line

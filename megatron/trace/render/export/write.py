@@ -188,7 +188,12 @@ def _write_spans(
                 if ranks is not None and process[0] not in ranks:
                     continue
                 spans = batch.spans
-                if cuts:
+                if window.stretches is not None:  # iterations as they ran: several stretches
+                    keeps = window.keeps
+                    spans = [
+                        s for s in spans if keeps(s.start_time_unix_nano, s.end_time_unix_nano)
+                    ]
+                elif cuts:
                     spans = [
                         s
                         for s in spans

@@ -8,17 +8,63 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["format_report"]
+__all__ = ["bound_text", "format_report"]
 
 _PRINTED_ANOMALIES = 5  # the slowest iterations the text names (the JSON lists 20)
+
+
+def bound_text(value: float | None, bound: dict[str, Any] | None, spec: str = ".3f") -> str:
+    """A figure as the text prints it: the figure, or its bound said as one (``≥ 35``,
+    ``35–41``, ``≤ 3``, ``?`` when unbounded both ways)."""
+    if bound is None:
+        return "?" if value is None else f"{value:{spec}}"
+    lower, upper = bound["lower"], bound["upper"]
+    if lower is not None and upper is not None:
+        if f"{lower:{spec}}" == f"{upper:{spec}}":
+            return f"{lower:{spec}}"
+        return f"{lower:{spec}}–{upper:{spec}}"
+    if lower is not None:
+        return f"≥ {lower:{spec}}"
+    if upper is not None:
+        return f"≤ {upper:{spec}}"
+    return "?"
 
 
 def format_report(report: dict[str, Any]) -> str:
     """The report as a few human-readable lines."""
     wall = report["wall_s"]
+    bounds = report.get("bounds", {})
+    paths = {
+        "wall clock": "wall_s",
+        "goodput": "goodput_s",
+        **{name: f"badput_s.{name}" for name in report["badput_s"]},
+    }
+    values = {
+        "wall clock": wall,
+        "goodput": report["goodput_s"],
+        **dict(report["badput_s"].items()),
+    }
+    texts = {name: bound_text(values[name], bounds.get(path)) for name, path in paths.items()}
+    # the seconds column: as wide as its widest figure needs, with two spaces before it,
+    # so a long category name never runs into a large figure
+    width = max(10, 2 + max(len(text) for name, text in texts.items() if values[name] is not None))
+    wall_known = "wall_s" not in bounds
 
-    def share(seconds: float) -> str:
-        return f"{seconds:10.3f} s  {100 * seconds / wall if wall else 0:5.1f} %"
+    def share(name: str) -> str:
+        seconds, bound = values[name], bounds.get(paths[name])
+        if bound is None and wall_known:
+            percent = f"{100 * seconds / wall if wall else 0:5.1f} %"
+        elif name == "wall clock":
+            percent = "100.0 %" if wall_known else "    ? %"
+        elif wall_known and wall:
+            scaled = {
+                side: None if bound[side] is None else 100 * bound[side] / wall
+                for side in ("lower", "upper")
+            }
+            percent = f"{bound_text(None, {**scaled, 'reason': ''}, '.1f'):>5} %"
+        else:
+            percent = "    ? %"
+        return f"{texts[name]:>{width}} s  {percent}"
 
     lines = []
     if report.get("running"):
@@ -28,30 +74,36 @@ def format_report(report: dict[str, Any]) -> str:
             + (f", {age:.1f} s before now)" if age is not None else ")")
         )
     lines += [
-        f"wall clock      {share(wall)}   (rank {report['rank']}, {report['spans']} spans)",
-        f"goodput         {share(report['goodput_s'])}",
+        f"{'wall clock':<17}{share('wall clock')}"
+        f"   (rank {report['rank']}, {report['spans']} spans)",
+        f"{'goodput':<17}{share('goodput')}",
         "badput:",
     ]
     lines += [
-        f"  {name:<15}{share(s) if s is not None else '  not computed (see below)'}"
+        f"  {name:<15}{share(name) if s is not None else '  not computed (see below)'}"
         for name, s in report["badput_s"].items()
     ]
     lines += _window_lines(report)
-    lines.append(f"wasted iterations: {report['wasted_iterations']}")
+    lines.append(
+        "wasted iterations: "
+        + bound_text(report["wasted_iterations"], bounds.get("wasted_iterations"), "d")
+    )
     lines.append("incarnations:")
     for inc in report["incarnations"]:
+        at = f"incarnations.{inc['index']}."
         startup = f"{inc['startup_s']:.3f} s" if inc["startup_s"] is not None else "-"
         first, last = inc["first_iteration"], inc["last_iteration"]
         if first is None and last is None:
             trained = "no iterations"
         else:  # a bound the spans could not give is "?" (see not computed)
-            bounds = ["?" if bound is None else str(bound) for bound in (first, last)]
-            trained = f"iterations {bounds[0]}..{bounds[1]}"
+            ends = ["?" if end is None else str(end) for end in (first, last)]
+            trained = f"iterations {ends[0]}..{ends[1]}"
         ended = inc["ended"] + (f" ({inc['error_type']})" if inc.get("error_type") else "")
+        wasted = bound_text(inc["wasted_iterations"], bounds.get(at + "wasted_iterations"), "d")
         lines.append(
             f"  {inc['index']}: {ended:<9} {trained}"
             f"  startup {startup}  intervals {inc['intervals']}"
-            f"  wasted {inc['wasted_iterations']} it / {inc['wasted_s']:.3f} s"
+            f"  wasted {wasted} it / {bound_text(inc['wasted_s'], bounds.get(at + 'wasted_s'))} s"
         )
         if inc.get("as_of"):
             lines.append(
@@ -61,8 +113,9 @@ def format_report(report: dict[str, Any]) -> str:
     stats = report["iterations"]
     if stats:
         anomalous = stats["anomalous"]
+        count = bound_text(stats["count"], bounds.get("iterations.count"), "d")
         lines.append(
-            f"iterations: {stats['count']}  median {stats['median_ms']} ms  "
+            f"iterations: {count}  median {stats['median_ms']} ms  "
             f"p90 {stats['p90_ms']} ms  max {stats['max_ms']} ms  "
             f"anomalous: {'?' if anomalous['count'] is None else anomalous['count']} over "
             f"{anomalous['threshold_ms']} ms"
@@ -77,12 +130,14 @@ def format_report(report: dict[str, Any]) -> str:
     lines += _advice_lines(report)
     if len(report["ranks"]) > 1:
         lines.append("ranks:")
-        lines += [_rank_line(r) for r in report["ranks"]]
+        lines += [_rank_line(r, bounds) for r in report["ranks"]]
     lines += _straggler_lines(report)
     lines += _hang_lines(report)
     if report["torn_lines"]:
         lines.append(f"torn lines skipped: {report['torn_lines']}")
     lines += [f"not computed: {reason}" for reason in report["not_computed"]]
+    reasons = dict.fromkeys(bound["reason"] for bound in bounds.values())
+    lines += [f"bounded: {reason}" for reason in reasons]
     liveness = report.get("liveness")
     if liveness is not None and (report.get("running") or liveness["notes"]):
         lines.append(f"liveness rule: {liveness['rule']}")
@@ -90,11 +145,24 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _rank_line(entry: dict[str, Any]) -> str:
+def _rank_line(entry: dict[str, Any], bounds: dict[str, Any]) -> str:
+    at = f"ranks.{entry['rank']}."
+    fraction = bounds.get(at + "goodput_fraction")
+    if fraction is not None:
+        fraction = {
+            **fraction,
+            **{
+                side: None if fraction[side] is None else 100 * fraction[side]
+                for side in ("lower", "upper")
+            },
+        }
     line = (
-        f"  rank {entry['rank']}: wall {entry['wall_s']:.3f} s  "
-        f"goodput {100 * entry['goodput_fraction']:.1f} %"
+        f"  rank {entry['rank']}: wall {bound_text(entry['wall_s'], bounds.get(at + 'wall_s'))} s  "
+        f"goodput {bound_text(100 * entry['goodput_fraction'], fraction, '.1f')} %"
     )
+    wasted = bounds.get(at + "wasted_iterations")
+    if wasted is not None:
+        line += f"  wasted {bound_text(entry['wasted_iterations'], wasted, 'd')} it"
     if entry.get("score") is not None:
         line += (
             f"  work {entry['work_ms_median']:.1f} ms  wait {entry['wait_ms_median']:.1f} ms"
@@ -110,7 +178,8 @@ def _straggler_lines(report: dict[str, Any]) -> list[str]:
     names = ", ".join(f"rank {rank}" for rank in found["ranks"]) or "none"
     return [
         f"stragglers: {names}  (rule: {found['rule']})",
-        f"time lost waiting for slower ranks: {report['straggler_s']:.3f} s",
+        "time lost waiting for the stragglers: "
+        f"{bound_text(report['straggler_s'], report.get('bounds', {}).get('straggler_s'))} s",
     ]
 
 
@@ -200,15 +269,25 @@ def _advice_lines(report: dict[str, Any]) -> list[str]:
         f"{figure(advice['mtbf_s'], 's')}{f' ({source})' if source else ''}, restart "
         f"{figure(advice['restart_s'], 's')}"
     ]
-    for name in ("now", "young", "daly"):
-        choice = advice[name]
+    for name in ("now", "young", "daly", "availability"):
+        choice = advice.get(name)
         if choice is None:
-            lines.append(f"  {name:<6} ?")
+            lines.append(f"  {name:<12} ?")
             continue
         every = "?" if choice["iterations"] is None else choice["iterations"]
         lines.append(
-            f"  {name:<6} every {every} iterations ({choice['interval_s']:.3f} s of training): "
+            f"  {name:<12} every {every} iterations ({choice['interval_s']:.3f} s of training): "
             f"badput {figure(choice['badput_per_day_s'], 's', '.1f')} a day"
+        )
+    model = advice.get("badput_model")
+    if model is not None:
+        lines.append(
+            "  badput a day by "
+            + (
+                "Young's first-order model"
+                if model == "young"
+                else "the exact model of random failures (Young's does not hold here)"
+            )
         )
     lines += [f"  not computed: {reason}" for reason in advice["not_computed"]]
     return lines

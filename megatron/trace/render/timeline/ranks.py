@@ -172,7 +172,7 @@ def _title(series: list[RankSeries], report: dict[str, Any] | None) -> str:
         note = f"stragglers: {names}"
         lost = report.get("straggler_s")
         if lost is not None:
-            note += f"; time lost waiting for slower ranks {duration_text(lost)}"
+            note += f"; time lost waiting for the stragglers {duration_text(lost)}"
         notes.append(note)
     if len(series) > LEGEND_RANKS:
         notes.append(f"{len(series)} ranks: the legend lists the stragglers, hover names a line")

@@ -269,3 +269,33 @@ def test_the_api_refuses_a_missing_folder_too(tmp_path) -> None:
     with pytest.raises(TraceOutputError, match="no folder"), replacing(tmp_path / "a" / "b.json"):
         pass
     assert not (tmp_path / "a").exists()
+
+
+def test_an_iteration_window_on_a_restarted_job_covers_those_iterations_not_the_gap(
+    tmp_path: Path,
+) -> None:
+    """Killed after iteration 12, resumed from the save at 4: iterations 5..7 ran twice.
+    The window is both runs of them (issue 40 item 9), not everything from the first
+    run's 5 to the second run's 7: not the killed run's 8..12, nor the restart's startup."""
+    import tracegen as g
+
+    path = g.write(
+        tmp_path / "t.jsonl",
+        g.lifecycle(0, intervals=6, per=2, kill_after=1),  # iterations 0..12
+        g.lifecycle(50, first=4, load=4, intervals=3, per=2),  # 4..9
+    )
+    out = tmp_path / "cut.json"
+    argv = [str(path), "--format", "chrome", "-o", str(out)]
+    assert run_command(export, [*argv, "--since", "iteration:5", "--until", "iteration:7"]) == 0
+    events = complete_events(chrome_helpers.load(out))
+    iterations = sorted(
+        (e["pid"], e["args"]["megatron.iteration"])
+        for e in events
+        if e["name"] == "megatron.train.iteration"
+    )
+    first, second = sorted({pid for pid, _ in iterations})
+    # each run's 5..7, and 4, which ends where 5 starts (8 starts after the save at 8)
+    assert [n for pid, n in iterations if pid == first] == [4, 5, 6, 7]
+    assert [n for pid, n in iterations if pid == second] == [4, 5, 6, 7]
+    names = {e["name"] for e in events}
+    assert not {"megatron.startup", "megatron.checkpoint.load"} & names

@@ -56,7 +56,9 @@ def test_the_panel_splits_each_ranks_iterations_into_work_and_wait(tmp_path: Pat
         "rank 1 work (score 0.44 · straggler)",
         "rank 1 iteration",
     ]
-    assert "stragglers: rank 1; time lost waiting for slower ranks 5.00 s" in fig.layout.title.text
+    assert (
+        "stragglers: rank 1; time lost waiting for the stragglers 5.00 s" in fig.layout.title.text
+    )
     assert 'id="iterations"' in timeline.render_html(tl)
 
 

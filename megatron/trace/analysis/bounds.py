@@ -1,0 +1,251 @@
+"""The figures a file can only bound, and their bounds: the report's ``bounds``.
+
+A SIGKILL loses what the rank's batch span processor had queued since its last
+export (up to ``OTEL_BSP_SCHEDULE_DELAY``, 5 s by default) and every span still
+open: the file of a killed incarnation ends at its last exported span, before the
+process really died. So:
+
+* the iterations it redid are at least those the file shows past the horizon
+  (:mod:`~megatron.trace.analysis.wasted`): a lower bound. The job's figure is the
+  largest any rank gives (the rank whose export got furthest), per incarnation and
+  in all; it is exact only when no rank's incarnation was killed;
+* the time from its last exported span to the next incarnation's first is
+  *unattributed*: no span says what it was. The sweep books it as ``restart_gap``
+  (so the categories still sum exactly to the wall clock), and the report says it
+  is a bound: ``restart_gap`` is at most its figure and at least that less the
+  unattributed time; each category whose spans a kill can take with it
+  (:data:`HIDDEN`) at least its figure and at most that plus the unattributed time
+  (and any ``other`` of the rank: a lost span's time the file shows no cover for);
+* a final killed incarnation (no successor) ended some unknown time after its last
+  span: the wall clock is a lower bound, and those categories have no upper bound.
+
+Each bound is ``{"lower": x or null, "upper": y or null, "reason": text}`` under the
+figure's path in the report (``wall_s``, ``badput_s.wasted_progress``,
+``ranks.1.goodput_s``, ``incarnations.0.wasted_iterations``...), in the figure's
+unit; a figure with no entry is exact. The shape is stated once, by
+:class:`~megatron.trace.analysis.report.Bound` and ``report.schema.json``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from megatron.trace.analysis.accounting import seconds
+from megatron.trace.model.identity import rank_value
+from megatron.trace.model.incarnation import Incarnation
+from megatron.trace_format.semconv import Category
+
+__all__ = ["HIDDEN", "furthest_waste", "report_bounds"]
+
+#: The categories whose spans a kill can lose (their time then unattributed).
+HIDDEN = (
+    Category.GOODPUT,
+    Category.WASTED_PROGRESS,
+    Category.CHECKPOINT_SAVE,
+    Category.EVALUATION,
+    Category.STARTUP,
+    Category.CHECKPOINT_LOAD,
+)
+
+_LOWER_COUNT = (
+    "a lower bound: incarnations {killed} were SIGKILLed, and the spans of their last "
+    "iterations (those the batch processor had not exported yet) never reached the file"
+)
+
+
+def _killed(incs: list[Incarnation]) -> list[int]:
+    return [inc.index for inc in incs if inc.ended == "killed"]
+
+
+def furthest_waste(ranks: dict[str, tuple[list[Incarnation], dict[str, Any]]]) -> dict[str, Any]:
+    """The job's wasted iterations over all ranks: per incarnation of the job rank (the
+    first), the most any rank's incarnation of that index shows, with its lower bound
+    and whether it is exact; and their sums, the job's.
+
+    A killed incarnation followed by another lost at least what the file shows past the
+    iteration its successor resumed from. One killed last (no successor yet) may have
+    finished and saved a checkpoint after its last exported span: its lower bound is 0.
+    Without iteration spans, an interval closed at an exception or a signal says its last
+    iteration from the passes begun, the one in flight too: one fewer is its lower bound.
+    """
+    per_rank = list(ranks.values())
+    job_incs, _ = per_rank[0]
+    figures: list[int | None] = []
+    lowers: list[int | None] = []
+    exact: list[bool] = []
+    for position in range(len(job_incs)):
+        counts, low, known = [], [], True
+        for incs, acc in per_rank:
+            entries = acc["per_incarnation"]
+            if position < len(entries) and entries[position]["wasted_iterations"] is not None:
+                counts.append(entries[position]["wasted_iterations"])
+                low.append(_lower(incs, position, entries[position]))
+                known = known and entries[position]["wasted_exact"]
+        figures.append(max(counts) if counts else None)
+        lowers.append(max(low) if low else None)
+        exact.append(known)
+    return {
+        "job": sum(f for f in figures if f is not None),
+        "job_lower": sum(low for low in lowers if low is not None),
+        "job_exact": all(exact),
+        "incarnations": figures,
+        "incarnations_lower": lowers,
+        "incarnations_exact": exact,
+    }
+
+
+def _lower(incs: list[Incarnation], position: int, entry: dict[str, Any]) -> int:
+    """The lower bound of one incarnation's wasted iterations (:func:`furthest_waste`)."""
+    inc, count = incs[position], entry["wasted_iterations"] or 0
+    if entry["wasted_exact"]:
+        return count
+    if inc.ended == "killed":
+        return 0 if position == len(incs) - 1 else count
+    if inc.ended in ("failed", "interrupted", "cut_short") and not inc.iterations:
+        return max(0, count - 1)  # its last interval may have counted the pass in flight
+    return count
+
+
+def _rank_lower(incs: list[Incarnation], accounting: dict[str, Any]) -> int:
+    """A rank's wasted iterations' lower bound (:func:`furthest_waste`'s rule, one rank)."""
+    entries = accounting["per_incarnation"]
+    return sum(_lower(incs, position, entry) for position, entry in enumerate(entries))
+
+
+def _floor6(value: float) -> float:
+    return math.floor(value * 1e6) / 1e6
+
+
+def _ceil6(value: float) -> float:
+    return min(1.0, math.ceil(value * 1e6) / 1e6)
+
+
+def _rank_tail(incs: list[Incarnation], accounting: dict[str, Any]) -> tuple[int, int, bool]:
+    """(the ns between killed incarnations' last spans and their successors' starts, the
+    ns a category may hold beyond its figure, whether the last incarnation was killed)."""
+    gap = 0
+    for position, inc in enumerate(incs[:-1]):
+        if inc.ended == "killed":
+            gap += max(0, incs[position + 1].start_ns - inc.end_ns)
+    killed = any(inc.ended == "killed" for inc in incs)
+    other = accounting["totals_ns"][Category.OTHER] if killed else 0
+    return gap, gap + other, bool(incs) and incs[-1].ended == "killed"
+
+
+def report_bounds(
+    report: dict[str, Any],
+    ranks: dict[str, tuple[list[Incarnation], dict[str, Any]]],
+    job_rank: str,
+    furthest: dict[str, Any],
+    not_computed: set[str],
+) -> dict[str, dict[str, Any]]:
+    """The report's ``bounds`` (module doc), from the ranks' incarnations and accounting."""
+    bounds: dict[str, dict[str, Any]] = {}
+
+    def bound(path: str, lower: Any, upper: Any, reason: str) -> None:
+        bounds[path] = {"lower": lower, "upper": upper, "reason": reason}
+
+    for rank, (incs, acc) in ranks.items():
+        killed = _killed(incs)
+        if not killed:
+            continue
+        gap, spare, open_end = _rank_tail(incs, acc)
+        totals, wall = acc["totals_ns"], acc["wall_ns"]
+        where = f"rank {rank_value(rank)}: incarnations {killed} were SIGKILLed"
+        unattributed = (
+            f"{where}; {seconds(gap):.3f} s between their last exported span and the restart "
+            "is unattributed (booked as restart_gap)"
+        )
+        if open_end:
+            unattributed += "; the last one ended some unknown time after its last span"
+        prefixes = [f"ranks.{rank_value(rank)}."]
+        if rank == job_rank:
+            prefixes.append("")
+        goodput = totals[Category.GOODPUT]
+        for prefix in prefixes:
+            if open_end:
+                bound(f"{prefix}wall_s", seconds(wall), None, unattributed)
+                bound(f"{prefix}goodput_fraction", None, None, unattributed)
+            elif spare and wall:
+                bound(f"{prefix}goodput_fraction", _floor6(goodput / wall),
+                      _ceil6((goodput + spare) / wall), unattributed)  # fmt: skip
+            if spare or open_end:
+                upper = None if open_end else seconds(goodput + spare)
+                bound(f"{prefix}goodput_s", seconds(goodput), upper, unattributed)
+        if rank != job_rank:
+            continue
+        for category in (*HIDDEN[1:], Category.RESTART_GAP, Category.OTHER):
+            if category in not_computed:
+                continue
+            figure = totals[category]
+            path = f"badput_s.{category}"
+            if category == Category.RESTART_GAP:
+                if gap:
+                    bound(path, seconds(max(0, figure - gap)), seconds(figure), unattributed)
+            elif category == Category.OTHER:
+                if figure:
+                    bound(
+                        path,
+                        0.0,
+                        seconds(figure),
+                        f"{where}: time nothing in the file covers may be a span the kill lost",
+                    )
+            elif spare or open_end:
+                upper = None if open_end else seconds(figure + spare)
+                lower = figure
+                if open_end and category == Category.WASTED_PROGRESS:
+                    # the last one may have saved after its last exported span
+                    lower -= acc["per_incarnation"][-1]["wasted_progress_ns"]
+                bound(path, seconds(lower), upper, unattributed)
+        for position, (inc, entry) in enumerate(zip(incs, acc["per_incarnation"], strict=True)):
+            if inc.ended != "killed":
+                continue
+            rest = (
+                max(0, incs[position + 1].start_ns - inc.end_ns)
+                if position + 1 < len(incs)
+                else None
+            )
+            wasted = entry["wasted_progress_ns"]
+            bound(
+                f"incarnations.{inc.index}.wasted_s",
+                seconds(wasted) if rest is not None else 0.0,
+                None if rest is None else seconds(wasted + rest + spare - gap),
+                f"incarnation {inc.index} was SIGKILLed: what it did after its last exported "
+                "span is unknown",
+            )
+
+    job_killed = sorted({i for incs, _ in ranks.values() for i in _killed(incs)})
+    for position, exact in enumerate(furthest["incarnations_exact"]):
+        lower = furthest["incarnations_lower"][position]
+        if not exact:
+            bound(f"incarnations.{position}.wasted_iterations", lower, None,
+                  _wasted_reason(job_killed))  # fmt: skip
+    if not furthest["job_exact"]:
+        bound("wasted_iterations", furthest["job_lower"], None, _wasted_reason(job_killed))
+    for rank, (incs, acc) in ranks.items():
+        if not acc["wasted_exact"]:
+            bound(f"ranks.{rank_value(rank)}.wasted_iterations", _rank_lower(incs, acc), None,
+                  _wasted_reason(_killed(incs)))  # fmt: skip
+    if report.get("iterations") is None and job_killed:
+        bound("iterations.count", 0, None,
+              "no megatron.train.iteration span was exported before the kill (or the "
+              "per_step span groups are off)")  # fmt: skip
+    job_incs = ranks[job_rank][0]
+    if report.get("iterations") and _killed(job_incs):
+        bound("iterations.count", report["iterations"]["count"], None,
+              _LOWER_COUNT.format(killed=_killed(job_incs)))  # fmt: skip
+    if report.get("stragglers") is not None and job_killed:
+        reason = "a lower bound: the iterations a kill kept from the file are not compared"
+        bound("straggler_s", report["straggler_s"], None, reason)
+    return bounds
+
+
+def _wasted_reason(killed: list[int]) -> str:
+    if killed:
+        return _LOWER_COUNT.format(killed=killed)
+    return (
+        "a lower bound: an interval closed at an exception or signal counts the iteration in "
+        "flight (which may not have finished), or an interval's iteration range is not known "
+        "(no per-iteration spans or interval attributes to derive it from)"
+    )

@@ -1,0 +1,91 @@
+"""``report`` of a long job history whose truth is known (section ``history``).
+
+The ground truth's :func:`~ground_truth.long_history`: two weeks of an 8-rank job
+killed 300 times at random points on random ranks (a slow rank, per-rank export
+delays, the last batch of each kill lost), written as the sink would have. It times
+``report --json --jobs 2`` as a whole process against the floor (``json.loads`` of
+every line, a process of its own), records its peak RSS, and says how its goodput
+compares with the truth (inside its bounds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from harness import REPO_ROOT, Run
+from trace_commands import _FLOOR, _TRACE, _process
+
+
+def bench_long_history(repeats: int) -> dict[str, Any]:
+    """Floor and report of the long history, interleaved; medians of wall time, peak RSS."""
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "support"))
+    import ground_truth as gt
+
+    py = sys.executable
+    directory = Path(tempfile.mkdtemp(prefix="bench-history-"))
+    try:
+        simulated = gt.simulate(gt.long_history(days=14, ranks=8, kills=300))
+        (path,) = gt.write(simulated, directory / "traces.jsonl")
+        size_mb = path.stat().st_size / 2**20
+        report_argv = [py, "-c", _TRACE, "msgspec", "report", "--json", "--jobs", "2", str(path)]
+        commands = {"floor": [py, "-c", _FLOOR, str(path)], "report": report_argv}
+        walls: dict[str, list[float]] = {name: [] for name in commands}
+        peaks: dict[str, list[float]] = {name: [] for name in commands}
+        for _ in range(repeats):
+            for name, argv in commands.items():
+                wall, _, peak = _process(argv)
+                walls[name].append(wall)
+                peaks[name].append(peak)
+        out = subprocess.run(
+            report_argv, capture_output=True, text=True, check=True,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        ).stdout  # fmt: skip
+        report = json.loads(out.splitlines()[-1])
+    finally:
+        for child in directory.iterdir():
+            child.unlink()
+        directory.rmdir()
+    truth = simulated.truth
+    return {
+        "size_mb": size_mb,
+        "wall": {name: statistics.median(values) for name, values in walls.items()},
+        "peak_mb": {name: max(values) for name, values in peaks.items()},
+        "goodput_s": report["goodput_s"],
+        "goodput_bound": report["bounds"].get("goodput_s"),
+        "true_goodput_s": truth.job.goodput_ns / 1e9,
+        "wasted": report["wasted_iterations"],
+        "true_wasted": truth.wasted_iterations,
+        "failures": report["checkpoint_advice"]["failures"],
+        "true_failures": truth.failures,
+    }
+
+
+def section_history(run: Run) -> None:
+    figures = bench_long_history(1 if run.quick else 3)
+    wall, peak = figures["wall"], figures["peak_mb"]
+    bound = figures["goodput_bound"] or {"lower": figures["goodput_s"], "upper": None}
+    base = f"floor {wall['floor']:.2f} s ({figures['size_mb']:.0f} MB: 14 days, 8 ranks, 300 kills)"
+    upper = "" if bound["upper"] is None else f"{bound['upper']:.0f}"
+    truth = (
+        f"goodput {bound['lower']:.0f}–{upper} s, true {figures['true_goodput_s']:.0f}"
+        f"; failures {figures['failures']} of {figures['true_failures']}"
+    )
+    run.record(
+        "report_long_history_floor_ratio",
+        wall["report"] / wall["floor"],
+        f"{wall['report']:.2f} s ({truth})",
+        base,
+    )
+    run.record(
+        "report_long_history_peak_mb",
+        peak["report"],
+        f"{peak['report']:.1f} MB",
+        f"the floor's {peak['floor']:.1f} MB",
+    )

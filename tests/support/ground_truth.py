@@ -1,0 +1,579 @@
+"""Job histories whose truth is known: the files the trainer would write, and the truth beside.
+
+A :class:`History` is a plan: ranks, an iteration time, a save interval, and
+a sequence of incarnations, each ending in a clean exit or a SIGKILL at a
+chosen point (inside an iteration or a save, before the first checkpoint as
+well as after), followed by a restart gap. :func:`simulate` runs the plan on
+a clock of integer nanoseconds and returns, per rank, every span the job
+produced (the ones it never got to export included) and a :class:`Truth`:
+where every nanosecond of each rank's wall clock went, by the categories of
+``megatron/trace/README.md`` applied to what really happened, the iterations
+each incarnation redid, the failures, the stragglers. :func:`write` then
+writes what the sink would have: spans in the order they ended, exported in
+batches (``BatchSpanProcessor``: every ``export_delay_s`` of the rank, and
+whenever 512 are queued) as OTLP/JSON lines, through :mod:`synthetic`'s line
+builder; a SIGKILL loses whatever was queued since the rank's last export,
+and the span in flight. Ranks share one file (``all_ranks``), their lines in
+the order they were written, unless ``per_rank_files``.
+
+How the job behaves, so the truth can be worked out without the reader:
+
+* Data-parallel ranks step together: every rank's iteration lasts as long as
+  the slowest rank's work plus the all-reduce (``sync_s``); a rank's
+  ``megatron.grad_sync.finish`` span is what it waited, the rest its work.
+* A SIGKILL strikes ``victim`` at a point of the phase in flight; the other
+  ranks block in the collective of that phase and are SIGKILLed by the agent
+  ``teardown_s`` later (they lose their own unexported tail too).
+* A save is durable once it ended before the kill; the next incarnation
+  resumes from the latest durable save (a ``megatron.checkpoint.load`` in its
+  startup), or from iteration 0 when there is none.
+* A clean exit saves first (Megatron-LM's save at the end of training) unless
+  it just saved.
+* A hang: one rank stops in its own work, the others wait for it; the
+  watchdog reports it on every rank, and a SIGTERM ends them all (everything
+  exported, the spans in flight cut short). Its time from the last progress
+  is ``hang``; the iterations past the last save are redone, as after a kill.
+
+:func:`long_history` makes weeks of such a job (hundreds of kills, many
+ranks) for the benchmarks.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from synthetic import _bool, _double, _int, _resource, _Writer
+
+__all__ = [
+    "BATCH",
+    "History",
+    "Plan",
+    "RankTruth",
+    "Simulated",
+    "Truth",
+    "long_history",
+    "simulate",
+    "write",
+]
+
+NS = 1_000_000_000
+BATCH = 512  # the batch processor's max_export_batch_size
+T0_NS = 1_796_119_852_000_000_000
+CATEGORIES = (
+    "queue",
+    "launch",
+    "startup",
+    "checkpoint_load",
+    "checkpoint_save",
+    "evaluation",
+    "hang",
+    "wasted_progress",
+    "restart_gap",
+    "other",
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One incarnation: ``iterations`` finished, then its ending.
+
+    ``killed``: a SIGKILL ``into`` (0..1) of the way through the phase after
+    them: the next iteration, or the save when ``in_save`` (only where a save
+    falls due). ``hang``: rank ``victim`` stops in its own work in the next
+    iteration, the others wait for it in the all-reduce; each rank's watchdog
+    reports the stall ``hang_timeout_s`` after the last progress, and the
+    operator's SIGTERM ends every rank ``hang_s`` after it (the spans in
+    flight written cut short). ``shutdown``: a clean exit. ``gap_s``: the
+    restart gap after it.
+    """
+
+    iterations: int
+    ending: Literal["shutdown", "killed", "hang"] = "shutdown"
+    into: float = 0.5
+    in_save: bool = False
+    victim: int = 0
+    gap_s: float = 30.0
+    hang_s: float = 60.0
+    hang_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class History:
+    """A job's plan: its ranks, how fast they are, how they save, export and restart."""
+
+    incarnations: tuple[Plan, ...]
+    ranks: int = 2
+    work_s: float = 1.0  # a rank's work per iteration at factor 1
+    sync_s: float = 0.05  # the all-reduce every rank waits for, even the slowest
+    factors: tuple[float, ...] = ()  # per rank: its work is work_s * factor (default all 1)
+    save_interval: int = 10
+    save_s: float = 2.0
+    startup_s: float = 20.0
+    load_s: float = 3.0  # inside the startup of a resumed incarnation
+    teardown_s: float = 0.5  # the agent kills the other ranks this long after the victim
+    export_delay_s: tuple[float, ...] = ()  # per rank (default 5 s, the SDK's); 0: as each ends
+    export_phase_s: tuple[float, ...] = ()  # per rank: the first export this long after start
+    groups: Literal["per_step", "default"] = "per_step"
+    per_rank_files: bool = False
+    t0_ns: int = T0_NS
+
+    def factor(self, rank: int) -> float:
+        return self.factors[rank] if rank < len(self.factors) else 1.0
+
+    def delay_ns(self, rank: int) -> int:
+        delay = self.export_delay_s[rank] if rank < len(self.export_delay_s) else 5.0
+        return round(delay * NS)
+
+    def phase_ns(self, rank: int) -> int:
+        phase = self.export_phase_s[rank] if rank < len(self.export_phase_s) else 0.0
+        return round(phase * NS)
+
+
+@dataclass
+class IncarnationTruth:
+    index: int
+    ended: str  # "shutdown", "killed" or "cut_short" (a hang, ended by SIGTERM)
+    start_ns: int
+    end_ns: int  # when this rank's process really died (or exited)
+    resumed_from: int  # the checkpoint it loaded (0: started afresh)
+    first_iteration: int
+    finished: int  # iterations it finished
+    horizon: int | None  # iterations from this number on were redone (None: none were)
+    wasted_iterations: int
+    wasted_ns: int
+
+
+@dataclass
+class RankTruth:
+    rank: int
+    wall_ns: int
+    accounting_ns: dict[str, int]  # "goodput" and every badput category
+    incarnations: list[IncarnationTruth]
+    iterations: int  # finished iterations, over the incarnations
+    work_ns: int  # per iteration
+    wait_ns: int
+
+    @property
+    def goodput_ns(self) -> int:
+        return self.accounting_ns["goodput"]
+
+    @property
+    def wasted_iterations(self) -> int:
+        return sum(inc.wasted_iterations for inc in self.incarnations)
+
+
+@dataclass
+class Truth:
+    """What really happened, per rank and for the job."""
+
+    ranks: list[RankTruth]
+    failures: int  # incarnations ended by a kill or a hang
+    restarts: int
+    straggler_ranks: list[int]  # work over 1/0.75 times the fastest's (NVRx's 0.75 score)
+    straggler_ns: int  # per counted iteration, slowest straggler's - slowest other's work
+    counted_iterations: int  # iterations all ranks finished, past each incarnation's warm-up 2
+    # (incarnation, the rank that stopped in its own work, ns from the last progress to the end)
+    hangs: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @property
+    def job(self) -> RankTruth:
+        """The lowest rank: the one the report's job-level figures come from."""
+        return self.ranks[0]
+
+    @property
+    def wasted_iterations(self) -> int:
+        """The job's redone iterations: the most any rank finished past a horizon."""
+        return max(r.wasted_iterations for r in self.ranks)
+
+
+@dataclass
+class _Span:
+    """A span the job produced, in the words :class:`synthetic._Writer` takes."""
+
+    name: str
+    trace: str
+    span_id: str
+    parent: str
+    start: int
+    end: int
+    attributes: str = ""
+    links: str = ""
+    depth: int = 0  # children end before (or with) their parents: written first
+
+
+@dataclass
+class Simulated:
+    history: History
+    truth: Truth
+    # per rank, per incarnation: (what makes the spans it produced, when it died or exited,
+    # killed?); the spans are made as they are written, so a long history is never whole
+    # in memory
+    produced: list[list[tuple[Callable[[], list[_Span]], int, bool]]] = field(default_factory=list)
+
+
+class _Ids:
+    def __init__(self) -> None:
+        self._next = itertools.count(1)
+
+    def span(self) -> str:
+        return f"{next(self._next):016x}"
+
+    def trace(self) -> str:
+        return f"{next(self._next):032x}"
+
+
+def simulate(history: History) -> Simulated:
+    """Run the plan: every rank's spans (written or not) and the truth."""
+    ids = _Ids()
+    ranks = history.ranks
+    works = [round(history.work_s * history.factor(r) * NS) for r in range(ranks)]
+    step_ns = max(works) + round(history.sync_s * NS)
+    save_ns, startup_ns, load_ns = (
+        round(x * NS) for x in (history.save_s, history.startup_s, history.load_s)
+    )
+    teardown_ns = round(history.teardown_s * NS)
+    per_step = history.groups == "per_step"
+    accounting = [dict.fromkeys(("goodput", *CATEGORIES), 0) for _ in range(ranks)]
+    incs: list[list[IncarnationTruth]] = [[] for _ in range(ranks)]
+    produced: list[list[tuple[Callable[[], list[_Span]], int, bool]]] = [[] for _ in range(ranks)]
+    durable = 0  # the latest durable checkpoint's iteration
+    now = history.t0_ns
+    ends = [now] * ranks  # where each rank's previous incarnation died
+    failures = counted = 0
+    hangs: list[tuple[int, int, int]] = []
+
+    for index, plan in enumerate(history.incarnations):
+        start, resumed_from = now, durable
+        for r in range(ranks):
+            if index:
+                accounting[r]["restart_gap"] += start - ends[r]
+        # the timeline every rank lives through: (kind, start, end, iteration)
+        phases: list[tuple[str, int, int, int]] = []
+        t, iteration = start + startup_ns, resumed_from
+        for _ in range(plan.iterations):
+            phases.append(("iteration", t, t + step_ns, iteration))
+            t += step_ns
+            iteration += 1
+            if iteration % history.save_interval == 0:
+                phases.append(("save", t, t + save_ns, iteration))
+                t += save_ns
+        killed = plan.ending == "killed"
+        hung = plan.ending == "hang"
+        if plan.ending == "shutdown" and (not phases or phases[-1][0] != "save"):
+            phases.append(("save", t, t + save_ns, iteration))  # the save at the end
+            t += save_ns
+        death = t
+        if killed:
+            if plan.in_save and phases and phases[-1][0] == "save":
+                kind, a, b, at = phases.pop()  # the kill strikes during this save
+            else:  # (in_save where no save falls due, resumed off the cadence: in the step)
+                kind, a, b, at = "iteration", t, t + step_ns, iteration
+            death = a + max(1, min(b - a - 1, round((b - a) * plan.into)))
+            in_flight = (kind, a, at)
+            failures += 1
+        if hung:  # stalls in the next iteration; SIGTERMed hang_s later
+            in_flight = ("hang", t, iteration)
+            death = t + round(plan.hang_s * NS)
+            failures += 1
+            hangs.append((index, plan.victim, death - t))
+        saves_done = [p[3] for p in phases if p[0] == "save"]
+        if saves_done:
+            durable = saves_done[-1]
+        final = index == len(history.incarnations) - 1
+        # the horizon: iterations from here on were redone (or, after the last, lost)
+        horizon = durable if killed or hung else None
+        finished = plan.iterations
+
+        for r in range(ranks):
+            dies = death + (teardown_ns if killed and r != plan.victim else 0)
+            spans = functools.partial(
+                _rank_spans, ids, history, r, index, start, phases, resumed_from, works[r],
+                step_ns, in_flight if killed or hung else None, final,
+                (plan, dies) if hung else None,
+            )  # fmt: skip
+            acc = accounting[r]
+            acc["startup"] += startup_ns - (load_ns if resumed_from else 0)
+            acc["checkpoint_load"] += load_ns if resumed_from else 0
+            wasted = wasted_ns = 0
+            for kind, a, b, at in phases:
+                if kind == "save":
+                    acc["checkpoint_save"] += b - a
+                elif horizon is not None and at >= horizon:
+                    acc["wasted_progress"] += b - a
+                    wasted, wasted_ns = wasted + 1, wasted_ns + b - a
+                else:
+                    acc["goodput"] += b - a
+            if killed:
+                kind, a, _ = in_flight
+                acc["checkpoint_save" if kind == "save" else "wasted_progress"] += dies - a
+                wasted_ns += dies - a
+            if hung:  # from the last progress to the end: the hang (it wins over the rest)
+                acc["hang"] += dies - in_flight[1]
+            ended = "killed" if killed else "cut_short" if hung else "shutdown"
+            incs[r].append(
+                IncarnationTruth(
+                    index, ended, start, dies, resumed_from,
+                    resumed_from, finished, horizon, wasted, wasted_ns,
+                )
+            )  # fmt: skip
+            produced[r].append((spans, dies, killed))
+            ends[r] = dies
+        counted += max(0, finished - 2)
+        now = max(ends) + round(plan.gap_s * NS)
+
+    rank_truths = []
+    for r in range(ranks):
+        wall = ends[r] - history.t0_ns
+        assert sum(accounting[r].values()) == wall, (accounting[r], wall)
+        rank_truths.append(
+            RankTruth(
+                r, wall, accounting[r], incs[r],
+                sum(i.finished for i in incs[r]), works[r], step_ns - works[r],
+            )
+        )  # fmt: skip
+    fastest = min(works)
+    stragglers = [r for r in range(ranks) if fastest / works[r] < 0.75] if ranks > 1 else []
+    healthy = [works[r] for r in range(ranks) if r not in stragglers]
+    # what the stragglers cost: their slowest work over the slowest healthy rank's
+    lost = max(works) - max(healthy) if stragglers and per_step else 0
+    truth = Truth(rank_truths, failures, len(history.incarnations) - 1, stragglers,
+                  counted * lost, counted, hangs)  # fmt: skip
+    return Simulated(history, truth, produced)
+
+
+def _rank_spans(
+    ids: _Ids,
+    history: History,
+    rank: int,
+    index: int,
+    start: int,
+    phases: list[tuple[str, int, int, int]],
+    resumed_from: int,
+    work_ns: int,
+    step_ns: int,
+    in_flight: tuple[str, int, int] | None,
+    final: bool,
+    hang: tuple[Plan, int] | None = None,
+) -> list[_Span]:
+    """One rank's spans of one incarnation, as the lifecycle produces them (at a SIGKILL
+    the in-flight interval and step never end, so they are not among them; at a hang's
+    SIGTERM they are written cut short, the watchdog's stall record under the step)."""
+    spans: list[_Span] = []
+    trace, startup = ids.trace(), ids.span()
+    startup_ns, load_ns = round(history.startup_s * NS), round(history.load_s * NS)
+    half = startup_ns // 2
+    imports, model_init = ids.span(), ids.span()
+    spans.append(_Span("megatron.startup.imports", trace, imports, startup, start, start + half,
+                       depth=1))  # fmt: skip
+    if resumed_from:
+        spans.append(_Span("megatron.checkpoint.load", trace, ids.span(), model_init,
+                           start + half, start + half + load_ns,
+                           _int("megatron.iteration", resumed_from), depth=2))  # fmt: skip
+    spans.append(_Span("megatron.startup.model_init", trace, model_init, startup, start + half,
+                       start + startup_ns, depth=1))  # fmt: skip
+    spans.append(_Span("megatron.startup", trace, startup, "", start, start + startup_ns,
+                       _bool("is_goodput_span", True)))  # fmt: skip
+    per_step = history.groups == "per_step"
+    previous, previous_trace = startup, trace
+    interval_index, interval_start = 0, start + startup_ns
+    interval_trace, interval = ids.trace(), ids.span()
+    first = resumed_from
+    for kind, a, b, at in phases:
+        if kind == "iteration":
+            if per_step:
+                it = ids.span()
+                wait = step_ns - work_ns
+                spans.append(
+                    _Span(
+                        "megatron.grad_sync.finish",
+                        interval_trace,
+                        ids.span(),
+                        it,
+                        b - wait,
+                        b,
+                        _int("megatron.iteration", at),
+                        depth=2,
+                    )
+                )
+                spans.append(_Span("megatron.train.iteration", interval_trace, it, interval, a, b,
+                                   _int("megatron.iteration", at), depth=1))  # fmt: skip
+            continue
+        spans.append(_Span("megatron.checkpoint.save", interval_trace, ids.span(), interval, a, b,
+                           _int("megatron.iteration", at), depth=1))  # fmt: skip
+        last_phase = (kind, a, b, at) == phases[-1]
+        rerooted = not last_phase or in_flight is not None
+        attributes = ",".join(
+            (
+                _bool("is_goodput_span", True),
+                _int("megatron.interval.index", interval_index),
+                _bool("megatron.interval.rerooted", rerooted),
+                _int("megatron.interval.first_iteration", first),
+                _int("megatron.interval.last_iteration", at - 1),
+            )
+        )
+        link = f'{{"traceId":"{previous_trace}","spanId":"{previous}","flags":256}}'
+        spans.append(_Span("megatron.train", interval_trace, interval, "", interval_start, b,
+                           attributes, link))  # fmt: skip
+        previous, previous_trace = interval, interval_trace
+        interval_index, interval_start, first = interval_index + 1, b, at
+        interval_trace, interval = ids.trace(), ids.span()
+    if hang is not None and in_flight is not None:
+        plan, end = hang
+        _, a, at = in_flight
+        cut = _bool("megatron.span.cut_short", True)
+        step = ids.span()
+        # the watchdog writes its record under the innermost open span, whatever the groups
+        detected = a + round(plan.hang_timeout_s * NS)
+        stalled_in = "megatron.train.iteration" if per_step else "megatron.train"
+        record = ",".join(
+            (
+                _int("megatron.iteration", at),
+                _double("megatron.hang.stalled_s", round(plan.hang_timeout_s, 3)),
+                _double("megatron.hang.timeout_s", plan.hang_timeout_s),
+                _int("megatron.hang.last_progress_unix_nano", a),
+                _str("megatron.hang.span", stalled_in),
+                _str("megatron.hang.frame", "train.py:1 in _own_work" if rank == plan.victim
+                     else "torch/autograd/graph.py:979 in _engine_run_backward"),
+                _bool("megatron.hang.waiting", rank != plan.victim),
+                *([_int("megatron.hang.last_iteration", at - 1)] if at else []),
+            )
+        )  # fmt: skip
+        spans.append(_Span("megatron.hang", interval_trace, ids.span(),
+                           step if per_step else interval, detected, detected, record,
+                           depth=2 if per_step else 1))  # fmt: skip
+        if per_step:
+            spans.append(_Span("megatron.train.iteration", interval_trace, step, interval, a, end,
+                               _int("megatron.iteration", at) + "," + cut, depth=1))  # fmt: skip
+        attributes = ",".join(
+            (
+                _bool("is_goodput_span", True),
+                _int("megatron.interval.index", interval_index),
+                _bool("megatron.interval.rerooted", False),
+                _int("megatron.interval.first_iteration", first),
+                cut,
+            )
+        )
+        link = f'{{"traceId":"{previous_trace}","spanId":"{previous}","flags":256}}'
+        spans.append(_Span("megatron.train", interval_trace, interval, "", interval_start, end,
+                           attributes, link))  # fmt: skip
+    return spans
+
+
+def _str(key: str, value: str) -> str:
+    return f'{{"key":"{key}","value":{{"stringValue":"{value}"}}}}'
+
+
+def _exports(
+    spans: list[_Span], start: int, dies: int, killed: bool, delay: int, phase: int
+) -> Iterator[tuple[int, list[_Span]]]:
+    """(when, batch): what the batch processor wrote of these spans, the batches in order."""
+    ordered = sorted(spans, key=lambda s: (s.end, -s.depth))
+    pending: list[_Span] = []
+    tick = start + phase if phase else start + delay
+    for span in ordered:
+        if delay == 0:
+            yield span.end, [span]
+            continue
+        while tick < span.end:
+            if pending:
+                yield tick, pending
+                pending = []
+            tick += delay
+        pending.append(span)
+        if len(pending) == BATCH:  # a full batch is exported at once
+            yield span.end, pending
+            pending = []
+    if not pending:
+        return
+    if not killed:
+        yield dies, pending  # the shutdown's flush
+    elif tick <= dies:
+        yield tick, pending  # exported at the last tick before the kill; after it, lost
+
+
+def write(simulated: Simulated, path: Path) -> list[Path]:
+    """Write the files the job would have left; returns their paths (``path``, or one per
+    rank beside it). Streams: one incarnation of each rank is in memory at a time."""
+    history = simulated.history
+    ids = itertools.count(1)
+
+    def lines_of(rank: int) -> Iterator[tuple[int, int, int, str]]:
+        """(when, rank, n, line) of the rank's lines, in the order it wrote them."""
+        n = 0
+        for index, (make, dies, killed) in enumerate(simulated.produced[rank]):
+            pid = 10_000 + rank * 1_000 + index
+            writer = _Writer(_resource(rank, history.ranks, pid, "truth"), ids, BATCH + 1)
+            spans = make()
+            start = min(s.start for s in spans)
+            for when, batch in _exports(
+                spans, start, dies, killed, history.delay_ns(rank), history.phase_ns(rank)
+            ):
+                for s in batch:
+                    writer.span(s.name, s.trace, s.span_id, s.parent, s.start, s.end,
+                                s.attributes, s.links)  # fmt: skip
+                writer.flush()
+                yield when, rank, n, writer.lines.pop()
+                n += 1
+
+    if history.per_rank_files:
+        paths = []
+        for rank in range(history.ranks):
+            rank_path = path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+            with rank_path.open("w") as file:
+                file.writelines(text for *_, text in lines_of(rank))
+            paths.append(rank_path)
+        return paths
+    with path.open("w") as file:  # the ranks' lines in the order they were appended
+        merged = heapq.merge(*(lines_of(rank) for rank in range(history.ranks)))
+        file.writelines(text for *_, text in merged)
+    return [path]
+
+
+def long_history(
+    *,
+    days: float = 14,
+    ranks: int = 8,
+    kills: int = 300,
+    iteration_s: float = 30.0,
+    save_interval: int = 20,
+    seed: int = 0,
+) -> History:
+    """Weeks of a job killed ``kills`` times at random points on random ranks (about
+    ``days`` of training in all), with a slow rank and per-rank export delays."""
+    rng = random.Random(seed)
+    total = round(days * 86400 / iteration_s)
+    cuts = sorted(rng.sample(range(1, total), kills))
+    plans = []
+    done = 0
+    for cut in cuts:
+        plans.append(
+            Plan(
+                max(0, cut - done),
+                "killed",
+                into=rng.uniform(0.05, 0.95),
+                victim=rng.randrange(ranks),
+                gap_s=rng.uniform(10, 600),
+            )
+        )
+        done = cut
+    plans.append(Plan(max(1, total - done)))
+    return History(
+        tuple(plans),
+        ranks=ranks,
+        work_s=iteration_s,
+        sync_s=0.5,
+        factors=tuple(1.4 if r == ranks - 1 else 1.0 for r in range(ranks)),
+        save_interval=save_interval,
+        save_s=20.0,
+        startup_s=120.0,
+        load_s=30.0,
+        export_delay_s=tuple(5.0 + r % 3 for r in range(ranks)),
+        export_phase_s=tuple(0.5 * r for r in range(ranks)),
+    )
