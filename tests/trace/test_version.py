@@ -17,9 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import tomllib
-
 import pytest
+import tomllib
 
 import megatron.trace
 

@@ -27,8 +27,8 @@ The figures, all from the job rank's spans:
   restarts of the gap before the incarnation and its startup (the checkpoint
   load in it); with no restart in the trace, the first startup.
 * ``iteration_ms``: the median iteration time, to turn an interval into
-  iterations; ``now``: the interval the job used (the median step between the
-  iterations it saved at, times ``iteration_ms``).
+  iterations; ``now``: the interval the job used (the most common step between
+  the iterations it saved at, times ``iteration_ms``).
 
 Each choice (``now``, ``young``, ``daly``) carries the badput per day it is
 expected to cost, by Young's first-order model: a save every ``tau`` of
@@ -67,6 +67,7 @@ else ``exponential``).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 import statistics
@@ -179,7 +180,9 @@ def _save_cost(incs: list[Incarnation]) -> tuple[float | None, int]:
 
 
 def _save_step(incs: list[Incarnation]) -> int | None:
-    """The median step between the iterations the job saved at."""
+    """The step the job saved at: the most common step between the iterations it saved at
+    (ties: the longest), so the save at the end of training, after a shorter step, is not
+    taken for the interval (saves at 50, 100 and a final 120: every 50)."""
     saved = sorted(
         {
             s["attributes"][ITERATION]
@@ -188,8 +191,8 @@ def _save_step(incs: list[Incarnation]) -> int | None:
             if isinstance(s["attributes"].get(ITERATION), int)
         }
     )
-    steps = [b - a for a, b in itertools.pairwise(saved)]
-    return int(statistics.median_low(steps)) if steps else None
+    steps = collections.Counter(b - a for a, b in itertools.pairwise(saved))
+    return max(steps, key=lambda step: (steps[step], step)) if steps else None
 
 
 def _restart_cost(entries: list[dict[str, Any]]) -> float | None:

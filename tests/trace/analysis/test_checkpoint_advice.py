@@ -196,3 +196,21 @@ def test_the_availability_optimum_is_the_best_interval_and_young_s_to_first_orde
         assert exponential_badput_per_day(tau, c, m, r) <= 86400
     assert availability_optimum(1, 1e7) == pytest.approx(young(1, 1e7), rel=1e-3)
     assert availability_optimum(30, 86400) == pytest.approx(daly(30, 86400), rel=1e-3)
+
+
+def test_the_interval_now_is_the_step_the_job_saved_at_not_the_short_one_at_the_end() -> None:
+    """Saves every 50 and, as Megatron-LM does, once more where training ends (120): the
+    interval the job used is 50, not the 20 the median of two steps would take."""
+    from types import SimpleNamespace
+
+    from megatron.trace.analysis.checkpoint_advice import _save_step
+    from megatron.trace_format.semconv import ITERATION
+
+    def saved_at(*iterations: int) -> SimpleNamespace:
+        return SimpleNamespace(saves=[{"attributes": {ITERATION: i}} for i in iterations])
+
+    assert _save_step([saved_at(50, 100, 120)]) == 50
+    # a resumed job: the killed run saved at 50, the resumed one at 100 and at its end
+    assert _save_step([saved_at(50), saved_at(50, 100, 120)]) == 50
+    assert _save_step([saved_at(10, 20, 25, 35, 45)]) == 10
+    assert _save_step([saved_at(50)]) is None
