@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from megatron.trace.render.text.report import bound_text
 from megatron.trace_format.semconv import (
     Category,
 )
@@ -66,10 +67,14 @@ def summary_figure(report: dict[str, Any]) -> Any:
     import plotly.graph_objects as go
 
     wall = report["wall_s"] or 1.0
+    bounds = report.get("bounds", {})
     fig = go.Figure()
     for name, seconds in _shares(report):
         percent = 100 * seconds / wall
         label = name.replace("_", " ")
+        bound = bounds.get("goodput_s" if name == Category.GOODPUT else f"badput_s.{name}")
+        # the bar is the booking (it sums to the wall clock); a bounded share says so
+        between = f"<br>between {bound_text(None, bound)} s (bounded)" if bound else ""
         fig.add_trace(
             go.Bar(
                 name=label,
@@ -81,7 +86,9 @@ def summary_figure(report: dict[str, Any]) -> Any:
                 textposition="inside",
                 insidetextanchor="middle",
                 textangle=0,
-                hovertext=[f"<b>{label}</b><br>{seconds:.3f} s<br>{percent:.1f} % of wall clock"],
+                hovertext=[
+                    f"<b>{label}</b><br>{seconds:.3f} s<br>{percent:.1f} % of wall clock{between}"
+                ],
                 hoverinfo="text",
                 showlegend=False,
             )
@@ -100,28 +107,48 @@ def summary_figure(report: dict[str, Any]) -> Any:
 
 
 def summary_html(report: dict[str, Any]) -> str:
-    """The figures, as a few ``<span>`` items: goodput, largest badput, waste, iterations."""
-    wall = report["wall_s"]
+    """The figures, as a few ``<span>`` items: goodput, largest badput, waste, iterations.
 
-    def percent(seconds: float) -> str:
-        return f"{100 * seconds / wall:.1f} %" if wall else "-"
+    A figure the report can only bound (a SIGKILL kept part of the job from the file)
+    is shown as its bound, as ``report`` prints it, and each reason once below."""
+    wall = report["wall_s"]
+    bounds = report.get("bounds", {})
+
+    def percent(seconds: float, path: str) -> str:
+        if not wall:
+            return "-"
+        if "wall_s" in bounds:  # a share of a whole that is itself only bounded
+            return "? %"
+        bound = bounds.get(path)
+        if bound is None:
+            return f"{100 * seconds / wall:.1f} %"
+        scaled = {
+            side: None if bound[side] is None else 100 * bound[side] / wall
+            for side in ("lower", "upper")
+        }
+        return f"{bound_text(None, scaled, '.1f')} %"
+
+    def seconds_text(seconds: float, path: str) -> str:
+        bound = bounds.get(path)
+        return duration_text(seconds) if bound is None else f"{bound_text(None, bound)} s"
 
     items = []
     if report.get("running"):
         items.append(f"<b>running</b>: figures as of {html.escape(str(report['as_of']))}")
     items += [
-        f"wall clock <b>{duration_text(wall)}</b>",
-        f"goodput <b>{percent(report['goodput_s'])}</b> ({duration_text(report['goodput_s'])})",
+        f"wall clock <b>{seconds_text(wall, 'wall_s')}</b>",
+        f"goodput <b>{percent(report['goodput_s'], 'goodput_s')}</b> "
+        f"({seconds_text(report['goodput_s'], 'goodput_s')})",
     ]
     computed = [(name, s) for name, s in report["badput_s"].items() if s is not None]
     badput = sorted(computed, key=lambda item: -item[1])
     # the three largest that show at one decimal (0.0 % says nothing)
     shown = [(name, s) for name, s in badput if wall and 1000 * s / wall >= 0.5][:3]
-    largest = [f"{name.replace('_', ' ')} {percent(s)}" for name, s in shown]
+    largest = [f"{name.replace('_', ' ')} {percent(s, f'badput_s.{name}')}" for name, s in shown]
     if largest:
         items.append("largest badput: " + ", ".join(largest))
-    wasted = report["wasted_iterations"]
-    items.append(f"wasted iterations <b>{'?' if wasted is None else wasted}</b>")
+    wasted = bound_text(report["wasted_iterations"], bounds.get("wasted_iterations"), "d")
+    items.append(f"wasted iterations <b>{wasted}</b>")
     stats = report.get("iterations")
     if stats:
         anomalous = stats["anomalous"]
@@ -140,7 +167,7 @@ def summary_html(report: dict[str, Any]) -> str:
         )
         items.append(
             f"stragglers <b>{names or 'none'}</b>, "
-            f"{duration_text(report['straggler_s'])} lost waiting for them"
+            f"{seconds_text(report['straggler_s'], 'straggler_s')} lost waiting for them"
         )
     for hang in report.get("hangs", []):
         role = "culprit" if hang["culprit"] else "waiting"
@@ -154,6 +181,10 @@ def summary_html(report: dict[str, Any]) -> str:
     notes = "".join(
         f"<div class='note'>not computed: {html.escape(reason)}</div>"
         for reason in report.get("not_computed", [])
+    )
+    notes += "".join(
+        f"<div class='note'>bounded: {html.escape(reason)}</div>"
+        for reason in dict.fromkeys(bound["reason"] for bound in bounds.values())
     )
     return f"<div class='summary'>{spans}</div>{notes}"
 

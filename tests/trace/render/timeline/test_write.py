@@ -8,6 +8,7 @@ ranges, how each incarnation ended, and that the page carries plotly.js itself
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import sys
@@ -177,9 +178,17 @@ def test_the_goodput_summary_is_the_report(tmp_path: Path) -> None:
     report = report_files([path], clock)
     assert tl.report == report
     page = timeline.render_html(tl)
-    fraction = 100 * report["goodput_s"] / report["wall_s"]
-    assert f"goodput <b>{fraction:.1f} %</b>" in page
-    assert f"wasted iterations <b>{report['wasted_iterations']}</b>" in page
+    # a SIGKILL kept the end of the killed run from the file: the page says the bounds
+    # report gives, as report's text does, and each reason once
+    bounds = report["bounds"]
+    good, wasted = bounds["goodput_s"], bounds["wasted_iterations"]
+    wall = report["wall_s"]
+    assert good["lower"] == report["goodput_s"] < good["upper"]
+    shares = f"{100 * good['lower'] / wall:.1f}–{100 * good['upper'] / wall:.1f} %"
+    assert f"goodput <b>{shares}</b> ({good['lower']:.3f}–{good['upper']:.3f} s)" in page
+    assert f"wasted iterations <b>≥ {wasted['lower']}</b>" in page
+    for reason in {bound["reason"] for bound in bounds.values()}:
+        assert f"<div class='note'>bounded: {html.escape(reason)}</div>" in page
     fig = summary_figure(report)
     shares = {trace.name: trace.x[0] for trace in fig.data}
     assert shares["goodput"] == report["goodput_s"]
