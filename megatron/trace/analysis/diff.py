@@ -113,6 +113,7 @@ class Diff(TypedDict):
     iterations: IterationFigures
     startup_phases: dict[str, Figure]
     stragglers: StragglerFigures
+    bounded: list[str]
     not_computed: list[str]
 
 
@@ -209,6 +210,12 @@ def build_diff(
                 f"{side}: per_iteration_s: no iteration count (no megatron.train.iteration "
                 "spans, or wasted iterations unknown)"
             )
+    bounded = [
+        f"{side}: {', '.join(sorted(report['bounds']))} can only be bounded (report on its "
+        "files gives the bounds and why); the figures here are its booked ones"
+        for side, report in (("A", ra), ("B", rb))
+        if report.get("bounds")
+    ]
     a_phases, b_phases = startup_phases(a_trace), startup_phases(b_trace)
     a_stragglers, b_stragglers = ra["stragglers"], rb["stragglers"]
     return {
@@ -234,6 +241,7 @@ def build_diff(
             "b": None if b_stragglers is None else list(b_stragglers["ranks"]),
             "straggler_s": figure(ra["straggler_s"], rb["straggler_s"], 9),
         },
+        "bounded": bounded,
         "not_computed": not_computed,
     }
 

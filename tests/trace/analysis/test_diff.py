@@ -217,7 +217,8 @@ def test_every_figure_stands_in_its_column_whatever_a_name_s_length() -> None:
         "iterations": {"median_ms": figure(5.0), "p90_ms": figure(6.0)},
         "startup_phases": {"megatron.startup.initialize_megatron": figure(2.0),
                            "megatron.startup.imports": figure(1.0)},
-        "stragglers": {"a": [], "b": [], "straggler_s": figure(0.0)}, "not_computed": [],
+        "stragglers": {"a": [], "b": [], "straggler_s": figure(0.0)}, "bounded": [],
+        "not_computed": [],
     }  # fmt: skip
     lines = format_diff(diff).splitlines()
     figures = [line for line in lines if line.rstrip().endswith(("s  +0.0 %", "ms  +0.0 %"))]
@@ -230,3 +231,23 @@ def test_every_figure_stands_in_its_column_whatever_a_name_s_length() -> None:
     assert len({len(line) for line in shares}) == 1, "\n".join(shares)
     # the names' column holds the longest name and a space
     assert lines[2].startswith(" " * len("  initialize_megatron "))
+
+
+def test_a_run_a_sigkill_cut_says_its_figures_are_its_report_s_bookings(
+    tmp_path: Path, capsys
+) -> None:
+    """A killed-and-resumed run against a clean one: only the killed side's report has
+    bounds, and the diff says so (naming them) instead of passing its bookings as exact."""
+    killed = g.write(
+        tmp_path / "a.jsonl", g.lifecycle(0, kill_after=1), g.lifecycle(20, first=6, load=6)
+    )
+    clean = g.write(tmp_path / "b.jsonl", g.lifecycle(0, intervals=6))
+    result, text = _diff(capsys, str(killed), str(clean))
+    assert main(["report", str(killed), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert report["bounds"]
+    (line,) = result["bounded"]
+    assert line.startswith(f"A: {', '.join(sorted(report['bounds']))} can only be bounded")
+    assert f"bounded: {line}" in text.splitlines()
+    result, _ = _diff(capsys, str(clean), str(clean))
+    assert result["bounded"] == []

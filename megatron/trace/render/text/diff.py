@@ -97,5 +97,6 @@ def format_diff(diff: dict[str, Any]) -> str:
         f"stragglers: A {_ranks(stragglers['a'])}; B {_ranks(stragglers['b'])}",
     )
     lines.append(_figure_line("  time lost", stragglers["straggler_s"], ".3f", "s", width))
+    lines += [f"bounded: {line}" for line in diff["bounded"]]
     lines += [f"not computed: {reason}" for reason in diff["not_computed"]]
     return "\n".join(lines)
