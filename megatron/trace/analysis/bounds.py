@@ -17,7 +17,10 @@ process really died. So:
   (:data:`HIDDEN`) at least its figure and at most that plus the unattributed time
   (and any ``other`` of the rank: a lost span's time the file shows no cover for);
 * a final killed incarnation (no successor) ended some unknown time after its last
-  span: the wall clock is a lower bound, and those categories have no upper bound.
+  span: the wall clock is a lower bound, and those categories have no upper bound;
+* ``report --window``: a window holding unattributed time, or the last window when
+  the last incarnation was killed, is bounded as the whole is (its goodput, share
+  and ``restart_gap``, under ``windows.entries.N.``).
 
 Each bound is ``{"lower": x or null, "upper": y or null, "reason": text}`` under the
 figure's path in the report (``wall_s``, ``badput_s.wasted_progress``,
@@ -36,7 +39,7 @@ from megatron.trace.model.identity import rank_value
 from megatron.trace.model.incarnation import Incarnation
 from megatron.trace_format.semconv import Category
 
-__all__ = ["HIDDEN", "furthest_waste", "report_bounds"]
+__all__ = ["HIDDEN", "furthest_waste", "report_bounds", "window_bounds"]
 
 #: The categories whose spans a kill can lose (their time then unattributed).
 HIDDEN = (
@@ -238,6 +241,52 @@ def report_bounds(
     if report.get("stragglers") is not None and job_killed:
         reason = "a lower bound: the iterations a kill kept from the file are not compared"
         bound("straggler_s", report["straggler_s"], None, reason)
+    return bounds
+
+
+def window_bounds(
+    entries: list[dict[str, Any]], incs: list[Incarnation], accounting: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """The bounds of the job rank's ``report --window`` entries (module doc)."""
+    killed = _killed(incs)
+    if not killed:
+        return {}
+    stretches = [
+        (inc.end_ns, incs[position + 1].start_ns)
+        for position, inc in enumerate(incs[:-1])
+        if inc.ended == "killed"
+    ]
+    open_end = incs[-1].ended == "killed"
+    reason = (
+        f"incarnations {killed} were SIGKILLed: this window holds time between a killed "
+        "incarnation's last exported span and the restart, booked as restart_gap"
+    )
+    bounds: dict[str, dict[str, Any]] = {}
+    first = accounting["start_ns"]
+    for entry in entries:
+        lo = first + round(entry["start_s"] * 1e9)
+        hi = first + round(entry["end_s"] * 1e9)
+        unknown = sum(max(0, min(hi, end) - max(lo, start)) for start, end in stretches)
+        open_here = open_end and entry is entries[-1]
+        if not unknown and not open_here:
+            continue
+        why = reason if not open_here else f"{reason}; the last one ended after this window"
+        totals = entry["accounting_ns"]
+        good, wall = totals[Category.GOODPUT], totals["wall"]
+        spare = unknown + totals[Category.OTHER]
+        at = f"windows.entries.{entry['index']}."
+
+        def bound(path: str, lower: Any, upper: Any, at: str = at, why: str = why) -> None:
+            bounds[at + path] = {"lower": lower, "upper": upper, "reason": why}
+
+        bound("goodput_s", seconds(good), None if open_here else seconds(good + spare))
+        if open_here:
+            bound("goodput_fraction", None, None)
+        elif wall:
+            bound("goodput_fraction", _floor6(good / wall), _ceil6((good + spare) / wall))
+        if unknown:
+            gap = totals[Category.RESTART_GAP]
+            bound("badput_s.restart_gap", seconds(max(0, gap - unknown)), seconds(gap))
     return bounds
 
 

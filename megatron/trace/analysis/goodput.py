@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace.analysis.accounting import rank_accounting, seconds
-from megatron.trace.analysis.bounds import furthest_waste, report_bounds
+from megatron.trace.analysis.bounds import furthest_waste, report_bounds, window_bounds
 from megatron.trace.analysis.checkpoint_advice import checkpoint_advice
 from megatron.trace.analysis.hangs import hang_entries, recovered_stalls
 from megatron.trace.analysis.iteration_stats import ANOMALY_MAX_SHARE, iteration_stats
@@ -174,6 +174,7 @@ def build_report(
                 windows, not_computed_categories, window_iterations(incs, windows)
             ),
         }
+        report["bounds"].update(window_bounds(report["windows"]["entries"], *ranks[job_rank]))
     return report
 
 

@@ -158,3 +158,50 @@ def test_window_labels_are_whole_units_never_a_fraction_of_a_minute(
     from megatron.trace.render.text.report import _duration
 
     assert _duration(seconds) == label
+
+
+@pytest.mark.parametrize("window_s", [0.3, 1, 2.5, 7, 1000])
+def test_a_window_holding_what_a_kill_left_unattributed_is_bounded_as_the_whole(
+    tmp_path: Path, window_s: float
+) -> None:
+    """Killed and resumed: the windows over the time between the killed run's last
+    exported span and the restart say their goodput and restart_gap are bounds, each
+    bound holding the booked figure; the windows before and after it are exact; the
+    last window of a job whose last run was killed has no upper bound."""
+    report = _windowed(tmp_path, RUNS["killed and resumed"](), window_s)
+    bounds, entries = report["bounds"], report["windows"]["entries"]
+    incs = report["incarnations"]
+    gap_start = incs[0]["start_s"] + incs[0]["duration_s"]
+    gap_end = incs[1]["start_s"]
+    assert gap_end > gap_start
+    for entry in entries:
+        at = f"windows.entries.{entry['index']}."
+        holds_gap = entry["start_s"] < gap_end and entry["end_s"] > gap_start
+        assert (at + "goodput_s" in bounds) is holds_gap, entry
+        if not holds_gap:
+            continue
+        good = bounds[at + "goodput_s"]
+        assert good["lower"] == entry["goodput_s"] <= good["upper"] <= entry["wall_s"]
+        gap = bounds[at + "badput_s.restart_gap"]
+        assert gap["lower"] < gap["upper"] == entry["badput_s"]["restart_gap"]
+        assert "SIGKILLed" in good["reason"]
+    (tmp_path / "clean").mkdir()
+    clean = _windowed(tmp_path / "clean", RUNS["clean"](), window_s)
+    assert not [path for path in clean["bounds"] if path.startswith("windows.")]
+    (tmp_path / "open").mkdir()
+    still_dead = _windowed(tmp_path / "open", [g.lifecycle(0, kill_after=1)], window_s)
+    last = f"windows.entries.{still_dead['windows']['entries'][-1]['index']}."
+    assert still_dead["bounds"][last + "goodput_s"]["upper"] is None
+    assert still_dead["bounds"][last + "goodput_fraction"] == {
+        "lower": None, "upper": None, "reason": still_dead["bounds"][last + "goodput_s"]["reason"]
+    }  # fmt: skip
+
+
+def test_the_text_prints_a_bounded_window_as_a_range_in_its_columns(tmp_path: Path, capsys):
+    path = g.write(tmp_path / "t.jsonl", *RUNS["killed and resumed"]())
+    assert main(["report", str(path), "--window", "2s"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if line.startswith("  ") and "goodput" in line and "+" in line]
+    assert any("–" in row.split("goodput")[1].split("%")[0] for row in rows), rows
+    # every row's "s of" stands in one column, ranges or not
+    assert len({row.index(" s of ") for row in rows}) == 1, rows

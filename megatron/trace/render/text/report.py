@@ -210,7 +210,22 @@ def _window_lines(report: dict[str, Any]) -> list[str]:
         f"per window of {_duration(windows['window_s'])} from the wall clock's start: "
         "goodput, iterations ended in it, the largest badput"
     ]
+    bounds = report.get("bounds", {})
+    rows = []
     for entry in windows["entries"]:
+        at = f"windows.entries.{entry['index']}."
+        fraction = bounds.get(at + "goodput_fraction")
+        if fraction is not None:  # a bounded window's share, as per cents
+            fraction = {
+                side: None if fraction[side] is None else 100 * fraction[side]
+                for side in ("lower", "upper")
+            }
+        share = bound_text(100 * entry["goodput_fraction"], fraction, ".1f")
+        rows.append((entry, share, bound_text(entry["goodput_s"], bounds.get(at + "goodput_s"))))
+    # as wide as the widest figure, so a bounded window's range keeps the columns
+    share_width = max(5, *(len(share) for _, share, _ in rows))
+    good_width = max(10, *(len(good) for _, _, good in rows))
+    for entry, share, good in rows:
         wall = entry["wall_s"]
         top = ", ".join(
             f"{name} {100 * entry['badput_s'][name] / wall if wall else 0:.1f} %"
@@ -218,8 +233,8 @@ def _window_lines(report: dict[str, Any]) -> list[str]:
         )
         lines.append(
             f"  {entry['start']}  +{_duration(entry['start_s']):<9}"
-            f"  goodput {100 * entry['goodput_fraction']:5.1f} %"
-            f"  {entry['goodput_s']:10.3f} s of {wall:.3f} s"
+            f"  goodput {share:>{share_width}} %"
+            f"  {good:>{good_width}} s of {wall:.3f} s"
             + _window_iterations(entry)
             + (f"   {top}" if top else "")
         )

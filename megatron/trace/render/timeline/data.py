@@ -200,6 +200,9 @@ def collect(
         start, end = wall_bounds_ns(next(iter(trace.ranks.values())))  # the job rank's
         report = build_report(trace, liveness, window_ns=line_window_ns(end - start))
         windows = _goodput_windows(start, report.pop("windows")["entries"])  # type: ignore[misc]
+        # the rest is report's own (without --window): its windows' bounds go with them
+        bounds = report["bounds"]
+        report["bounds"] = {p: b for p, b in bounds.items() if not p.startswith("windows.")}
     return Timeline(
         Bars(trace, index, lanes),
         drawn,
