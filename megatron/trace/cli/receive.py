@@ -123,18 +123,21 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--out", type=out_folder, required=True, metavar="DIR", help="the folder to write into"
     )
-    parser.add_argument(
-        "--grpc",
-        type=listen_address("--grpc 4317"),
-        default=DEFAULT_GRPC,
-        metavar="HOST:PORT",
-        help=f"OTLP/gRPC listen address, or off (default {DEFAULT_GRPC})",
-    )
-    parser.add_argument(
-        "--http",
-        type=listen_address("--http 4318"),
-        default=DEFAULT_HTTP,
-        metavar="HOST:PORT",
-        help=f"OTLP/HTTP listen address, or off (default {DEFAULT_HTTP})",
-    )
+    add_listen_arguments(parser)
     parser.set_defaults(func=run)
+
+
+def add_listen_arguments(parser: argparse.ArgumentParser, when: str = "") -> None:
+    """``--grpc`` and ``--http``, the receiver's two listen addresses (``receive``'s, and
+    ``watch --receive``'s, whose help says ``when`` they apply)."""
+    for flag, transport, default, port in (
+        ("--grpc", "OTLP/gRPC", DEFAULT_GRPC, 4317),
+        ("--http", "OTLP/HTTP", DEFAULT_HTTP, 4318),
+    ):
+        parser.add_argument(
+            flag,
+            type=listen_address(f"{flag} {port}"),
+            default=default,
+            metavar="HOST:PORT",
+            help=f"{when}{transport} listen address, or off (default {default})",
+        )

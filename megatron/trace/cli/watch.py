@@ -28,7 +28,7 @@ from typing import Any
 
 from megatron.trace.analysis.liveness import Clock
 from megatron.trace.cli.options import exit_statuses
-from megatron.trace.cli.receive import DEFAULT_GRPC, DEFAULT_HTTP, listen_address, out_folder
+from megatron.trace.cli.receive import add_listen_arguments, out_folder
 from megatron.trace.live.follow import Follower
 from megatron.trace.live.job import HANG_FACTOR, HANG_FLOOR_S, KILLED_AFTER_S, LiveJob
 from megatron.trace.render.metrics.otlp_push import OtlpPush
@@ -251,20 +251,7 @@ def add_parser(subparsers: Any) -> None:
         "'receive' extra): write what arrives to DIR/rank<N>/ and watch each rank's "
         "traces.jsonl from when it appears",
     )
-    parser.add_argument(
-        "--grpc",
-        type=listen_address("--grpc 4317"),
-        default=DEFAULT_GRPC,
-        metavar="HOST:PORT",
-        help=f"with --receive: the OTLP/gRPC listen address, or off (default {DEFAULT_GRPC})",
-    )
-    parser.add_argument(
-        "--http",
-        type=listen_address("--http 4318"),
-        default=DEFAULT_HTTP,
-        metavar="HOST:PORT",
-        help=f"with --receive: the OTLP/HTTP listen address, or off (default {DEFAULT_HTTP})",
-    )
+    add_listen_arguments(parser, when="with --receive: the ")
     parser.add_argument(
         "--listen",
         type=_listen,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import tracegen as g
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 #: Runs the rest of argv as ``python -m MODULE ARGS...`` with torch unimportable.
 WITHOUT_TORCH = """
