@@ -169,15 +169,3 @@ def _lineage(inc: Incarnation) -> Any:
     if isinstance(rows, int):
         return "whole"
     return rows[0] if isinstance(rows[0], int) else None
-
-
-def _lineage(inc: Incarnation) -> Any:
-    """Which rows of its process's iterations an incarnation of a :class:`_Split` holds:
-    equal for two finishes when the later one's rows only add to the earlier one's (the
-    whole column, or a slice from the same row, in start order); None when they may not
-    (sorted one by one)."""
-    assert inc.revision is not None
-    rows = inc.revision.iterations
-    if isinstance(rows, int):
-        return "whole"
-    return rows[0] if isinstance(rows[0], int) else None
