@@ -40,6 +40,7 @@ from megatron.trace_format.semconv import (
     HANG_LAST_ITERATION,
     HANG_STALLED_S,
     HANG_STALLED_SPAN,
+    HANG_WAITING,
     ITERATION,
     SPAN_CATEGORY,
     STARTUP_PHASE_PREFIX,
@@ -227,6 +228,8 @@ def _rank_shape(incs: list[Incarnation]) -> tuple[list[Any], list[int]]:
     times: list[int] = []
     for inc in incs:
         shape.append((inc.ended, len(inc.iterations), [r["name"] for r in inc.cut_short]))
+        # a hung rank and the ranks waiting for it are told apart (the culprit stands out)
+        shape.append([bool(r["attributes"].get(HANG_WAITING)) for r in inc.hangs])
         times += [inc.start_ns, inc.end_ns]
         if inc.as_of_ns is not None:
             times.append(inc.as_of_ns)

@@ -118,3 +118,17 @@ def test_the_goodput_bar_starts_with_startup(tmp_path: Path) -> None:
     tl = timeline.collect(span_source([path]), [str(path)])
     names = [trace.name for trace in summary_figure(tl.report).data]
     assert names == ["startup", "goodput", "checkpoint save"]
+
+
+def test_the_hung_rank_and_the_ranks_waiting_for_it_keep_lanes_of_their_own(
+    tmp_path: Path,
+) -> None:
+    """A hang at the same moment on every rank, the culprit (not waiting in the
+    all-reduce) on rank 2: the ranks waiting for it share a lane, the culprit stands out."""
+    trace = tmp_path / "traces.jsonl"
+    for rank in range(4):
+        g.write(trace, g.lifecycle(0), g.hung(6.25, waiting=rank != 2, start=25), rank=rank)
+    tl = timeline.collect(span_source([trace]), [str(trace)])
+    assert [s.lane.rank for s in tl.lanes if s.lane.incarnation == 1] == ["0", "2"]
+    waiting = next(s for s in tl.lanes if s.lane == Lane(1, "0"))
+    assert waiting.alike == ["1", "3"]
