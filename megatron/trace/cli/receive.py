@@ -63,16 +63,22 @@ def _stop(signum: int, frame: Any) -> None:
     raise _Stopped
 
 
-def run(args: argparse.Namespace) -> int:
+def new_receiver(args: argparse.Namespace, out: Path, flag: str, on_error: Any) -> Any:
+    """The receiver ``args.grpc``/``args.http`` ask for, writing under ``out`` (given by
+    ``flag``), not listening yet: ``receive``'s, and ``watch --receive``'s."""
     from megatron.trace.receive import Receiver
 
     if args.grpc is None and args.http is None:
         raise TraceInputError("--grpc off and --http off: nothing would listen; keep one")
     try:
-        args.out.mkdir(exist_ok=True)
+        out.mkdir(exist_ok=True)
     except OSError as error:
-        raise TraceOutputError(f"--out {args.out}: {error.strerror or error}") from None
-    receiver = Receiver(args.out, args.grpc, args.http, on_error=_warn)
+        raise TraceOutputError(f"{flag} {out}: {error.strerror or error}") from None
+    return Receiver(out, args.grpc, args.http, on_error=on_error)
+
+
+def run(args: argparse.Namespace) -> int:
+    receiver = new_receiver(args, args.out, "--out", _warn)
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         receiver.start()

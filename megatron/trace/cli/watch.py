@@ -28,12 +28,12 @@ from typing import Any
 
 from megatron.trace.analysis.liveness import Clock
 from megatron.trace.cli.options import exit_statuses
-from megatron.trace.cli.receive import add_listen_arguments, out_folder
+from megatron.trace.cli.receive import add_listen_arguments, new_receiver, out_folder
 from megatron.trace.live.follow import Follower
 from megatron.trace.live.job import HANG_FACTOR, HANG_FLOOR_S, KILLED_AFTER_S, LiveJob
 from megatron.trace.render.metrics.otlp_push import OtlpPush
 from megatron.trace.render.metrics.prometheus import SnapshotCollector, prometheus_client
-from megatron.trace_format.errors import TraceError, TraceInputError, TraceOutputError
+from megatron.trace_format.errors import TraceError, TraceInputError
 from megatron.trace_format.semconv import STALE_AFTER_S
 
 __all__ = ["add_parser", "run"]
@@ -210,15 +210,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _receiver(args: argparse.Namespace) -> Any:
     """The OTLP receiver ``--receive`` asks for (not listening yet)."""
-    from megatron.trace.receive import Receiver
-
-    if args.grpc is None and args.http is None:
-        raise TraceInputError("--grpc off and --http off: nothing would receive; keep one")
-    try:
-        args.receive.mkdir(exist_ok=True)
-    except OSError as error:
-        raise TraceOutputError(f"--receive {args.receive}: {error.strerror or error}") from None
-    return Receiver(args.receive, args.grpc, args.http, on_error=_warn)
+    return new_receiver(args, args.receive, "--receive", _warn)
 
 
 def _warn(text: str) -> None:
