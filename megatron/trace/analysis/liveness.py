@@ -67,6 +67,7 @@ __all__ = [
     "Clock",
     "Liveness",
     "judge",
+    "mark_running",
     "utc_text",
 ]
 
@@ -165,7 +166,7 @@ def judge(trace: Trace, trace_files: Sequence[Path | str], clock: Clock) -> Live
         newest = max(inc.end_ns, beat.time_ns if beat is not None else 0)
         if clock.now_ns - newest > clock.stale_after_ns:
             continue
-        _mark_running(inc, newest)
+        mark_running(inc, newest)
         if beat is None:
             liveness.notes.append(
                 f"{inc.label}: no metric points (metrics.jsonl beside the trace); judged running "
@@ -230,7 +231,11 @@ def _beats_of(request: dict[str, Any], path: Path) -> Iterable[tuple[tuple[Any, 
             yield process_of_resource(resource, path), Beat(newest, running)
 
 
-def _mark_running(inc: Incarnation, as_of_ns: int) -> None:
+def mark_running(inc: Incarnation, as_of_ns: int) -> None:
+    """Judge ``inc`` running as of ``as_of_ns``: its wall clock ends there, and what it has
+    been doing since the last span it wrote is its ``in_flight`` record. :func:`judge`
+    marks the incarnations the files show alive; the trainer's live gauges
+    (:mod:`megatron.trace.live.process`) mark their own, which they know is running."""
     inc.ended = "running"
     inc.as_of_ns = as_of_ns
     inc.end_ns = max(inc.end_ns, as_of_ns)

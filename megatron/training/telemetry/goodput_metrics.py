@@ -4,12 +4,13 @@
 a dashboard on an OTLP metrics backend (Prometheus, Mimir, Grafana) wants
 the same figures while the job runs. So the job computes them in-process,
 from what :class:`~megatron.core.telemetry.tally.SpanTally` kept of its
-structural spans (the ended ones and the interval still open, which counts
-up to the moment of collection), with ``report``'s own accounting
-(:func:`~megatron.trace.analysis.accounting.rank_accounting`), and exports them as
-observable gauges. They are observed by the metric reader's thread when it
-collects (every 10 s with the ``jsonl`` sink, and once more at shutdown):
-the training loop does nothing for them.
+structural spans as they end, with ``watch``'s live accounting of one
+process (:class:`~megatron.trace.live.process.LiveProcess`: ``report``'s
+accounting, judged running as of the collection, so the interval in flight
+counts up to that moment), and exports them as observable gauges. They are
+observed by the metric reader's thread when it collects (every 10 s with
+the ``jsonl`` sink, and once more at shutdown): the training loop does
+nothing for them.
 
 Metrics (all gauges; names in the ``megatron.training.*`` style):
 
@@ -39,8 +40,10 @@ telemetry, or by another exporting rank) exports its own figures only, with
 scope ``incarnation``.
 
 A running incarnation loses nothing (``report`` says the same of a running
-job); at the export made at shutdown the figures are final, cut-short
-iterations included, and agree with ``report`` on the files.
+job); a save, evaluation or checkpoint load still in flight counts as the
+interval (or startup) it runs in until it ends, as ``watch`` counts it. At
+the export made at shutdown the figures are final, cut-short iterations
+included, and agree with ``report`` on the files.
 """
 
 from __future__ import annotations
@@ -56,8 +59,7 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from megatron.trace.analysis.accounting import rank_accounting
-from megatron.trace.model.builder import TraceBuilder
+from megatron.trace.live.process import LiveProcess
 from megatron.trace_format.semconv import (
     BADPUT_CATEGORIES,
     BADPUT_CATEGORY_ATTRIBUTE,
@@ -207,7 +209,8 @@ class LiveGoodput:
         self._clock = clock
         self._iteration: Callable[[], int] | None = None
         self._lock = threading.Lock()
-        self._flat_kept: list[dict[str, Any]] = []
+        self._process = LiveProcess()
+        self._added = 0  # how many of the tally's ended spans were added to it
         self._cached: tuple[int, bool, GoodputFigures] | None = None
         self._warned = False
 
@@ -253,7 +256,7 @@ class LiveGoodput:
     # -- the accounting ----------------------------------------------------------
 
     def figures(self) -> GoodputFigures | None:
-        """The accounting as of now (None before any structural span was seen)."""
+        """The accounting as of now (None before any structural span ended)."""
         now, final = self._clock(), self._is_shut_down()
         with self._lock:
             cached = self._cached
@@ -263,34 +266,18 @@ class LiveGoodput:
                 and 0 <= now - cached[0] < _SNAPSHOT_REUSE_NS
             ):
                 return cached[2]
-            new, still_open = self._tally.structural_snapshot(len(self._flat_kept))
-            self._flat_kept.extend(new)
-            spans = list(self._flat_kept)
-        figures = self._compute(spans, still_open, now, final)
-        if figures is not None:
-            with self._lock:
+            ended, _ = self._tally.structural_snapshot(self._added)
+            self._added += len(ended)
+            self._process.add(ended)
+            # once shut down, the spans say how the run ended, as the file does
+            accounting = self._process.accounting(now, running=not final)
+            figures = None if accounting is None else self._figures(accounting)
+            if figures is not None:
                 self._cached = (now, final, figures)
         return figures
 
-    def _compute(
-        self,
-        kept: list[dict[str, Any]],
-        still_open: list[dict[str, Any]],
-        now: int,
-        final: bool,
-    ) -> GoodputFigures | None:
-        builder = TraceBuilder()
-        for span in kept:
-            builder.add(span)
-        for span in still_open:  # the interval (or startup, save...) in flight, so far
-            builder.add({**span, "end_ns": max(now, span["start_ns"])})
-        trace = builder.finish()
-        if not trace.ranks:
-            return None
-        incs = next(iter(trace.ranks.values()))
-        if not final:
-            incs[-1].ended = "running"  # nothing of a live run is lost yet
-        accounting = rank_accounting(incs)
+    def _figures(self, accounting: dict[str, Any]) -> GoodputFigures:
+        """This run's accounting, carried forward from the checkpoint it resumed from."""
         totals = {category: accounting["totals_ns"][category] for category in BADPUT_CATEGORIES}
         totals[Category.GOODPUT] = accounting["totals_ns"][Category.GOODPUT]
         start, wall = accounting["start_ns"], accounting["wall_ns"]
