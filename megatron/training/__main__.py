@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         import torch
 
         torch.set_num_threads(1)
+    replaced = _interrupt_once()
     try:
         result = pretrain(config, program_start=PROGRAM_START, main_entry=main_entry)
     except (CheckpointError, TelemetryConfigError) as exc:
@@ -62,11 +63,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"See '{PROG} --help' for every flag.", file=sys.stderr, flush=True)
         sys.exit(2)
     except KeyboardInterrupt:
-        # First, before any Python call: a second Ctrl-C must not interrupt the line. A
-        # pending handler runs where a Python function is entered (signal.signal is one,
-        # and so is the helper), so the handler is swapped by the C call itself, for one
-        # that does nothing (SIG_IGN would have a signal that arrived a moment before
-        # reported as "ignored due to race condition").
+        # A second Ctrl-C from here on must not interrupt the line nor an atexit callback:
+        # the handler becomes one that does nothing (SIG_IGN would have a signal that
+        # arrived a moment before reported as "ignored due to race condition"). One that
+        # lands before this swap, while the run unwinds, reaches _FirstInterrupt (through
+        # the telemetry's hook, which chains to it), which raises only once.
         _signal.signal(_signal.SIGINT, _ignore_sigint)
         _quiet_keyboard_interrupt()
         print(
@@ -75,10 +76,43 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
         raise
+    if replaced is not None:  # (a caller of main() in its own process gets its handler back)
+        _signal.signal(_signal.SIGINT, replaced)
     if config.demo:  # the demo ends by drawing its trace; never raises
         from megatron.trace.render.timeline.write import write_beside_trace
 
         write_beside_trace(result.trace_file)
+
+
+def _interrupt_once() -> object:
+    """SIGINT's handler for the run: Python's own, but only the first Ctrl-C raises.
+
+    Python's handler raises ``KeyboardInterrupt`` at every SIGINT. A second one
+    landing while the first unwinds the loop, before ``main`` has swapped in
+    :func:`_ignore_sigint`, would raise again outside any ``except`` (a
+    traceback) however early that swap comes: a pending handler runs at the
+    next bytecode that checks for one. :class:`_FirstInterrupt` decides in the
+    handler itself, where no such check lies between the test and the set.
+    A SIGINT that the process inherited as ignored (a background job of a
+    non-interactive shell) stays ignored, as Python leaves it. Returns the handler
+    replaced (None: none was).
+    """
+    if _signal.getsignal(_signal.SIGINT) is not _signal.default_int_handler:
+        return None
+    return _signal.signal(_signal.SIGINT, _FirstInterrupt())
+
+
+class _FirstInterrupt:
+    """Raise ``KeyboardInterrupt`` at the first SIGINT; do nothing at any later one."""
+
+    def __init__(self) -> None:
+        self.raised = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.raised:
+            return
+        self.raised = True
+        raise KeyboardInterrupt
 
 
 def _ignore_sigint(signum: int, frame: object) -> None:

@@ -453,6 +453,38 @@ def test_a_second_ctrl_c_adds_no_traceback(training_cli, second):
     assert stderr.count("interrupted (SIGINT)") == 1, stderr
 
 
+# main() as the console script runs it, its pretrain() a stand-in that takes a Ctrl-C,
+# and a second Ctrl-C landing at the worst moment: when main, having caught the first,
+# calls signal.signal to stop any more (which runs a pending handler first). CI once
+# met that moment by chance in test_a_second_ctrl_c_adds_no_traceback.
+SECOND_SIGINT_AT_THE_SWAP = """
+import _signal, os, signal, sys
+import megatron.training.__main__ as entry
+
+def second_ctrl_c(frame, event, arg):
+    if event == "c_call" and arg is _signal.signal and frame.f_code is entry.main.__code__:
+        sys.setprofile(None)
+        os.kill(os.getpid(), signal.SIGINT)
+
+def pretrain(config, **kwargs):
+    sys.setprofile(second_ctrl_c)
+    os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C: its handler raises here
+    raise AssertionError("the first SIGINT did not interrupt")
+
+entry.pretrain = pretrain
+entry.main([{args}])
+"""
+
+
+def test_a_second_ctrl_c_while_the_first_is_caught_adds_no_traceback(training_cli):
+    cli = training_cli
+    args = ", ".join(repr(a) for a in cli.TINY)
+    result = cli.run_script(SECOND_SIGINT_AT_THE_SWAP.format(args=args))
+    assert result.returncode == -signal.SIGINT, result.stderr
+    assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr
+    assert result.stderr.count("interrupted (SIGINT)") == 1, result.stderr
+
+
 @pytest.mark.slow
 def test_sigint_with_telemetry_off_has_the_same_status(training_cli):
     cli = training_cli
