@@ -56,10 +56,14 @@ __all__ = [
     "SCORE_THRESHOLD",
     "STRAGGLER_RULE",
     "WARMUP_ITERATIONS",
+    "RankSplit",
     "RankWork",
     "Stragglers",
+    "compared_ranks",
     "find_stragglers",
     "iteration_work",
+    "rank_split",
+    "relative_score",
 ]
 
 SCORE_THRESHOLD = 0.75
@@ -156,7 +160,7 @@ def iteration_work(inc: Incarnation) -> tuple[Any, Any, Any, Any]:
 
 
 @dataclass(frozen=True)
-class _RankSplit:
+class RankSplit:
     """One rank's incarnations that have waits, by index, and whether each is in step
     (:func:`_in_step`); how many of its iterations have a wait (after each
     incarnation's warm-up), and the medians of their work and of their wait (ns)."""
@@ -213,7 +217,7 @@ def _timed_parts(inc: Incarnation, in_step: bool) -> Iterator[tuple[Any, Any, An
         yield numbers, waited, work
 
 
-def _split(incs: Iterable[Incarnation]) -> _RankSplit:
+def rank_split(incs: Iterable[Incarnation]) -> RankSplit:
     """A rank's figures, holding nothing per iteration when done: its medians are
     selected over its work and waits a part at a time (:mod:`megatron.trace._store.selection`),
     and the join reads them again, an incarnation index at a time."""
@@ -230,15 +234,15 @@ def _split(incs: Iterable[Incarnation]) -> _RankSplit:
 
     work_median, count = median(column(2))
     wait_median, _ = median(column(1))
-    return _RankSplit(by_incarnation, in_step, count, work_median, wait_median)
+    return RankSplit(by_incarnation, in_step, count, work_median, wait_median)
 
 
 def find_stragglers(trace: Trace) -> Stragglers:
     """Per-rank work, wait and score, the flagged ranks and ``straggler_s`` (module doc)."""
     if len(trace.ranks) < 2:
         return Stragglers({}, None, [_ONE_RANK])
-    split = {rank: _split(incs) for rank, incs in trace.ranks.items()}
-    compared, reason = _compared({rank: parts.count for rank, parts in split.items()})
+    split = {rank: rank_split(incs) for rank, incs in trace.ranks.items()}
+    compared, reason = compared_ranks({rank: parts.count for rank, parts in split.items()})
     if reason is not None:
         return Stragglers({}, None, [reason])
     measured = {rank: split[rank] for rank in compared}
@@ -246,7 +250,7 @@ def find_stragglers(trace: Trace) -> Stragglers:
     best = min(work for work, _ in medians.values())
     ranks = {}
     for rank, (work, wait) in medians.items():
-        score = _score(best, work)
+        score = relative_score(best, work)
         ranks[rank] = RankWork(
             rank, measured[rank].count, work / 1e6, wait / 1e6, score, score < SCORE_THRESHOLD
         )
@@ -259,7 +263,7 @@ _ONE_RANK = (
 )
 
 
-def _compared(counts: dict[str, int]) -> tuple[list[str], str | None]:
+def compared_ranks(counts: dict[str, int]) -> tuple[list[str], str | None]:
     """The ranks compared, given how many iterations each has after the warm-up (``counts``,
     in rank order), or why none are."""
     if sum(1 for count in counts.values() if count) < 2:
@@ -276,12 +280,12 @@ def _compared(counts: dict[str, int]) -> tuple[list[str], str | None]:
     return measured, None
 
 
-def _score(best: float, work: float) -> float:
+def relative_score(best: float, work: float) -> float:
     """A rank's score: the fastest rank's median work over its own."""
     return best / work if work > 0 else 1.0
 
 
-def _lost_s(per_rank: list[_RankSplit], flagged: list[bool]) -> float:
+def _lost_s(per_rank: list[RankSplit], flagged: list[bool]) -> float:
     """Sum over iterations every rank finished of (the slowest straggler's work - the
     slowest other rank's work, where positive), in s; 0 without a straggler.
 

@@ -1,9 +1,9 @@
 """``watch``'s goodput accounting, kept up to date at the cost of what changed.
 
 :class:`LiveAccounting` gives :func:`~megatron.trace.analysis.accounting.rank_accounting`
-of one rank again and again as its trace grows, reading the model only through its
-public views (:attr:`~megatron.trace.model.incarnation.Trace.touched`,
-:class:`~megatron.trace.model.incarnation.Revision`).
+of one rank again and again as its trace grows, from each
+:class:`~megatron.trace.live.growing.Finish` (what changed since the one before) and the
+model's public views.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from megatron.trace.analysis.accounting import (
     worked_out,
 )
 from megatron.trace.analysis.wasted import Waste, resumed_at, waste_of
-from megatron.trace.model.incarnation import Incarnation, Trace
+from megatron.trace.live.growing import Finish
+from megatron.trace.model.incarnation import Incarnation
 
 __all__ = ["LiveAccounting"]
 
@@ -31,7 +32,7 @@ __all__ = ["LiveAccounting"]
 class _Kept:
     """What :class:`LiveAccounting` keeps of the time before ``cut`` (see there)."""
 
-    generation: int  # the trace's it was worked out at
+    generation: int  # the finish's it was worked out at
     start: int  # the rank's wall clock started here
     cut: int
     before: dict[str, int]  # the sweep's totals over [start, cut)
@@ -49,7 +50,7 @@ class LiveAccounting:
     (as ``report --window``'s windows do). So the totals before ``cut`` are kept, and
     only what lies after it is swept again, for as long as nothing that decides the
     time before it has changed: no span added to the rank's processes since starts
-    before it (:attr:`~megatron.trace.model.incarnation.Trace.touched`), the wall clock
+    before it (:attr:`~megatron.trace.live.growing.Finish.touched`), the wall clock
     starts where it did and ends past it, and the segments worked out rather than
     read (a running incarnation's open interval, a hang, a wasted window, a restart
     gap) cover the same time before it. Otherwise everything is swept again, and
@@ -62,20 +63,22 @@ class LiveAccounting:
         self._kept: _Kept | None = None
         self._wastes: dict[tuple[Any, ...], Waste] = {}
 
-    def __call__(self, incs: list[Incarnation], trace: Trace) -> dict[str, Any]:
-        """The accounting of ``incs``, the rank's incarnations in ``trace`` (its builder's
-        latest finish; the one before was the previous call's)."""
+    def __call__(self, incs: list[Incarnation], finish: Finish) -> dict[str, Any]:
+        """The accounting of ``incs``, the rank's incarnations in ``finish`` (its growing
+        trace's latest; the one before was the previous call's)."""
         start, end = wall_bounds_ns(incs)
         wastes: dict[tuple[Any, ...], Waste] = {}
-        worked, waste = worked_out(incs, lambda inc, later: self._kept_waste(inc, later, wastes))
+        worked, waste = worked_out(
+            incs, lambda inc, later: self._kept_waste(inc, later, finish, wastes)
+        )
         self._wastes = wastes
         stretches = category_stretches(incs)
         cut = _settled_ns(incs, start, end)
         kept = self._kept
-        touched = [trace.touched[inc.process] for inc in incs if inc.process in trace.touched]
+        touched = [finish.touched[inc.process] for inc in incs if inc.process in finish.touched]
         if (
             kept is None
-            or trace.generation != kept.generation + 1
+            or finish.generation != kept.generation + 1
             or start != kept.start
             or end < kept.cut
             or min(touched, default=kept.cut) < kept.cut
@@ -83,7 +86,7 @@ class LiveAccounting:
         ):
             read = [seg for inc in incs for seg in read_segments(inc.extents())]
             before, after = _swept(read + worked, start, end, stretches, cut)
-            kept = _Kept(trace.generation, start, cut, before, [], [])
+            kept = _Kept(finish.generation, start, cut, before, [], [])
         else:
             read = [*kept.spanning]
             for inc in incs:
@@ -92,7 +95,7 @@ class LiveAccounting:
             cut = max(cut, kept.cut)
             more, after = _swept(read + worked, kept.cut, end, stretches, cut)
             kept.before = {key: ns + more[key] for key, ns in kept.before.items()}
-            kept.generation, kept.cut = trace.generation, cut
+            kept.generation, kept.cut = finish.generation, cut
         kept.worked = _clipped(worked, start, cut)
         kept.spanning = [seg for seg in read if seg[0] < cut < seg[1]]
         self._kept = kept
@@ -100,14 +103,19 @@ class LiveAccounting:
         return accounting_of(start, end, totals, incs, waste)
 
     def _kept_waste(
-        self, inc: Incarnation, later: list[Incarnation], wastes: dict[tuple[Any, ...], Waste]
+        self,
+        inc: Incarnation,
+        later: list[Incarnation],
+        finish: Finish,
+        wastes: dict[tuple[Any, ...], Waste],
     ) -> Waste:
         """:func:`waste_of`, kept by what it depends on: the incarnation's revision and
         ending, and where the next incarnation resumed."""
-        if inc.revision is None:
+        revision = finish.revisions.of(inc)
+        if revision is None:
             return waste_of(inc, later)
         resumed = resumed_at(later)
-        key = (inc.revision, inc.ended, inc.last_closed_by_reroot, resumed)
+        key = (revision, inc.ended, inc.last_closed_by_reroot, resumed)
         found = self._wastes.get(key)
         if found is None:
             found = waste_of(inc, later)

@@ -2,10 +2,9 @@
 
 The batch model derives :attr:`~megatron.trace.model.incarnation.Incarnation.interval_facts`
 from scratch (:func:`megatron.trace.model.intervals.derive`); :class:`FactsCaches`
-gives each incarnation of a finish a deriver that works from what the previous
-finish of the same incarnation (:attr:`Revision.incarnation
-<megatron.trace.model.incarnation.Revision.incarnation>`) derived, so only the
-intervals added since are derived.
+sets each incarnation's facts of a finish from what the previous finish of the same
+incarnation (:attr:`Revision.incarnation <megatron.trace.live.revision.Revision.incarnation>`)
+derived, so only the intervals added since are derived.
 """
 
 from __future__ import annotations
@@ -16,30 +15,33 @@ from typing import Any, cast
 
 from megatron.trace._store.columns import Iterations
 from megatron.trace._store.record_log import RecordList
+from megatron.trace.live.growing import Finish
+from megatron.trace.live.revision import Revision
 from megatron.trace.model import intervals
-from megatron.trace.model.incarnation import Incarnation, Trace
+from megatron.trace.model.incarnation import Incarnation
 from megatron.trace.model.intervals import IntervalFacts
 
 __all__ = ["FactsCaches"]
 
 
 class FactsCaches:
-    """One :class:`_FactsCache` per incarnation of a builder's finishes: :meth:`attach`
-    each new finish's trace before anything reads its incarnations' facts."""
+    """One :class:`_FactsCache` per incarnation of a growing trace's finishes:
+    :meth:`attach` each new finish before anything reads its incarnations' facts."""
 
     def __init__(self) -> None:
-        self._caches: dict[tuple[int, int], _FactsCache] = {}
+        self._caches: dict[tuple[Any, ...], _FactsCache] = {}
 
-    def attach(self, trace: Trace) -> None:
-        """Give every incarnation of ``trace`` its cache's deriver (an incarnation placed
-        anew, after a new startup, starts a cache of its own)."""
+    def attach(self, finish: Finish) -> None:
+        """Set the interval facts of every incarnation of ``finish`` from its cache (an
+        incarnation placed anew, after a new startup, starts a cache of its own)."""
         caches = {}
-        for inc in trace.incarnations:
-            if inc.revision is None:
+        for inc in finish.trace.incarnations:
+            revision = finish.revisions.of(inc)
+            if revision is None:
                 continue
-            key = inc.revision.incarnation
+            key = revision.incarnation
             cache = caches[key] = self._caches.get(key) or _FactsCache()
-            inc.facts_deriver = cache.derive
+            inc.interval_facts = cache.derive(inc, revision)
         self._caches = caches
 
 
@@ -73,7 +75,7 @@ class _FactsCache:
         self.lengths: set[int] = set()  # ... the lengths of those with a known range
         self.unfilled = False  # ... whether one has a last iteration but no first
 
-    def derive(self, inc: Incarnation) -> list[IntervalFacts]:
+    def derive(self, inc: Incarnation, revision: Revision) -> list[IntervalFacts]:
         """:func:`intervals.derive` of ``inc`` (its lists are views of one log)."""
         # (a Split's incarnations hold views of their process's log)
         iterations, saves = inc.iterations, cast(RecordList, inc.saves)
@@ -82,7 +84,8 @@ class _FactsCache:
         starts, ends = listed.log.starts, listed.log.ends
         resumed = inc.resumed_from
         count = len(iterations)
-        if not self._holds(inc, count, positions, save_positions, starts, resumed):
+        lineage = _lineage(revision)
+        if not self._holds(inc, lineage, count, positions, save_positions, starts, resumed):
             self._clear()  # (derived afresh)
         known = len(self.raw)
         new = positions[known:]
@@ -105,13 +108,14 @@ class _FactsCache:
             if ordered:
                 after = iterations.slice(self.mark, count).starts
                 self.mark += bisect.bisect_left(after, self.reach)
-        self.lineage, self.rows, self.resumed = _lineage(inc), count, resumed
+        self.lineage, self.rows, self.resumed = lineage, count, resumed
         self.intervals, self.saves = array("q", positions), array("q", save_positions)
         return self._by_length(len(self.raw) if inc.last_closed_by_reroot else len(self.raw) - 1)
 
     def _holds(
         self,
         inc: Incarnation,
+        lineage: int | None,
         count: int,
         positions: array,
         save_positions: array,
@@ -121,7 +125,6 @@ class _FactsCache:
         """Whether the facts derived before still hold (the class docstring)."""
         if not self.raw:
             return True
-        lineage = _lineage(inc)
         if lineage is None or lineage != self.lineage or count < self.rows:
             return False
         iterations = inc.iterations
@@ -159,13 +162,8 @@ class _FactsCache:
         return list(raw)
 
 
-def _lineage(inc: Incarnation) -> Any:
-    """Which rows of its process's iterations an incarnation of a :class:`Split` holds:
-    equal for two finishes when the later one's rows only add to the earlier one's (the
-    whole column, or a slice from the same row, in start order); None when they may not
-    (sorted one by one)."""
-    assert inc.revision is not None
-    rows = inc.revision.iterations
-    if isinstance(rows, int):
-        return "whole"
-    return rows[0] if isinstance(rows[0], int) else None
+def _lineage(revision: Revision) -> int | None:
+    """Which rows of its process's iterations an incarnation holds: equal for two
+    finishes when the later one's rows only add to the earlier one's (a slice from the
+    same row, in start order); None when they may not (sorted anew)."""
+    return revision.iterations.first

@@ -2,9 +2,10 @@
 
 :class:`LiveJob` takes the new lines of the trace files (from
 :class:`~megatron.trace.live.follow.Follower`), decodes each once into the
-same :class:`~megatron.trace.model.builder.TraceBuilder` ``report`` fills, and
-keeps it: what it holds is the model's compact summary (structural spans, three
-integer columns per iteration), never the lines. :meth:`LiveJob.snapshot`
+same :class:`~megatron.trace.model.builder.TraceBuilder` ``report`` fills
+(:class:`~megatron.trace.live.growing.GrowingTrace`), and keeps it: what it
+holds is the model's compact summary (structural spans, three integer columns
+per iteration), never the lines. :meth:`LiveJob.snapshot`
 finishes that summary into a :class:`~megatron.trace.model.incarnation.Trace` and
 computes the figures with ``report``'s own code, per rank: the accounting
 (:func:`~megatron.trace.analysis.accounting.rank_accounting`), the liveness rule
@@ -62,6 +63,7 @@ from megatron.trace.analysis.hangs import find_hang
 from megatron.trace.analysis.liveness import Clock, judge, newest_beats
 from megatron.trace.live.accounting import LiveAccounting
 from megatron.trace.live.facts import FactsCaches
+from megatron.trace.live.growing import GrowingTrace
 from megatron.trace.live.stragglers import LiveStragglers
 from megatron.trace.model.builder import TraceBuilder
 from megatron.trace.model.incarnation import Incarnation, Trace
@@ -148,7 +150,7 @@ class LiveJob:
     hang_factor: float = HANG_FACTOR
     hang_floor_s: float = HANG_FLOOR_S
     killed_after_s: float = KILLED_AFTER_S
-    builder: TraceBuilder = field(default_factory=TraceBuilder)
+    growing: GrowingTrace = field(default_factory=GrowingTrace)
     corrupt_lines: int = 0
     lines: int = 0
     # what the scrapes keep between them: each rank's accounting, and the ranks' work
@@ -157,20 +159,25 @@ class LiveJob:
     _stragglers: LiveStragglers = field(default_factory=LiveStragglers, repr=False)
     _facts: FactsCaches = field(default_factory=FactsCaches, repr=False)
 
+    @property
+    def builder(self) -> TraceBuilder:
+        """The model's builder, holding every span added so far."""
+        return self.growing.builder
+
     def add_lines(self, lines: Iterable[tuple[Path, int, bytes]]) -> int:
         """Decode and add each line; a damaged one is counted, warned about and skipped.
         Returns how many lines were added."""
         added = 0
-        builder = self.builder
+        growing = self.growing
         for path, number, raw in lines:
             self.lines += 1
             try:
-                line = decode_line(path, number, raw, builder.stats)
+                line = decode_line(path, number, raw, growing.builder.stats)
                 if line is not None:
                     if self.run_id is None:
                         self.run_id = _run_id(line.batches[0].resource if line.batches else {})
                         self.run_id = self.run_id or _folder_run_id(self.trace_files or [path])
-                    builder.add_line(line)
+                    growing.add_line(line)
             except TraceFileDamaged as error:
                 self.corrupt_lines += 1
                 _logger.warning("skipped a damaged line: %s", error)
@@ -182,14 +189,15 @@ class LiveJob:
         """The figures as of ``clock``; ``None`` before the first span."""
         if not self.builder.span_count:
             return None
-        trace = self.builder.finish()
-        self._facts.attach(trace)
+        finish = self.growing.finish()
+        trace = finish.trace
+        self._facts.attach(finish)
         liveness = judge(trace, list(self.trace_files), clock)
-        scores = self._stragglers(trace)
+        scores = self._stragglers(finish)
         last_records = _newest_records(trace, liveness.metrics_files)
         ranks = []
         for rank, incs in trace.ranks.items():
-            accounting = self._accounting.setdefault(rank, LiveAccounting())(incs, trace)
+            accounting = self._accounting.setdefault(rank, LiveAccounting())(incs, finish)
             totals = accounting["totals_ns"]
             last = incs[-1]
             median, since = _rolling(last, clock.now_ns)

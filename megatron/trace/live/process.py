@@ -4,7 +4,7 @@
 process asks the same of itself while it runs
 (:mod:`megatron.training.telemetry.goodput_metrics`), from the flat records its span
 tally keeps. :class:`LiveProcess` holds those records in one
-:class:`~megatron.trace.model.builder.TraceBuilder` that only grows, and accounts them
+:class:`~megatron.trace.live.growing.GrowingTrace`, and accounts them
 with ``watch``'s :class:`~megatron.trace.live.accounting.LiveAccounting`, so a
 collection costs what ended since the last one, not the run's history.
 
@@ -25,7 +25,7 @@ from typing import Any
 from megatron.trace.analysis.liveness import mark_running
 from megatron.trace.live.accounting import LiveAccounting
 from megatron.trace.live.facts import FactsCaches
-from megatron.trace.model.builder import TraceBuilder
+from megatron.trace.live.growing import GrowingTrace
 from megatron.trace_format.records import SpanRecord
 
 __all__ = ["LiveProcess"]
@@ -37,26 +37,25 @@ class LiveProcess:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._builder = TraceBuilder()
+        self._growing = GrowingTrace()
         self._accounting = LiveAccounting()
         self._facts = FactsCaches()
 
     def add(self, records: Iterable[SpanRecord]) -> None:
         """Add ended spans (each once, in any order)."""
         with self._lock:
-            for record in records:
-                self._builder.add(record)
+            self._growing.add(records)
 
     def accounting(self, as_of_ns: int, *, running: bool) -> dict[str, Any] | None:
         """:func:`~megatron.trace.analysis.accounting.rank_accounting` of the process's
         rank, its last incarnation judged running as of ``as_of_ns`` when ``running``
         (else ended as its spans say); None before any span."""
         with self._lock:
-            if not self._builder.span_count:
+            if not self._growing.builder.span_count:
                 return None
-            trace = self._builder.finish()
-            self._facts.attach(trace)
-            incs = next(iter(trace.ranks.values()))
+            finish = self._growing.finish()
+            self._facts.attach(finish)
+            incs = next(iter(finish.trace.ranks.values()))
             if running:
                 mark_running(incs[-1], max(as_of_ns, incs[-1].start_ns))
-            return self._accounting(incs, trace)
+            return self._accounting(incs, finish)

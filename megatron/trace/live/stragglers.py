@@ -2,7 +2,7 @@
 
 :class:`LiveStragglers` gives :func:`~megatron.trace.analysis.stragglers.find_stragglers`'s
 scores again and again as the trace grows, following each incarnation by its
-:class:`~megatron.trace.model.incarnation.Revision`; the rule and the batch figures are
+:class:`~megatron.trace.live.revision.Revision`; the rule and the batch figures are
 :mod:`megatron.trace.analysis.stragglers`'.
 """
 
@@ -13,11 +13,13 @@ from typing import Any
 
 from megatron.trace.analysis.stragglers import (
     WARMUP_ITERATIONS,
-    _compared,
-    _score,
-    _split,
+    compared_ranks,
+    rank_split,
+    relative_score,
 )
-from megatron.trace.model.incarnation import Incarnation, Trace
+from megatron.trace.live.growing import Finish
+from megatron.trace.live.revision import Revisions
+from megatron.trace.model.incarnation import Incarnation
 
 __all__ = ["MEDIAN_WINDOW", "LiveStragglers"]
 
@@ -183,35 +185,32 @@ class _RankTimed:
         self.incarnations: dict[Any, _Timed] = {}
         self.window = _Window()
 
-    def update(self, incs: list[Incarnation]) -> tuple[int, float] | None:
+    def update(self, incs: list[Incarnation], revisions: Revisions) -> tuple[int, float] | None:
         """(count, median work in ns) of ``incs``, or None when it must be worked out
         again from the start (:class:`_Timed`, :meth:`_Window.median`)."""
-        followed = {}
+        followed, timed = {}, []
         for inc in incs:
             if not inc.waits:
                 continue
-            revision = inc.revision
-            if revision is None or any(
-                isinstance(rows, tuple) and not isinstance(rows[0], int)
-                for rows in (revision.iterations, revision.waits)
-            ):
-                return None  # (not from a builder, or its rows sorted anew each finish)
-            key = revision.incarnation  # its builder's split and slot: the same incarnation
+            revision = revisions.of(inc)
+            if revision is None or not revision.rows_grow():
+                return None  # (not of this finish, or its rows sorted anew each finish)
+            key = revision.incarnation  # the same incarnation in every finish
             followed[key] = self.incarnations.get(key) or _Timed()
+            timed.append((followed[key], inc))
         if not set(self.incarnations) <= set(followed):
             return None  # (an incarnation placed anew: its values would count twice)
         self.incarnations = followed
         try:
-            for inc in incs:
-                if inc.waits and inc.revision is not None:
-                    for values in followed[inc.revision.incarnation].update(inc):
-                        self.window.add(values)
+            for follower, inc in timed:
+                for values in follower.update(inc):
+                    self.window.add(values)
         except _Rebuild:
             return None
         found = self.window.median()
         return None if found is None else (self.window.count, found)
 
-    def rebuild(self, incs: list[Incarnation]) -> tuple[int, float] | None:
+    def rebuild(self, incs: list[Incarnation], revisions: Revisions) -> tuple[int, float] | None:
         """Follow ``incs`` from the start: the values near the median selected over them a
         part at a time (:mod:`megatron.trace._store.selection`), not held all at once."""
         from megatron.trace._store.selection import select
@@ -233,7 +232,7 @@ class _RankTimed:
                 window.low, window.high = low, high
         except _Rebuild:
             return None
-        return self.update(incs)
+        return self.update(incs, revisions)
 
 
 class LiveStragglers:
@@ -249,23 +248,24 @@ class LiveStragglers:
     def __init__(self) -> None:
         self._ranks: dict[str, _RankTimed] = {}
 
-    def __call__(self, trace: Trace) -> dict[str, float]:
+    def __call__(self, finish: Finish) -> dict[str, float]:
         """Each compared rank's score (none when not computed, as :func:`find_stragglers`)."""
+        trace, revisions = finish.trace, finish.revisions
         if len(trace.ranks) < 2:
             return {}
         figures = {}
         for rank, incs in trace.ranks.items():
             timed = self._ranks.setdefault(rank, _RankTimed())
-            found = timed.update(incs) if timed.incarnations else None
+            found = timed.update(incs, revisions) if timed.incarnations else None
             if found is None:
-                found = timed.rebuild(incs)
+                found = timed.rebuild(incs, revisions)
             if found is None:  # (iterations or waits not each increasing: as report does)
                 del self._ranks[rank]
-                split = _split(incs)
+                split = rank_split(incs)
                 found = (split.count, split.work_median)
             figures[rank] = found
-        compared, _ = _compared({rank: count for rank, (count, _) in figures.items()})
+        compared, _ = compared_ranks({rank: count for rank, (count, _) in figures.items()})
         if not compared:
             return {}
         best = min(figures[rank][1] for rank in compared)
-        return {rank: _score(best, figures[rank][1]) for rank in compared}
+        return {rank: relative_score(best, figures[rank][1]) for rank in compared}

@@ -1,7 +1,7 @@
 """The batch trace model: spans grouped into processes, ranks and incarnations.
 
 One module per concept: :mod:`~megatron.trace.model.incarnation` (the data types:
-``Incarnation``, ``Trace``, ``Revision``), :mod:`~megatron.trace.model.identity`
+``Incarnation``, ``Trace``), :mod:`~megatron.trace.model.identity`
 (which process and rank wrote a span, and the incarnation-split rule),
 :mod:`~megatron.trace.model.builder` (``TraceBuilder``, ``load_trace``: one streaming
 pass, pieces read in parallel merged), :mod:`~megatron.trace.model.process` (what the

@@ -23,9 +23,10 @@ How an incarnation ended is :mod:`megatron.trace.model.ending`'s.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from megatron.trace.model.identity import process_key, rank_sort_key
@@ -141,7 +142,6 @@ class TraceBuilder:
         self._resources: dict[tuple[Any, ...], dict[str, Any]] = {}  # see _shared
         self._ignored: set[str] = set()  # the names whose kind is _IGNORED
         self._splits: dict[tuple[Any, ...], Split] = {}  # what finish() placed, per process
-        self._finishes = 0
 
     def _process_for(self, resource: dict[str, Any], path: Path) -> ProcessSpans:
         key = process_key(resource, path)
@@ -231,8 +231,6 @@ class TraceBuilder:
         low = min([s.start_time_unix_nano for s in spans])
         if proc.min_start is None or low < proc.min_start:
             proc.min_start = low
-        if proc.touched is None or low < proc.touched:
-            proc.touched = low
         proc.max_end = max(proc.max_end, max([s.end_time_unix_nano for s in spans]))
         roots = [s for s in spans if not s.parent_span_id]
         if roots:
@@ -308,19 +306,22 @@ class TraceBuilder:
         starts = [p.min_start for p in self._processes.values() if p.min_start is not None]
         return min(starts, default=None)
 
+    @property
+    def processes(self) -> Mapping[tuple[Any, ...], ProcessSpans]:
+        """What was added so far, per writing process (:func:`process_key`), read only."""
+        return MappingProxyType(self._processes)
+
     def root_end(self, process: tuple[Any, ...]) -> int:
         """The latest end of a root span the process wrote (0: none)."""
         proc = self._processes.get(process)
         return proc.max_end_root if proc is not None else 0
 
     def finish(self) -> Trace:
-        """The trace of everything added so far. It may be called again as more is added
-        (``watch`` does at every scrape): each process's incarnations are then placed
-        from what the previous finish placed (:class:`Split`), and
-        :attr:`Trace.touched` says from when on the processes changed since."""
+        """The trace of everything added so far. It may be called again as more is added:
+        each process's incarnations are then placed from what the previous finish placed
+        (:class:`Split`), so a finish costs what was added since, not what came before."""
         ranks: dict[str, list[Incarnation]] = {}
         processes = {}
-        touched = {}
         for key, proc in self._processes.items():
             split = self._splits.get(key)
             if split is None or split.proc is not proc:
@@ -329,16 +330,13 @@ class TraceBuilder:
             incs = split.incarnations()
             processes[key] = (list(split.boundaries), incs)
             ranks.setdefault(proc.rank, []).extend(incs)
-            if proc.touched is not None:
-                touched[key], proc.touched = proc.touched, None
         for incarnations in ranks.values():
             incarnations.sort(key=lambda inc: inc.start_ns)
             for index, inc in enumerate(incarnations):
                 inc.index = index
             _killed_in_first_iteration(incarnations)
         ordered = dict(sorted(ranks.items(), key=lambda item: rank_sort_key(item[0])))
-        self._finishes += 1
-        return Trace(ordered, self.stats, self.span_count, processes, self._finishes, touched)
+        return Trace(ordered, self.stats, self.span_count, processes)
 
 
 def _killed_in_first_iteration(incs: list[Incarnation]) -> None:

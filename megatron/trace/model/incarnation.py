@@ -1,5 +1,5 @@
 """The trace model's data types: an :class:`Incarnation` (one ``pretrain()`` of one
-rank), the :class:`Trace` that holds them, and an incarnation's :class:`Revision`.
+rank) and the :class:`Trace` that holds them.
 
 An incarnation holds its ``pre_startup``, ``megatron.startup`` (with launch
 children), the ``megatron.train`` intervals, checkpoint loads and saves,
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from array import array
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -30,30 +30,7 @@ from megatron.trace_format.semconv import (
     ITERATION,
 )
 
-__all__ = ["RECORD_LISTS", "Incarnation", "Revision", "Trace"]
-
-
-@dataclass(frozen=True)
-class Revision:
-    """What an incarnation's records, iterations, waits and finalizes are as of its
-    builder's finish: two incarnations of one builder with equal revisions hold the same
-    of them. What ``watch`` keeps of an incarnation between scrapes
-    (:mod:`megatron.trace.live`) is keyed by it."""
-
-    split: int  # which placement of its process's records (a new startup places all again)
-    slot: int  # the incarnation's index in that placement
-    records: int  # how many records were placed in it
-    #: which rows of the process's iterations it holds: their count (the whole column, in
-    #: start order), its (first, end) rows (a slice of it), or ("sorted", count)
-    iterations: Any
-    waits: Any  # ... of the process's gradient all-reduce waits, alike
-    finalizes: int  # how many async-save finalize starts it holds
-
-    @property
-    def incarnation(self) -> tuple[int, int]:
-        """The same incarnation in every finish of its builder, while its process is not
-        placed again: its split and slot."""
-        return (self.split, self.slot)
+__all__ = ["RECORD_LISTS", "Incarnation", "Trace"]
 
 
 @dataclass
@@ -116,31 +93,21 @@ class Incarnation:
     in_flight: SpanRecord | None = None  # running: the open interval (or startup) so far
     # error.type of what ended it: the exception's class, or the signal's name
     error_type: str | None = None
-    #: its :class:`Revision` as of its builder's finish (None: not from a builder)
-    revision: Revision | None = field(default=None, compare=False)
-    #: derives :attr:`interval_facts` as :func:`intervals.derive` does, set by whoever keeps
-    #: what earlier finishes derived (``watch``: :mod:`megatron.trace.live.facts`); None:
-    #: :func:`intervals.derive` itself
-    facts_deriver: Callable[[Incarnation], list[IntervalFacts]] | None = field(
-        default=None, repr=False, compare=False
-    )
 
     @property
     def interval_facts(self) -> list[IntervalFacts]:
         """Each interval's index and iteration range (:func:`intervals.derive`), worked out
         when first asked for: it reads every interval, and only the goodput accounting
-        and the pictures ask."""
+        and the pictures ask. Whoever already knows them sets them (:meth:`interval_facts`'s
+        setter)."""
         if self._facts is None:
-            if self.facts_deriver is not None:
-                self._facts = self.facts_deriver(self)
-            else:
-                self._facts = intervals.derive(
-                    self.intervals,
-                    self.iterations,
-                    self.saves,
-                    self.resumed_from,
-                    last_closed_by_reroot=self.last_closed_by_reroot,
-                )
+            self._facts = intervals.derive(
+                self.intervals,
+                self.iterations,
+                self.saves,
+                self.resumed_from,
+                last_closed_by_reroot=self.last_closed_by_reroot,
+            )
         return self._facts
 
     @interval_facts.setter
@@ -185,7 +152,7 @@ class Incarnation:
 
     def extents_from(self, start_ns: int) -> Iterator[tuple[int, int, str]]:
         """:meth:`extents` of the records that start at ``start_ns`` or later (in the views
-        a builder makes, in start order, found by bisection: what ``watch`` reads again)."""
+        a builder makes, in start order, found by bisection: what changed after a time)."""
         lists = self._record_lists()
         return itertools.chain.from_iterable(extents_from(r, start_ns) for r in lists)
 
@@ -254,12 +221,6 @@ class Trace:
     processes: dict[tuple[Any, ...], tuple[list[int], list[Incarnation]]] = field(
         default_factory=dict, repr=False
     )
-    #: The builder's finishes so far, this one included.
-    generation: int = 1
-    #: Each process given spans since the builder's previous finish -> the earliest start
-    #: of those spans: nothing older than that changed since (every process, at the
-    #: first finish). ``watch`` keeps what that earlier time still gives.
-    touched: dict[tuple[Any, ...], int] = field(default_factory=dict, repr=False)
 
     @property
     def incarnations(self) -> list[Incarnation]:

@@ -87,7 +87,7 @@ def derive_each(
     intervals' length: each interval's on its own and from the one before it.
 
     ``known``: the facts of the first ``len(known)`` intervals, from an earlier call on the
-    same intervals, iterations and saves (``watch`` asks again as they grow): only the
+    same intervals, iterations and saves, fewer of them then: only the
     intervals after them are read, which need only the iterations and saves that start
     inside them (so ``iterations`` and ``saves`` may then hold only those and later ones).
     """

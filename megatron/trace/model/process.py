@@ -34,7 +34,6 @@ class ProcessSpans:
         "min_start",
         "rank",
         "records",
-        "touched",
         "waits",
     )
 
@@ -51,13 +50,6 @@ class ProcessSpans:
         self.max_end = 0
         self.max_end_root = 0
         self.max_end_child = 0
-        # the earliest start of a span added since the builder's last finish (None: none)
-        self.touched: int | None = None
-
-    def touch(self, start_ns: int) -> None:
-        """Note that spans from ``start_ns`` on were added (:attr:`Trace.touched`)."""
-        if self.touched is None or start_ns < self.touched:
-            self.touched = start_ns
 
     def merge(self, other: ProcessSpans) -> None:
         """Add what ``other`` (the same process, read later) learnt."""
@@ -76,5 +68,3 @@ class ProcessSpans:
         self.max_end = max(self.max_end, other.max_end)
         self.max_end_root = max(self.max_end_root, other.max_end_root)
         self.max_end_child = max(self.max_end_child, other.max_end_child)
-        if other.min_start is not None:
-            self.touch(other.min_start)

@@ -3,10 +3,9 @@
 The builder's :meth:`~megatron.trace.model.builder.TraceBuilder.finish` hands each
 process to a :class:`Split`, which places the records added since the last finish
 (:func:`~megatron.trace.model.identity.slot_of` is the rule) and gives the
-incarnations as views of the process's log, each with its
-:class:`~megatron.trace.model.incarnation.Revision`. A trace read once places
-everything once; ``watch`` finishes again at every scrape, and then only the new
-records are placed and only the new intervals' facts derived.
+incarnations as views of the process's log. A trace read once places everything
+once; a builder finished again as its files grow places only the records added
+since, and scans only the intervals added since for how the incarnation ended.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from typing import Any
 from megatron.trace._store.columns import Iterations
 from megatron.trace.model.ending import EndingScan, lost_next
 from megatron.trace.model.identity import slot_of
-from megatron.trace.model.incarnation import RECORD_LISTS, Incarnation, Revision
+from megatron.trace.model.incarnation import RECORD_LISTS, Incarnation
 from megatron.trace.model.process import ProcessSpans
 from megatron.trace_format.records import SpanRecord
 from megatron.trace_format.semconv import (
@@ -55,7 +54,6 @@ _LIST_OF_NAME = {
     HANG_SPAN: "hangs",
     HANG_RECOVERED_SPAN: "recoveries",
 }
-_SERIALS = itertools.count()  # tells the splits apart in Revision.split
 
 
 def _insert(positions: array, position: int, starts: array) -> bool:
@@ -81,7 +79,6 @@ class _Slot:
         "lists",
         "startup",
         "startup_record",
-        "version",
     )
 
     def __init__(self) -> None:
@@ -89,7 +86,6 @@ class _Slot:
         self.startup: int | None = None  # the position of its megatron.startup
         self.startup_record: SpanRecord | None = None  # ... decoded once
         self.first, self.last = 2**63, -(2**63)  # the first start and last end of its records
-        self.version = 0  # how many records were placed in it
         self.ending = EndingScan()
 
 
@@ -99,8 +95,8 @@ class Split:
     One incarnation per ``megatron.startup`` of the process (at least one), split
     where the startups but the first began (:func:`slot_of`). Each record is placed by
     its name and times, which the log holds undecoded; only a startup is decoded. A
-    builder whose files grow (``watch``) finishes again and again: the records added
-    since the last finish are placed among the others, and only a new startup (which
+    builder finished again as more is added places the records added
+    since the last finish among the others, and only a new startup (which
     moves the boundaries) places them all again; an incarnation's iterations are cut
     from the process's by the rows added since. An incarnation's lists are views of
     the process's :class:`~megatron.trace._store.record_log.RecordLog` in start order
@@ -112,7 +108,6 @@ class Split:
         self.placed = 0  # the records of the log placed so far
         self.boundaries: list[int] = []
         self.slots = [_Slot()]
-        self.serial = next(_SERIALS)
         # iterations, waits -> (rows cut so far, where each boundary cuts them), and each
         # incarnation's slice of them with its (first, end) row
         self.cuts: dict[str, tuple[int, list[int]]] = {}
@@ -137,7 +132,6 @@ class Split:
         startups = [i for i in order if log.name(i) == STARTUP_SPAN]
         self.boundaries = [starts[i] for i in startups[1:]]
         self.slots = [_Slot() for _ in range(len(self.boundaries) + 1)]
-        self.serial = next(_SERIALS)
         self.cuts, self.parts = {}, {}
         for position in order:
             self._place(position)
@@ -160,7 +154,6 @@ class Split:
                 _insert(slot.lists[target], position, starts)
         if name in SPAN_CATEGORY:  # a span of Incarnation.records
             slot.first, slot.last = min(slot.first, start), max(slot.last, end)
-        slot.version += 1
 
     def incarnations(self) -> list[Incarnation]:
         """The process's incarnations as placed (new objects: the readers may change them)."""
@@ -177,7 +170,7 @@ class Split:
         iterations = self._distribute("iterations", proc.iterations)
         waits = self._distribute("waits", proc.waits)
         for index, inc in enumerate(incs):
-            inc.iterations, inc.waits = iterations[index][0], waits[index][0]
+            inc.iterations, inc.waits = iterations[index], waits[index]
             if len(incs) == 1:  # the usual case: the process's own, not copies
                 inc.checkpoint_time, inc.goodput_time = proc.checkpoint_time, proc.goodput_time
                 inc.finalize_starts = proc.finalize_starts
@@ -203,14 +196,6 @@ class Split:
             inc.ended, inc.error_type = slot.ending.ending(
                 inc, slot.startup, slot.lists["intervals"]
             )
-            inc.revision = Revision(
-                split=self.serial,
-                slot=index,
-                records=slot.version,
-                iterations=iterations[index][1],
-                waits=waits[index][1],
-                finalizes=len(inc.finalize_starts),
-            )
         last = incs[-1]
         if last.ended == "shutdown" and (proc.max_end_child > proc.max_end_root or lost_next(last)):
             last.ended = "killed"
@@ -220,9 +205,8 @@ class Split:
             inc.last_closed_by_reroot = inc.ended == "killed"
         return incs
 
-    def _distribute(self, attribute: str, column: Iterations) -> list[tuple[Iterations, Any]]:
-        """Each incarnation's iterations (or waits), in start order, and what tells them
-        apart from what an earlier finish gave it (:attr:`Incarnation.revision`).
+    def _distribute(self, attribute: str, column: Iterations) -> list[Iterations]:
+        """Each incarnation's iterations (or waits), in start order.
 
         They come in start order (a process runs its iterations one after another, and
         the pieces of a file merge in file order): then one incarnation takes them as
@@ -234,7 +218,7 @@ class Split:
         count = len(column)
         if column.in_start_order():
             if len(self.slots) == 1:
-                return [(column, count)]  # the usual case: no copy
+                return [column]  # the usual case: no copy
             rows, cuts = self.cuts.get(attribute, (0, [0] * len(self.boundaries)))
             if count > rows:  # slot_of places a start equal to a boundary after it
                 starts = column.slice(rows, count).starts
@@ -254,11 +238,11 @@ class Split:
                 grew = before is not None and before[1][0] == lo
                 found.append((column.slice(lo, hi, before[0] if grew else None), (lo, hi)))
             self.parts[attribute] = found
-            return found
+            return [part for part, _ in found]
         parts = [Iterations() for _ in self.slots]
         numbers, starts, ends = column.numbers, column.starts, column.ends
         for i in sorted(range(len(starts)), key=starts.__getitem__):
             start, end = starts[i], ends[i]
             slot = slot_of(self.boundaries, ITERATION_SPAN, start, end)
             parts[slot].append(numbers[i], start, end)
-        return [(part, ("sorted", count)) for part in parts]
+        return parts
