@@ -6,7 +6,8 @@ instead. :class:`OtlpPush` runs the SDK's own ``MeterProvider`` with a
 ``PeriodicExportingMetricReader`` and the OTLP/HTTP (protobuf) metric
 exporter (:func:`_exporter`): at each export the reader's thread observes the gauges below from
 the newest :class:`~megatron.trace.live.job.Snapshot`, every point with
-the attributes ``run_id`` and ``rank``, as the Prometheus series are labelled.
+the attributes ``run_id`` and ``rank``, as the Prometheus series are labelled
+(:data:`~megatron.trace.render.metrics.series.RANK_SERIES` declares both).
 
 The goodput gauges carry the in-process live metrics' names
 (:data:`~megatron.trace_format.semconv.MEGATRON_TRAINING_GOODPUT_S` and its
@@ -17,86 +18,18 @@ watched Megatron-LM job alike. The exporter needs the ``otlp`` extra.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
-from megatron.trace.live.job import STATES, RankFigures, Snapshot
+from megatron.trace.live.job import Snapshot
+from megatron.trace.render.metrics.series import RANK_SERIES, Points, RankSeries
 from megatron.trace_format.errors import MissingExtraError
-from megatron.trace_format.semconv import (
-    BADPUT_CATEGORY_ATTRIBUTE,
-    GOODPUT_GAUGES,
-    MEGATRON_TRAINING_BADPUT_S,
-    MEGATRON_TRAINING_GOODPUT_FRACTION,
-    MEGATRON_TRAINING_GOODPUT_S,
-    MEGATRON_TRAINING_ITERATION,
-    MEGATRON_TRAINING_WALL_CLOCK_S,
-    SERVICE_NAME,
-)
+from megatron.trace_format.semconv import SERVICE_NAME
 
-__all__ = ["GAUGES", "OtlpPush"]
+__all__ = ["OtlpPush"]
 
 #: The service name of the pushed metrics' resource.
 WATCH_SERVICE = "megatron-trace-watch"
-
-Points = Iterable[tuple[float, dict[str, str]]]
-
-
-def _state(figures: RankFigures) -> Points:
-    return [(1.0 if figures.state == state else 0.0, {"state": state}) for state in STATES]
-
-
-def _badput(figures: RankFigures) -> Points:
-    return [
-        (seconds, {BADPUT_CATEGORY_ATTRIBUTE: str(getattr(category, "value", category))})
-        for category, seconds in figures.badput_s.items()
-    ]
-
-
-def _one(value: float | int | bool | None) -> Points:
-    return [] if value is None else [(float(value), {})]
-
-
-_GOODPUT_POINTS: dict[str, Callable[[RankFigures], Points]] = {
-    MEGATRON_TRAINING_GOODPUT_S: lambda f: _one(f.goodput_s),
-    MEGATRON_TRAINING_BADPUT_S: _badput,
-    MEGATRON_TRAINING_WALL_CLOCK_S: lambda f: _one(f.wall_s),
-    MEGATRON_TRAINING_GOODPUT_FRACTION: lambda f: _one(f.goodput_s / f.wall_s if f.wall_s else 0.0),
-    MEGATRON_TRAINING_ITERATION: lambda f: _one(f.iteration),
-}
-
-#: name -> (unit, description, the points of one rank's figures): every gauge pushed, the
-#: goodput ones as the trainer declares them (:data:`.semconv.GOODPUT_GAUGES`).
-GAUGES: dict[str, tuple[str, str, Callable[[RankFigures], Points]]] = {
-    **{
-        name: (gauge.unit, gauge.description, _GOODPUT_POINTS[name])
-        for name, gauge in GOODPUT_GAUGES.items()
-    },
-    "megatron.job.state": (
-        "1",
-        "1 for the rank's state (running, finished, stalled, killed), 0 for the others",
-        _state,
-    ),
-    "megatron.hang.suspected": (
-        "1",
-        "1 while a hang is suspected on the rank",
-        lambda f: _one(f.hang_suspected),
-    ),
-    "megatron.hang.duration_s": (
-        "s",
-        "How long the suspected hang has lasted (0: none)",
-        lambda f: [] if f.hang_suspected is None else _one(f.hang_s or 0.0),
-    ),
-    "megatron.training.iteration_time_s": (
-        "s",
-        "The median of the rank's last loop passes",
-        lambda f: _one(f.iteration_time_s),
-    ),
-    "megatron.straggler.score": (
-        "1",
-        "The rank's straggler score (1.0: the fastest rank)",
-        lambda f: _one(f.straggler_score),
-    ),
-}
 
 
 def _exporter(endpoint: str, say: Callable[[str], None]) -> Any:
@@ -162,22 +95,27 @@ class OtlpPush:
         )
         meter = self._provider.get_meter("megatron.trace.watch")
 
-        def callback(points: Callable[[RankFigures], Points]) -> Any:
+        def callback(series: RankSeries) -> Any:
             def observe(options: CallbackOptions) -> list[Observation]:
                 snapshot = self._snapshot()
                 if snapshot is None:
                     return []
-                return [
-                    Observation(value, {"run_id": snapshot.run_id, "rank": figures.rank, **extra})
+                points: Points = (
+                    (value, {"run_id": snapshot.run_id, "rank": figures.rank, **extra})
                     for figures in snapshot.ranks
-                    for value, extra in points(figures)
-                ]
+                    for value, extra in series.points(figures)
+                )
+                return [Observation(value, attributes) for value, attributes in points]
 
             return observe
 
-        for name, (unit, description, points) in GAUGES.items():
+        for series in RANK_SERIES:
+            gauge = series.gauge
             meter.create_observable_gauge(
-                name, callbacks=[callback(points)], unit=unit, description=description
+                gauge.name,
+                callbacks=[callback(series)],
+                unit=gauge.unit,
+                description=gauge.description,
             )
 
     def shutdown(self) -> None:

@@ -28,30 +28,27 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from megatron.trace.live.job import STATES, Snapshot
+from megatron.trace.live.job import Snapshot
+from megatron.trace.render.metrics.series import RANK_SERIES
 from megatron.trace_format.errors import MissingExtraError
 from megatron.trace_format.semconv import (
-    GOODPUT_GAUGES,
     LOST_PROGRESS_COUNTER,
-    MEGATRON_TRAINING_BADPUT_S,
-    MEGATRON_TRAINING_GOODPUT_FRACTION,
-    MEGATRON_TRAINING_GOODPUT_S,
-    MEGATRON_TRAINING_ITERATION,
-    MEGATRON_TRAINING_WALL_CLOCK_S,
     PROGRESS_COUNTER,
     Category,
 )
 
-__all__ = ["LABEL", "METRICS", "SnapshotCollector", "prometheus_client"]
+__all__ = ["LABEL", "METRICS", "SnapshotCollector", "label", "prometheus_client"]
 
 #: The label naming the run on every series (what the shipped rules group by).
 LABEL = "run_id"
 
-#: name -> (kind, help): every family the endpoint serves.
+#: name -> (kind, help): every family the endpoint serves: each rank series
+#: (:data:`~megatron.trace.render.metrics.series.RANK_SERIES`, its help naming its
+#: OpenTelemetry name), the progress counters, and what the watch read.
 METRICS: dict[str, tuple[str, str]] = {
     **{
-        gauge.prometheus: ("gauge", f"{gauge.description} ({gauge.name}).")
-        for gauge in GOODPUT_GAUGES.values()
+        series.gauge.prometheus: ("gauge", f"{series.gauge.description} ({series.gauge.name}).")
+        for series in RANK_SERIES
     },
     PROGRESS_COUNTER: (
         "counter",
@@ -63,24 +60,6 @@ METRICS: dict[str, tuple[str, str]] = {
         "Time whose training progress was lost so far (the wasted_progress badput): never "
         "decreases.",
     ),
-    "megatron_job_state": (
-        "gauge",
-        "1 for the rank's state (running, finished, stalled, killed), 0 for the others.",
-    ),
-    "megatron_hang_suspected": (
-        "gauge",
-        "1 while the rank's iterations have stopped for longer than max(floor, factor x its "
-        "rolling median iteration time), or the hang watchdog reported a stall.",
-    ),
-    "megatron_hang_seconds": ("gauge", "How long the suspected hang has lasted (0: none)."),
-    "megatron_iteration_time_seconds": (
-        "gauge",
-        "The median time of the rank's last iterations (its rolling iteration time).",
-    ),
-    "megatron_straggler_score": (
-        "gauge",
-        "The fastest rank's median work per iteration over this rank's (1: the fastest).",
-    ),
     "megatron_trace_watch_spans": ("gauge", "Spans read from the watched trace files."),
     "megatron_trace_watch_lines_total": ("counter", "Lines read from the watched trace files."),
     "megatron_trace_watch_corrupt_lines_total": (
@@ -89,6 +68,12 @@ METRICS: dict[str, tuple[str, str]] = {
     ),
     "megatron_trace_watch_torn_lines": ("gauge", "Torn writes seen in the watched trace files."),
 }
+
+
+def label(attribute: str) -> str:
+    """A point attribute as a Prometheus label, which takes no dots: its last part
+    (``megatron.badput.category`` -> ``category``)."""
+    return attribute.rsplit(".", 1)[-1]
 
 
 def prometheus_client() -> Any:
@@ -145,38 +130,14 @@ def families(
     run_id = snapshot.run_id
     for figures in snapshot.ranks:
         rank = [run_id, figures.rank]
-        family(GOODPUT_GAUGES[MEGATRON_TRAINING_GOODPUT_S].prometheus, "rank").add_metric(
-            rank, figures.goodput_s
-        )
+        for series in RANK_SERIES:
+            labels = [label(attribute) for attribute in series.labels]
+            for value, extra in series.points(figures):
+                found = family(series.gauge.prometheus, "rank", *labels)
+                found.add_metric([*rank, *(extra[a] for a in series.labels)], value)
         lost = figures.badput_s.get(Category.WASTED_PROGRESS, 0.0)
         counted(PROGRESS_COUNTER, rank, figures.goodput_s + lost)
         counted(LOST_PROGRESS_COUNTER, rank, lost)
-        badput = family(GOODPUT_GAUGES[MEGATRON_TRAINING_BADPUT_S].prometheus, "rank", "category")
-        for category, seconds in figures.badput_s.items():
-            badput.add_metric([*rank, str(getattr(category, "value", category))], seconds)
-        wall = family(GOODPUT_GAUGES[MEGATRON_TRAINING_WALL_CLOCK_S].prometheus, "rank")
-        wall.add_metric(rank, figures.wall_s)
-        ratio = figures.goodput_s / figures.wall_s if figures.wall_s else 0.0
-        family(GOODPUT_GAUGES[MEGATRON_TRAINING_GOODPUT_FRACTION].prometheus, "rank").add_metric(
-            rank, ratio
-        )
-        if figures.iteration is not None:
-            family(GOODPUT_GAUGES[MEGATRON_TRAINING_ITERATION].prometheus, "rank").add_metric(
-                rank, figures.iteration
-            )
-        states = family("megatron_job_state", "rank", "state")
-        for state in STATES:
-            states.add_metric([*rank, state], 1.0 if figures.state == state else 0.0)
-        if figures.hang_suspected is not None:
-            suspected = family("megatron_hang_suspected", "rank")
-            suspected.add_metric(rank, 1.0 if figures.hang_suspected else 0.0)
-            family("megatron_hang_seconds", "rank").add_metric(rank, figures.hang_s or 0.0)
-        if figures.iteration_time_s is not None:
-            rolling = family("megatron_iteration_time_seconds", "rank")
-            rolling.add_metric(rank, figures.iteration_time_s)
-        if figures.straggler_score is not None:
-            score = family("megatron_straggler_score", "rank")
-            score.add_metric(rank, figures.straggler_score)
     family("megatron_trace_watch_spans").add_metric([run_id], snapshot.spans)
     family("megatron_trace_watch_lines_total").add_metric([run_id], snapshot.lines)
     corrupt = family("megatron_trace_watch_corrupt_lines_total")

@@ -1,0 +1,126 @@
+"""What ``megatron-trace watch`` serves of each rank, declared once for both outputs.
+
+Each :class:`RankSeries` is a gauge (its OpenTelemetry name, unit and description, and
+its Prometheus name: :class:`~megatron.trace_format.semconv.Gauge`), the labels it adds
+beside ``run_id`` and ``rank``, and the points it takes from a rank's
+:class:`~megatron.trace.live.job.RankFigures`. The Prometheus endpoint
+(:mod:`~megatron.trace.render.metrics.prometheus`) and the OTLP push
+(:mod:`~megatron.trace.render.metrics.otlp_push`) both serve :data:`RANK_SERIES`; the
+goodput gauges are the trainer's own (:data:`~megatron.trace_format.semconv.GOODPUT_GAUGES`),
+so one dashboard charts a job of ours and a watched Megatron-LM job alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from megatron.trace.live.job import STATES, RankFigures
+from megatron.trace_format.semconv import (
+    BADPUT_CATEGORY_ATTRIBUTE,
+    GOODPUT_GAUGES,
+    MEGATRON_TRAINING_BADPUT_S,
+    MEGATRON_TRAINING_GOODPUT_FRACTION,
+    MEGATRON_TRAINING_GOODPUT_S,
+    MEGATRON_TRAINING_ITERATION,
+    MEGATRON_TRAINING_WALL_CLOCK_S,
+    Gauge,
+)
+
+__all__ = ["RANK_SERIES", "Points", "RankSeries"]
+
+#: A series' points of one rank: (value, the labels it adds beside run_id and rank).
+Points = Iterable[tuple[float, dict[str, str]]]
+
+
+@dataclass(frozen=True)
+class RankSeries:
+    """One gauge of every rank, and how its points come from the rank's figures."""
+
+    gauge: Gauge
+    points: Callable[[RankFigures], Points]
+    labels: tuple[str, ...] = ()  # the labels its points add (the same in every point)
+
+
+def _one(value: float | int | bool | None) -> Points:
+    return [] if value is None else [(float(value), {})]
+
+
+def _badput(figures: RankFigures) -> Points:
+    return [
+        (seconds, {BADPUT_CATEGORY_ATTRIBUTE: str(getattr(category, "value", category))})
+        for category, seconds in figures.badput_s.items()
+    ]
+
+
+def _state(figures: RankFigures) -> Points:
+    return [(1.0 if figures.state == state else 0.0, {"state": state}) for state in STATES]
+
+
+_GOODPUT_POINTS: dict[str, tuple[Callable[[RankFigures], Points], tuple[str, ...]]] = {
+    MEGATRON_TRAINING_GOODPUT_S: (lambda f: _one(f.goodput_s), ()),
+    MEGATRON_TRAINING_BADPUT_S: (_badput, (BADPUT_CATEGORY_ATTRIBUTE,)),
+    MEGATRON_TRAINING_WALL_CLOCK_S: (lambda f: _one(f.wall_s), ()),
+    MEGATRON_TRAINING_GOODPUT_FRACTION: (
+        lambda f: _one(f.goodput_s / f.wall_s if f.wall_s else 0.0),
+        (),
+    ),
+    MEGATRON_TRAINING_ITERATION: (lambda f: _one(f.iteration), ()),
+}
+
+#: Every series of every rank, in the order served: the goodput gauges, then watch's own.
+RANK_SERIES: tuple[RankSeries, ...] = (
+    *(
+        RankSeries(gauge, points, labels)
+        for gauge, (points, labels) in zip(
+            GOODPUT_GAUGES.values(), map(_GOODPUT_POINTS.get, GOODPUT_GAUGES), strict=True
+        )
+    ),
+    RankSeries(
+        Gauge(
+            "megatron.job.state",
+            "1",
+            "1 for the rank's state (running, finished, stalled, killed), 0 for the others",
+            "megatron_job_state",
+        ),
+        _state,
+        ("state",),
+    ),
+    RankSeries(
+        Gauge(
+            "megatron.hang.suspected",
+            "1",
+            "1 while the rank's iterations have stopped for longer than max(floor, factor x "
+            "its rolling median iteration time), or the hang watchdog reported a stall",
+            "megatron_hang_suspected",
+        ),
+        lambda f: _one(f.hang_suspected),
+    ),
+    RankSeries(
+        Gauge(
+            "megatron.hang.duration_s",
+            "s",
+            "How long the suspected hang has lasted (0: none)",
+            "megatron_hang_seconds",
+        ),
+        lambda f: [] if f.hang_suspected is None else _one(f.hang_s or 0.0),
+    ),
+    RankSeries(
+        Gauge(
+            "megatron.training.iteration_time_s",
+            "s",
+            "The median time of the rank's last loop passes (its rolling iteration time)",
+            "megatron_iteration_time_seconds",
+        ),
+        lambda f: _one(f.iteration_time_s),
+    ),
+    RankSeries(
+        Gauge(
+            "megatron.straggler.score",
+            "1",
+            "The fastest rank's median work per iteration over this rank's (1: the fastest)",
+            "megatron_straggler_score",
+        ),
+        lambda f: _one(f.straggler_score),
+    ),
+)

@@ -1,0 +1,69 @@
+"""Each rank series watch serves is declared once, and both outputs take it from there."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron.trace.live.job import STATES, RankFigures
+from megatron.trace.render.metrics.prometheus import METRICS, label
+from megatron.trace.render.metrics.series import RANK_SERIES
+from megatron.trace_format.semconv import BADPUT_CATEGORIES, GOODPUT_GAUGES
+
+
+def _figures(**changes: object) -> RankFigures:
+    figures = {
+        "rank": "0",
+        "state": "running",
+        "ended": "running",
+        "wall_s": 100.0,
+        "goodput_s": 80.0,
+        "badput_s": dict.fromkeys(BADPUT_CATEGORIES, 2.0),
+        "iteration": 41,
+        "iteration_time_s": 0.5,
+        "hang_suspected": False,
+        "hang_s": 0.0,
+        "straggler_score": 0.9,
+    }
+    return RankFigures(**{**figures, **changes})
+
+
+def test_names_are_unique_and_the_goodput_ones_are_the_trainers() -> None:
+    names = [series.gauge.name for series in RANK_SERIES]
+    prometheus = [series.gauge.prometheus for series in RANK_SERIES]
+    assert len(set(names)) == len(names) and len(set(prometheus)) == len(prometheus)
+    assert [s.gauge for s in RANK_SERIES[: len(GOODPUT_GAUGES)]] == list(GOODPUT_GAUGES.values())
+
+
+@pytest.mark.parametrize("series", RANK_SERIES, ids=lambda series: series.gauge.name)
+def test_each_is_served_by_the_endpoint_in_prometheus_conventions(series) -> None:
+    gauge = series.gauge
+    kind, text = METRICS[gauge.prometheus]
+    assert kind == "gauge" and gauge.description in text and gauge.name in text
+    assert gauge.prometheus.endswith("_seconds") == (gauge.unit == "s")
+    assert all("." not in label(attribute) for attribute in series.labels)
+
+
+@pytest.mark.parametrize(
+    "figures",
+    [_figures(), _figures(iteration=None, iteration_time_s=None, straggler_score=None),
+     _figures(hang_suspected=None, hang_s=None), _figures(wall_s=0.0, goodput_s=0.0)],
+    ids=["all", "no-iterations", "hang-not-computed", "no-wall-clock"],
+)  # fmt: skip
+def test_every_point_carries_the_labels_its_series_declares(figures: RankFigures) -> None:
+    for series in RANK_SERIES:
+        for value, extra in series.points(figures):
+            assert set(extra) == set(series.labels), series.gauge.name
+            assert isinstance(value, float)
+
+
+def test_the_points_say_the_figures() -> None:
+    points = {s.gauge.prometheus: list(s.points(_figures())) for s in RANK_SERIES}
+    assert points["megatron_training_goodput_ratio"] == [(0.8, {})]
+    assert points["megatron_training_iteration"] == [(41.0, {})]
+    states = {extra["state"]: value for value, extra in points["megatron_job_state"]}
+    assert states == {state: float(state == "running") for state in STATES}
+    assert len(points["megatron_training_badput_seconds"]) == len(BADPUT_CATEGORIES)
+    missing = {
+        s.gauge.prometheus: list(s.points(_figures(hang_suspected=None))) for s in RANK_SERIES
+    }
+    assert missing["megatron_hang_suspected"] == missing["megatron_hang_seconds"] == []
