@@ -7,7 +7,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import Run, _interleaved, _trace_file
+from harness import Run, interleaved, synthetic_trace_file
 
 
 def bench_timeline_page(repeats: int) -> tuple[float, float, float, int]:
@@ -21,7 +21,9 @@ def bench_timeline_page(repeats: int) -> tuple[float, float, float, int]:
     from megatron.trace.render.timeline.page import _bytes, _lanes_plot, figure
 
     with tempfile.TemporaryDirectory(prefix="bench-page-") as directory:
-        path, _, _ = _trace_file(Path(directory), "traces.jsonl", spans=400_000, save_interval=4)
+        path, _, _ = synthetic_trace_file(
+            Path(directory), "traces.jsonl", spans=400_000, save_interval=4
+        )
         timeline = collect(span_source([path]), [str(path)], jobs=1)
     config = {"displaylogo": False}
 
@@ -38,7 +40,7 @@ def bench_timeline_page(repeats: int) -> tuple[float, float, float, int]:
         )
         return time.perf_counter() - start
 
-    return (*_interleaved(ours, plotly, repeats), sum(1 for _ in timeline.bars))
+    return (*interleaved(ours, plotly, repeats), sum(1 for _ in timeline.bars))
 
 
 def section_timeline(run: Run) -> None:
