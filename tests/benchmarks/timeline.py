@@ -18,7 +18,7 @@ def bench_timeline_page(repeats: int) -> tuple[float, float, float, int]:
     save: what makes a big page). Returns (ratio, ours s, plotly s, bars)."""
     from megatron.trace.otlp.spans import span_source
     from megatron.trace.render.timeline.data import collect
-    from megatron.trace.render.timeline.page import _bytes, _lanes_plot, figure
+    from megatron.trace.render.timeline.page import figure, lanes_plot, piece_bytes
 
     with tempfile.TemporaryDirectory(prefix="bench-page-") as directory:
         path, _, _ = synthetic_trace_file(
@@ -29,7 +29,7 @@ def bench_timeline_page(repeats: int) -> tuple[float, float, float, int]:
 
     def ours() -> float:
         start = time.perf_counter()
-        for _ in _bytes(_lanes_plot(timeline, "timeline", config)):
+        for _ in piece_bytes(lanes_plot(timeline, "timeline", config)):
             pass
         return time.perf_counter() - start
 
