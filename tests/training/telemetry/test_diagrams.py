@@ -14,7 +14,7 @@ import pytest
 from megatron.training.telemetry import diagrams
 from megatron.training.telemetry_spans import ExitHooks, SpanPhases
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 TABLES = {"span_phases": SpanPhases, "exit_hooks": ExitHooks}
 
 # A machine exercising what the live tables do not (yet): two triggers between
