@@ -55,7 +55,7 @@ def _shape(spans) -> list[tuple]:
 def test_the_upstream_baseline_emits_our_spans() -> None:
     upstream = _load("upstream_helpers")
     # the in-memory handle the benchmarks themselves measure with
-    handle = _load("harness")._InMemoryTelemetry
+    handle = _load("harness").InMemoryTelemetry
     passes, save_interval = 7, 3
 
     ours = handle()

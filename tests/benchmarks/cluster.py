@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import REPO_ROOT, Run, _interleaved
+from harness import REPO_ROOT, Run, interleaved
 
 # Prints the scheduler's address, then lives until its stdin closes.
 _CLUSTER = """
@@ -185,7 +185,7 @@ def bench_cluster(repeats: int, ranks: int = 64, spans_per_rank: int = 12_000) -
         cluster_argv = ["report", *files, "--scheduler", address, "--jobs", "2"]
         pool_argv = ["report", *files, "--jobs", "2"]
         first = on_cluster(cluster_argv), on_pool(pool_argv)
-        ratio, ours, base = _interleaved(
+        ratio, ours, base = interleaved(
             lambda: on_cluster(cluster_argv), lambda: on_pool(pool_argv), repeats
         )
     finally:

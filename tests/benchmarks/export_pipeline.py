@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness import Run, _InMemoryTelemetry, _interleaved
+from harness import InMemoryTelemetry, Run, interleaved
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.exporter.otlp.json.common.trace_encoder import (
@@ -35,7 +35,7 @@ def _interval_batch(iterations: int = 128) -> list[ReadableSpan]:
     """One export batch of a ``per_step`` run: an interval root and, per
     iteration, the iteration span and its forward/backward, batch and
     optimizer children (``4 * iterations + 1`` spans)."""
-    telemetry = _InMemoryTelemetry()
+    telemetry = InMemoryTelemetry()
     tracer = telemetry.tracer
     startup = tracer.start_span("megatron.startup", context=otel_context.Context())
     startup.end()
@@ -88,7 +88,7 @@ def bench_encode(repeats: int, rounds: int = 20):
             json.dumps(official_encode_spans(batch).to_dict(), separators=(",", ":"))
         return (time.thread_time() - start) / (rounds * len(batch))
 
-    return _interleaved(ours, official, repeats)
+    return interleaved(ours, official, repeats)
 
 
 # -- the whole span path, CPU per exported span -------------------------------
@@ -183,7 +183,7 @@ def bench_pipeline(repeats: int, spans: int = 10_000):
 
             return _cpu_per_span(emit, spans + 1)
 
-        return _interleaved(ours, official, repeats)
+        return interleaved(ours, official, repeats)
 
 
 def section_encode(run: Run) -> None:

@@ -9,8 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import Run, _trace_file
-from trace_commands import _TRACE, _process
+from harness import Run, synthetic_trace_file
+from trace_commands import TRACE_SCRIPT, measure_process
 
 
 def bench_goodput_commands(repeats: int, spans: int = 1_000_000) -> dict[str, Any]:
@@ -23,11 +23,11 @@ def bench_goodput_commands(repeats: int, spans: int = 1_000_000) -> dict[str, An
     directory = Path(tempfile.mkdtemp(prefix="bench-goodput-"))
     try:
         shape = {"ranks": 2, "spans": spans, "incarnations": 2}
-        path, count, size_mb = _trace_file(directory, "a.jsonl", **shape)
-        other, _, _ = _trace_file(directory, "b.jsonl", **shape)
+        path, count, size_mb = synthetic_trace_file(directory, "a.jsonl", **shape)
+        other, _, _ = synthetic_trace_file(directory, "b.jsonl", **shape)
 
         def trace(*args: str) -> list[str]:
-            return [py, "-c", _TRACE, "msgspec", *args]
+            return [py, "-c", TRACE_SCRIPT, "msgspec", *args]
 
         commands = {
             "report": trace("report", str(path)),
@@ -37,7 +37,7 @@ def bench_goodput_commands(repeats: int, spans: int = 1_000_000) -> dict[str, An
         walls: dict[str, list[float]] = {name: [] for name in commands}
         for _ in range(repeats):
             for name, argv in commands.items():
-                walls[name].append(_process(argv)[0])
+                walls[name].append(measure_process(argv)[0])
     finally:
         for child in directory.iterdir():
             child.unlink()

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-class _InMemoryTelemetry:
+class InMemoryTelemetry:
     """A handle on a real SDK provider whose spans land in memory."""
 
     def __init__(self) -> None:
@@ -36,7 +36,7 @@ class _InMemoryTelemetry:
         self.provider.shutdown()
 
 
-def _interleaved(ours: Callable[[], float], baseline: Callable[[], float], repeats: int):
+def interleaved(ours: Callable[[], float], baseline: Callable[[], float], repeats: int):
     """Median of per-repetition ratios, alternating which side runs first."""
     ratios, ours_times, base_times = [], [], []
     for rep in range(repeats):
@@ -50,7 +50,7 @@ def _interleaved(ours: Callable[[], float], baseline: Callable[[], float], repea
     return statistics.median(ratios), statistics.median(ours_times), statistics.median(base_times)
 
 
-def _time_calls(fn: Callable[[int], None], n: int) -> float:
+def time_calls(fn: Callable[[int], None], n: int) -> float:
     """Seconds per call of ``fn(i)`` over ``n`` calls."""
     start = time.perf_counter()
     for i in range(n):
@@ -75,7 +75,9 @@ class Run:
         self.rows.append((key, f"{value:.3f}", ours, base))
 
 
-def _trace_file(directory: Path, name: str, **shape: Any) -> tuple[Path, int, float]:
+def synthetic_trace_file(directory: Path, name: str, **shape: Any) -> tuple[Path, int, float]:
+    """A :mod:`synthetic` ``per_step`` trace of ``shape`` written to ``directory / name``:
+    (its path, its spans, its size in MB)."""
     sys.path.insert(0, str(REPO_ROOT / "tests" / "support"))
     import synthetic
 

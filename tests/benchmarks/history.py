@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import REPO_ROOT, Run
-from trace_commands import _FLOOR, _TRACE, _process
+from trace_commands import FLOOR_SCRIPT, TRACE_SCRIPT, measure_process
 
 
 def bench_long_history(repeats: int) -> dict[str, Any]:
@@ -34,13 +34,14 @@ def bench_long_history(repeats: int) -> dict[str, Any]:
         simulated = gt.simulate(gt.long_history(days=14, ranks=8, kills=300))
         (path,) = gt.write(simulated, directory / "traces.jsonl")
         size_mb = path.stat().st_size / 2**20
-        report_argv = [py, "-c", _TRACE, "msgspec", "report", "--json", "--jobs", "2", str(path)]
-        commands = {"floor": [py, "-c", _FLOOR, str(path)], "report": report_argv}
+        report_args = ["report", "--json", "--jobs", "2", str(path)]
+        report_argv = [py, "-c", TRACE_SCRIPT, "msgspec", *report_args]
+        commands = {"floor": [py, "-c", FLOOR_SCRIPT, str(path)], "report": report_argv}
         walls: dict[str, list[float]] = {name: [] for name in commands}
         peaks: dict[str, list[float]] = {name: [] for name in commands}
         for _ in range(repeats):
             for name, argv in commands.items():
-                wall, _, peak = _process(argv)
+                wall, _, peak = measure_process(argv)
                 walls[name].append(wall)
                 peaks[name].append(peak)
         out = subprocess.run(

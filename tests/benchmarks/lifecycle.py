@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import upstream_helpers as upstream
-from harness import Run, _InMemoryTelemetry, _interleaved, _time_calls
+from harness import InMemoryTelemetry, Run, interleaved, time_calls
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Link
@@ -30,24 +30,24 @@ class _Comparable:
 
 
 def bench_step(enabled: bool, repeats: int, n: int):
-    telemetry = _InMemoryTelemetry() if enabled else None
+    telemetry = InMemoryTelemetry() if enabled else None
     phases = SpanPhases(telemetry, save_interval=10**12, enabled=enabled)
     phases.start_job(model_type="GPT")
     phases.start_train()
     phases.step(0)  # the boundary pass: opens the interval; the rest are not boundaries
     baseline = _Comparable()
-    return _interleaved(
-        lambda: _time_calls(phases.step, n), lambda: _time_calls(baseline.step, n), repeats
+    return interleaved(
+        lambda: time_calls(phases.step, n), lambda: time_calls(baseline.step, n), repeats
     )
 
 
 # -- reroot -----------------------------------------------------------------
 
 
-def _in_first_interval() -> tuple[_InMemoryTelemetry, SpanPhases]:
+def _in_first_interval() -> tuple[InMemoryTelemetry, SpanPhases]:
     """Our lifecycle, rerooting at every pass, inside its first interval: where each
     reroot benchmark starts."""
-    telemetry = _InMemoryTelemetry()
+    telemetry = InMemoryTelemetry()
     phases = SpanPhases(telemetry, save_interval=1)
     phases.start_job(model_type="GPT")
     phases.start_train()
@@ -58,7 +58,7 @@ def _in_first_interval() -> tuple[_InMemoryTelemetry, SpanPhases]:
 def bench_reroot(repeats: int, n: int):
     ours_telemetry, phases = _in_first_interval()
 
-    raw_telemetry = _InMemoryTelemetry()
+    raw_telemetry = InMemoryTelemetry()
     tracer = raw_telemetry.tracer
     first = tracer.start_span("megatron.train", context=otel_context.Context())
     raw = {"span": first, "token": otel_context.attach(otel_trace.set_span_in_context(first))}
@@ -83,13 +83,13 @@ def bench_reroot(repeats: int, n: int):
 
     def ours() -> float:
         ours_telemetry.exporter.clear()
-        return _time_calls(lambda _: phases.reroot(), n)
+        return time_calls(lambda _: phases.reroot(), n)
 
     def baseline() -> float:
         raw_telemetry.exporter.clear()
-        return _time_calls(raw_reroot, n)
+        return time_calls(raw_reroot, n)
 
-    result = _interleaved(ours, baseline, repeats)
+    result = interleaved(ours, baseline, repeats)
     otel_context.detach(raw["token"])
     return result
 
@@ -99,7 +99,7 @@ def bench_reroot(repeats: int, n: int):
 
 def bench_lifecycle(repeats: int, passes: int = 10_000, save_interval: int = 100):
     def ours() -> float:
-        telemetry = _InMemoryTelemetry()
+        telemetry = InMemoryTelemetry()
         phases = SpanPhases(telemetry, save_interval=save_interval)
         start = time.perf_counter()
         phases.start_job(model_type="GPT", timestamps={"program_start": time.time() - 1})
@@ -113,7 +113,7 @@ def bench_lifecycle(repeats: int, passes: int = 10_000, save_interval: int = 100
         return elapsed
 
     def baseline() -> float:
-        telemetry = _InMemoryTelemetry()
+        telemetry = InMemoryTelemetry()
         tracer = telemetry.tracer
         start = time.perf_counter()
         startup = tracer.start_span(
@@ -159,7 +159,7 @@ def bench_lifecycle(repeats: int, passes: int = 10_000, save_interval: int = 100
         telemetry.shutdown()
         return time.perf_counter() - start
 
-    return _interleaved(ours, baseline, repeats)
+    return interleaved(ours, baseline, repeats)
 
 
 # -- against upstream's helpers -------------------------------------------------
@@ -178,7 +178,7 @@ def bench_lifecycle_vs_upstream(repeats: int, passes: int = 10_000, save_interva
     spans = 1 + len(PHASES) + passes // save_interval
 
     def ours() -> float:
-        telemetry = _InMemoryTelemetry()
+        telemetry = InMemoryTelemetry()
         phases = SpanPhases(telemetry, save_interval=save_interval)
         now = time.time()
         startup = _phase_spans(now)
@@ -196,7 +196,7 @@ def bench_lifecycle_vs_upstream(repeats: int, passes: int = 10_000, save_interva
         return elapsed
 
     def baseline() -> float:
-        telemetry = _InMemoryTelemetry()
+        telemetry = InMemoryTelemetry()
         upstream.bind(telemetry, save_interval)
         now = time.time()
         startup = _phase_spans(now)
@@ -206,14 +206,14 @@ def bench_lifecycle_vs_upstream(repeats: int, passes: int = 10_000, save_interva
         assert len(telemetry.exporter.get_finished_spans()) == spans
         return elapsed
 
-    return _interleaved(ours, baseline, repeats)
+    return interleaved(ours, baseline, repeats)
 
 
 def bench_reroot_vs_upstream(repeats: int, n: int):
     """One reroot (end C(k), open C(k+1) linked to it), ours over upstream's helper."""
     ours_telemetry, phases = _in_first_interval()
 
-    upstream_telemetry = _InMemoryTelemetry()
+    upstream_telemetry = InMemoryTelemetry()
     upstream.bind(upstream_telemetry, 1)
     upstream.start_job("GPT", time.time() - 1, {})
     upstream.end_startup()
@@ -222,13 +222,13 @@ def bench_reroot_vs_upstream(repeats: int, n: int):
 
     def ours() -> float:
         ours_telemetry.exporter.clear()
-        return _time_calls(lambda _: phases.reroot(), n)
+        return time_calls(lambda _: phases.reroot(), n)
 
     def baseline() -> float:
         upstream_telemetry.exporter.clear()
-        return _time_calls(lambda _: upstream.reroot(), n)
+        return time_calls(lambda _: upstream.reroot(), n)
 
-    result = _interleaved(ours, baseline, repeats)
+    result = interleaved(ours, baseline, repeats)
     upstream.shutdown()
     phases.shutdown()
     return result

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from harness import REPO_ROOT, Run, _interleaved
+from harness import REPO_ROOT, Run, interleaved
 
 
 def bench_trace_report(
@@ -238,7 +238,7 @@ def bench_selection(
         return run
 
     ours_mb, base_mb = peak(selected), peak(partitioned)
-    ratio, ours_s, base_s = _interleaved(timed(selected), timed(partitioned), repeats)
+    ratio, ours_s, base_s = interleaved(timed(selected), timed(partitioned), repeats)
     return ours_mb / base_mb, ratio, ours_mb, base_mb, ours_s, base_s
 
 

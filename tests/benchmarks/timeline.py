@@ -7,7 +7,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import Run, _interleaved, _trace_file
+from harness import Run, interleaved, synthetic_trace_file
 
 
 def bench_timeline_page(repeats: int) -> tuple[float, float, float, int]:
@@ -18,16 +18,18 @@ def bench_timeline_page(repeats: int) -> tuple[float, float, float, int]:
     save: what makes a big page). Returns (ratio, ours s, plotly s, bars)."""
     from megatron.trace.otlp.spans import span_source
     from megatron.trace.render.timeline.data import collect
-    from megatron.trace.render.timeline.page import _bytes, _lanes_plot, figure
+    from megatron.trace.render.timeline.page import figure, lanes_plot, piece_bytes
 
     with tempfile.TemporaryDirectory(prefix="bench-page-") as directory:
-        path, _, _ = _trace_file(Path(directory), "traces.jsonl", spans=400_000, save_interval=4)
+        path, _, _ = synthetic_trace_file(
+            Path(directory), "traces.jsonl", spans=400_000, save_interval=4
+        )
         timeline = collect(span_source([path]), [str(path)], jobs=1)
     config = {"displaylogo": False}
 
     def ours() -> float:
         start = time.perf_counter()
-        for _ in _bytes(_lanes_plot(timeline, "timeline", config)):
+        for _ in piece_bytes(lanes_plot(timeline, "timeline", config)):
             pass
         return time.perf_counter() - start
 
@@ -38,7 +40,7 @@ def bench_timeline_page(repeats: int) -> tuple[float, float, float, int]:
         )
         return time.perf_counter() - start
 
-    return (*_interleaved(ours, plotly, repeats), sum(1 for _ in timeline.bars))
+    return (*interleaved(ours, plotly, repeats), sum(1 for _ in timeline.bars))
 
 
 def section_timeline(run: Run) -> None:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import REPO_ROOT, Run, _trace_file
+from harness import REPO_ROOT, Run, synthetic_trace_file
 
 # -- reading a week of many ranks: each command against the stdlib floor --------
 
@@ -29,13 +29,13 @@ _PEAK = (
     "    print(f'peak_kb {max(kb, workers)}', file=sys.stderr)\n"
     "atexit.register(_peak)\n"
 )
-_FLOOR = _PEAK + (
+FLOOR_SCRIPT = _PEAK + (
     "import json\n"
     "with open(sys.argv[1], 'rb') as file:\n"
     "    for line in file:\n"
     "        json.loads(line)\n"
 )
-_TRACE = _PEAK + (
+TRACE_SCRIPT = _PEAK + (
     "import runpy\n"
     "if sys.argv[1] == 'stdlib':\n"
     "    sys.modules['msgspec'] = None  # as if it were not installed\n"
@@ -44,7 +44,7 @@ _TRACE = _PEAK + (
 )
 
 
-def _process(argv: list[str]) -> tuple[float, float, float]:
+def measure_process(argv: list[str]) -> tuple[float, float, float]:
     """(wall s, CPU s, peak RSS MB) of one whole process (CPU from its own ``wait4``)."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     # as installed: with bytecode cached (an installer writes it), not compiled at each start
@@ -82,40 +82,40 @@ def bench_trace_commands(repeats: int, spans: int = 1_000_000) -> dict[str, Any]
     py = sys.executable
     directory = Path(tempfile.mkdtemp(prefix="bench-trace-"))
     try:
-        path, count, size_mb = _trace_file(
+        path, count, size_mb = synthetic_trace_file(
             directory, "traces.jsonl", ranks=2, spans=spans, incarnations=2
         )
-        many, many_count, _ = _trace_file(
+        many, many_count, _ = synthetic_trace_file(
             directory, "many.jsonl", ranks=2, spans=spans, save_interval=4
         )
-        comm, comm_count, _ = _trace_file(
+        comm, comm_count, _ = synthetic_trace_file(
             directory, "comm.jsonl", ranks=2, spans=spans, incarnations=2, communication=True
         )
-        comm4, _, _ = _trace_file(
+        comm4, _, _ = synthetic_trace_file(
             directory, "comm4.jsonl", ranks=2, spans=4 * spans, incarnations=2, communication=True
         )
         out = directory / "out"
 
         def trace(*args: str) -> list[str]:
-            return [py, "-c", _TRACE, "msgspec", *args]
+            return [py, "-c", TRACE_SCRIPT, "msgspec", *args]
 
         commands = {
-            "floor": [py, "-c", _FLOOR, str(path)],
+            "floor": [py, "-c", FLOOR_SCRIPT, str(path)],
             "report": trace("report", str(path)),
             "check": trace("check", str(path)),
             "export": trace("export", str(path), "-o", f"{out}.json"),
             "export_perfetto": trace(
                 "export", str(path), "--format", "perfetto", "-o", f"{out}.pftrace"
             ),
-            "report_fallback": [py, "-c", _TRACE, "stdlib", "report", str(path)],
-            "many_floor": [py, "-c", _FLOOR, str(many)],
+            "report_fallback": [py, "-c", TRACE_SCRIPT, "stdlib", "report", str(path)],
+            "many_floor": [py, "-c", FLOOR_SCRIPT, str(many)],
             "many_export": trace("export", str(many), "-o", f"{out}-many.json"),
             "many_report": trace("report", str(many)),
             "many_check": trace("check", str(many)),
             "many_export_perfetto": trace(
                 "export", str(many), "--format", "perfetto", "-o", f"{out}-many.pftrace"
             ),
-            "comm_floor": [py, "-c", _FLOOR, str(comm)],
+            "comm_floor": [py, "-c", FLOOR_SCRIPT, str(comm)],
             "comm_report": trace("report", str(comm)),
             "comm_check": trace("check", str(comm)),
             "comm_export": trace("export", str(comm), "-o", f"{out}-comm.json"),
@@ -134,7 +134,7 @@ def bench_trace_commands(repeats: int, spans: int = 1_000_000) -> dict[str, Any]
         measured: dict[str, list[tuple[float, float, float]]] = {name: [] for name in commands}
         for _ in range(repeats):
             for name, argv in commands.items():
-                measured[name].append(_process(argv))
+                measured[name].append(measure_process(argv))
                 # the growth runs' outputs (up to a GB): gone before their pages are
                 # written back, so the disk is as quiet for the next command as before
                 for output in directory.glob("out-comm*"):

@@ -21,7 +21,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from harness import REPO_ROOT, Run, _trace_file
+from harness import REPO_ROOT, Run, synthetic_trace_file
 
 #: The file is appended in this many chunks; a scrape's figures every SNAPSHOT_EVERY.
 CHUNKS = 200
@@ -119,7 +119,7 @@ def bench_watch_cpu(repeats: int, spans: int = 200_000) -> tuple[float, float, f
     """(watch CPU per span / report CPU per span, watch µs per span, report µs per span,
     spans): medians over ``repeats`` interleaved repetitions on one synthetic file."""
     directory = Path(tempfile.mkdtemp(prefix="bench-watch-"))
-    source, _, _ = _trace_file(directory, "traces.jsonl", ranks=1, spans=spans)
+    source, _, _ = synthetic_trace_file(directory, "traces.jsonl", ranks=1, spans=spans)
     live = directory / "live" / "traces.jsonl"
     live.parent.mkdir()
     ratios, ours, theirs = [], [], []
@@ -143,7 +143,9 @@ def bench_watch_rss(repeats: int, spans: int = 100_000) -> tuple[float, float, f
     fresh process, the same chunk size and scrape rate): (ratio, 1× MB, 4× MB), medians."""
     directory = Path(tempfile.mkdtemp(prefix="bench-watch-rss-"))
     sources = {
-        size: _trace_file(directory, f"traces-{size}x.jsonl", ranks=1, spans=size * spans)[0]
+        size: synthetic_trace_file(directory, f"traces-{size}x.jsonl", ranks=1, spans=size * spans)[
+            0
+        ]
         for size in (1, 4)
     }
     env_path = str(REPO_ROOT)

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from synthetic import _bool, _double, _int, _resource, _Writer
+from synthetic import LineWriter, bool_attribute, double_attribute, int_attribute, resource_json
 
 __all__ = [
     "BATCH",
@@ -195,7 +195,7 @@ class Truth:
 
 @dataclass
 class _Span:
-    """A span the job produced, in the words :class:`synthetic._Writer` takes."""
+    """A span the job produced, in the words :class:`synthetic.LineWriter` takes."""
 
     name: str
     trace: str
@@ -375,11 +375,11 @@ def _rank_spans(
     if resumed_from:
         spans.append(_Span("megatron.checkpoint.load", trace, ids.span(), model_init,
                            start + half, start + half + load_ns,
-                           _int("megatron.iteration", resumed_from), depth=2))  # fmt: skip
+                           int_attribute("megatron.iteration", resumed_from), depth=2))  # fmt: skip
     spans.append(_Span("megatron.startup.model_init", trace, model_init, startup, start + half,
                        start + startup_ns, depth=1))  # fmt: skip
     spans.append(_Span("megatron.startup", trace, startup, "", start, start + startup_ns,
-                       _bool("is_goodput_span", True)))  # fmt: skip
+                       bool_attribute("is_goodput_span", True)))  # fmt: skip
     per_step = history.groups == "per_step"
     previous, previous_trace = startup, trace
     interval_index, interval_start = 0, start + startup_ns
@@ -398,24 +398,24 @@ def _rank_spans(
                         it,
                         b - wait,
                         b,
-                        _int("megatron.iteration", at),
+                        int_attribute("megatron.iteration", at),
                         depth=2,
                     )
                 )
                 spans.append(_Span("megatron.train.iteration", interval_trace, it, interval, a, b,
-                                   _int("megatron.iteration", at), depth=1))  # fmt: skip
+                                   int_attribute("megatron.iteration", at), depth=1))  # fmt: skip
             continue
         spans.append(_Span("megatron.checkpoint.save", interval_trace, ids.span(), interval, a, b,
-                           _int("megatron.iteration", at), depth=1))  # fmt: skip
+                           int_attribute("megatron.iteration", at), depth=1))  # fmt: skip
         last_phase = (kind, a, b, at) == phases[-1]
         rerooted = not last_phase or in_flight is not None
         attributes = ",".join(
             (
-                _bool("is_goodput_span", True),
-                _int("megatron.interval.index", interval_index),
-                _bool("megatron.interval.rerooted", rerooted),
-                _int("megatron.interval.first_iteration", first),
-                _int("megatron.interval.last_iteration", at - 1),
+                bool_attribute("is_goodput_span", True),
+                int_attribute("megatron.interval.index", interval_index),
+                bool_attribute("megatron.interval.rerooted", rerooted),
+                int_attribute("megatron.interval.first_iteration", first),
+                int_attribute("megatron.interval.last_iteration", at - 1),
             )
         )
         link = f'{{"traceId":"{previous_trace}","spanId":"{previous}","flags":256}}'
@@ -427,36 +427,37 @@ def _rank_spans(
     if hang is not None and in_flight is not None:
         plan, end = hang
         _, a, at = in_flight
-        cut = _bool("megatron.span.cut_short", True)
+        cut = bool_attribute("megatron.span.cut_short", True)
         step = ids.span()
         # the watchdog writes its record under the innermost open span, whatever the groups
         detected = a + round(plan.hang_timeout_s * NS)
         stalled_in = "megatron.train.iteration" if per_step else "megatron.train"
         record = ",".join(
             (
-                _int("megatron.iteration", at),
-                _double("megatron.hang.stalled_s", round(plan.hang_timeout_s, 3)),
-                _double("megatron.hang.timeout_s", plan.hang_timeout_s),
-                _int("megatron.hang.last_progress_unix_nano", a),
+                int_attribute("megatron.iteration", at),
+                double_attribute("megatron.hang.stalled_s", round(plan.hang_timeout_s, 3)),
+                double_attribute("megatron.hang.timeout_s", plan.hang_timeout_s),
+                int_attribute("megatron.hang.last_progress_unix_nano", a),
                 _str("megatron.hang.span", stalled_in),
                 _str("megatron.hang.frame", "train.py:1 in _own_work" if rank == plan.victim
                      else "torch/autograd/graph.py:979 in _engine_run_backward"),
-                _bool("megatron.hang.waiting", rank != plan.victim),
-                *([_int("megatron.hang.last_iteration", at - 1)] if at else []),
+                bool_attribute("megatron.hang.waiting", rank != plan.victim),
+                *([int_attribute("megatron.hang.last_iteration", at - 1)] if at else []),
             )
         )  # fmt: skip
         spans.append(_Span("megatron.hang", interval_trace, ids.span(),
                            step if per_step else interval, detected, detected, record,
                            depth=2 if per_step else 1))  # fmt: skip
         if per_step:
+            cut_iteration = int_attribute("megatron.iteration", at) + "," + cut
             spans.append(_Span("megatron.train.iteration", interval_trace, step, interval, a, end,
-                               _int("megatron.iteration", at) + "," + cut, depth=1))  # fmt: skip
+                               cut_iteration, depth=1))  # fmt: skip
         attributes = ",".join(
             (
-                _bool("is_goodput_span", True),
-                _int("megatron.interval.index", interval_index),
-                _bool("megatron.interval.rerooted", False),
-                _int("megatron.interval.first_iteration", first),
+                bool_attribute("is_goodput_span", True),
+                int_attribute("megatron.interval.index", interval_index),
+                bool_attribute("megatron.interval.rerooted", False),
+                int_attribute("megatron.interval.first_iteration", first),
                 cut,
             )
         )
@@ -509,7 +510,7 @@ def write(simulated: Simulated, path: Path) -> list[Path]:
         n = 0
         for index, (make, dies, killed) in enumerate(simulated.produced[rank]):
             pid = 10_000 + rank * 1_000 + index
-            writer = _Writer(_resource(rank, history.ranks, pid, "truth"), ids, BATCH + 1)
+            writer = LineWriter(resource_json(rank, history.ranks, pid, "truth"), ids, BATCH + 1)
             spans = make()
             start = min(s.start for s in spans)
             for when, batch in _exports(

@@ -23,7 +23,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Shape", "write_per_step"]
+__all__ = [
+    "LineWriter",
+    "Shape",
+    "bool_attribute",
+    "double_attribute",
+    "int_attribute",
+    "resource_json",
+    "write_per_step",
+]
 
 MS = 1_000_000
 _BATCH = 512
@@ -52,7 +60,9 @@ class Shape:
     jitter_ns: int = 0
 
 
-def _resource(rank: int, world: int, pid: int, run: str) -> str:
+def resource_json(rank: int, world: int, pid: int, run: str) -> str:
+    """The OTLP/JSON ``resource`` of one process of run ``run``, as the job sets it."""
+
     def s(key: str, value: str) -> str:
         return f'{{"key":"{key}","value":{{"stringValue":"{value}"}}}}'
 
@@ -84,7 +94,7 @@ def _resource(rank: int, world: int, pid: int, run: str) -> str:
     return '{"attributes":[' + ",".join(attributes) + "]}"
 
 
-class _Writer:
+class LineWriter:
     """One incarnation's spans, as the batch processor would cut them into lines."""
 
     def __init__(self, resource: str, ids: Iterator[int], per_line: int = _BATCH) -> None:
@@ -134,20 +144,23 @@ class _Writer:
             self.batch.clear()
 
 
-def _int(key: str, value: int) -> str:
+def int_attribute(key: str, value: int) -> str:
+    """One OTLP/JSON attribute (``{"key": ..., "value": {"intValue": ...}}``), as text."""
     return f'{{"key":"{key}","value":{{"intValue":"{value}"}}}}'
 
 
-def _bool(key: str, value: bool) -> str:
+def bool_attribute(key: str, value: bool) -> str:
+    """One boolean OTLP/JSON attribute, as text."""
     return f'{{"key":"{key}","value":{{"boolValue":{"true" if value else "false"}}}}}'
 
 
-def _double(key: str, value: float) -> str:
+def double_attribute(key: str, value: float) -> str:
+    """One double OTLP/JSON attribute, as text."""
     return f'{{"key":"{key}","value":{{"doubleValue":{value!r}}}}}'
 
 
 def _incarnation(
-    writer: _Writer, shape: Shape, now: int, first: int, last: int, killed: bool, rank: int
+    writer: LineWriter, shape: Shape, now: int, first: int, last: int, killed: bool, rank: int
 ) -> tuple[int, int, int]:
     """Write one incarnation that trains ``first`` up to ``last`` (exclusive).
 
@@ -164,12 +177,12 @@ def _incarnation(
         phase_id = new_id()
         if phase == "model_init" and first:
             writer.span("megatron.checkpoint.load", trace, new_id(), phase_id, t, t + 5 * MS,
-                        _int("megatron.iteration", first))  # fmt: skip
+                        int_attribute("megatron.iteration", first))  # fmt: skip
         writer.span(f"megatron.startup.{phase}", trace, phase_id, startup, t, t + length,
-                    _bool("is_goodput_span", True))  # fmt: skip
+                    bool_attribute("is_goodput_span", True))  # fmt: skip
         t += length
     writer.span("megatron.startup", trace, startup, "", now, t,
-                _bool("is_goodput_span", True) + "," + '{"key":"megatron.model_type",'
+                bool_attribute("is_goodput_span", True) + "," + '{"key":"megatron.model_type",'
                 '"value":{"stringValue":"gpt"}}')  # fmt: skip
     previous, previous_trace = startup, trace
     iteration, saved, index = first, first, 0
@@ -186,19 +199,19 @@ def _incarnation(
             if shape.communication:  # the wait shrinks as a rank's step grows: work evens out
                 dispatched, waited = t + 10 * MS, t + 14 * MS - rank * 1000
                 writer.span("megatron.grad_sync.start", trace, new_id(), fb_id, t + 9 * MS,
-                            dispatched, _int("megatron.iteration", iteration) + ","
-                            + _int("megatron.grad_sync.buckets", 3))  # fmt: skip
+                            dispatched, int_attribute("megatron.iteration", iteration) + ","
+                            + int_attribute("megatron.grad_sync.buckets", 3))  # fmt: skip
                 writer.span("megatron.grad_sync.finish", trace, new_id(), fb_id, dispatched,
-                            waited, _int("megatron.iteration", iteration))  # fmt: skip
+                            waited, int_attribute("megatron.iteration", iteration))  # fmt: skip
             writer.span("megatron.train.forward_backward", trace, fb_id, it_id, t + 4 * us,
                         t + 15 * MS)  # fmt: skip
             writer.span("megatron.train.optimizer", trace, new_id(), it_id, t + 15 * MS + 3 * us,
                         t + 19 * MS)  # fmt: skip
             attributes = ",".join(
                 (
-                    _int("megatron.iteration", iteration),
-                    _double("megatron.loss", 5.0 - iteration * 1e-4),
-                    _double("megatron.grad_norm", 1.0 + (iteration % 7) * 0.125),
+                    int_attribute("megatron.iteration", iteration),
+                    double_attribute("megatron.loss", 5.0 - iteration * 1e-4),
+                    double_attribute("megatron.grad_norm", 1.0 + (iteration % 7) * 0.125),
                 )
             )
             length = (
@@ -219,16 +232,16 @@ def _incarnation(
         iterations(trace, interval, min(shape.save_interval, last - iteration))
         t += 3_000
         writer.span("megatron.checkpoint.save", trace, new_id(), interval, t, t + 50 * MS,
-                    _int("megatron.iteration", iteration))  # fmt: skip
+                    int_attribute("megatron.iteration", iteration))  # fmt: skip
         saved = iteration
         t += 50 * MS + 1_000
         attributes = ",".join(
             (
-                _bool("is_goodput_span", True),
-                _int("megatron.interval.index", index),
-                _bool("megatron.interval.rerooted", iteration < last or killed),
-                _int("megatron.interval.first_iteration", begin),
-                _int("megatron.interval.last_iteration", iteration - 1),
+                bool_attribute("is_goodput_span", True),
+                int_attribute("megatron.interval.index", index),
+                bool_attribute("megatron.interval.rerooted", iteration < last or killed),
+                int_attribute("megatron.interval.first_iteration", begin),
+                int_attribute("megatron.interval.last_iteration", iteration - 1),
             )
         )
         link = f'{{"traceId":"{previous_trace}","spanId":"{previous}","flags":256}}'
@@ -261,7 +274,7 @@ def write_per_step(path: Path, shape: Shape = Shape()) -> list[Path]:
         for number in range(shape.incarnations):
             killed = number < shape.incarnations - 1
             pid = 1000 + 10 * rank + (0 if shape.in_process else number)
-            writer = _Writer(_resource(rank, shape.ranks, pid, "synth"), ids, shape.per_line)
+            writer = LineWriter(resource_json(rank, shape.ranks, pid, "synth"), ids, shape.per_line)
             share = max(shape.save_interval, per_rank // shape.incarnations)
             last = first + share if killed else first + max(per_rank - run, 1)
             now, first, ran = _incarnation(writer, shape, now, first, last, killed, rank)

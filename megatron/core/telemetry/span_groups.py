@@ -46,8 +46,9 @@ class SpanGroup:
         }
     )
 
-    # Read-only so that no caller can widen a preset for the whole process.
-    _PRESETS: ClassVar[Mapping[str, frozenset[str]]] = MappingProxyType(
+    #: Preset name -> the groups it enables (what :meth:`resolve` expands a preset to).
+    #: Read-only so that no caller can widen a preset for the whole process.
+    PRESETS: ClassVar[Mapping[str, frozenset[str]]] = MappingProxyType(
         {
             "default": frozenset({JOB, CHECKPOINT, EVALUATE}),
             "per_step": ALL_GROUPS,
@@ -79,8 +80,8 @@ class SpanGroup:
             raise ValueError(f"empty span-group spec {spec!r}; {cls._valid_names()}")
         groups: set[str] = set()
         for token in tokens:
-            if token in cls._PRESETS:
-                groups.update(cls._PRESETS[token])
+            if token in cls.PRESETS:
+                groups.update(cls.PRESETS[token])
             elif token in cls.ALL_GROUPS:
                 groups.add(token)
             else:
@@ -89,7 +90,7 @@ class SpanGroup:
 
     @classmethod
     def _valid_names(cls) -> str:
-        presets = ", ".join(sorted(cls._PRESETS))
+        presets = ", ".join(sorted(cls.PRESETS))
         groups = ", ".join(sorted(cls.ALL_GROUPS))
         return f"valid presets: {presets}; valid groups: {groups}"
 
@@ -97,7 +98,7 @@ class SpanGroup:
 class MegatronSpanGroup(SpanGroup):
     """Megatron's span groups: the base set plus the fine-grained ones.
 
-    ``_PRESETS`` is this class's own mapping, never the base class's object,
+    ``PRESETS`` is this class's own mapping, never the base class's object,
     so resolving ``"all"`` here yields the Megatron groups while
     ``SpanGroup.resolve("all")`` keeps yielding only the base ones.
     """
@@ -137,7 +138,7 @@ class MegatronSpanGroup(SpanGroup):
     # microbatch, layer, activation_offload and trace_region fire many times
     # per iteration, so they are reachable only through "all"/"profiling" or
     # by naming them.
-    _PRESETS: ClassVar[Mapping[str, frozenset[str]]] = MappingProxyType(
+    PRESETS: ClassVar[Mapping[str, frozenset[str]]] = MappingProxyType(
         {
             "default": _DEFAULT,
             "per_step": _DEFAULT

@@ -20,17 +20,20 @@ from collections.abc import Iterable
 from opentelemetry import trace
 
 __all__ = [
+    "NO_OP_TRACER",
     "get_active_tracer",
     "is_span_group_enabled",
     "set_enabled_span_groups",
 ]
 
-_NO_OP_TRACER: trace.Tracer = trace.NoOpTracer()
+#: What :func:`get_active_tracer` returns while no exporting handle is active: one
+#: OpenTelemetry no-op tracer, so ``get_active_tracer() is NO_OP_TRACER`` says that none is.
+NO_OP_TRACER: trace.Tracer = trace.NoOpTracer()
 
 # Rebound (never mutated) so readers need no lock: a reader sees either the
 # old frozenset or the new one.
 _enabled_groups: frozenset[str] = frozenset()
-_active_tracer: trace.Tracer = _NO_OP_TRACER
+_active_tracer: trace.Tracer = NO_OP_TRACER
 _active_owner: object | None = None
 # Re-entrant: a signal handler that shuts telemetry down may interrupt the
 # main thread while it holds this lock.
@@ -93,7 +96,7 @@ def _deactivate(owner: object) -> bool:
         if _active_owner is not owner:
             return False
         _active_owner = None
-        _active_tracer = _NO_OP_TRACER
+        _active_tracer = NO_OP_TRACER
         _enabled_groups = frozenset()
         return True
 
@@ -103,5 +106,5 @@ def _reset() -> None:
     global _active_tracer, _active_owner, _enabled_groups
     with _write_lock:
         _active_owner = None
-        _active_tracer = _NO_OP_TRACER
+        _active_tracer = NO_OP_TRACER
         _enabled_groups = frozenset()

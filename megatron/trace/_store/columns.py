@@ -87,6 +87,12 @@ class Iterations:
         """Whether some of its rows were written to the spill file (in blocks)."""
         return bool(self._blocks)
 
+    @property
+    def blocks(self) -> tuple[_Block, ...]:
+        """Where its spilled rows lie, in row order (empty while none are): each block's
+        ``store`` is the file it is in, whose ``pid`` says which process wrote it."""
+        return tuple(self._blocks)
+
     def _add_block(self, block: _Block) -> None:
         self._firsts.append(self._spilled)
         self._blocks.append(block)

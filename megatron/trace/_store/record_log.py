@@ -108,6 +108,12 @@ class RecordLog:
         """Whether some of its records were written to the spill file (in blocks)."""
         return bool(self._blocks)
 
+    @property
+    def blocks(self) -> tuple[_Block, ...]:
+        """Where its spilled records lie, in order (empty while none are): each block's
+        ``store`` is the file it is in, whose ``pid`` says which process wrote it."""
+        return tuple(self._blocks)
+
     def __len__(self) -> int:
         return len(self._starts)
 

@@ -93,11 +93,17 @@ _RULE_ORDER = {"duplicate-span-id": 0, "end-before-start": 1}
 
 @dataclass
 class CheckResult:
-    """``violations`` make the exit status 1; ``notes`` (killed, torn) do not."""
+    """``violations`` make the exit status 1; ``notes`` (killed, torn) do not.
+
+    ``reread``: the pieces of the files read a second time for the violation lines
+    (module docstring), in read order: none for a whole trace, a piece or two for a
+    killed incarnation's orphans, every piece when an id is duplicated.
+    """
 
     violations: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     trace: Trace | None = None
+    reread: list[FilePiece] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -264,7 +270,8 @@ def check_files(
     dups = frozenset(ids_hex(ids.dups))
     wanted = {path: ids.unresolved_lines(path) for path in dict.fromkeys(files)}  # once each
     ids.close()  # (the files of ids spilled to disk, when there were many)
-    found = map_files(_DetailsOf(dups, wanted), _to_reread(read, wanted, dups), jobs, executor)
+    result.reread = _to_reread(read, wanted, dups)
+    found = map_files(_DetailsOf(dups, wanted), result.reread, jobs, executor)
     orphans = [span for file_orphans, _ in found for span in file_orphans]
     copies = [span for _, file_copies in found for span in file_copies]
     per_span = [("end-before-start", span) for span in late]

@@ -89,6 +89,7 @@ __all__ = [
     "checkpoint_advice",
     "daly",
     "exponential_badput_per_day",
+    "save_step",
     "young",
 ]
 
@@ -179,10 +180,11 @@ def _save_cost(incs: list[Incarnation]) -> tuple[float | None, int]:
     return (statistics.median(durations) + other_ns / len(durations)) / 1e9, len(durations)
 
 
-def _save_step(incs: list[Incarnation]) -> int | None:
-    """The step the job saved at: the most common step between the iterations it saved at
-    (ties: the longest), so the save at the end of training, after a shorter step, is not
-    taken for the interval (saves at 50, 100 and a final 120: every 50)."""
+def save_step(incs: list[Incarnation]) -> int | None:
+    """The step the job saved at, in iterations (the advice's ``now``; None: fewer than two
+    saves): the most common step between the iterations it saved at (ties: the longest), so
+    the save at the end of training, after a shorter step, is not taken for the interval
+    (saves at 50, 100 and a final 120: every 50)."""
     saved = sorted(
         {
             s["attributes"][ITERATION]
@@ -253,7 +255,7 @@ def checkpoint_advice(
     if mtbf_s is None and failures >= MIN_FAILURES:
         mtbf_s, source = run_s / failures, "observed"
     restart_s = _restart_cost(entries)
-    step = _save_step(incs)
+    step = save_step(incs)
     iteration_s = iteration_ms / 1000 if iteration_ms else None
     # the figures as the JSON gives them, so the formulas redone from it give the same
     save_s, mtbf_s, restart_s = (

@@ -54,14 +54,18 @@ GRAPHVIZ_HINT = (
     "Graphviz's `dot` is not on PATH; install it (Debian/Ubuntu: apt-get install graphviz, "
     "macOS: brew install graphviz, others: https://graphviz.org/download/) and run again"
 )
-_STAMP = re.compile(r"<!-- dot-source-sha256: ([0-9a-f]{64}) -->")
+#: The comment :func:`stamp_svg` puts in an SVG; group 1 is the digest it names.
+STAMP = re.compile(r"<!-- dot-source-sha256: ([0-9a-f]{64}) -->")
 _FONT = "Helvetica,Arial,sans-serif"
 # Node names for the initial and final pseudo-states in DOT.
 _START, _END = "_initial", "_final"
 
 
 @dataclass(frozen=True)
-class _Drawing:
+class Drawing:
+    """One machine to draw: the files' stem, its title, and its table (the ``STATES``,
+    ``TRANSITIONS`` and initial state its runtime machine is built from)."""
+
     name: str
     title: str
     states: tuple[Any, ...]
@@ -70,8 +74,8 @@ class _Drawing:
 
 
 DRAWINGS = (
-    _Drawing("span_phases", "SpanPhases", SpanPhases.STATES, SpanPhases.TRANSITIONS, "job"),
-    _Drawing("exit_hooks", "ExitHooks", ExitHooks.STATES, ExitHooks.TRANSITIONS, "uninstalled"),
+    Drawing("span_phases", "SpanPhases", SpanPhases.STATES, SpanPhases.TRANSITIONS, "job"),
+    Drawing("exit_hooks", "ExitHooks", ExitHooks.STATES, ExitHooks.TRANSITIONS, "uninstalled"),
 )
 
 
@@ -129,7 +133,7 @@ def _trigger_line(transition: Mapping[str, Any], otherwise: bool) -> str:
     return line
 
 
-def _chart(drawing: _Drawing) -> _Chart:
+def _chart(drawing: Drawing) -> _Chart:
     """The drawing's content, read from the machine ``transitions`` builds of the table."""
     markup = MarkupMachine(
         model=_Blank(),
@@ -223,7 +227,7 @@ def stamp_svg(svg: str, dot_source: str) -> str:
 
 def svg_stamp(svg: str) -> str | None:
     """The DOT-source digest stamped into ``svg``, or None when it carries none."""
-    found = _STAMP.search(svg)
+    found = STAMP.search(svg)
     return found.group(1) if found else None
 
 
@@ -241,13 +245,17 @@ def _dot_to_svg(dot_source: str) -> str:
         raise GraphvizMissing(GRAPHVIZ_HINT) from exc
 
 
+def drawing_texts(drawing: Drawing) -> tuple[str, str]:
+    """The DOT and the Mermaid text of one drawing, as its files hold them."""
+    chart = _chart(drawing)
+    return _dot(chart), _mermaid(chart)
+
+
 def render_text() -> dict[str, str]:
     """The DOT and Mermaid files as the current tables draw them (no ``dot`` needed)."""
     files: dict[str, str] = {}
     for drawing in DRAWINGS:
-        chart = _chart(drawing)
-        files[f"{drawing.name}.dot"] = _dot(chart)
-        files[f"{drawing.name}.mmd"] = _mermaid(chart)
+        files[f"{drawing.name}.dot"], files[f"{drawing.name}.mmd"] = drawing_texts(drawing)
     return files
 
 

@@ -64,7 +64,7 @@ def test_non_exporting_handle_starts_nothing(
     assert isinstance(handle.tracer, trace.NoOpTracer)
     assert isinstance(handle.meter, metrics.NoOpMeter)
     assert not any(is_span_group_enabled(g) for g in MegatronSpanGroup.ALL_GROUPS)
-    assert state.get_active_tracer() is state._NO_OP_TRACER
+    assert state.get_active_tracer() is state.NO_OP_TRACER
     # the no-op handle's methods are safe to call
     record_training_metrics(handle.meter, loss=1.0)
     assert handle.force_flush() is True
@@ -117,7 +117,7 @@ def test_exporting_handle_activates_its_tracer_and_groups(make_handle: Make) -> 
     assert [s.name for s in exporter.get_finished_spans()] == ["iteration"]
     handle.shutdown()
     assert not is_span_group_enabled("step")
-    assert state.get_active_tracer() is state._NO_OP_TRACER
+    assert state.get_active_tracer() is state.NO_OP_TRACER
 
 
 def test_resource_attributes(make_handle: Make) -> None:

@@ -58,14 +58,14 @@ def test_megatron_groups_and_presets() -> None:
 
 
 def test_megatron_presets_are_their_own_object() -> None:
-    assert MegatronSpanGroup._PRESETS is not SpanGroup._PRESETS
+    assert MegatronSpanGroup.PRESETS is not SpanGroup.PRESETS
     # and resolving through the base class does not see Megatron's groups
     assert "microbatch" not in SpanGroup.resolve("all")
 
 
 @pytest.mark.parametrize("group", sorted(FINE_GRAINED))
 def test_fine_grained_groups_only_in_all(group: str) -> None:
-    presets = MegatronSpanGroup._PRESETS
+    presets = MegatronSpanGroup.PRESETS
     assert group in presets["all"]
     assert group in presets["profiling"]
     assert group not in presets["per_step"]

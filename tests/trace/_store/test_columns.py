@@ -119,12 +119,12 @@ def test_a_block_another_process_wrote_is_read_not_shared(tiny_blocks: None) -> 
     parent = Iterations()
     for number in range(7):
         parent.append(number, number * 10, number * 10 + 5)
-    for block in parent._blocks:
+    for block in parent.blocks:
         block.store = _Elsewhere(block.store)
     mine = Iterations()
     mine.extend(parent)
     assert _rows(mine) == [(n, n * 10, n * 10 + 5) for n in range(7)]
-    assert all(block.store.pid == spill.store().pid for block in mine._blocks)
+    assert all(block.store.pid == spill.store().pid for block in mine.blocks)
 
 
 class _Elsewhere:
@@ -218,7 +218,7 @@ def test_a_read_whose_columns_are_dropped_frees_its_file(tiny_blocks: None) -> N
     its = Iterations()
     for number in range(10):
         its.append(number, number, number + 1)
-    store = weakref.ref(its._blocks[0].store)
+    store = weakref.ref(its.blocks[0].store)
     assert spill.store() is store()
     del its
     assert store() is None  # closed: the next read starts a file of its own

@@ -76,7 +76,7 @@ def test_a_log_gives_back_the_records_in_order(seed: int, tiny_blocks: None) -> 
             for record in records:
                 other.append(record)
             if rng.random() < 0.3:
-                for block in other._blocks:  # as a worker's summary would be
+                for block in other.blocks:  # as a worker's summary would be
                     block.store = _Elsewhere(block.store)
             log.extend(other)
             expected += records

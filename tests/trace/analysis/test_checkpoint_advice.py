@@ -203,14 +203,14 @@ def test_the_interval_now_is_the_step_the_job_saved_at_not_the_short_one_at_the_
     interval the job used is 50, not the 20 the median of two steps would take."""
     from types import SimpleNamespace
 
-    from megatron.trace.analysis.checkpoint_advice import _save_step
+    from megatron.trace.analysis.checkpoint_advice import save_step
     from megatron.trace_format.semconv import ITERATION
 
     def saved_at(*iterations: int) -> SimpleNamespace:
         return SimpleNamespace(saves=[{"attributes": {ITERATION: i}} for i in iterations])
 
-    assert _save_step([saved_at(50, 100, 120)]) == 50
+    assert save_step([saved_at(50, 100, 120)]) == 50
     # a resumed job: the killed run saved at 50, the resumed one at 100 and at its end
-    assert _save_step([saved_at(50), saved_at(50, 100, 120)]) == 50
-    assert _save_step([saved_at(10, 20, 25, 35, 45)]) == 10
-    assert _save_step([saved_at(50)]) is None
+    assert save_step([saved_at(50), saved_at(50, 100, 120)]) == 50
+    assert save_step([saved_at(10, 20, 25, 35, 45)]) == 10
+    assert save_step([saved_at(50)]) is None

@@ -155,9 +155,9 @@ def test_too_many_windows_is_one_line(tmp_path: Path, capsys) -> None:
 def test_window_labels_are_whole_units_never_a_fraction_of_a_minute(
     seconds: float, label: str
 ) -> None:
-    from megatron.trace.render.text.report import _duration
+    from megatron.trace.render.text.report import duration_label
 
-    assert _duration(seconds) == label
+    assert duration_label(seconds) == label
 
 
 @pytest.mark.parametrize("window_s", [0.3, 1, 2.5, 7, 1000])

@@ -118,7 +118,7 @@ def test_report_and_check_say_the_same_of_pieces(tmp_path: Path, tiny_pieces: No
 
 
 def test_check_reads_again_only_the_pieces_that_hold_a_killed_incarnations_orphans(
-    tmp_path: Path, tiny_pieces: None, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tiny_pieces: None
 ) -> None:
     """A killed-and-resumed job's orphans (children of the interval the kill lost) are looked
     up in the piece they were read in, not in a second pass over the whole file; an id
@@ -127,30 +127,20 @@ def test_check_reads_again_only_the_pieces_that_hold_a_killed_incarnations_orpha
         tmp_path / "traces.jsonl",
         synthetic.Shape(ranks=2, spans=4_000, incarnations=2, per_line=16),
     )
-    reread: list[FilePiece] = []
-    details = check._details
-
-    def recorded(wanted: dict[int, set[str]], dups: frozenset[str], piece: FilePiece) -> object:
-        reread.append(piece)
-        return details(wanted, dups, piece)
-
-    monkeypatch.setattr(check, "_details", recorded)
     whole = check.check_files([path], jobs=1)
-    assert reread == [FilePiece(path)]
-    reread.clear()
+    assert whole.reread == [FilePiece(path)]
     with ThreadPoolExecutor(4) as pool:
         cut = check.check_files([path], jobs=20, executor=pool)
     assert (cut.violations, cut.notes) == (whole.violations, whole.notes)
     assert any("killed" in note for note in cut.notes)
-    assert 1 <= len(reread) <= 2  # one piece per rank's orphans, at most
-    assert len(reread) < len(parallel.pieces([path], jobs=20))
+    assert 1 <= len(cut.reread) <= 2  # one piece per rank's orphans, at most
+    assert len(cut.reread) < len(parallel.pieces([path], jobs=20))
 
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines + lines[-1:]))  # the last line again: its ids twice
-    reread.clear()
     with ThreadPoolExecutor(4) as pool:
         twice = check.check_files([path], jobs=20, executor=pool)
-    assert len(reread) == len(parallel.pieces([path], jobs=20))
+    assert len(twice.reread) == len(parallel.pieces([path], jobs=20))
     assert any(v.startswith("duplicate-span-id") for v in twice.violations)
     assert twice.violations == check.check_files([path], jobs=1).violations
 
@@ -273,14 +263,14 @@ def test_an_export_reads_the_lines_its_first_pass_read_while_a_job_appends(
     path = _tied_job(tmp_path / "traces.jsonl")
     before = tmp_path / "before.json"
     export.export_files([path], before, "chrome", jobs=1)
-    first_pass = export._plan
+    window_of = export.resolve_window  # resolved between the two passes, from the first's trace
 
-    def plan_then_append(*args, **kwargs):
-        planned = first_pass(*args, **kwargs)
+    def window_then_append(*args, **kwargs):
+        window = window_of(*args, **kwargs)
         write_trace(path, [(resource("job", 0, 900), incarnation(200, 40, 2))])
-        return planned
+        return window
 
-    monkeypatch.setattr(export, "_plan", plan_then_append)
+    monkeypatch.setattr(export, "resolve_window", window_then_append)
     during = tmp_path / "during.json"
     with ThreadPoolExecutor(3) as pool:
         export.export_files(

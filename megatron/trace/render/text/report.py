@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["bound_text", "format_report"]
+__all__ = ["bound_text", "duration_label", "format_report"]
 
 _PRINTED_ANOMALIES = 5  # the slowest iterations the text names (the JSON lists 20)
 
@@ -207,7 +207,7 @@ def _window_lines(report: dict[str, Any]) -> list[str]:
     if windows is None:
         return []
     lines = [
-        f"per window of {_duration(windows['window_s'])} from the wall clock's start: "
+        f"per window of {duration_label(windows['window_s'])} from the wall clock's start: "
         "goodput, iterations ended in it, the largest badput"
     ]
     bounds = report.get("bounds", {})
@@ -232,7 +232,7 @@ def _window_lines(report: dict[str, Any]) -> list[str]:
             for name in entry["top_badput"]
         )
         lines.append(
-            f"  {entry['start']}  +{_duration(entry['start_s']):<9}"
+            f"  {entry['start']}  +{duration_label(entry['start_s']):<9}"
             f"  goodput {share:>{share_width}} %"
             f"  {good:>{good_width}} s of {wall:.3f} s"
             + _window_iterations(entry)
@@ -244,10 +244,11 @@ def _window_lines(report: dict[str, Any]) -> list[str]:
 _UNITS_S = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 
 
-def _duration(seconds: float) -> str:
-    """``5400`` -> ``1h30m``, ``70`` -> ``1m10s``, ``30`` -> ``30s``, ``0.25`` -> ``250ms``,
-    ``0`` -> ``0s``: from a minute on, whole units to the second (as ``--window`` and
-    ``--since`` are written), never a fraction of a minute."""
+def duration_label(seconds: float) -> str:
+    """A duration as the text labels a window and its offset: ``5400`` -> ``1h30m``,
+    ``70`` -> ``1m10s``, ``30`` -> ``30s``, ``0.25`` -> ``250ms``, ``0`` -> ``0s``: from a
+    minute on, whole units to the second (as ``--window`` and ``--since`` are written),
+    never a fraction of a minute."""
     if seconds <= 0:
         return "0s"
     if seconds < 1:

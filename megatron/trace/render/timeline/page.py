@@ -48,12 +48,17 @@ from megatron.trace_format.semconv import (
 
 __all__ = [
     "CATEGORIES",
+    "Piece",
+    "axis_time",
     "endings_text",
     "figure",
     "files_text",
     "lane_layout",
     "lane_name",
+    "lanes_plot",
     "page_pieces",
+    "piece_bytes",
+    "plot_div",
     "rank_list",
     "render_html",
 ]
@@ -86,7 +91,8 @@ _MARKER_OFFSET = {
 _PATTERNED = {Category.RESTART_GAP: "/", BAR_IN_FLIGHT: "."}
 
 
-def _when(ns: int) -> str:
+def axis_time(ns: int) -> str:
+    """An instant (ns since the epoch) as the figures' time axes take it: UTC, to the µs."""
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
@@ -99,7 +105,7 @@ def _hover(bar: Bar, label: str) -> str:
         f"<b>{html.escape(bar.name)}</b>",
         f"{html.escape(label)}",
         f"duration {_duration(bar.end_ns - bar.start_ns)}",
-        f"{_when(bar.start_ns)[11:23]} → {_when(bar.end_ns)[11:23]} UTC",
+        f"{axis_time(bar.start_ns)[11:23]} → {axis_time(bar.end_ns)[11:23]} UTC",
         *(html.escape(detail) for detail in bar.details),
     ]
     return "<br>".join(lines)
@@ -141,7 +147,7 @@ def _lane_label(summary: LaneSummary, several_ranks: bool, one_line: bool = Fals
     colour = _ENDED_COLOURS.get(summary.ended, "#444")
     ended = ENDED_TEXT.get(summary.ended, summary.ended)
     if summary.as_of_ns is not None:
-        ended += f" · as of {_when(summary.as_of_ns)[11:19]} UTC"
+        ended += f" · as of {axis_time(summary.as_of_ns)[11:19]} UTC"
     name = html.escape(lane_name(summary, several_ranks))
     gap = " · " if one_line else "<br>"
     return f"<b>{name}</b>{gap}<span style='color:{colour}'>{ended}</span>"
@@ -188,14 +194,14 @@ def _bar_values(timeline: Timeline) -> Iterator[tuple[str, str, Any]]:
             continue
         key, row = bar.category, rows[bar.lane]
         yield key, "y", row
-        yield key, "base", _when(bar.start_ns)
+        yield key, "base", axis_time(bar.start_ns)
         yield key, "x", max(bar.end_ns - bar.start_ns, 0) / 1e6
         if key != BAR_WASTED:  # wasted progress lies over the interval that did the work
             yield key, "text", bar.text
         yield key, "hovertext", _hover(bar, labels[bar.lane])
         if key in _NESTED:
             yield key, "marker_y", row + _MARKER_OFFSET[key]
-            yield key, "marker_x", _when((bar.start_ns + bar.end_ns) // 2)
+            yield key, "marker_x", axis_time((bar.start_ns + bar.end_ns) // 2)
 
 
 def _rows(timeline: Timeline) -> dict[Lane, int]:
@@ -314,7 +320,7 @@ def _add_goodput_line(fig: Any, windows: list[GoodputWindow], height: int) -> No
             fill="tozeroy",
             fillcolor="rgba(35, 139, 69, 0.12)",
             # A point at each window's start, and one more where the last ends.
-            x=[_when(w.start_ns) for w in windows] + [_when(windows[-1].end_ns)],
+            x=[axis_time(w.start_ns) for w in windows] + [axis_time(windows[-1].end_ns)],
             y=[_percent(w) for w in windows] + [_percent(windows[-1])],
             hovertext=hover + hover[-1:],
             hoverinfo="text",
@@ -349,7 +355,7 @@ def _window_hover(window: GoodputWindow) -> str:
     entry = window.entry
     lines = [
         f"<b>goodput {100 * entry['goodput_fraction']:.1f} %</b>",
-        f"window {_when(window.start_ns)[11:19]} → {_when(window.end_ns)[11:19]} UTC"
+        f"window {axis_time(window.start_ns)[11:19]} → {axis_time(window.end_ns)[11:19]} UTC"
         f" ({_duration(window.end_ns - window.start_ns)})",
     ]
     for category in entry["top_badput"]:
@@ -399,7 +405,7 @@ def _add_endings(fig: Any, timeline: Timeline, rows: dict[Lane, int]) -> None:
                 lines.append("its interval in flight was never written (SIGKILL)")
             elif ended == "running":
                 assert summary.as_of_ns is not None
-                lines.append(f"still running as of {_when(summary.as_of_ns)[:19]} UTC,")
+                lines.append(f"still running as of {axis_time(summary.as_of_ns)[:19]} UTC,")
                 lines.append("its newest record: the figures stop there")
             elif ended == "failed":
                 lines.append("an uncaught exception ended it")
@@ -414,7 +420,7 @@ def _add_endings(fig: Any, timeline: Timeline, rows: dict[Lane, int]) -> None:
                 name=f"ended: {ENDED_TEXT[ended]}",
                 mode="markers",
                 y=[rows[s.lane] for s in lanes],
-                x=[_when(s.end_ns) for s in lanes],
+                x=[axis_time(s.end_ns) for s in lanes],
                 marker={"symbol": symbol, "size": 16, "color": colour, "line": {"width": 2}},
                 hovertext=hover,
                 hoverinfo="text",
@@ -453,16 +459,17 @@ incarnations (one per launch of the job){ranks}.{lanes_note}</p>
 """
 
 
-#: What stands for the traces in the markup plotly writes around them (see _plot_div),
+#: What stands for the traces in the markup plotly writes around them (see plot_div),
 #: and for the timeline's plot in the page (escaped text holds no "<").
 _DATA_MARK = "megatron-trace: the traces go here"
 _PLOT_MARK = "<!-- megatron-trace: the timeline goes here -->"
-#: What stands for a column of the lanes' bars in their figure (see _lanes_plot).
+#: What stands for a column of the lanes' bars in their figure (see lanes_plot).
 _COLUMN_MARK = "megatron-trace: column "
 _COLUMN = re.compile(rb'\["' + re.escape(_COLUMN_MARK.encode()) + rb'([^"]+)"\]')
 
-# A piece of the page: text, UTF-8 bytes, or bytes still to be read (a spilled column).
-_Piece = str | bytes | Iterator[bytes]
+#: A piece of the page: text, UTF-8 bytes, or bytes still to be read (a spilled column);
+#: :func:`piece_bytes` turns pieces into the page's bytes.
+Piece = str | bytes | Iterator[bytes]
 
 
 def _traces_json(fig_data: Any) -> bytes | None:
@@ -478,7 +485,7 @@ def _traces_json(fig_data: Any) -> bytes | None:
 
 def _markup(
     layout: dict[str, Any], div_id: str, config: dict[str, Any], data: bytes
-) -> list[_Piece] | None:
+) -> list[Piece] | None:
     """plotly's markup of a figure with ``layout`` (the layout, the config, the div)
     around ``data`` in place of the traces' JSON: None if plotly's markup no longer
     holds them as expected."""
@@ -492,7 +499,7 @@ def _markup(
     return [before, data, after] if mark else None
 
 
-def _plot_div(fig: Any, div_id: str, config: dict[str, Any]) -> list[_Piece]:
+def plot_div(fig: Any, div_id: str, config: dict[str, Any]) -> list[Piece]:
     """``fig.to_html(full_html=False, include_plotlyjs=False, div_id=..., config=...)``
     in pieces, the traces' JSON (the bulk) as UTF-8 bytes encoded by msgspec.
 
@@ -512,8 +519,8 @@ def _plot_div(fig: Any, div_id: str, config: dict[str, Any]) -> list[_Piece]:
     return pieces
 
 
-def _lanes_plot(timeline: Timeline, div_id: str, config: dict[str, Any]) -> list[_Piece]:
-    """The lanes' plot as :func:`_plot_div` writes :func:`figure`, its bars' arrays
+def lanes_plot(timeline: Timeline, div_id: str, config: dict[str, Any]) -> list[Piece]:
+    """The lanes' plot as :func:`plot_div` writes :func:`figure`, its bars' arrays
     streamed: written to :class:`JsonColumns` in one pass over the bars, and read
     back into the page as it is written.
 
@@ -544,10 +551,10 @@ def _lanes_plot(timeline: Timeline, div_id: str, config: dict[str, Any]) -> list
         data = pio.json.to_json_plotly(traces).encode()
     plot = _markup(skeleton["layout"], div_id, config, b"")
     if plot is None:  # plotly's markup changed: its own, of the whole figure
-        return _plot_div(figure(timeline), div_id, config)
+        return plot_div(figure(timeline), div_id, config)
     before, _, after = plot
     parts = _COLUMN.split(data)  # text, column, text, column, ..., text
-    spliced: list[_Piece] = [before]
+    spliced: list[Piece] = [before]
     for position, part in enumerate(parts):
         spliced.append(columns.array(part.decode()) if position % 2 else part)
     return [*spliced, after]
@@ -557,11 +564,11 @@ def _lanes_plot(timeline: Timeline, div_id: str, config: dict[str, Any]) -> list
 _FIELDS = ("y", "base", "x", "text", "hovertext", "marker_y", "marker_x")
 
 
-def _text(pieces: Iterable[_Piece]) -> str:
-    return b"".join(_bytes(pieces)).decode()
+def _text(pieces: Iterable[Piece]) -> str:
+    return b"".join(piece_bytes(pieces)).decode()
 
 
-def _bytes(pieces: Iterable[_Piece]) -> Iterator[bytes]:
+def piece_bytes(pieces: Iterable[Piece]) -> Iterator[bytes]:
     """The pieces as UTF-8 bytes, in order (a spilled column read as it goes)."""
     for piece in pieces:
         if isinstance(piece, str):
@@ -579,7 +586,7 @@ def page_pieces(timeline: Timeline) -> Iterator[bytes]:
     Everything but the bars' arrays is worked out before this returns (the bars
     are gone through once, into temporary columns); those are read as the
     pieces are."""
-    plot = _lanes_plot(timeline, "timeline", {"displaylogo": False})
+    plot = lanes_plot(timeline, "timeline", {"displaylogo": False})
     summary = [
         f"<span>incarnations <b>{len({s.lane.incarnation for s in timeline.lanes})}</b></span>",
         *([f"<span>ranks <b>{timeline.ranks}</b></span>"] if timeline.several_ranks else []),
@@ -588,12 +595,12 @@ def page_pieces(timeline: Timeline) -> Iterator[bytes]:
     ]
     goodput = ""
     if timeline.report is not None:
-        bar = _plot_div(summary_figure(timeline.report), "goodput", {"displayModeBar": False})
+        bar = plot_div(summary_figure(timeline.report), "goodput", {"displayModeBar": False})
         goodput = summary_html(timeline.report) + _text(bar)
     iterations = ""
     if timeline.series:
         iterations = _text(
-            _plot_div(
+            plot_div(
                 ranks_figure(timeline.series, timeline.report), "iterations", {"displaylogo": False}
             )
         )
@@ -622,7 +629,7 @@ def page_pieces(timeline: Timeline) -> Iterator[bytes]:
         lanes_note=_lanes_note(timeline),
         iterations=iterations,
     ).partition(_PLOT_MARK)
-    return _bytes([head, *plot, tail])
+    return piece_bytes([head, *plot, tail])
 
 
 #: With more files than this the header names the first and the last few, and counts them.
@@ -679,7 +686,7 @@ def endings_text(timeline: Timeline) -> str:
 def _ended_name(summary: LaneSummary, several_ranks: bool) -> str:
     name = summary.lane.label(several_ranks)
     if summary.as_of_ns is not None:
-        name += f" as of {_when(summary.as_of_ns)[:19]} UTC"
+        name += f" as of {axis_time(summary.as_of_ns)[:19]} UTC"
     return name
 
 

@@ -64,8 +64,8 @@ def test_the_line_is_the_reports_windows(tmp_path: Path) -> None:
     assert line.y[-1] == line.y[-2]
     assert [w.start_ns for w in tl.windows] == [start + round(e["start_s"] * S) for e in entries]
     assert tl.windows[-1].end_ns == end
-    assert list(line.x) == [timeline_page._when(start + round(e["start_s"] * S))
-                            for e in entries] + [timeline_page._when(end)]  # fmt: skip
+    assert list(line.x) == [timeline_page.axis_time(start + round(e["start_s"] * S))
+                            for e in entries] + [timeline_page.axis_time(end)]  # fmt: skip
     # its own axis, in a strip above the lanes, on the lanes' time axis
     assert line.yaxis == "y2" and line.showlegend is not False
     assert fig.layout.yaxis2.anchor == "x" and tuple(fig.layout.yaxis2.range) == (0, 105)

@@ -236,7 +236,7 @@ def test_a_plot_is_plotlys_markup_around_the_traces_msgspec_encodes(tmp_path: Pa
     path = _hostile_page_trace(tmp_path)
     fig = timeline.figure(timeline.collect(span_source([path]), [str(path)]))
     config = {"displaylogo": False}
-    before, data, after = timeline_page._plot_div(fig, "timeline", config)
+    before, data, after = timeline_page.plot_div(fig, "timeline", config)
     theirs = fig.to_html(full_html=False, include_plotlyjs=False, div_id="timeline", config=config)
     their_data = pio.json.to_json_plotly(fig.to_plotly_json()["data"])
     assert before + their_data + after == theirs
@@ -264,17 +264,17 @@ def test_without_msgspec_a_plot_is_plotlys_own_markup(tmp_path: Path, monkeypatc
     fig = timeline.figure(timeline.collect(span_source([path]), [str(path)]))
     monkeypatch.setitem(sys.modules, "msgspec", None)  # import msgspec raises ImportError
     config = {"displaylogo": False}
-    assert timeline_page._plot_div(fig, "timeline", config) == [
+    assert timeline_page.plot_div(fig, "timeline", config) == [
         fig.to_html(full_html=False, include_plotlyjs=False, div_id="timeline", config=config)
     ]
 
 
 def _lanes_html(tl: timeline.Timeline) -> tuple[str, bytes, str]:
     """The streamed lanes plot as (markup before, the traces' JSON, markup after)."""
-    pieces = timeline_page._lanes_plot(tl, "timeline", {"displaylogo": False})
+    pieces = timeline_page.lanes_plot(tl, "timeline", {"displaylogo": False})
     before, *data, after = pieces
     assert isinstance(before, str) and isinstance(after, str)
-    return before, b"".join(timeline_page._bytes(data)), after
+    return before, b"".join(timeline_page.piece_bytes(data)), after
 
 
 @pytest.mark.parametrize("trace", [_hostile_page_trace, killed_then_resumed])
@@ -322,4 +322,4 @@ def test_if_plotlys_markup_changes_the_lanes_are_plotlys_own(tmp_path, monkeypat
     config = {"displaylogo": False}
     theirs = fig.to_html(full_html=False, include_plotlyjs=False, div_id="timeline", config=config)
     monkeypatch.setattr(timeline_page, "_markup", lambda *args: None)
-    assert timeline_page._lanes_plot(tl, "timeline", config) == [theirs]
+    assert timeline_page.lanes_plot(tl, "timeline", config) == [theirs]

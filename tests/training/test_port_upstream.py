@@ -19,7 +19,7 @@ import pytest
 
 from megatron.training import port_upstream
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _port(checkout: Path) -> subprocess.CompletedProcess:

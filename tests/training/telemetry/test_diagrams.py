@@ -14,12 +14,12 @@ import pytest
 from megatron.training.telemetry import diagrams
 from megatron.training.telemetry_spans import ExitHooks, SpanPhases
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 TABLES = {"span_phases": SpanPhases, "exit_hooks": ExitHooks}
 
 # A machine exercising what the live tables do not (yet): two triggers between
 # the same states, a reflexive self-loop, an ``unless`` condition.
-EXTRA = diagrams._Drawing(
+EXTRA = diagrams.Drawing(
     "extra",
     "Extra",
     ({"name": "idle", "on_enter": "_arm"}, "busy"),
@@ -36,14 +36,9 @@ EXTRA = diagrams._Drawing(
 )
 
 
-def _texts(drawing):
-    chart = diagrams._chart(drawing)
-    return diagrams._dot(chart), diagrams._mermaid(chart)
-
-
 def _all_texts():
     """(DOT, Mermaid) for the live machines and the extra one."""
-    return [_texts(d) for d in (*diagrams.DRAWINGS, EXTRA)]
+    return [diagrams.drawing_texts(d) for d in (*diagrams.DRAWINGS, EXTRA)]
 
 
 def _dot_label_lines(dot: str) -> list[str]:
@@ -93,7 +88,7 @@ def test_a_table_change_without_regenerating_is_drift(tmp_path, monkeypatch):
     assert diagrams.drift(root) == []
 
     extra = {"trigger": "resume", "source": "shutdown", "dest": "job"}
-    changed = diagrams._Drawing(
+    changed = diagrams.Drawing(
         "span_phases", "SpanPhases", SpanPhases.STATES, (*SpanPhases.TRANSITIONS, extra), "job"
     )
     monkeypatch.setattr(diagrams, "DRAWINGS", (changed, diagrams.DRAWINGS[1]))
@@ -110,9 +105,9 @@ def test_an_svg_rendered_from_other_source_is_drift(tmp_path):
     root = _copy_checkout(tmp_path)
     svg_path = root / "state_diagrams" / "exit_hooks.svg"
     svg = svg_path.read_text()
-    svg_path.write_text(diagrams.stamp_svg(re.sub(diagrams._STAMP, "", svg), "digraph {}"))
+    svg_path.write_text(diagrams.stamp_svg(re.sub(diagrams.STAMP, "", svg), "digraph {}"))
     assert diagrams.drift(root) == ["exit_hooks.svg"]
-    svg_path.write_text(re.sub(diagrams._STAMP, "", svg))
+    svg_path.write_text(re.sub(diagrams.STAMP, "", svg))
     assert diagrams.drift(root) == ["exit_hooks.svg"]
     svg_path.unlink()
     assert diagrams.drift(root) == ["exit_hooks.svg"]
@@ -138,14 +133,14 @@ def test_every_trigger_appears_in_its_drawing():
 def test_mermaid_breaks_lines_with_br_never_a_literal_backslash_n():
     for _, mermaid in _all_texts():
         assert "\\n" not in mermaid
-    _, mermaid = _texts(EXTRA)
+    _, mermaid = diagrams.drawing_texts(EXTRA)
     assert "  busy --> busy: poke<br/>nudge\n" in mermaid
 
 
 def test_no_state_is_styled_as_active():
     # A drawing documents the machine; it is not a snapshot of one instance.
     for drawing in (*diagrams.DRAWINGS, EXTRA):
-        dot, mermaid = _texts(drawing)
+        dot, mermaid = diagrams.drawing_texts(drawing)
         # Every state's node statement carries its label and nothing else.
         for state in drawing.states:
             name = state["name"] if isinstance(state, dict) else state
@@ -159,7 +154,7 @@ def test_no_state_is_styled_as_active():
 
 
 def test_every_label_line_names_one_trigger():
-    drawings = [(_texts(d), d) for d in (*diagrams.DRAWINGS, EXTRA)]
+    drawings = [(diagrams.drawing_texts(d), d) for d in (*diagrams.DRAWINGS, EXTRA)]
     for (dot, mermaid), drawing in drawings:
         triggers = {t["trigger"] for t in drawing.transitions}
         states = {s["name"] if isinstance(s, dict) else s for s in drawing.states}
@@ -178,11 +173,11 @@ def test_conditions_are_written_apart_from_the_internal_marker():
         for line in _label_lines(dot, mermaid):
             for bracket in re.findall(r"\[[^\]]*\]", line):
                 assert bracket in ("[internal]", "[else]") or bracket.startswith("[if "), line
-    dot, mermaid = _texts(diagrams.DRAWINGS[1])
+    dot, mermaid = diagrams.drawing_texts(diagrams.DRAWINGS[1])
     for text in (dot, mermaid):
         assert "sigterm [if graceful_drain] [internal]" in text
         assert "sigterm [else]" in text
-    dot, _ = _texts(EXTRA)
+    dot, _ = diagrams.drawing_texts(EXTRA)
     for line in ("go [if ready]", "go [else]", "kick [if not paused and not done]"):
         assert f"{line}\\l" in dot
     assert "tick [if a and b] [internal]" in dot
