@@ -73,7 +73,7 @@ for piece in work:
     sizes.append({
         "wire": wire(summary),
         "pickle": len(pickle.dumps(summary, pickle.HIGHEST_PROTOCOL)),
-        "iterations": sum(len(p.iterations) for p in summary._processes.values()),
+        "iterations": sum(len(p.iterations) for p in summary.processes.values()),
     })
 print(json.dumps({"pieces": sizes, "run": wire(remote(work))}))
 """

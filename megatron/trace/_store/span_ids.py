@@ -236,6 +236,11 @@ class IdSet:
         self._answers: tuple[np.ndarray, dict[Path, tuple[np.ndarray, np.ndarray]]] | None
         self._answers = None
 
+    @property
+    def spilled(self) -> bool:
+        """Whether its ids were written to the spill file (there were many)."""
+        return self._spill is not None
+
     def merge(self, other: IdSet) -> IdSet:
         """Add ``other``'s ids, as if its files were read after these; returns self
         (associative: any grouping of files gives the same answers)."""

@@ -166,7 +166,7 @@ def test_id_sets_merge_associatively_and_find_cross_file_duplicates(
     left = functools.reduce(IdSet.merge, [_ids(p) for p in parts])  # merge grows its left side
     sets = [_ids(p) for p in parts]
     right = sets[0].merge(sets[1].merge(sets[2].merge(sets[3])))
-    assert (left._spill is not None) == (spill_from is not None)
+    assert left.spilled == (spill_from is not None)
     # a spilled set sent to another process takes its ids along, in memory
     sent = pickle.loads(pickle.dumps(functools.reduce(IdSet.merge, [_ids(p) for p in parts])))
     for merged in (left, right, sent):
