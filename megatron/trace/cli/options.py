@@ -90,6 +90,12 @@ def duration(text: str) -> int:
     return ns
 
 
+def say(command: str, text: str) -> None:
+    """One line on stderr as every long-running command words its news:
+    ``megatron-trace COMMAND: TEXT`` (a warning's text begins ``warning:``)."""
+    print(f"megatron-trace {command}: {text}", file=sys.stderr, flush=True)
+
+
 def answer(command: str, text: str, payload: Any, as_json: bool, gate: str | None) -> int:
     """Print a gated command's answer: its text, then with ``--json`` the JSON object as
     the last line of stdout; then the gate's verdict as the exit status: 1 with its one

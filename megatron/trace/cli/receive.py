@@ -13,17 +13,25 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-from megatron.trace.cli.options import exit_statuses
+from megatron.trace.cli.options import exit_statuses, say
 from megatron.trace_format.errors import TraceInputError, TraceOutputError
 
-__all__ = ["DEFAULT_GRPC", "DEFAULT_HTTP", "add_parser", "listen_address", "out_folder", "run"]
+__all__ = [
+    "DEFAULT_GRPC",
+    "DEFAULT_HTTP",
+    "add_listen_arguments",
+    "add_parser",
+    "listen_address",
+    "listening_on",
+    "new_receiver",
+    "out_folder",
+    "run",
+]
 
-_PREFIX = "megatron-trace receive"
 #: Where a collector's OTLP receiver listens by default (loopback: say 0.0.0.0:PORT for
 #: a job on other machines).
 DEFAULT_GRPC = "localhost:4317"
@@ -77,21 +85,22 @@ def new_receiver(args: argparse.Namespace, out: Path, flag: str, on_error: Any) 
     return Receiver(out, args.grpc, args.http, on_error=on_error)
 
 
+def listening_on(args: argparse.Namespace, receiver: Any) -> str:
+    """Where a started receiver listens, as ``receive`` and ``watch --receive`` say it."""
+    listening = []
+    if args.grpc is not None:
+        listening.append(f"grpc {args.grpc[0]}:{receiver.grpc_port}")
+    if args.http is not None:
+        listening.append(f"http http://{args.http[0]}:{receiver.http_port}/v1/traces")
+    return ", ".join(listening)
+
+
 def run(args: argparse.Namespace) -> int:
     receiver = new_receiver(args, args.out, "--out", _warn)
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         receiver.start()
-        listening = []
-        if args.grpc is not None:
-            listening.append(f"grpc {args.grpc[0]}:{receiver.grpc_port}")
-        if args.http is not None:
-            listening.append(f"http http://{args.http[0]}:{receiver.http_port}/v1/traces")
-        print(
-            f"{_PREFIX}: listening on {', '.join(listening)}; writing {args.out}/RANK/",
-            file=sys.stderr,
-            flush=True,
-        )
+        _say(f"listening on {listening_on(args, receiver)}; writing {args.out}/RANK/")
         threading.Event().wait()
     except (KeyboardInterrupt, _Stopped):
         pass
@@ -99,17 +108,19 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         receiver.stop()
     files = sorted(receiver.files.lines)
-    print(
-        f"{_PREFIX}: stopped: {receiver.requests} export requests, "
-        f"{sum(receiver.files.lines.values())} lines in {len(files)} files under {args.out}",
-        file=sys.stderr,
-        flush=True,
+    _say(
+        f"stopped: {receiver.requests} export requests, "
+        f"{sum(receiver.files.lines.values())} lines in {len(files)} files under {args.out}"
     )
     return 0
 
 
+def _say(text: str) -> None:
+    say("receive", text)
+
+
 def _warn(text: str) -> None:
-    print(f"{_PREFIX}: warning: {text}", file=sys.stderr, flush=True)
+    _say(f"warning: {text}")
 
 
 def add_parser(subparsers: Any) -> None:

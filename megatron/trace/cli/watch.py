@@ -20,15 +20,19 @@ import argparse
 import contextlib
 import gc
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from megatron.trace.analysis.liveness import Clock
-from megatron.trace.cli.options import exit_statuses
-from megatron.trace.cli.receive import add_listen_arguments, new_receiver, out_folder
+from megatron.trace.cli.options import exit_statuses, say
+from megatron.trace.cli.receive import (
+    add_listen_arguments,
+    listening_on,
+    new_receiver,
+    out_folder,
+)
 from megatron.trace.live.follow import Follower
 from megatron.trace.live.job import HANG_FACTOR, HANG_FLOOR_S, KILLED_AFTER_S, LiveJob
 from megatron.trace.render.metrics.otlp_push import OtlpPush
@@ -37,8 +41,6 @@ from megatron.trace_format.errors import TraceError, TraceInputError
 from megatron.trace_format.semconv import STALE_AFTER_S
 
 __all__ = ["add_parser", "run"]
-
-_PREFIX = "megatron-trace watch"
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -97,13 +99,9 @@ class _Watch:
             if self.job.add_lines(self.follower.poll()):
                 self._dirty = True
         for path in self.follower.waiting:
-            print(f"{_PREFIX}: waiting for {path} (not there yet)", file=sys.stderr, flush=True)
+            _say(f"waiting for {path} (not there yet)")
         for path, number in self.follower.cut_off:
-            print(
-                f"{_PREFIX}: {path}:{number}: a last line cut off by a rotation, skipped",
-                file=sys.stderr,
-                flush=True,
-            )
+            _say(f"{path}:{number}: a last line cut off by a rotation, skipped")
         self.follower.cut_off.clear()
 
     def snapshot(self) -> Any:
@@ -114,7 +112,7 @@ class _Watch:
                     self._cached = self.job.snapshot(Clock.at(None, self.stale_after))
                 except TraceError as error:  # metrics.jsonl damaged, say: keep the last figures
                     if str(error) != self._failed:
-                        print(f"{_PREFIX}: warning: {error}", file=sys.stderr, flush=True)
+                        _warn(str(error))
                     self._failed = str(error)
                 else:
                     self._failed = ""
@@ -123,7 +121,7 @@ class _Watch:
 
 
 def _say(text: str) -> None:
-    print(f"{_PREFIX}: {text}", file=sys.stderr, flush=True)
+    say("watch", text)
 
 
 class _Stopped(Exception):
@@ -147,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     if status == 0:
-        print(f"{_PREFIX}: stopped", file=sys.stderr, flush=True)
+        _say("stopped")
     return status
 
 
@@ -182,17 +180,9 @@ def _serve(args: argparse.Namespace) -> int:
         watched = [str(p) for p in args.files]
         if receiver is not None:
             receiver.start()
-            listening = []
-            if args.grpc is not None:
-                listening.append(f"grpc {args.grpc[0]}:{receiver.grpc_port}")
-            if args.http is not None:
-                listening.append(f"http http://{args.http[0]}:{receiver.http_port}/v1/traces")
-            watched.append(f"{args.receive}/RANK/traces.jsonl (received on {', '.join(listening)})")
-        print(
-            f"{_PREFIX}: serving http://{host}:{bound}/metrics for " + ", ".join(watched),
-            file=sys.stderr,
-            flush=True,
-        )
+            listening = listening_on(args, receiver)
+            watched.append(f"{args.receive}/RANK/traces.jsonl (received on {listening})")
+        _say(f"serving http://{host}:{bound}/metrics for " + ", ".join(watched))
         while True:
             watch.poll()
             time.sleep(args.interval)
@@ -214,7 +204,7 @@ def _receiver(args: argparse.Namespace) -> Any:
 
 
 def _warn(text: str) -> None:
-    print(f"{_PREFIX}: warning: {text}", file=sys.stderr, flush=True)
+    _say(f"warning: {text}")
 
 
 def add_parser(subparsers: Any) -> None:

@@ -227,12 +227,11 @@ def _on_executor(
         _unpickled.pop(remote.key, None)
 
 
-#: Calls per job on a caller's executor. A call costs the cluster's scheduler, the
-#: worker and this process a few milliseconds (Dask's), on cores the reading needs, and
-#: a 3.5 MB rank file reads in about 15: one call per file cost a report of 64 rank
-#: files on two workers half again the local pool's time. Two runs per job, not one,
-#: leave a run for a worker that is done first to take (Dask steals queued work); four
-#: measured slower here.
+#: Calls per job on a caller's executor. Each call costs the cluster's scheduler, the
+#: worker and this process a fixed overhead, on cores the reading needs, of the order of
+#: reading a rank file: so a call reads a run of consecutive pieces, not one file. Two
+#: runs per job, not one, leave a run for a worker that is done first to take (Dask
+#: steals queued work). The benchmarks' ``cluster`` section measures the choice.
 RUNS_PER_JOB = 2
 
 
