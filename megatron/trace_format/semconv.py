@@ -68,11 +68,16 @@ __all__ = [
     "ITERATION_SPAN",
     "LAUNCH_SCRIPT_SPAN",
     "LOST_PROGRESS_COUNTER",
+    "MEGATRON_HANG_DURATION_S",
+    "MEGATRON_HANG_SUSPECTED",
+    "MEGATRON_JOB_STATE",
+    "MEGATRON_STRAGGLER_SCORE",
     "MEGATRON_TRAINING_BADPUT_S",
     "MEGATRON_TRAINING_GOODPUT_FRACTION",
     "MEGATRON_TRAINING_GOODPUT_S",
     "MEGATRON_TRAINING_GRAD_NORM",
     "MEGATRON_TRAINING_ITERATION",
+    "MEGATRON_TRAINING_ITERATION_TIME_S",
     "MEGATRON_TRAINING_LEARNING_RATE",
     "MEGATRON_TRAINING_LOSS",
     "MEGATRON_TRAINING_MEMORY_ALLOCATED_GB",
@@ -109,6 +114,11 @@ __all__ = [
     "STARTUP_PHASE_PREFIX",
     "STARTUP_SPAN",
     "STRUCTURAL_SPAN_NAMES",
+    "WATCH_CORRUPT_LINES_COUNTER",
+    "WATCH_GAUGES",
+    "WATCH_LINES_COUNTER",
+    "WATCH_SPANS",
+    "WATCH_TORN_LINES",
     "Category",
     "Gauge",
 ]
@@ -289,10 +299,10 @@ BADPUT_CATEGORY_ATTRIBUTE = "megatron.badput.category"
 
 @dataclass(frozen=True)
 class Gauge:
-    """One live goodput gauge, declared once for every place that exports it: the trainer
-    (OpenTelemetry, :mod:`megatron.training.telemetry.goodput_metrics`), ``watch``'s
-    OTLP push (the same name) and its Prometheus endpoint (``prometheus``: the name in
-    Prometheus's conventions, so one dashboard serves both)."""
+    """One live gauge, declared once for every place that exports it: the trainer
+    (OpenTelemetry, :mod:`megatron.training.telemetry.goodput_metrics`: the goodput ones),
+    ``watch``'s OTLP push (the same name) and its Prometheus endpoint (``prometheus``: the
+    name in Prometheus's conventions, so one dashboard serves both)."""
 
     name: str
     unit: str  # UCUM, as OpenTelemetry's semantic conventions write units
@@ -343,6 +353,65 @@ GOODPUT_GAUGES: Mapping[str, Gauge] = MappingProxyType(
 #: training progress, kept or later lost, and the part lost; goodput is their difference.
 PROGRESS_COUNTER = "megatron_training_progress_seconds_total"
 LOST_PROGRESS_COUNTER = "megatron_training_lost_progress_seconds_total"
+
+#: Gauge (``watch``): 1 for a rank's state, 0 for the others.
+MEGATRON_JOB_STATE = "megatron.job.state"
+#: Gauge (``watch``): 1 while a hang is suspected on a rank.
+MEGATRON_HANG_SUSPECTED = "megatron.hang.suspected"
+#: Gauge (``watch``): how long the suspected hang has lasted.
+MEGATRON_HANG_DURATION_S = "megatron.hang.duration_s"
+#: Gauge (``watch``): the median of a rank's last loop passes.
+MEGATRON_TRAINING_ITERATION_TIME_S = "megatron.training.iteration_time_s"
+#: Gauge (``watch``): a rank's straggler score.
+MEGATRON_STRAGGLER_SCORE = "megatron.straggler.score"
+
+#: What ``megatron-trace watch`` serves of each rank beside the goodput gauges, by name,
+#: in the order served (on its Prometheus endpoint and in its OTLP push alike).
+WATCH_GAUGES: Mapping[str, Gauge] = MappingProxyType(
+    {
+        gauge.name: gauge
+        for gauge in (
+            Gauge(
+                MEGATRON_JOB_STATE,
+                "1",
+                "1 for the rank's state (running, finished, stalled, killed), 0 for the others",
+                "megatron_job_state",
+            ),
+            Gauge(
+                MEGATRON_HANG_SUSPECTED,
+                "1",
+                "1 while the rank's iterations have stopped for longer than max(floor, "
+                "factor x its rolling median iteration time), or the hang watchdog reported "
+                "a stall",
+                "megatron_hang_suspected",
+            ),
+            Gauge(
+                MEGATRON_HANG_DURATION_S,
+                "s",
+                "How long the suspected hang has lasted (0: none)",
+                "megatron_hang_seconds",
+            ),
+            Gauge(
+                MEGATRON_TRAINING_ITERATION_TIME_S,
+                "s",
+                "The median time of the rank's last loop passes (its rolling iteration time)",
+                "megatron_iteration_time_seconds",
+            ),
+            Gauge(
+                MEGATRON_STRAGGLER_SCORE,
+                "1",
+                "The fastest rank's median work per iteration over this rank's (1: the fastest)",
+                "megatron_straggler_score",
+            ),
+        )
+    }
+)
+
+#: ``watch``'s own counts of what it read (Prometheus names: only its endpoint serves them).
+WATCH_SPANS = "megatron_trace_watch_spans"
+WATCH_LINES_COUNTER = "megatron_trace_watch_lines_total"
+WATCH_CORRUPT_LINES_COUNTER = "megatron_trace_watch_corrupt_lines_total"
+WATCH_TORN_LINES = "megatron_trace_watch_torn_lines"
 
 # ---------------------------------------------------------------------------
 # Resource attribute keys (the first three are OpenTelemetry's own names)

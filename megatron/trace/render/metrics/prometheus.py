@@ -34,6 +34,10 @@ from megatron.trace_format.errors import MissingExtraError
 from megatron.trace_format.semconv import (
     LOST_PROGRESS_COUNTER,
     PROGRESS_COUNTER,
+    WATCH_CORRUPT_LINES_COUNTER,
+    WATCH_LINES_COUNTER,
+    WATCH_SPANS,
+    WATCH_TORN_LINES,
     Category,
 )
 
@@ -60,13 +64,13 @@ METRICS: dict[str, tuple[str, str]] = {
         "Time whose training progress was lost so far (the wasted_progress badput): never "
         "decreases.",
     ),
-    "megatron_trace_watch_spans": ("gauge", "Spans read from the watched trace files."),
-    "megatron_trace_watch_lines_total": ("counter", "Lines read from the watched trace files."),
-    "megatron_trace_watch_corrupt_lines_total": (
+    WATCH_SPANS: ("gauge", "Spans read from the watched trace files."),
+    WATCH_LINES_COUNTER: ("counter", "Lines read from the watched trace files."),
+    WATCH_CORRUPT_LINES_COUNTER: (
         "counter",
         "Damaged lines skipped in the watched trace files.",
     ),
-    "megatron_trace_watch_torn_lines": ("gauge", "Torn writes seen in the watched trace files."),
+    WATCH_TORN_LINES: ("gauge", "Torn writes seen in the watched trace files."),
 }
 
 
@@ -138,9 +142,9 @@ def families(
         lost = figures.badput_s.get(Category.WASTED_PROGRESS, 0.0)
         counted(PROGRESS_COUNTER, rank, figures.goodput_s + lost)
         counted(LOST_PROGRESS_COUNTER, rank, lost)
-    family("megatron_trace_watch_spans").add_metric([run_id], snapshot.spans)
-    family("megatron_trace_watch_lines_total").add_metric([run_id], snapshot.lines)
-    corrupt = family("megatron_trace_watch_corrupt_lines_total")
+    family(WATCH_SPANS).add_metric([run_id], snapshot.spans)
+    family(WATCH_LINES_COUNTER).add_metric([run_id], snapshot.lines)
+    corrupt = family(WATCH_CORRUPT_LINES_COUNTER)
     corrupt.add_metric([run_id], snapshot.corrupt_lines)
-    family("megatron_trace_watch_torn_lines").add_metric([run_id], snapshot.torn_lines)
+    family(WATCH_TORN_LINES).add_metric([run_id], snapshot.torn_lines)
     yield from built.values()

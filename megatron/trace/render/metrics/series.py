@@ -1,7 +1,8 @@
 """What ``megatron-trace watch`` serves of each rank, declared once for both outputs.
 
-Each :class:`RankSeries` is a gauge (its OpenTelemetry name, unit and description, and
-its Prometheus name: :class:`~megatron.trace_format.semconv.Gauge`), the labels it adds
+Each :class:`RankSeries` is a gauge named in the vocabulary (its OpenTelemetry name, unit
+and description, and its Prometheus name: :class:`~megatron.trace_format.semconv.Gauge`,
+:data:`~megatron.trace_format.semconv.WATCH_GAUGES`), the labels it adds
 beside ``run_id`` and ``rank``, and the points it takes from a rank's
 :class:`~megatron.trace.live.job.RankFigures`. The Prometheus endpoint
 (:mod:`~megatron.trace.render.metrics.prometheus`) and the OTLP push
@@ -19,11 +20,17 @@ from megatron.trace.live.job import STATES, RankFigures
 from megatron.trace_format.semconv import (
     BADPUT_CATEGORY_ATTRIBUTE,
     GOODPUT_GAUGES,
+    MEGATRON_HANG_DURATION_S,
+    MEGATRON_HANG_SUSPECTED,
+    MEGATRON_JOB_STATE,
+    MEGATRON_STRAGGLER_SCORE,
     MEGATRON_TRAINING_BADPUT_S,
     MEGATRON_TRAINING_GOODPUT_FRACTION,
     MEGATRON_TRAINING_GOODPUT_S,
     MEGATRON_TRAINING_ITERATION,
+    MEGATRON_TRAINING_ITERATION_TIME_S,
     MEGATRON_TRAINING_WALL_CLOCK_S,
+    WATCH_GAUGES,
     Gauge,
 )
 
@@ -68,59 +75,20 @@ _GOODPUT_POINTS: dict[str, tuple[Callable[[RankFigures], Points], tuple[str, ...
     MEGATRON_TRAINING_ITERATION: (lambda f: _one(f.iteration), ()),
 }
 
-#: Every series of every rank, in the order served: the goodput gauges, then watch's own.
-RANK_SERIES: tuple[RankSeries, ...] = (
-    *(
-        RankSeries(gauge, points, labels)
-        for gauge, (points, labels) in zip(
-            GOODPUT_GAUGES.values(), map(_GOODPUT_POINTS.get, GOODPUT_GAUGES), strict=True
-        )
-    ),
-    RankSeries(
-        Gauge(
-            "megatron.job.state",
-            "1",
-            "1 for the rank's state (running, finished, stalled, killed), 0 for the others",
-            "megatron_job_state",
-        ),
-        _state,
-        ("state",),
-    ),
-    RankSeries(
-        Gauge(
-            "megatron.hang.suspected",
-            "1",
-            "1 while the rank's iterations have stopped for longer than max(floor, factor x "
-            "its rolling median iteration time), or the hang watchdog reported a stall",
-            "megatron_hang_suspected",
-        ),
-        lambda f: _one(f.hang_suspected),
-    ),
-    RankSeries(
-        Gauge(
-            "megatron.hang.duration_s",
-            "s",
-            "How long the suspected hang has lasted (0: none)",
-            "megatron_hang_seconds",
-        ),
+_WATCH_POINTS: dict[str, tuple[Callable[[RankFigures], Points], tuple[str, ...]]] = {
+    MEGATRON_JOB_STATE: (_state, ("state",)),
+    MEGATRON_HANG_SUSPECTED: (lambda f: _one(f.hang_suspected), ()),
+    MEGATRON_HANG_DURATION_S: (
         lambda f: [] if f.hang_suspected is None else _one(f.hang_s or 0.0),
+        (),
     ),
-    RankSeries(
-        Gauge(
-            "megatron.training.iteration_time_s",
-            "s",
-            "The median time of the rank's last loop passes (its rolling iteration time)",
-            "megatron_iteration_time_seconds",
-        ),
-        lambda f: _one(f.iteration_time_s),
-    ),
-    RankSeries(
-        Gauge(
-            "megatron.straggler.score",
-            "1",
-            "The fastest rank's median work per iteration over this rank's (1: the fastest)",
-            "megatron_straggler_score",
-        ),
-        lambda f: _one(f.straggler_score),
-    ),
+    MEGATRON_TRAINING_ITERATION_TIME_S: (lambda f: _one(f.iteration_time_s), ()),
+    MEGATRON_STRAGGLER_SCORE: (lambda f: _one(f.straggler_score), ()),
+}
+
+#: Every series of every rank, in the order served: the goodput gauges, then watch's own.
+RANK_SERIES: tuple[RankSeries, ...] = tuple(
+    RankSeries(gauge, *points[name])
+    for gauges, points in ((GOODPUT_GAUGES, _GOODPUT_POINTS), (WATCH_GAUGES, _WATCH_POINTS))
+    for name, gauge in gauges.items()
 )
