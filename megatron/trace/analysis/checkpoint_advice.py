@@ -20,12 +20,13 @@ The figures, all from the job rank's spans:
   saves.
 * ``failures``: the incarnations that ended ``killed``, ``failed`` or
   ``cut_short``, or hung (a Ctrl-C, ``interrupted``, is no failure); ``mtbf_s``
-  (M) is the time the incarnations ran (the sum of their durations) over
-  that count, from :data:`MIN_FAILURES` failures on, else ``--mtbf`` (which
+  (M) is the time the incarnations ran (the sum of their durations, a moment
+  two of them overlap counted once) over that count, from :data:`MIN_FAILURES` failures on, else ``--mtbf`` (which
   wins whenever given), else not computed.
 * ``restart_s`` (R): what a restart cost, as measured: the mean over the
-  restarts of the gap before the incarnation and its startup (the checkpoint
-  load in it); with no restart in the trace, the first startup.
+  restarts of the gap before the incarnation (none when it began before the one
+  before it ended) and its startup (the checkpoint load in it); with no restart in
+  the trace, the first startup.
 * ``iteration_ms``: the median iteration time, to turn an interval into
   iterations; ``now``: the interval the job used (the most common step between
   the iterations it saved at, times ``iteration_ms``).
@@ -197,10 +198,24 @@ def save_step(incs: list[Incarnation]) -> int | None:
     return max(steps, key=lambda step: (steps[step], step)) if steps else None
 
 
+def _running_s(entries: list[dict[str, Any]]) -> float:
+    """The time the incarnations ran, each moment once (they may overlap: a new run
+    started while ranks of the old one still wrote)."""
+    total, reach = 0.0, -math.inf
+    for entry in sorted(entries, key=lambda entry: entry["start_s"]):
+        start, end = entry["start_s"], entry["start_s"] + entry["duration_s"]
+        total += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return total
+
+
 def _restart_cost(entries: list[dict[str, Any]]) -> float | None:
-    """The mean gap-plus-startup of the restarts (the first startup when none)."""
+    """The mean gap-plus-startup of the restarts (the first startup when none). An
+    incarnation that started before the one before it ended (ranks of the old run still
+    writing) had no gap: its restart cost its startup."""
     costs = [
-        (after["start_s"] - (before["start_s"] + before["duration_s"])) + (after["startup_s"] or 0)
+        max(0.0, after["start_s"] - (before["start_s"] + before["duration_s"]))
+        + (after["startup_s"] or 0)
         for before, after in itertools.pairwise(entries)
     ]
     if costs:
@@ -250,7 +265,7 @@ def checkpoint_advice(
     not_computed: list[str] = []
     save_s, saves = _save_cost(incs)
     failures = sum(1 for inc in incs if inc.ended in FAILED_ENDINGS or find_hang(inc))
-    run_s = sum(entry["duration_s"] for entry in entries)
+    run_s = _running_s(entries)
     source = "option" if mtbf_s is not None else None
     if mtbf_s is None and failures >= MIN_FAILURES:
         mtbf_s, source = run_s / failures, "observed"

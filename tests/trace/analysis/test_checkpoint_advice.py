@@ -75,6 +75,32 @@ def test_killed_three_times_the_optimum_is_the_formula_s_from_the_report_s_figur
     assert advice["not_computed"] == []
 
 
+def test_a_run_started_while_the_old_one_still_wrote_costs_its_startup_not_less(
+    tmp_path: Path, capsys
+) -> None:
+    """Ranks of a killed run that outlived its launcher write on while the next run starts
+    (seen with torchrun's workers in a process group of their own): the restart had no
+    gap, not a negative one, and the time run counts each moment once."""
+    killed = g.lifecycle(0, intervals=30, kill_after=1)  # ends at 70.0 s
+    overlapping = g.lifecycle(60, first=60, load=60, intervals=30, kill_after=1)
+    last = g.lifecycle(140, first=120, load=120, intervals=30)
+    report = _report(tmp_path, capsys, killed, overlapping, last)
+    advice = report["checkpoint_advice"]
+    first, second, third = report["incarnations"]
+    assert second["start_s"] < first["start_s"] + first["duration_s"]  # they overlap
+    assert advice["restart_s"] == round(
+        (second["startup_s"] + (third["start_s"] - second["start_s"] - second["duration_s"])
+         + third["startup_s"]) / 2, 6,
+    )  # fmt: skip
+    # the first two as one stretch (from the first's start to the second's end), the third
+    ran = second["start_s"] + second["duration_s"] - first["start_s"] + third["duration_s"]
+    assert advice["run_s"] == pytest.approx(ran)
+    assert advice["failures"] == 2 and advice["mtbf_s"] == round(advice["run_s"] / 2, 6)
+    for name in ("now", "young", "daly", "availability"):
+        if advice[name] is not None:
+            assert advice[name]["badput_per_day_s"] >= 0, name
+
+
 def test_the_text_says_the_figures_and_each_interval(tmp_path: Path, capsys) -> None:
     path = g.write(tmp_path / "t.jsonl", *_killed_three_times())
     assert main(["report", str(path)]) == 0
