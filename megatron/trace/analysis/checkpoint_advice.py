@@ -21,8 +21,8 @@ The figures, all from the job rank's spans:
 * ``failures``: the incarnations that ended ``killed``, ``failed`` or
   ``cut_short``, or hung (a Ctrl-C, ``interrupted``, is no failure); ``mtbf_s``
   (M) is the time the incarnations ran (the sum of their durations, a moment
-  two of them overlap counted once) over that count, from :data:`MIN_FAILURES` failures on, else ``--mtbf`` (which
-  wins whenever given), else not computed.
+  two of them overlap counted once) over that count, from :data:`MIN_FAILURES`
+  failures on, else ``--mtbf`` (which wins whenever given), else not computed.
 * ``restart_s`` (R): what a restart cost, as measured: the mean over the
   restarts of the gap before the incarnation (none when it began before the one
   before it ended) and its startup (the checkpoint load in it); with no restart in
