@@ -40,11 +40,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from pathlib import Path
 from typing import NoReturn
 
 from megatron.core.telemetry import TelemetryConfig, TelemetryConfigError, add_telemetry_args
-from megatron.training.checkpointing import save_directory_problem
+from megatron.training.checkpointing import not_a_directory, save_directory_problem
 from megatron.training.data import data_file_problem
 from megatron.training.distributed import world_size_from_env
 from megatron.training.fault_injection import FaultInjection
@@ -286,7 +285,7 @@ def _job_config(
     if args.data_path and (problem := data_file_problem(args.data_path, args.seq_length)):
         parser.error(problem)
     for flag, path in (("--save", args.save), ("--load", args.load)):
-        if path is not None and Path(path).exists() and not Path(path).is_dir():
+        if path is not None and not_a_directory(path):
             parser.error(f"{flag} {path}: exists and is not a directory")
     try:
         telemetry = TelemetryConfig.from_args(args)

@@ -36,6 +36,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -248,6 +249,19 @@ def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[Path]:
     if removed:
         print_rank_0(f"removed {len(removed)} temporary file(s) left by an interrupted save")
     return removed
+
+
+def not_a_directory(path: str | os.PathLike[str]) -> bool:
+    """Whether something other than a directory stands at ``path``, in one look.
+
+    Two looks (exists, then is-a-directory) can straddle another rank's
+    :func:`save_directory_problem`, which creates the directory and removes it
+    again: there, then gone, it read as a file that is not a directory.
+    """
+    try:
+        return not stat.S_ISDIR(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False  # nothing there (or a parent is a file: the save check says so)
 
 
 def save_directory_problem(directory: str | os.PathLike[str]) -> str | None:

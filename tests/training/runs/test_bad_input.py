@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import sys
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
 from megatron.training.arguments import parse_args
+from megatron.training.checkpointing import not_a_directory
 from megatron.training.training_log import parse_log_losses
 
 MODEL = ("--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2")
@@ -88,6 +91,33 @@ def test_save_onto_a_regular_file_is_refused(tmp_path, capsys, clean_env):
     with pytest.raises(SystemExit):
         parse_args(["--mock-data", "--save", str(target)])
     assert "--save" in _one_error(capsys.readouterr().err)
+
+
+def test_a_save_directory_another_rank_makes_and_removes_is_no_file(tmp_path):
+    """Under torchrun each rank checks --save while another's write probe creates the
+    directory and removes it again: looked at twice (there, then gone), it once read in CI
+    as "exists and is not a directory". One look never does; a file still is one."""
+    target = tmp_path / "ckpt"
+    stop = threading.Event()
+
+    def another_rank() -> None:
+        while not stop.is_set():
+            target.mkdir(exist_ok=True)
+            target.rmdir()
+
+    rank = threading.Thread(target=another_rank)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the two threads take turns between any two lines
+    rank.start()
+    try:
+        seen = [not_a_directory(target) for _ in range(20_000)]
+    finally:
+        stop.set()
+        rank.join()
+        sys.setswitchinterval(interval)
+    assert not any(seen)
+    target.write_text("not a directory")
+    assert not_a_directory(target) and not not_a_directory(tmp_path)
 
 
 def test_demo_preset_yields_to_explicit_flags(clean_env):
