@@ -74,6 +74,7 @@ import math
 import statistics
 from typing import Any
 
+from megatron.trace._store.stretches import Stretches
 from megatron.trace.analysis.hangs import find_hang
 from megatron.trace.analysis.report import CheckpointAdvice, IntervalChoice
 from megatron.trace.model.incarnation import Incarnation
@@ -198,15 +199,13 @@ def save_step(incs: list[Incarnation]) -> int | None:
     return max(steps, key=lambda step: (steps[step], step)) if steps else None
 
 
-def _running_s(entries: list[dict[str, Any]]) -> float:
+def _running_s(incs: list[Incarnation]) -> float:
     """The time the incarnations ran, each moment once (they may overlap: a new run
     started while ranks of the old one still wrote)."""
-    total, reach = 0.0, -math.inf
-    for entry in sorted(entries, key=lambda entry: entry["start_s"]):
-        start, end = entry["start_s"], entry["start_s"] + entry["duration_s"]
-        total += max(0.0, end - max(start, reach))
-        reach = max(reach, end)
-    return total
+    ran = Stretches()
+    for inc in incs:
+        ran.add(inc.start_ns, inc.end_ns)
+    return ran.covered() / 1e9
 
 
 def _restart_cost(entries: list[dict[str, Any]]) -> float | None:
@@ -265,7 +264,7 @@ def checkpoint_advice(
     not_computed: list[str] = []
     save_s, saves = _save_cost(incs)
     failures = sum(1 for inc in incs if inc.ended in FAILED_ENDINGS or find_hang(inc))
-    run_s = _running_s(entries)
+    run_s = _running_s(incs)
     source = "option" if mtbf_s is not None else None
     if mtbf_s is None and failures >= MIN_FAILURES:
         mtbf_s, source = run_s / failures, "observed"
