@@ -53,7 +53,8 @@ class _FactsCache:
     first ones, in the same order, and nothing that derivation read has changed:
     for an interval derived from iterations or saves, no iteration or save came
     that starts before its end, and the iteration resumed from is the same; and the
-    iterations are the rows they were and more (:func:`_lineage`)."""
+    iterations are the rows they were and more (the same first row of their process's
+    column, in start order: :attr:`Rows.first <megatron.trace.live.revision.Rows.first>`)."""
 
     __slots__ = ("derived_reach", "intervals", "lengths", "lineage", "mark", "raw", "reach",
                  "resumed", "rows", "saves", "sized", "unfilled")  # fmt: skip
@@ -62,7 +63,7 @@ class _FactsCache:
         self._clear()
 
     def _clear(self) -> None:
-        self.lineage: Any = None  # which rows of its process the iterations were (_lineage)
+        self.lineage: Any = None  # which rows of its process the iterations were
         self.rows = 0  # ... how many rows those had
         self.intervals = array("q")  # the positions of the intervals derived, in order
         self.saves = array("q")  # ... of the saves there were
@@ -84,7 +85,7 @@ class _FactsCache:
         starts, ends = listed.log.starts, listed.log.ends
         resumed = inc.resumed_from
         count = len(iterations)
-        lineage = _lineage(revision)
+        lineage = revision.iterations.first  # its rows' lineage: their first row, or None
         if not self._holds(inc, lineage, count, positions, save_positions, starts, resumed):
             self._clear()  # (derived afresh)
         known = len(self.raw)
@@ -160,10 +161,3 @@ class _FactsCache:
         if self.unfilled and len(self.lengths) == 1:
             return intervals.by_length(raw, full_count)
         return list(raw)
-
-
-def _lineage(revision: Revision) -> int | None:
-    """Which rows of its process's iterations an incarnation holds: equal for two
-    finishes when the later one's rows only add to the earlier one's (a slice from the
-    same row, in start order); None when they may not (sorted anew)."""
-    return revision.iterations.first
