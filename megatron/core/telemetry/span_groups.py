@@ -48,7 +48,10 @@ class SpanGroup:
 
     #: Preset name -> the groups it enables (what :meth:`resolve` expands a preset to).
     #: Read-only so that no caller can widen a preset for the whole process.
-    PRESETS: ClassVar[Mapping[str, frozenset[str]]] = MappingProxyType(
+    #: ``_PRESETS`` is Megatron-LM's name for this table (its own tests and any
+    #: subclass written against it use that name, and :meth:`resolve` reads it);
+    #: ``PRESETS`` is the same object under a public name.
+    _PRESETS: ClassVar[Mapping[str, frozenset[str]]] = MappingProxyType(
         {
             "default": frozenset({JOB, CHECKPOINT, EVALUATE}),
             "per_step": ALL_GROUPS,
@@ -56,6 +59,7 @@ class SpanGroup:
             "all": ALL_GROUPS,
         }
     )
+    PRESETS: ClassVar[Mapping[str, frozenset[str]]] = _PRESETS
 
     @classmethod
     def resolve(cls, spec: str) -> frozenset[str]:
@@ -80,8 +84,8 @@ class SpanGroup:
             raise ValueError(f"empty span-group spec {spec!r}; {cls._valid_names()}")
         groups: set[str] = set()
         for token in tokens:
-            if token in cls.PRESETS:
-                groups.update(cls.PRESETS[token])
+            if token in cls._PRESETS:
+                groups.update(cls._PRESETS[token])
             elif token in cls.ALL_GROUPS:
                 groups.add(token)
             else:
@@ -90,7 +94,7 @@ class SpanGroup:
 
     @classmethod
     def _valid_names(cls) -> str:
-        presets = ", ".join(sorted(cls.PRESETS))
+        presets = ", ".join(sorted(cls._PRESETS))
         groups = ", ".join(sorted(cls.ALL_GROUPS))
         return f"valid presets: {presets}; valid groups: {groups}"
 
@@ -98,9 +102,9 @@ class SpanGroup:
 class MegatronSpanGroup(SpanGroup):
     """Megatron's span groups: the base set plus the fine-grained ones.
 
-    ``PRESETS`` is this class's own mapping, never the base class's object,
-    so resolving ``"all"`` here yields the Megatron groups while
-    ``SpanGroup.resolve("all")`` keeps yielding only the base ones.
+    ``_PRESETS`` (alias ``PRESETS``) is this class's own mapping, never the
+    base class's object, so resolving ``"all"`` here yields the Megatron groups
+    while ``SpanGroup.resolve("all")`` keeps yielding only the base ones.
     """
 
     MICROBATCH = "microbatch"
@@ -138,7 +142,7 @@ class MegatronSpanGroup(SpanGroup):
     # microbatch, layer, activation_offload and trace_region fire many times
     # per iteration, so they are reachable only through "all"/"profiling" or
     # by naming them.
-    PRESETS: ClassVar[Mapping[str, frozenset[str]]] = MappingProxyType(
+    _PRESETS: ClassVar[Mapping[str, frozenset[str]]] = MappingProxyType(
         {
             "default": _DEFAULT,
             "per_step": _DEFAULT
@@ -157,3 +161,4 @@ class MegatronSpanGroup(SpanGroup):
             "all": ALL_GROUPS,
         }
     )
+    PRESETS: ClassVar[Mapping[str, frozenset[str]]] = _PRESETS

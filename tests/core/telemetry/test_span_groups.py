@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import pytest
 
 from megatron.core.telemetry.span_groups import MegatronSpanGroup, SpanGroup
@@ -97,3 +99,19 @@ def test_resolve_base_rejects_megatron_only_group() -> None:
 def test_resolve_empty_spec(spec: str) -> None:
     with pytest.raises(ValueError, match="empty span-group spec"):
         MegatronSpanGroup.resolve(spec)
+
+
+def test_presets_keep_megatron_lms_name_beside_the_public_one() -> None:
+    """Megatron-LM's code and tests say ``_PRESETS``; ``PRESETS`` is the same table."""
+    for cls in (SpanGroup, MegatronSpanGroup):
+        assert cls.PRESETS is cls._PRESETS
+    assert MegatronSpanGroup._PRESETS is not SpanGroup._PRESETS
+
+
+def test_a_subclass_overriding_presets_by_megatron_lms_name_is_resolved_through_it() -> None:
+    class Narrow(MegatronSpanGroup):
+        _PRESETS = MappingProxyType({"default": frozenset({MegatronSpanGroup.JOB})})
+
+    assert Narrow.resolve("default") == frozenset({"job"})
+    with pytest.raises(ValueError, match="unknown span group 'per_step'; valid presets: default;"):
+        Narrow.resolve("per_step")
