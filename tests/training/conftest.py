@@ -4,7 +4,7 @@ The folders and files say what they test:
 
 * ``telemetry_spans/``: the span lifecycle, ``megatron/training/telemetry_spans.py``,
   one file per concern; the ``lifecycles`` fixture serves them.
-* ``test_port_upstream.py``: ``megatron/training/port_upstream.py`` on checkouts it
+* ``test_port_upstream.py``: ``megatron/training/port_upstream/`` on checkouts it
   must refuse (the port on the real tree is ``tests/upstream``).
 * ``telemetry/``: the trainer's telemetry modules, ``megatron/training/telemetry/``.
 * ``runs/``: end-to-end runs of the trainer (``megatron/training/training.py``) in

@@ -11,6 +11,7 @@ pass in this project too.
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,7 +46,10 @@ def _checkout(tmp_path: Path, training: str) -> Path:
     root = tmp_path / "Megatron-LM"
     (root / "megatron" / "training").mkdir(parents=True)
     (root / "megatron" / "training" / "training.py").write_text(training)
-    (root / "pyproject.toml").write_text('[project]\ndependencies = ["torch>=2.6.0"]\n')
+    (root / "pyproject.toml").write_text(
+        '[project]\ndependencies = ["torch>=2.6.0"]\n\n'
+        '[project.optional-dependencies]\ntraining = ["wandb"]\n'
+    )
     return root
 
 
@@ -79,24 +83,68 @@ def test_a_folder_that_is_no_checkout_is_named(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+DEP = '"transitions>=0.9.2,<0.10"'
+CORE = '[project]\ndependencies = ["torch>=2.6.0", "numpy"]\n\n[project.optional-dependencies]\n'
+
+
 @pytest.mark.parametrize(
     ("before", "after"),
     [
         (
-            '[project]\ndependencies = ["torch>=2.6.0", "numpy"]\n',
-            '[project]\ndependencies = ["torch>=2.6.0", "numpy", "transitions>=0.9.2,<0.10"]\n',
+            CORE
+            + 'training = [\n    "wandb",\n    "x[y]>=1"\n]\nmlm = ["wandb"]\ndev = ["tqdm"]\n',
+            CORE + f'training = [\n    "wandb",\n    "x[y]>=1",\n    {DEP},\n]\n'
+            f'mlm = ["wandb", {DEP}]\ndev = ["tqdm"]\n',
         ),
         (
-            '[project]\ndependencies = [\n    "torch>=2.6.0",\n    "numpy"\n]\n',
-            '[project]\ndependencies = [\n    "torch>=2.6.0",\n    "numpy",\n'
-            '    "transitions>=0.9.2,<0.10",\n]\n',
+            CORE + 'training = [\n    "wandb",\n]\n\n[tool.x]\nmlm = ["y"]\n',
+            CORE + f'training = [\n    "wandb",\n    {DEP},\n]\n\n[tool.x]\nmlm = ["y"]\n',
         ),
-        ('[project]\ndependencies = ["transitions>=0.9"]\n', None),
+        (CORE + 'training = ["transitions>=0.9"]\nmlm = ["transitions"]\n', None),
+        (CORE + "training = []\n", CORE + f"training = [{DEP}]\n"),
     ],
-    ids=["one_line", "multi_line", "already_there"],
+    ids=["training_and_mlm", "training_only_mlm_elsewhere", "already_there", "empty"],
 )
-def test_transitions_joins_the_dependencies(before, after):
+def test_transitions_joins_the_training_extras_not_megatron_cores_own(before, after):
     assert port_upstream.add_dependency(before) == (before if after is None else after)
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('[project]\ndependencies = ["torch"]\n', "`[project.optional-dependencies]`"),
+        (CORE + 'dev = ["tqdm"]\n', "`training = [...]` in [project.optional-dependencies]"),
+        (CORE + 'training = [\n    "wandb"  # why\n]\n', "does not parse after adding"),
+    ],
+    ids=["no_extras", "no_training_extra", "trailing_comment"],
+)
+def test_a_pyproject_it_cannot_edit_is_named(text, named):
+    with pytest.raises(port_upstream.NotRecognised, match=re.escape(named)):
+        port_upstream.add_dependency(text)
+
+
+def test_the_files_it_adds_begin_with_megatron_lms_copyright_line():
+    """Megatron-LM's header, then the module and the tests exactly as they are here."""
+    header = port_upstream.HEADER.decode()
+    assert header == "# Copyright (c) 2026, NVIDIA CORPORATION & AFFILIATES. All rights reserved.\n"
+    for source in (port_upstream.MODULE, port_upstream.TESTS):
+        assert not source.read_text().startswith("# Copyright")
+
+
+def test_runs_as_a_module_of_its_package(tmp_path):
+    """``python -m megatron.training.port_upstream`` (the package's __main__) with no checkout."""
+    result = _port(tmp_path / "missing")
+    assert result.returncode == 1
+    assert "could not find megatron/training/training.py; nothing changed" in result.stderr
+    usage = subprocess.run(
+        [sys.executable, "-m", "megatron.training.port_upstream"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+    )
+    assert usage.returncode == 2
+    assert "usage: python -m megatron.training.port_upstream" in usage.stderr
 
 
 def test_the_lifecycle_tests_it_adds_pass_here_too(tmp_path):

@@ -5,17 +5,21 @@ The figures (lines, ``_otel`` references) are printed for the session's report.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-from megatron_lm import copy_tree, job_env, port_checkout
+import pytest
+import tomllib
+from megatron_lm import HIDE_PACKAGES, copy_tree, job_env, port_checkout
 
 from megatron.training import port_upstream
 
 TRAINING = Path("megatron/training/training.py")
+DEPENDENCY = "transitions>=0.9.2,<0.10"
 
 
 def _digest(root: Path) -> str:
@@ -58,21 +62,58 @@ def test_training_py_keeps_only_call_sites(trees):
     assert "install_exit_hooks(" in after and "signals=(signal.SIGTERM,)" in after
 
 
-def test_the_module_is_ours_byte_for_byte(trees):
-    ours = Path(port_upstream.MODULE).read_bytes()
-    theirs = (trees.ported / "megatron/training/telemetry_spans.py").read_bytes()
-    assert theirs == ours
-    print(f"\ntelemetry_spans.py: {len(ours)} bytes, sha256 {hashlib.sha256(ours).hexdigest()}")
-    tests = trees.ported / "tests/unit_tests/training/test_telemetry_spans.py"
-    assert tests.read_bytes() == Path(port_upstream.TESTS).read_bytes()
+#: Words of this project that have no meaning inside Megatron-LM.
+OUR_WORDS = re.compile(
+    r"port_upstream|megatron[-_.]trace|trace_format|semconv|megatron-telemetry-spans", re.I
+)
 
 
-def test_transitions_is_a_dependency(trees):
-    pyproject = (trees.ported / "pyproject.toml").read_text()
-    (deps,) = re.findall(r"^dependencies\s*=\s*\[(.*?)\]", pyproject, re.M | re.S)
-    assert '"transitions>=0.9.2,<0.10"' in deps
-    pristine = (trees.pristine / "pyproject.toml").read_text()
-    assert pyproject.replace(', "transitions>=0.9.2,<0.10"', "") == pristine
+def test_the_added_files_are_megatron_lms_header_then_ours_byte_for_byte(trees):
+    header = b"# Copyright (c) 2026, NVIDIA CORPORATION & AFFILIATES. All rights reserved.\n"
+    for ours, dest in (
+        (port_upstream.MODULE, port_upstream.MODULE_DEST),
+        (port_upstream.TESTS, port_upstream.TESTS_DEST),
+    ):
+        theirs = (trees.ported / dest).read_bytes()
+        first, rest = theirs.split(b"\n", 1)
+        assert first + b"\n" == header, dest
+        assert rest == Path(ours).read_bytes(), dest
+        digest = hashlib.sha256(rest).hexdigest()
+        print(f"\n{dest}: the header, then {len(rest)} bytes of ours, sha256 {digest}")
+
+
+def test_what_the_port_writes_never_speaks_of_this_project(trees):
+    """The lines it adds to training.py, and the two files it adds, name Megatron-LM's
+    and OpenTelemetry's things only."""
+    before = (trees.pristine / TRAINING).read_text().splitlines()
+    after = (trees.ported / TRAINING).read_text().splitlines()
+    added = [
+        line[1:]
+        for line in difflib.unified_diff(before, after, lineterm="", n=0)
+        if line.startswith("+") and not line.startswith("+++")
+    ]
+    assert added and [line for line in added if OUR_WORDS.search(line)] == []
+    for dest in (port_upstream.MODULE_DEST, port_upstream.TESTS_DEST):
+        text = (trees.ported / dest).read_text()
+        assert [line for line in text.splitlines() if OUR_WORDS.search(line)] == [], dest
+
+
+def test_transitions_joins_the_training_extras_not_megatron_cores_dependencies(trees):
+    ported = tomllib.loads((trees.ported / "pyproject.toml").read_text())
+    pristine = tomllib.loads((trees.pristine / "pyproject.toml").read_text())
+    extras = ported["project"]["optional-dependencies"]
+    for extra in ("training", "mlm"):
+        assert extras[extra] == [*pristine["project"]["optional-dependencies"][extra], DEPENDENCY]
+    assert ported["project"]["dependencies"] == pristine["project"]["dependencies"]
+    assert all(
+        "transitions" not in d
+        for name, deps in extras.items()
+        if name not in ("training", "mlm")
+        for d in deps
+    )
+    for extra in ("training", "mlm"):
+        pristine["project"]["optional-dependencies"][extra].append(DEPENDENCY)
+    assert ported == pristine  # nothing else in the file changed
 
 
 def test_a_second_run_says_applied_and_changes_nothing(trees, tmp_path):
@@ -101,18 +142,27 @@ def test_an_unrecognised_training_py_leaves_the_checkout_untouched(trees, tmp_pa
     assert _digest(changed) == before
 
 
-def test_megatron_lms_telemetry_tests_and_the_added_file_pass_in_the_ported_tree(trees, tmp_path):
-    env = job_env(trees.ported, tmp_path, telemetry=False)
+@pytest.mark.parametrize("sdk", ["with_sdk", "without_sdk"])
+def test_megatron_lms_telemetry_tests_and_the_added_file_pass_in_the_ported_tree(
+    trees, tmp_path, sdk
+):
+    """Megatron-LM's pytest in the ported tree: its own telemetry tests and the added
+    file, with the OpenTelemetry SDK and without it (``opentelemetry.sdk`` made to
+    fail to import, as in Megatron-LM's CI, whose ``dev`` extra brings
+    ``opentelemetry-api`` and nemo-lens but no SDK). No test of the added file skips."""
+    hide = {HIDE_PACKAGES: "opentelemetry.sdk"} if sdk == "without_sdk" else {}
+    env = job_env(trees.ported, tmp_path, telemetry=False, env=hide)
     result = subprocess.run(
         [
             sys.executable,
             "-m",
             "pytest",
             "-q",
+            "-rs",
             "-p",
             "no:cacheprovider",
             "tests/unit_tests/telemetry",
-            "tests/unit_tests/training/test_telemetry_spans.py",
+            str(port_upstream.TESTS_DEST),
         ],
         cwd=trees.ported,
         env=env,
@@ -122,10 +172,27 @@ def test_megatron_lms_telemetry_tests_and_the_added_file_pass_in_the_ported_tree
         timeout=600,
     )
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
-    print(f"\nMegatron-LM's pytest in the ported tree: {summary}")
+    print(f"\nMegatron-LM's pytest in the ported tree, {sdk}: {summary}")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "failed" not in summary and "error" not in summary
     assert re.search(r"\b\d+ passed", summary)
+    skipped = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert [line for line in skipped if "test_telemetry_spans" in line] == []
+    # Megatron-LM's pytest settings (-rA) list each test that passed.
+    passed = re.findall(
+        rf"^PASSED {re.escape(str(port_upstream.TESTS_DEST))}::", result.stdout, re.M
+    )
+    assert len(passed) >= 15, result.stdout[-4000:]
+    if sdk == "without_sdk":
+        probe = subprocess.run(
+            [sys.executable, "-c", "import opentelemetry.sdk"],
+            cwd=trees.ported,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert "No module named 'opentelemetry.sdk'" in probe.stderr
 
 
 def test_the_diff_touches_only_what_the_port_names(trees):

@@ -9,16 +9,21 @@ written inline in ``pretrain()``. This program turns that into the pull
 request the upstream issue asks for, so that ``git diff`` in the checkout *is*
 the change:
 
-* ``megatron/training/telemetry_spans.py``: this project's module, byte for byte;
+* ``megatron/training/telemetry_spans.py``: Megatron-LM's copyright line
+  (:data:`HEADER`), then this project's module byte for byte;
 * ``megatron/training/training.py``: the lifecycle functions, their globals,
   the installer and the comments about them deleted; each call site rewritten
   to one ``SpanPhases`` trigger (``start_job``, ``record_phase``,
   ``start_train``, ``step``, ``end_train``, ``shutdown``) or to
-  ``install_exit_hooks``;
-* ``tests/unit_tests/training/test_telemetry_spans.py``: the lifecycle tests
-  the upstream issue lists (``upstream_test_telemetry_spans.py`` beside this
-  file), runnable with Megatron-LM's pytest on a CPU;
-* ``pyproject.toml``: ``transitions`` added to the dependencies.
+  ``install_exit_hooks``; the comments it writes speak of Megatron-LM and
+  OpenTelemetry only;
+* ``tests/unit_tests/training/test_telemetry_spans.py``: the copyright line,
+  then ``test_telemetry_spans.py`` of this package (the lifecycle's tests on
+  fake spans, so they run in Megatron-LM's CI with ``opentelemetry-api`` and
+  no SDK, and with the SDK too);
+* ``pyproject.toml``: ``transitions`` added to the ``training`` extra (and to
+  its deprecated alias ``mlm``), where Megatron-LM keeps the packages only its
+  training scripts need; megatron-core's own dependencies stay as they are.
 
 It edits text by recognised anchors: the definitions (found with ``ast``) and
 the known call-site lines. Every anchor is looked for before anything is
@@ -38,15 +43,28 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    tomllib = None
+
 HERE = Path(__file__).resolve().parent
-MODULE = HERE / "telemetry_spans.py"
-TESTS = HERE / "upstream_test_telemetry_spans.py"
+#: What the port ships: the lifecycle module (the trainer's own) and its tests (this package's).
+MODULE = HERE.parent / "telemetry_spans.py"
+TESTS = HERE / "test_telemetry_spans.py"
+#: The first line of every file the port adds to Megatron-LM, as its own files begin.
+HEADER = b"# Copyright (c) 2026, NVIDIA CORPORATION & AFFILIATES. All rights reserved.\n"
 
 TRAINING = Path("megatron/training/training.py")
 MODULE_DEST = Path("megatron/training/telemetry_spans.py")
 TESTS_DEST = Path("tests/unit_tests/training/test_telemetry_spans.py")
 PYPROJECT = Path("pyproject.toml")
 DEPENDENCY = "transitions>=0.9.2,<0.10"
+#: The extras of Megatron-LM's pyproject.toml that get DEPENDENCY: ``training`` (its
+#: training scripts' packages) and ``mlm``, the deprecated alias kept in step with it.
+EXTRAS = ("training", "mlm")
+#: The extras the port cannot do without (``mlm`` may be gone from a newer checkout).
+REQUIRED_EXTRAS = ("training",)
 
 #: The lifecycle functions ``telemetry_spans.py`` replaces.
 LIFECYCLE_FUNCTIONS = (
@@ -458,21 +476,92 @@ def is_ported(text: str) -> bool:
     )
 
 
+def _list_end(text: str, opening: int) -> int:
+    """The index of the ``]`` closing the TOML array whose ``[`` is at ``opening``."""
+    depth, quote, index = 0, "", opening
+    while index < len(text):
+        char = text[index]
+        if quote:
+            if char == "\\" and quote == '"':
+                index += 1
+            elif char == quote:
+                quote = ""
+        elif char in "\"'":
+            quote = char
+        elif char == "#":
+            newline = text.find("\n", index)
+            index = len(text) if newline < 0 else newline
+        elif char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+            if depth == 0:
+                return index
+        index += 1
+    raise NotRecognised(f"{PYPROJECT}: an array opened at offset {opening} is never closed")
+
+
+def _extras_table(text: str) -> tuple[int, int]:
+    """Where ``[project.optional-dependencies]``'s body begins and ends in ``text``."""
+    header = re.search(r"^\[project\.optional-dependencies\]\s*$", text, re.M)
+    if header is None:
+        raise NotRecognised(f"{PYPROJECT}: could not find `[project.optional-dependencies]`")
+    following = re.search(r"^\[", text[header.end() :], re.M)
+    return header.end(), len(text) if following is None else header.end() + following.start()
+
+
 def add_dependency(text: str) -> str:
-    """``pyproject.toml`` with ``transitions`` in ``[project] dependencies``."""
-    if re.search(r"""["']transitions\b""", text):
-        return text
-    match = re.search(r"^dependencies\s*=\s*\[(.*?)\]", text, re.M | re.S)
-    if match is None:
-        raise NotRecognised(f"{PYPROJECT}: could not find `dependencies = [...]`")
-    body = match.group(1)
-    if "\n" in body:
-        stripped = body.rstrip()
-        comma = "" if stripped.endswith(",") else ","
-        new_body = f'{stripped}{comma}\n    "{DEPENDENCY}",\n'
-    else:
-        new_body = f'{body.rstrip().rstrip(",")}, "{DEPENDENCY}"'
-    return text[: match.start(1)] + new_body + text[match.end(1) :]
+    """``pyproject.toml`` with ``transitions`` in the ``training`` and ``mlm`` extras.
+
+    An extra that already names ``transitions`` is left as it is; ``mlm`` may be
+    missing, ``training`` may not. Nothing else in the file changes.
+    """
+    original = text
+    for extra in EXTRAS:
+        begin, end = _extras_table(text)
+        match = re.compile(rf"^{extra}\s*=\s*\[", re.M).search(text, begin, end)
+        if match is None:
+            if extra in REQUIRED_EXTRAS:
+                raise NotRecognised(
+                    f"{PYPROJECT}: could not find `{extra} = [...]` in "
+                    "[project.optional-dependencies]"
+                )
+            continue
+        opening = match.end() - 1
+        closing = _list_end(text, opening)
+        body = text[opening + 1 : closing]
+        if re.search(r"""["']transitions\b""", body):
+            continue
+        if "\n" in body:
+            stripped = body.rstrip()
+            comma = "" if stripped.endswith((",", "[")) or not stripped.strip() else ","
+            new_body = f'{stripped}{comma}\n    "{DEPENDENCY}",\n'
+        elif body.strip():
+            new_body = f'{body.rstrip().rstrip(",")}, "{DEPENDENCY}"'
+        else:
+            new_body = f'"{DEPENDENCY}"'
+        text = text[: opening + 1] + new_body + text[closing:]
+    _check_only_extras_grew(original, text)
+    return text
+
+
+def _check_only_extras_grew(before: str, after: str) -> None:
+    """Raise NotRecognised unless ``after`` parses as ``before`` plus DEPENDENCY in
+    the extras (a layout the text edit did not foresee, such as a trailing comment)."""
+    if tomllib is None or before == after:  # Python 3.10: no TOML reader to check with
+        return
+    try:
+        old, new = tomllib.loads(before), tomllib.loads(after)
+    except tomllib.TOMLDecodeError as err:
+        raise NotRecognised(
+            f"{PYPROJECT}: does not parse after adding {DEPENDENCY} ({err})"
+        ) from None
+    extras = old.get("project", {}).get("optional-dependencies", {})
+    for extra in EXTRAS:
+        if extra in extras and not any(d.startswith("transitions") for d in extras[extra]):
+            extras[extra] = [*extras[extra], DEPENDENCY]
+    if new != old:
+        raise NotRecognised(f"{PYPROJECT}: adding {DEPENDENCY} changed more than the extras")
 
 
 def plan(checkout: Path) -> tuple[dict[Path, bytes], bool]:
@@ -486,8 +575,8 @@ def plan(checkout: Path) -> tuple[dict[Path, bytes], bool]:
     training = training_path.read_text(encoding="utf-8")
     already = is_ported(training)
     files = {
-        MODULE_DEST: MODULE.read_bytes(),
-        TESTS_DEST: TESTS.read_bytes(),
+        MODULE_DEST: HEADER + MODULE.read_bytes(),
+        TESTS_DEST: HEADER + TESTS.read_bytes(),
         PYPROJECT: add_dependency(pyproject_path.read_text(encoding="utf-8")).encode(),
     }
     if not already:
@@ -529,7 +618,3 @@ def main(argv: list[str] | None = None) -> int:
     verb = "refreshed" if already else "applied"
     print(f"port_upstream: {checkout}: {verb}; wrote {', '.join(str(p) for p in changed)}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
