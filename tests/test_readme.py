@@ -54,3 +54,22 @@ def test_the_trace_tree_nests_the_first_iteration_s_work_under_it():
         if child_depth == depth + 1:
             children.append(name)
     assert children == ["megatron.train.forward_backward", "megatron.train.optimizer"]
+
+
+ROOT_README = (MEGATRON.parent / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_top_level_readme_stays_a_guide():
+    """At most 230 lines: detail belongs in the package READMEs it links to."""
+    assert len(ROOT_README.splitlines()) <= 230
+    for link in re.findall(r"\]\(((?:megatron|tests)/[^)#]+)", ROOT_README):
+        assert (MEGATRON.parent / link).exists(), link
+
+
+def test_the_ports_differences_from_megatron_lm_are_a_table_with_reasons():
+    section = ROOT_README.split("## Moving it into Megatron-LM", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| behaviour | Megatron-LM today | ported | why |"
+    body = rows[1:]
+    assert all(len(row.strip("|").split(" | ")) == 4 for row in body), body
+    assert any("once per process" in row and "once per `pretrain()`" in row for row in body)

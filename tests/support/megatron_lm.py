@@ -60,6 +60,9 @@ SPANS_FILE = "MEGATRON_LM_SPANS_FILE"
 #: Where the process writes, at exit, which signals have a Python handler (set by
 #: :func:`run_pretrain_gpt`; a run killed by a signal writes nothing).
 SIGNALS_FILE = "MEGATRON_LM_TEST_SIGNALS_FILE"
+#: In :data:`SPANS_FILE` and :data:`SIGNALS_FILE`, replaced by the process's ``RANK``
+#: (``launcher`` for torchrun itself), so that each rank writes files of its own.
+RANK_FIELD = "{rank}"
 
 #: The flags that make a one-rank, one-layer GPT train on a CPU with mock data
 #: (no fused kernels, no CUDA-only paths), before the caller's own.
@@ -103,6 +106,10 @@ class MegatronRun:
     #: Signal name -> ``default``, ``ignore``, ``python`` or ``other``, as the
     #: process left them at exit (empty when it died by a signal).
     signal_handlers: dict[str, str] = field(default_factory=dict)
+    #: Under torchrun: each rank's spans and signal record (``spans`` and
+    #: ``signal_handlers`` above are rank 0's); one process: ``{0: ...}``.
+    rank_spans: dict[int, list[dict]] = field(default_factory=dict)
+    rank_signal_handlers: dict[int, dict[str, str]] = field(default_factory=dict)
 
     def names(self) -> list[str]:
         """Span names in export order."""
@@ -145,12 +152,18 @@ def job_env(
     telemetry: bool = True,
     span_groups: str | None = None,
     env: Mapping[str, str] | None = None,
+    nproc: int = 1,
 ) -> dict[str, str]:
-    """The environment ``pretrain_gpt.py`` runs in: one rank, gloo, the CPU shims.
+    """The environment ``pretrain_gpt.py`` runs in: gloo, the CPU shims.
 
-    ``telemetry`` False leaves nemo-lens installed but off (no
-    ``MEGATRON_OTEL_*`` variable at all); ``env`` entries win over everything
-    set here (an empty string removes a variable).
+    With ``nproc`` 1 the process is rank 0 of 1 itself; with more, torchrun
+    sets each rank's ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``, every rank
+    exports its own spans (nemo-lens's ``all_ranks`` strategy; its default
+    exports from the last rank only) and writes them, and its signal record,
+    to files of its own (:data:`RANK_FIELD` in the paths). ``telemetry`` False
+    leaves nemo-lens installed but off (no ``MEGATRON_OTEL_*`` variable at
+    all); ``env`` entries win over everything set here (an empty string
+    removes a variable).
     """
     python_bin = str(Path(python_for_megatron()).parent)
     base = {
@@ -170,14 +183,15 @@ def job_env(
             "CUDA_DEVICE_MAX_CONNECTIONS": "1",
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(free_port()),
-            "RANK": "0",
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": "1",
             "OMP_NUM_THREADS": "1",
-            SPANS_FILE: str(work_dir / "spans.jsonl"),
-            SIGNALS_FILE: str(work_dir / "signals.json"),
+            SPANS_FILE: str(work_dir / _per_rank("spans.jsonl", nproc)),
+            SIGNALS_FILE: str(work_dir / _per_rank("signals.json", nproc)),
         }
     )
+    if nproc == 1:
+        base.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+    if telemetry and nproc > 1:
+        base["MEGATRON_OTEL_EXPORT_STRATEGY"] = "all_ranks"
     if telemetry:
         base["MEGATRON_OTEL_ENABLED"] = "1"
         base["MEGATRON_OTEL_EXPORTER"] = "console"
@@ -191,6 +205,14 @@ def job_env(
         else:
             base[key] = value
     return base
+
+
+def _per_rank(name: str, nproc: int) -> str:
+    """``spans.jsonl`` for one process; ``spans.{rank}.jsonl`` for torchrun's ranks."""
+    if nproc == 1:
+        return name
+    stem, _, suffix = name.partition(".")
+    return f"{stem}.{RANK_FIELD}.{suffix}"
 
 
 def read_spans(path: Path) -> list[dict]:
@@ -225,24 +247,42 @@ def run_pretrain_gpt(
     span_groups: str | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float = 300.0,
+    nproc: int = 1,
 ) -> MegatronRun:
     """Run ``TREE/pretrain_gpt.py`` with :data:`CPU_FLAGS`, ``--train-iters`` and ``flags``.
 
     ``work_dir`` (created if missing) holds the captured spans
     (``spans.jsonl``, emptied first), the signal record (``signals.json``) and
-    is where checkpoint paths in ``flags`` usually point. Returns when the
-    process has ended, however it ended (a signal's death is a negative
-    ``returncode``).
+    is where checkpoint paths in ``flags`` usually point. With ``nproc`` > 1
+    the job is ``torchrun --nproc-per-node NPROC`` on one machine (rendezvous
+    on a free loopback port), each rank's files named by its rank
+    (``spans.0.jsonl``...). Returns when the process has ended, however it
+    ended (a signal's death is a negative ``returncode``).
     """
     tree = Path(tree).resolve()
     work = Path(work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    spans_file = work / "spans.jsonl"
-    spans_file.unlink(missing_ok=True)
-    (work / "signals.json").unlink(missing_ok=True)
-    environment = job_env(tree, work, telemetry=telemetry, span_groups=span_groups, env=env)
+    for old in [*work.glob("spans*.jsonl"), *work.glob("signals*.json")]:
+        old.unlink()
+    environment = job_env(
+        tree, work, telemetry=telemetry, span_groups=span_groups, env=env, nproc=nproc
+    )
+    launcher = [python_for_megatron()]
+    if nproc > 1:
+        launcher += [
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            str(nproc),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            environment["MASTER_PORT"],
+        ]
     argv = [
-        python_for_megatron(),
+        *launcher,
         "pretrain_gpt.py",
         *CPU_FLAGS,
         "--train-iters",
@@ -259,11 +299,18 @@ def run_pretrain_gpt(
         timeout=timeout,
         check=False,
     )
-    signals_file = Path(environment.get(SIGNALS_FILE, work / "signals.json"))
+    rank_spans, rank_signals = {}, {}
+    for rank in range(nproc):
+        spans_file = Path(environment[SPANS_FILE].replace(RANK_FIELD, str(rank)))
+        signals_file = Path(environment[SIGNALS_FILE].replace(RANK_FIELD, str(rank)))
+        rank_spans[rank] = read_spans(spans_file)
+        rank_signals[rank] = json.loads(signals_file.read_text()) if signals_file.exists() else {}
     return MegatronRun(
         returncode=completed.returncode,
-        spans=read_spans(Path(environment.get(SPANS_FILE, spans_file))),
-        signal_handlers=json.loads(signals_file.read_text()) if signals_file.exists() else {},
+        spans=rank_spans[0],
+        signal_handlers=rank_signals[0],
+        rank_spans=rank_spans,
+        rank_signal_handlers=rank_signals,
         stdout=completed.stdout,
         stderr=completed.stderr,
         argv=argv,

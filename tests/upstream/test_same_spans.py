@@ -1,9 +1,10 @@
 """Megatron-LM's own ``pretrain_gpt.py``, pristine and ported, case by case.
 
-Each case runs both trees with the same flags and variables and asserts the
-same exit status, the same signal handlers left installed, and the same spans
-(names, parents, trace roots, links, statuses; attribute keys a superset of
-upstream's), except the differences this design makes on purpose. Each of
+Each case runs both trees with the same flags and variables (one rank, or two
+under torchrun: data, tensor and pipeline parallel on gloo, compared rank by
+rank) and asserts the same exit status, the same signal handlers left
+installed, and the same spans (names, parents, trace roots, links, statuses;
+attribute keys a superset of upstream's), except the differences this design makes on purpose. Each of
 those is one function below, applied only in the cases it concerns, and each
 is checked to be there (so none can hide another difference); the README's
 "Moving it into Megatron-LM" lists them with their reasons:
@@ -54,6 +55,8 @@ class Case:
     #: The intentional differences that apply (names of the functions below).
     differences: tuple[str, ...] = ()
     returncode: int = 0
+    #: Ranks: 1 runs pretrain_gpt.py itself, more run it under torchrun.
+    nproc: int = 1
 
 
 CASES = [
@@ -82,6 +85,19 @@ CASES = [
     Case("telemetry_installed_but_off", tuple(SAVE), telemetry=False),
 ]
 
+# Two ranks under torchrun on gloo, each exporting its own spans: data parallel (a
+# global batch of two micro-batches), tensor parallel, pipeline parallel (two layers,
+# one a stage).
+TWO_RANK_CASES = [
+    Case("two_ranks_data_parallel", (*SAVE, "--global-batch-size", "4"), nproc=2),
+    Case("two_ranks_tensor_parallel", (*SAVE, "--tensor-model-parallel-size", "2"), nproc=2),
+    Case(
+        "two_ranks_pipeline_parallel",
+        (*SAVE, "--pipeline-model-parallel-size", "2", "--num-layers", "2"),
+        nproc=2,
+    ),
+]
+
 
 def _run(tree: Path, case: Case, work: Path, **overrides) -> MegatronRun:
     flags = [flag.format(work=work) for flag in overrides.pop("flags", case.flags)]
@@ -93,6 +109,8 @@ def _run(tree: Path, case: Case, work: Path, **overrides) -> MegatronRun:
         telemetry=case.telemetry,
         span_groups=case.span_groups,
         env={**case.env, **overrides.pop("env", {})},
+        nproc=case.nproc,
+        timeout=300.0 * case.nproc,
     )
 
 
@@ -147,21 +165,26 @@ def _loss_lines(run: MegatronRun) -> list[str]:
 
 
 def assert_alike(case: Case, pristine: MegatronRun, ported: MegatronRun) -> None:
+    """Same exit status; then, rank by rank, the same signal handlers left and the
+    same spans but the case's intentional differences."""
     assert ported.returncode == pristine.returncode == case.returncode, (
         f"pristine:\n{pristine.describe()}\n\nported:\n{ported.describe()}"
     )
-    assert ported.signal_handlers == pristine.signal_handlers
-    if not case.telemetry:
-        assert pristine.spans == [] and ported.spans == []
-        return
-    job_on = case.span_groups in (None, "default", "per_step")  # the presets with `job`
-    assert ("megatron.startup" in pristine.names()) is job_on
-    assert pristine.spans, "telemetry on: upstream exported no span at all"
-    ours = ported.spans
-    for name in case.differences:
-        ours = INTENTIONAL[name](ours)
-    differences = forest_differences(span_forest(pristine.spans), span_forest(ours))
-    assert differences == [], "\n".join(differences[:20])
+    assert sorted(ported.rank_spans) == sorted(pristine.rank_spans) == list(range(case.nproc))
+    for rank in range(case.nproc):
+        where = f"rank {rank}: " if case.nproc > 1 else ""
+        theirs, ours = pristine.rank_spans[rank], ported.rank_spans[rank]
+        assert ported.rank_signal_handlers[rank] == pristine.rank_signal_handlers[rank], where
+        if not case.telemetry:
+            assert theirs == [] and ours == [], where
+            continue
+        job_on = case.span_groups in (None, "default", "per_step")  # the presets with `job`
+        assert ("megatron.startup" in [s["name"] for s in theirs]) is job_on, where
+        assert theirs, f"{where}telemetry on: upstream exported no span at all"
+        for name in case.differences:
+            ours = INTENTIONAL[name](ours)
+        differences = forest_differences(span_forest(theirs), span_forest(ours))
+        assert differences == [], where + "\n".join(differences[:20])
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
@@ -174,6 +197,22 @@ def test_same_exit_status_and_spans(trees, tmp_path, case):
         print(f"\n{case.name}: {len(pristine.spans)} spans alike")
     assert _loss_lines(ported) == _loss_lines(pristine)
     print(f"{case.name}: {time.perf_counter() - started:.1f} s for both trees")
+
+
+@pytest.mark.parametrize("case", TWO_RANK_CASES, ids=lambda case: case.name)
+def test_two_ranks_same_spans_rank_by_rank(trees, tmp_path, case):
+    started = time.perf_counter()
+    pristine = _run(trees.pristine, case, tmp_path / "pristine")
+    ported = _run(trees.ported, case, tmp_path / "ported")
+    assert_alike(case, pristine, ported)
+    for rank, spans in ported.rank_spans.items():
+        names = [span["name"] for span in spans]
+        # Every rank exports the lifecycle: startup, then an interval per save interval.
+        assert names.count("megatron.startup") == 1, f"rank {rank}: {names}"
+        assert names.count("megatron.train") == 3, f"rank {rank}: {names}"
+    assert _loss_lines(ported) == _loss_lines(pristine) != []
+    counts = ", ".join(f"rank {r}: {len(s)}" for r, s in pristine.rank_spans.items())
+    print(f"\n{case.name}: spans alike ({counts}); {time.perf_counter() - started:.1f} s")
 
 
 def test_save_then_resume(trees, tmp_path):

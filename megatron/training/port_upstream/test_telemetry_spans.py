@@ -1,249 +1,599 @@
 """Unit tests for ``megatron.training.telemetry_spans``: the job-level span lifecycle.
 
-Runs on a CPU with the OpenTelemetry SDK (nemo-lens's ``sdk`` extra): every
-span goes to an in-memory exporter. Covers what the lifecycle promises
-``pretrain()``: the startup span opens and closes once, ``megatron.train`` is
-rerooted at ``save_interval`` boundaries (each a new trace linked to the one
-before), the exit hooks are installed once per process across repeated
-``pretrain()`` calls and hook SIGTERM only, and open spans are ended and
-exported on the exception and SIGTERM paths. (``port_upstream`` in
-megatron-telemetry-spans adds this file to Megatron-LM as
-``tests/unit_tests/training/test_telemetry_spans.py``.)
+The lifecycle is driven here with a fake tracer rather than the OpenTelemetry
+SDK, so these tests need only ``opentelemetry-api`` (which Megatron-LM's ``dev``
+extra brings) and ``transitions``; they run the same with the SDK installed.
+The fake records every span it starts: name, parent, trace, links, start and
+end times, attributes and status, so each test asserts the spans a trace
+backend would receive.
+
+What they cover: the startup trace (its backdated phases, the ``pre_startup``
+trace of the time in the scheduler queue, the launch window folded into it),
+one ``megatron.train`` trace per checkpoint interval linked to the one before,
+the causes recorded when a run fails or is signalled, the orders the
+transition table rejects, the exit paths (``flush``, ``terminate``, the
+atexit and signal hooks), which never raise, and telemetry off.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 
 import pytest
-
-pytest.importorskip("opentelemetry.sdk", reason="the OpenTelemetry SDK (nemo-lens[sdk])")
-
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
-    InMemorySpanExporter,
-)
+from opentelemetry import trace
 from opentelemetry.trace import StatusCode
+from transitions import MachineError
 
 from megatron.training import telemetry_spans
-from megatron.training.telemetry_spans import ExitHooks, SpanPhaseError, SpanPhases
+from megatron.training.telemetry_spans import (
+    SpanPhaseError,
+    SpanPhases,
+    install_exit_hooks,
+    mark_goodput,
+)
+
+_ids = itertools.count(1)
 
 
-class Handle:
-    """A telemetry handle as nemo-lens's: a tracer, ``is_exporting``, ``shutdown``."""
+class FakeSpan(trace.Span):
+    """A span as a backend sees it once ended (a ``trace.Span``, so contexts hold it)."""
 
-    def __init__(self, exporting: bool = True) -> None:
-        self.exporter = InMemorySpanExporter()
-        self.provider = TracerProvider(shutdown_on_exit=False)
-        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
-        self.tracer = self.provider.get_tracer("test")
+    def __init__(self, tracer, name, parent, links, attributes, start_time):
+        self.tracer = tracer
+        self.name = name
+        self.parent = parent
+        trace_id = parent.context.trace_id if parent is not None else next(_ids)
+        self.context = trace.SpanContext(trace_id, next(_ids), is_remote=False)
+        self.links = [link.context for link in links or ()]
+        self.attributes = dict(attributes or {})
+        self.start_time = start_time
+        self.end_time = None
+        self.status = None
+        self.exceptions = []
+        self.ends = 0
+
+    def get_span_context(self):
+        return self.context
+
+    def set_attribute(self, key, value):
+        self.attributes[key] = value
+
+    def set_attributes(self, attributes):
+        self.attributes.update(attributes)
+
+    def set_status(self, status, description=None):
+        self.status = status
+
+    def record_exception(self, exception, attributes=None, timestamp=None, escaped=False):
+        self.exceptions.append(exception)
+
+    def add_event(self, name, attributes=None, timestamp=None):
+        pass
+
+    def update_name(self, name):
+        self.name = name
+
+    def is_recording(self):
+        return self.end_time is None
+
+    def end(self, end_time=None):
+        self.ends += 1
+        self.end_time = end_time if end_time is not None else "now"
+        self.tracer.finished.append(self)
+
+
+class FakeTracer:
+    """Starts FakeSpans; the parent is the span in the context it is given."""
+
+    def __init__(self):
+        self.finished = []
+
+    def start_span(self, name, context=None, links=None, attributes=None, start_time=None, **_):
+        parent = trace.get_current_span(context)
+        parent = parent if isinstance(parent, FakeSpan) else None
+        return FakeSpan(self, name, parent, links, attributes, start_time)
+
+
+class FakeTelemetry:
+    """A telemetry handle as the lifecycle needs one: tracer, is_exporting, flush, shutdown."""
+
+    def __init__(self, exporting=True):
+        self.tracer = FakeTracer()
         self.is_exporting = exporting
+        self.flushes = 0
         self.shutdowns = 0
 
-    def shutdown(self, timeout_ms: int = 5000) -> None:
+    def force_flush(self, timeout_ms=5000):
+        self.flushes += 1
+
+    def shutdown(self, timeout_ms=5000):
         self.shutdowns += 1
 
-    def spans(self, name: str | None = None) -> list:
-        return [s for s in self.exporter.get_finished_spans() if name in (None, s.name)]
+    def spans(self, name=None):
+        """Finished spans (of ``name``), in the order they ended."""
+        return [s for s in self.tracer.finished if name in (None, s.name)]
 
 
-def job_on(group: str) -> bool:
+def only(telemetry, name):
+    (span,) = telemetry.spans(name)
+    return span
+
+
+def job_on(group):
     return group == "job"
 
 
-def job_off(group: str) -> bool:
-    return False
+def seconds(ns):
+    return ns / 1e9
 
 
-def lifecycle(handle, save_interval=0, gate=job_on) -> SpanPhases:
-    return SpanPhases(handle, save_interval=save_interval, is_span_group_enabled=gate)
-
-
-def test_startup_span_opens_and_closes_once():
-    handle = Handle()
-    phases = lifecycle(handle)
-    phases.start_job("ModelType.encoder_or_decoder", {"program_start": 100.0})
-    phases.record_phase("megatron.startup.imports", 100.0, 101.0)
-    with pytest.raises(SpanPhaseError):
-        phases.start_job()
-    assert handle.spans("megatron.startup") == []  # still open
-    phases.start_train()
-    with pytest.raises(SpanPhaseError):
-        phases.start_train()
-    phases.shutdown()
-    (startup,) = handle.spans("megatron.startup")
-    assert startup.parent is None
-    assert startup.start_time == 100 * 10**9
-    assert startup.attributes["is_goodput_span"] is True
-    assert startup.attributes["megatron.model_type"] == "ModelType.encoder_or_decoder"
-    (imports,) = handle.spans("megatron.startup.imports")
-    assert imports.parent.span_id == startup.context.span_id
-    assert handle.shutdowns == 1
-
-
-def test_reroots_at_save_interval_boundaries():
-    handle = Handle()
-    phases = lifecycle(handle, save_interval=3)
-    phases.start_job()
-    phases.start_train()
-    for iteration in range(100, 107):  # a resumed run: the counter, not the iteration, decides
-        phases.step(iteration)
-    phases.end_train()
-    phases.shutdown()
-    startup = handle.spans("megatron.startup")[0]
-    intervals = handle.spans("megatron.train")
-    assert [s.attributes["megatron.interval.first_iteration"] for s in intervals] == [100, 103, 106]
-    assert [s.attributes["megatron.interval.last_iteration"] for s in intervals] == [102, 105, 106]
-    assert all(s.parent is None for s in intervals)
-    assert len({s.context.trace_id for s in [startup, *intervals]}) == 4
-    linked_to = [s.links[0].context.span_id for s in intervals]
-    assert linked_to == [startup.context.span_id] + [s.context.span_id for s in intervals[:-1]]
-
-
-def test_no_save_interval_is_one_interval_for_the_loop():
-    handle = Handle()
-    phases = lifecycle(handle, save_interval=0)
-    phases.start_job()
-    phases.start_train()
-    for iteration in range(50):
-        phases.step(iteration)
-    phases.end_train()
-    phases.shutdown()
-    assert len(handle.spans("megatron.train")) == 1
-
-
-def test_every_order_pretrain_produces_is_legal():
-    """A resume with nothing left to train, then shutdown reached twice (normal path,
-    then the atexit fallback), and an early exit's sys.exit() unwinding after shutdown."""
-    handle = Handle()
-    phases = lifecycle(handle, save_interval=2)
-    phases.start_job()
-    phases.start_train()
-    phases.end_train()  # the loop ran no pass
-    phases.shutdown()
-    phases.shutdown()
-    phases.end_train()
-    assert handle.shutdowns == 1
-    assert handle.spans("megatron.train") == []
-
-
-def test_spans_closed_on_the_exception_path():
-    handle = Handle()
-    phases = lifecycle(handle, save_interval=2)
-    phases.start_job()
-    phases.start_train()
-    phases.step(0)
-    phases.shutdown(cause=RuntimeError("boom"))
-    (interval,) = handle.spans("megatron.train")
-    assert interval.status.status_code is StatusCode.ERROR
-    assert interval.attributes["megatron.shutdown.reason"] == "exception"
-    assert interval.attributes["error.type"] == "RuntimeError"
-    assert len(handle.spans("megatron.startup")) == 1
-    assert handle.shutdowns == 1
-
-
-def test_telemetry_off_opens_no_span():
-    for handle, gate in ((Handle(exporting=False), job_on), (Handle(), job_off)):
-        phases = lifecycle(handle, save_interval=1, gate=gate)
-        phases.start_job()
-        phases.start_train()
-        phases.step(0)
-        phases.shutdown()
-        assert handle.spans() == []
-    phases = lifecycle(None, save_interval=1)
-    phases.start_job()
-    with pytest.raises(SpanPhaseError):  # order still checked with no telemetry at all
-        phases.end_train()
+@pytest.fixture(autouse=True)
+def no_lifecycle_left_behind(monkeypatch):
+    """Each test starts with no latest lifecycle and leaves none behind."""
+    monkeypatch.setattr(SpanPhases, "_latest", None)
 
 
 @pytest.fixture
-def hooks(monkeypatch):
-    """A fresh ExitHooks whose atexit registrations are recorded, not made, and
-    whose SIGTERM handler is put back afterwards."""
+def telemetry():
+    return FakeTelemetry()
+
+
+def lifecycle(telemetry, save_interval=0, gate=job_on):
+    return SpanPhases(telemetry, save_interval=save_interval, is_span_group_enabled=gate)
+
+
+def run_loop(phases, iterations):
+    phases.start_train()
+    for iteration in iterations:
+        phases.step(iteration)
+    phases.end_train()
+
+
+# -- the startup trace ---------------------------------------------------------------
+
+
+def test_startup_opens_at_program_start_holds_its_phases_and_closes_at_start_train(telemetry):
+    phases = lifecycle(telemetry)
+    phases.start_job("ModelType.encoder_or_decoder", {"program_start": 100.0})
+    phases.record_phase("megatron.startup.imports", 100.0, 101.5)
+    phases.record_phase("megatron.startup.unknown_end", 101.5, None)  # skipped, not faked
+    assert telemetry.spans("megatron.startup") == []  # open until training starts
+    phases.start_train()
+    startup = only(telemetry, "megatron.startup")
+    assert startup.parent is None and startup.links == []
+    assert seconds(startup.start_time) == 100.0
+    assert startup.attributes == {
+        "is_goodput_span": True,
+        "megatron.model_type": "ModelType.encoder_or_decoder",
+    }
+    imports = only(telemetry, "megatron.startup.imports")
+    assert imports.parent is startup
+    assert (seconds(imports.start_time), seconds(imports.end_time)) == (100.0, 101.5)
+    assert imports.attributes == {"is_goodput_span": True}
+    assert telemetry.spans("megatron.startup.unknown_end") == []
+    phases.shutdown()
+    assert startup.ends == 1 and telemetry.shutdowns == 1
+
+
+@pytest.mark.parametrize(
+    ("slurm", "launch", "due"),
+    [(50.0, 60.0, True), (60.0, 60.0, False), (70.0, 60.0, False), (None, 60.0, False)],
+    ids=["queued", "no_wait", "clock_skew", "not_under_slurm"],
+)
+def test_pre_startup_is_a_backdated_root_only_when_the_job_waited(telemetry, slurm, launch, due):
+    phases = lifecycle(telemetry)
+    timestamps = {"slurm_job_start_time": slurm, "launch_script_start": launch}
+    phases.start_job(timestamps={**timestamps, "program_start": 100.0})
+    phases.start_train()
+    pre = telemetry.spans("pre_startup")
+    startup = only(telemetry, "megatron.startup")
+    if not due:
+        assert pre == []
+        return
+    (pre,) = pre
+    assert pre.parent is None
+    assert pre.context.trace_id != startup.context.trace_id  # a trace of its own
+    assert (seconds(pre.start_time), seconds(pre.end_time)) == (slurm, launch)
+    assert pre.attributes == {"is_goodput_span": True}
+
+
+def test_the_launch_window_folds_into_startup_when_its_times_are_in_order(telemetry):
+    phases = lifecycle(telemetry)
+    phases.start_job(
+        timestamps={
+            "launch_script_start": 90.0,
+            "launch_script_presrun": 94.0,
+            "program_start": 100.0,
+        }
+    )
+    phases.start_train()
+    startup = only(telemetry, "megatron.startup")
+    assert seconds(startup.start_time) == 90.0  # opened at launch_script_start
+    launch = only(telemetry, "megatron.startup.launch_script")
+    container = only(telemetry, "megatron.startup.container_load")
+    assert launch.parent is startup and container.parent is startup
+    assert (seconds(launch.start_time), seconds(launch.end_time)) == (90.0, 94.0)
+    assert (seconds(container.start_time), seconds(container.end_time)) == (94.0, 100.0)
+
+
+@pytest.mark.parametrize(
+    "timestamps",
+    [
+        {"launch_script_start": 90.0, "launch_script_presrun": 101.0, "program_start": 100.0},
+        {"launch_script_start": 95.0, "launch_script_presrun": 94.0, "program_start": 100.0},
+        {"launch_script_start": 90.0, "program_start": 100.0},
+    ],
+    ids=["presrun_after_program", "presrun_before_start", "no_presrun"],
+)
+def test_the_launch_window_stays_out_of_order_or_unknown(telemetry, timestamps):
+    phases = lifecycle(telemetry)
+    phases.start_job(timestamps=timestamps)
+    phases.start_train()
+    startup = only(telemetry, "megatron.startup")
+    assert seconds(startup.start_time) == 100.0  # opened at program_start
+    assert telemetry.spans("megatron.startup.launch_script") == []
+    assert telemetry.spans("megatron.startup.container_load") == []
+
+
+# -- one trace per checkpoint interval ---------------------------------------------
+
+
+def test_an_interval_per_save_interval_each_a_trace_linked_to_the_one_before(telemetry):
+    phases = lifecycle(telemetry, save_interval=3)
+    phases.start_job(timestamps={"program_start": 100.0})
+    # A resumed run: the passes counted, not the iteration numbers, place the boundaries.
+    run_loop(phases, range(100, 107))
+    phases.shutdown()
+    startup = only(telemetry, "megatron.startup")
+    intervals = telemetry.spans("megatron.train")
+    attributes = [
+        (
+            s.attributes["megatron.interval.index"],
+            s.attributes["megatron.interval.first_iteration"],
+            s.attributes["megatron.interval.last_iteration"],
+            s.attributes["megatron.interval.rerooted"],
+        )
+        for s in intervals
+    ]
+    assert attributes == [(0, 100, 102, True), (1, 103, 105, True), (2, 106, 106, False)]
+    assert all(s.parent is None and s.attributes["is_goodput_span"] for s in intervals)
+    traces = {s.context.trace_id for s in [startup, *intervals]}
+    assert len(traces) == 4
+    # C0 links to the startup trace, each Ck to C(k-1).
+    assert [s.links for s in intervals] == [
+        [startup.context],
+        [intervals[0].context],
+        [intervals[1].context],
+    ]
+    assert all(s.ends == 1 for s in intervals)
+
+
+@pytest.mark.parametrize("save_interval", [0, -1, None])
+def test_without_a_save_interval_one_interval_covers_the_loop(telemetry, save_interval):
+    phases = lifecycle(telemetry, save_interval=save_interval)
+    phases.start_job()
+    run_loop(phases, range(50))
+    phases.shutdown()
+    (interval,) = telemetry.spans("megatron.train")
+    assert interval.attributes["megatron.interval.first_iteration"] == 0
+    assert interval.attributes["megatron.interval.last_iteration"] == 49
+
+
+def test_the_loop_with_no_pass_opens_no_interval(telemetry):
+    """A resume with nothing left to train: end_train right after start_train is legal."""
+    phases = lifecycle(telemetry, save_interval=2)
+    phases.start_job()
+    phases.start_train()
+    phases.end_train()
+    phases.shutdown()
+    assert telemetry.spans("megatron.train") == []
+    assert len(telemetry.spans("megatron.startup")) == 1
+    assert telemetry.shutdowns == 1
+
+
+# -- why a run ended ---------------------------------------------------------------
+
+
+def test_an_exception_is_recorded_on_the_interval_it_ends(telemetry):
+    phases = lifecycle(telemetry, save_interval=2)
+    phases.start_job()
+    phases.start_train()
+    phases.step(0)
+    error = RuntimeError("boom")
+    phases.shutdown(cause=error)
+    interval = only(telemetry, "megatron.train")
+    assert interval.status.status_code is StatusCode.ERROR
+    assert interval.attributes["megatron.shutdown.reason"] == "exception"
+    assert interval.attributes["error.type"] == "RuntimeError"
+    assert interval.exceptions == [error]
+    assert only(telemetry, "megatron.startup").status is None
+    assert telemetry.shutdowns == 1
+
+
+def test_a_failed_start_is_recorded_on_startup(telemetry):
+    phases = lifecycle(telemetry)
+    phases.start_job()
+    phases.shutdown(cause=ValueError("bad flag"))
+    startup = only(telemetry, "megatron.startup")
+    assert startup.status.status_code is StatusCode.ERROR
+    assert startup.attributes["error.type"] == "ValueError"
+
+
+def test_a_signal_is_recorded_by_name(telemetry):
+    phases = lifecycle(telemetry, save_interval=2)
+    phases.start_job()
+    phases.start_train()
+    phases.step(0)
+    phases.shutdown(cause=signal.SIGTERM)
+    interval = only(telemetry, "megatron.train")
+    assert interval.status.status_code is StatusCode.ERROR
+    assert interval.attributes["megatron.shutdown.reason"] == "signal"
+    assert interval.attributes["error.type"] == "SIGTERM"
+
+
+# -- the orders the table rejects --------------------------------------------------
+
+
+def _in_state(state, telemetry):
+    """A lifecycle brought to ``state`` by the trainer's own triggers."""
+    phases = lifecycle(telemetry, save_interval=2)
+    steps = {
+        "job": [],
+        "startup": [phases.start_job],
+        "train": [phases.start_job, phases.start_train],
+        "interval": [phases.start_job, phases.start_train, lambda: phases.step(0)],
+        "ended": [phases.start_job, phases.start_train, lambda: phases.step(0), phases.end_train],
+        "shutdown": [phases.start_job, phases.shutdown],
+    }[state]
+    for fire in steps:
+        fire()
+    return phases
+
+
+ILLEGAL = [
+    ("startup", "start_job", lambda p: p.start_job()),
+    ("job", "step", lambda p: p.step(0)),
+    ("startup", "step", lambda p: p.step(0)),
+    ("ended", "end_train", lambda p: p.end_train()),
+    ("ended", "step", lambda p: p.step(5)),
+    ("job", "record_phase", lambda p: p.record_phase("megatron.startup.x", 1.0, 2.0)),
+    ("train", "record_phase", lambda p: p.record_phase("megatron.startup.x", 1.0, 2.0)),
+    ("interval", "record_phase", lambda p: p.record_phase("megatron.startup.x", 1.0, 2.0)),
+    ("shutdown", "shutdown", lambda p: p.shutdown()),
+    ("shutdown", "start_job", lambda p: p.start_job()),
+    ("shutdown", "start_train", lambda p: p.start_train()),
+    ("shutdown", "step", lambda p: p.step(0)),
+    ("shutdown", "end_train", lambda p: p.end_train()),
+    ("shutdown", "record_phase", lambda p: p.record_phase("megatron.startup.x", 1.0, 2.0)),
+]
+
+
+@pytest.mark.parametrize("exporting", [True, False], ids=["telemetry_on", "telemetry_off"])
+@pytest.mark.parametrize(
+    ("state", "trigger", "fire"), ILLEGAL, ids=[f"{t}_in_{s}" for s, t, _ in ILLEGAL]
+)
+def test_an_illegal_order_raises_naming_trigger_and_state(state, trigger, fire, exporting):
+    telemetry = FakeTelemetry(exporting=exporting)
+    phases = _in_state(state, telemetry)
+    finished = list(telemetry.spans())
+    with pytest.raises(SpanPhaseError, match=f"^Can't trigger '{trigger}' in state '{state}'$"):
+        fire(phases)
+    assert phases.state == state  # the rejected trigger changed nothing
+    assert telemetry.spans() == finished
+    assert telemetry.shutdowns == (1 if state == "shutdown" else 0)
+
+
+def test_span_phase_error_is_a_machine_error_with_its_trigger_and_state(telemetry):
+    phases = _in_state("ended", telemetry)
+    with pytest.raises(MachineError) as caught:
+        phases.end_train()
+    assert isinstance(caught.value, SpanPhaseError)
+    assert (caught.value.trigger, caught.value.state) == ("end_train", "ended")
+
+
+# -- the exit paths never raise ------------------------------------------------------
+
+
+@pytest.mark.parametrize("state", ["job", "startup", "train", "interval", "ended", "shutdown"])
+def test_flush_never_raises_and_changes_nothing(telemetry, state):
+    phases = _in_state(state, telemetry)
+    flushes = telemetry.flushes
+    phases.flush()
+    assert phases.state == state
+    assert telemetry.flushes == flushes + (0 if state == "shutdown" else 1)
+
+
+def test_terminate_ends_what_is_open_then_every_trainer_trigger_records_nothing(telemetry):
+    phases = _in_state("interval", telemetry)
+    phases.terminate(cause=signal.SIGTERM)
+    assert phases.state == "terminated"
+    interval = only(telemetry, "megatron.train")
+    assert interval.attributes["error.type"] == "SIGTERM"
+    assert telemetry.shutdowns == 1
+    # The process outlived the signal: the loop goes on, nothing is recorded or raised.
+    phases.step(1)
+    phases.step(2)
+    phases.end_train()
+    phases.record_phase("megatron.startup.x", 1.0, 2.0)
+    phases.start_train()
+    phases.start_job()
+    phases.shutdown()
+    phases.flush()
+    phases.terminate()
+    assert phases.state == "terminated"
+    assert telemetry.spans() == [only(telemetry, "megatron.startup"), interval]
+    assert telemetry.shutdowns == 1
+
+
+def test_terminate_after_the_trainers_shutdown_does_nothing(telemetry):
+    """The atexit fallback after pretrain() shut down: no second shutdown, no error."""
+    phases = _in_state("shutdown", telemetry)
+    phases.terminate()
+    assert phases.state == "shutdown"
+    assert telemetry.shutdowns == 1
+
+
+# -- the atexit and signal hooks ----------------------------------------------------
+
+
+@pytest.fixture
+def exit_hooks(monkeypatch):
+    """Installs hooks with atexit registrations recorded, not made, and puts the
+    SIGTERM disposition back afterwards."""
     registered = []
     monkeypatch.setattr(telemetry_spans.atexit, "register", registered.append)
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
-    if hasattr(signal, "SIGHUP"):
-        previous[signal.SIGHUP] = signal.getsignal(signal.SIGHUP)
-    exit_hooks = ExitHooks()
-    exit_hooks.registered = registered
-    yield exit_hooks
-    for signum, handler in previous.items():
-        signal.signal(signum, handler)
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def install(phases, graceful=False, previous_handler=signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, previous_handler)
+        hooks = install_exit_hooks(phases, graceful=graceful, signals=(signal.SIGTERM,))
+        return hooks, registered
+
+    yield install
+    signal.signal(signal.SIGTERM, previous)
 
 
-def test_exit_hooks_installed_once_across_repeated_pretrain_calls(hooks):
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGHUP)}
-    first, second = lifecycle(Handle()), lifecycle(Handle())
-    hooks.attach(first, signals=(signal.SIGTERM,))
-    hooks.attach(second, signals=(signal.SIGTERM,))
-    assert hooks.registered == [hooks.handle_exit]
-    assert signal.getsignal(signal.SIGTERM) == hooks.handle_sigterm
-    assert {s: signal.getsignal(s) for s in before} == before  # SIGTERM only
-    assert hooks.target is second
+def _sigterm():
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
-def test_exit_hooks_not_installed_without_exporting_telemetry(hooks):
-    before = signal.getsignal(signal.SIGTERM)
-    hooks.attach(lifecycle(Handle(exporting=False)), signals=(signal.SIGTERM,))
-    hooks.attach(lifecycle(None), signals=(signal.SIGTERM,))
-    assert hooks.registered == []
-    assert signal.getsignal(signal.SIGTERM) == before
-
-
-def test_spans_closed_on_the_sigterm_path(hooks):
-    """A hard SIGTERM ends and exports what is open, then passes the signal on."""
+def test_a_hard_sigterm_ends_the_spans_then_passes_the_signal_on(telemetry, exit_hooks):
     passed_on = []
-    signal.signal(signal.SIGTERM, lambda signum, frame: passed_on.append(signum))
-    handle = Handle()
-    phases = lifecycle(handle, save_interval=2)
-    hooks.attach(phases, signals=(signal.SIGTERM,))
-    phases.start_job()
-    phases.start_train()
-    phases.step(0)
-    os.kill(os.getpid(), signal.SIGTERM)
+    phases = _in_state("interval", telemetry)
+    exit_hooks(phases, previous_handler=lambda signum, frame: passed_on.append(signum))
+    _sigterm()
     assert passed_on == [signal.SIGTERM]
-    assert phases.state == "shutdown"
-    (interval,) = handle.spans("megatron.train")
-    assert interval.attributes["error.type"] == "SIGTERM"
-    assert handle.shutdowns == 1
-    phases.step(1)  # the process outlived the signal: the loop may go on, recording nothing
+    assert phases.state == "terminated"
+    assert only(telemetry, "megatron.train").attributes["error.type"] == "SIGTERM"
+    assert telemetry.shutdowns == 1
+    _sigterm()  # a later one is only passed on
+    assert passed_on == [signal.SIGTERM, signal.SIGTERM]
+    assert telemetry.shutdowns == 1
+
+
+def test_a_process_that_ignores_sigterm_trains_on_recording_nothing(telemetry, exit_hooks):
+    phases = _in_state("interval", telemetry)
+    exit_hooks(phases, previous_handler=signal.SIG_IGN)
+    _sigterm()
+    assert phases.state == "terminated"
+    phases.step(1)
+    phases.step(2)
     phases.end_train()
-    phases.shutdown()
-    assert len(handle.spans("megatron.train")) == 1
+    phases.shutdown()  # pretrain()'s own shutdown, after the loop
+    assert len(telemetry.spans("megatron.train")) == 1
+    assert telemetry.shutdowns == 1
 
 
-def test_graceful_sigterm_only_flushes(hooks, monkeypatch):
-    """With --exit-signal-handler the trainer drains: spans stay open, the
-    provider is flushed (nemo-lens's handle has no force_flush: the global one)."""
-    from opentelemetry import trace
-
-    handle = Handle()
-    flushed = []
-    monkeypatch.setattr(handle.provider, "force_flush", lambda timeout_millis=0: flushed.append(1))
-    monkeypatch.setattr(trace, "get_tracer_provider", lambda: handle.provider)
+def test_a_graceful_sigterm_flushes_once_and_leaves_the_spans_open(telemetry, exit_hooks):
+    """--exit-signal-handler: the trainer drains and shuts down itself."""
     drained = []
-    signal.signal(signal.SIGTERM, lambda signum, frame: drained.append(signum))
-    phases = lifecycle(handle, save_interval=2)
-    hooks.attach(phases, graceful=True, signals=(signal.SIGTERM,))
-    phases.start_job()
-    phases.start_train()
-    phases.step(0)
-    os.kill(os.getpid(), signal.SIGTERM)
-    assert drained == [signal.SIGTERM]
-    assert flushed == [1]
+    phases = _in_state("interval", telemetry)
+    exit_hooks(phases, graceful=True, previous_handler=lambda s, f: drained.append(s))
+    _sigterm()
+    _sigterm()
+    assert drained == [signal.SIGTERM, signal.SIGTERM]
+    assert telemetry.flushes == 1  # the first signal flushes, later ones only chain
     assert phases.state == "interval"
-    assert handle.spans("megatron.train") == []
+    assert telemetry.spans("megatron.train") == []
     phases.end_train()
     phases.shutdown()
-    assert len(handle.spans("megatron.train")) == 1
+    assert len(telemetry.spans("megatron.train")) == 1
+    assert telemetry.shutdowns == 1
 
 
-def test_train_finds_the_lifecycle_of_the_latest_pretrain():
-    """``train()`` fires its triggers on ``SpanPhases.current()``: the newest lifecycle."""
-    first = lifecycle(Handle())
+def test_the_atexit_fallback_terminates_and_is_harmless_after_shutdown(telemetry, exit_hooks):
+    phases = _in_state("interval", telemetry)
+    _, registered = exit_hooks(phases)
+    assert len(registered) >= 1
+    for hook in registered:
+        hook()
+    assert phases.state == "terminated"
+    assert telemetry.shutdowns == 1
+    finished = _in_state("shutdown", FakeTelemetry())
+    _, registered = exit_hooks(finished)
+    for hook in registered:
+        hook()
+    assert finished.state == "shutdown"
+    assert finished.telemetry.shutdowns == 1
+
+
+@pytest.mark.parametrize("error", [ValueError("not the main thread"), OSError("no signals")])
+def test_installing_where_signals_cannot_be_hooked_does_not_raise(
+    telemetry, exit_hooks, monkeypatch, error
+):
+    def refuse(*_):
+        raise error
+
+    phases = _in_state("startup", telemetry)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    monkeypatch.setattr(telemetry_spans.signal, "signal", refuse)
+    install_exit_hooks(phases, signals=(signal.SIGTERM,))
+    monkeypatch.undo()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+# -- telemetry off, and a train() without pretrain() --------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: (FakeTelemetry(exporting=False), job_on),
+        lambda: (FakeTelemetry(), lambda group: False),
+    ],
+    ids=["not_exporting", "job_group_off"],
+)
+def test_telemetry_off_records_nothing(make):
+    telemetry, gate = make()
+    phases = lifecycle(telemetry, save_interval=1, gate=gate)
+    phases.start_job(timestamps={"slurm_job_start_time": 1.0, "launch_script_start": 2.0})
+    phases.record_phase("megatron.startup.imports", 2.0, 3.0)
+    run_loop(phases, range(3))
+    phases.shutdown()
+    assert telemetry.spans() == []
+
+
+def test_train_without_pretrain_gets_a_lifecycle_in_startup():
+    """Megatron-LM's train() asks SpanPhases.current(); with no pretrain() before it,
+    it gets a telemetry-off lifecycle already in startup, and trains."""
+    phases = SpanPhases.current()
+    assert phases is not None and phases.state == "startup"
+    run_loop(phases, range(4))
+    phases.shutdown()
+    assert phases.state == "shutdown"
+
+
+def test_train_finds_the_lifecycle_of_the_latest_pretrain(telemetry):
+    first = lifecycle(telemetry)
     assert SpanPhases.current() is first
-    second = lifecycle(None)
+    second = lifecycle(FakeTelemetry())
     assert SpanPhases.current() is second
+
+
+def test_a_failing_tracer_never_breaks_training(telemetry):
+    def broken(*_, **__):
+        raise RuntimeError("exporter gone")
+
+    telemetry.tracer.start_span = broken
+    phases = lifecycle(telemetry, save_interval=1)
+    phases.start_job(timestamps={"program_start": 1.0})
+    phases.record_phase("megatron.startup.imports", 1.0, 2.0)
+    run_loop(phases, range(3))
+    phases.shutdown()
+    assert phases.state == "shutdown"
+    assert telemetry.shutdowns == 1
+
+
+def test_mark_goodput_marks_a_span_and_never_raises(telemetry):
+    span = telemetry.tracer.start_span("megatron.checkpoint.save")
+    mark_goodput(span)
+    assert span.attributes == {"is_goodput_span": True}
+    mark_goodput(None)
+
+    class Broken:
+        def set_attribute(self, *_):
+            raise RuntimeError("ended")
+
+    mark_goodput(Broken())

@@ -19,7 +19,8 @@ touches the Megatron-LM tree:
   N-th ``train_step`` call, packages that fail to import as if not installed,
   and a record, at exit, of which signals have a Python handler;
 * spans the OpenTelemetry SDK's ``ConsoleSpanExporter`` writes (nemo-lens's
-  ``console`` exporter) go to the file ``MEGATRON_LM_SPANS_FILE`` names, one
+  ``console`` exporter) go to the file ``MEGATRON_LM_SPANS_FILE`` names (``{rank}``
+  in it made the process's ``RANK``, so torchrun's ranks write a file each), one
   JSON object a line, flushed per export, instead of standard output.
 """
 
@@ -177,8 +178,13 @@ def _answer_cuda_on_cpu() -> None:
         setattr(cuda.random, name, answers[name])
 
 
+def _rank_path(variable: str) -> str:
+    """The path ``variable`` names, ``{rank}`` in it made this process's ``RANK``."""
+    return os.environ.get(variable, "").replace("{rank}", os.environ.get("RANK", "launcher"))
+
+
 def _spans_to_file() -> None:
-    path = os.environ.get("MEGATRON_LM_SPANS_FILE")
+    path = _rank_path("MEGATRON_LM_SPANS_FILE")
     if not path:
         return
     from opentelemetry.sdk.trace import export
@@ -273,7 +279,7 @@ def _record_signal_handlers() -> None:
     process left installed. ``default``, ``ignore``, ``python`` or ``other``
     per signal.
     """
-    path = os.environ.get(SIGNALS_FILE)
+    path = _rank_path(SIGNALS_FILE)
     if not path:
         return
     import atexit
