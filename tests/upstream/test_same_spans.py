@@ -4,10 +4,11 @@ Each case runs both trees with the same flags and variables (one rank, or two
 under torchrun: data, tensor and pipeline parallel on gloo, compared rank by
 rank) and asserts the same exit status, the same signal handlers left
 installed, and the same spans (names, parents, trace roots, links, statuses;
-attribute keys a superset of upstream's), except the differences this design makes on purpose. Each of
-those is one function below, applied only in the cases it concerns, and each
-is checked to be there (so none can hide another difference); the README's
-"Moving it into Megatron-LM" lists them with their reasons:
+attribute keys a superset of upstream's), except the differences this design
+makes on purpose. Each of those is one function below, applied only in the
+cases it concerns, and each is checked to be there (so none can hide another
+difference); the README's "Moving it into Megatron-LM" lists them with their
+reasons:
 
 * ``one_interval_without_save_interval``: with no ``--save-interval`` upstream
   opens no ``megatron.train`` at all (the loop's spans are roots of traces of
