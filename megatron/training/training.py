@@ -18,7 +18,7 @@ when a trace is cut, what happens on SIGTERM: all of that is
 off every call site is a no-op and the job behaves exactly as it would without
 them.
 
-Every way a run can end goes through ``phases.shutdown()`` exactly once:
+Every way a run can end ends the lifecycle exactly once:
 
 1. normal: the loop finishes, ``end_train``, then ``shutdown``;
 2. early exit (``--exit-interval``, ``--exit-duration-in-mins``, a graceful
@@ -27,10 +27,10 @@ Every way a run can end goes through ``phases.shutdown()`` exactly once:
 3. an exception anywhere after the job started: ``shutdown``, then the same
    exception object is re-raised;
 4. a hard SIGTERM or SIGHUP, SIGINT, and the atexit fallback: the exit hooks
-   installed by :func:`~megatron.training.telemetry_spans.install_exit_hooks`.
+   installed by :func:`~megatron.training.telemetry.lifecycle.install_exit_hooks`
+   fire ``terminate``, after which this file's own triggers record nothing.
 
-``shutdown`` is fired only where the table still allows it (a hard-signal hook
-may have fired it already), and the process group is torn down in a
+The process group is torn down in a
 ``finally``: whatever ends the run, the exception that propagates is the one
 that ended it. Telemetry's end-of-run summary is printed last and can only
 ever log a warning.
@@ -116,8 +116,9 @@ from megatron.training.telemetry.job_telemetry import (
     resource_attributes,
     startup_timestamps,
 )
+from megatron.training.telemetry.lifecycle import TrainerSpanPhases, install_exit_hooks
 from megatron.training.telemetry.start_footprint import StartFootprint, telemetry_files
-from megatron.training.telemetry_spans import SpanPhases, install_exit_hooks
+from megatron.training.telemetry_spans import SpanPhases
 from megatron.training.training_log import StepResult, TrainingLog
 
 __all__ = ["TrainingResult", "pretrain", "train"]
@@ -187,7 +188,7 @@ def _run_job(
     # installed next chains to it.
     graceful = config.exit.exit_signal_handler
     exit_signal = install_graceful_exit_handler() if graceful else None
-    phases = SpanPhases(
+    phases = TrainerSpanPhases(
         telemetry, save_interval=checkpoint.interval, is_span_group_enabled=is_span_group_enabled
     )
     install_exit_hooks(phases, graceful=graceful)
@@ -275,9 +276,9 @@ def _shutdown(phases: SpanPhases, cause: BaseException | None = None) -> None:
     """Fire ``shutdown``, never masking the exception in flight.
 
     ``cause`` is that exception: the lifecycle records it on the spans it ends.
-    A hard-signal hook may already have shut the lifecycle down before a
-    user's handler raised ``SystemExit``: the table takes the second
-    ``shutdown`` as a no-op, and that ``SystemExit`` propagates.
+    A hard-signal hook may already have terminated the lifecycle before a
+    user's handler raised ``SystemExit``: ``shutdown`` is a no-op row in
+    ``terminated``, and that ``SystemExit`` propagates.
     """
     try:
         phases.shutdown(cause)

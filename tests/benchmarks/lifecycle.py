@@ -31,7 +31,7 @@ class _Comparable:
 
 def bench_step(enabled: bool, repeats: int, n: int):
     telemetry = InMemoryTelemetry() if enabled else None
-    phases = SpanPhases(telemetry, save_interval=10**12, enabled=enabled)
+    phases = SpanPhases(telemetry, save_interval=10**12)
     phases.start_job(model_type="GPT")
     phases.start_train()
     phases.step(0)  # the boundary pass: opens the interval; the rest are not boundaries

@@ -14,7 +14,7 @@ LAUNCH_SCRIPT = "megatron.startup.launch_script"
 CONTAINER_LOAD = "megatron.startup.container_load"
 STRUCTURAL_ROOTS = frozenset({STARTUP, TRAIN})
 
-STATES = ("job", "startup", "train", "interval", "shutdown")
+STATES = ("job", "startup", "train", "interval", "ended", "shutdown", "terminated")
 TRIGGERS = (
     "start_job",
     "record_phase",
@@ -23,8 +23,13 @@ TRIGGERS = (
     "end_train",
     "flush",
     "shutdown",
+    "terminate",
     "step",
 )
+LIVE = ("job", "startup", "train", "interval", "ended")
+#: What the training path (pretrain() and train()) fires; the exit paths fire flush
+#: and terminate.
+TRAINING_TRIGGERS = ("start_job", "record_phase", "start_train", "reroot", "end_train", "shutdown")
 
 # The transition table as megatron/training/README.md documents it, written out by hand: the
 # tests derive legality from this, never from the module's own TRANSITIONS.
@@ -32,27 +37,28 @@ TRIGGERS = (
 # method that fires ``reroot`` on a boundary); its entries describe a lifecycle that
 # has just run ``start_train`` (pass counter 0, so the first step is a boundary).
 SPEC_TABLE: dict[tuple[str, str], str] = {
+    # The training path: strict.
     ("job", "start_job"): "startup",
     ("startup", "record_phase"): "startup",
     ("startup", "start_train"): "train",
     ("train", "reroot"): "interval",
     ("interval", "reroot"): "interval",
-    ("interval", "end_train"): "train",
-    **{(s, "shutdown"): "shutdown" for s in ("job", "startup", "train", "interval")},
-    **{(s, "flush"): s for s in ("job", "startup", "train", "interval")},
+    ("interval", "end_train"): "ended",
     # the loop ran no pass (a resume with nothing left to train)
-    ("train", "end_train"): "train",
-    # after shutdown the process may go on (atexit, sys.exit() unwinding, an
-    # ignored SIGTERM): everything but start_job is absorbed
-    **{
-        ("shutdown", t): "shutdown"
-        for t in ("shutdown", "flush", "record_phase", "start_train", "reroot", "end_train")
-    },
+    ("train", "end_train"): "ended",
+    **{(s, "shutdown"): "shutdown" for s in LIVE},
+    # The exit paths: legal everywhere, never an error.
+    **{(s, "flush"): s for s in (*LIVE, "shutdown", "terminated")},
+    **{(s, "terminate"): "terminated" for s in LIVE},
+    ("shutdown", "terminate"): "shutdown",
+    ("terminated", "terminate"): "terminated",
+    # A process that outlived a terminate trains on: every trigger records nothing.
+    **{("terminated", t): "terminated" for t in TRAINING_TRIGGERS},
 }
 STEP_TABLE: dict[tuple[str, str], str] = {
     ("train", "step"): "interval",
     ("interval", "step"): "interval",
-    ("shutdown", "step"): "shutdown",
+    ("terminated", "step"): "terminated",
 }
 FULL_TABLE = {**SPEC_TABLE, **STEP_TABLE}
 
@@ -62,5 +68,7 @@ PATH_TO_STATE: dict[str, tuple[str, ...]] = {
     "startup": ("start_job",),
     "train": ("start_job", "start_train"),
     "interval": ("start_job", "start_train", "reroot"),
+    "ended": ("start_job", "start_train", "reroot", "end_train"),
     "shutdown": ("shutdown",),
+    "terminated": ("start_job", "terminate"),
 }

@@ -25,7 +25,7 @@ class Lifecycles:
     def __exit__(self, *exc: object) -> None:
         for phases in reversed(self.created):
             try:
-                if phases.state != "shutdown":
+                if phases.state not in ("shutdown", "terminated"):
                     phases.shutdown()
             except Exception:  # noqa: BLE001 -- cleanup only; the test already reported
                 pass
@@ -34,8 +34,14 @@ class Lifecycles:
     def new(
         self, telemetry: Any, save_interval: int = 3, enabled: bool | None = None, **kwargs: Any
     ):
+        """A lifecycle to test; ``enabled`` (when given) is the answer of its
+        ``is_span_group_enabled`` gate for the ``job`` group. ``cls`` picks the class
+        (default: the shared module's ``SpanPhases``)."""
         from megatron.training.telemetry_spans import SpanPhases
 
-        phases = SpanPhases(telemetry, save_interval=save_interval, enabled=enabled, **kwargs)
+        cls = kwargs.pop("cls", SpanPhases)
+        if enabled is not None and "is_span_group_enabled" not in kwargs:
+            kwargs["is_span_group_enabled"] = lambda group, on=bool(enabled): on
+        phases = cls(telemetry, save_interval=save_interval, **kwargs)
         self.created.append(phases)
         return phases

@@ -321,7 +321,10 @@ SCRIPT_PRELUDE = textwrap.dedent(
     import time
 
     from megatron.core.telemetry import TelemetryConfig, setup_telemetry
-    from megatron.training.telemetry_spans import EXIT_HOOKS, SpanPhases, install_exit_hooks
+    # The trainer's lifecycle and exit hooks (SIGHUP and SIGINT too), as it runs them.
+    from megatron.training.telemetry.lifecycle import TRAINER_EXIT_HOOKS as EXIT_HOOKS
+    from megatron.training.telemetry.lifecycle import TrainerSpanPhases as SpanPhases
+    from megatron.training.telemetry.lifecycle import install_exit_hooks
 
     TRACE_FILE = sys.argv[1]
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fake_process import FakeProcess
 from lifecycles import Lifecycles
 from processes import TrainingCLI
 
@@ -70,3 +71,9 @@ def small_mount(tmp_path):
     yield from _tmpfs(
         tmp_path, "small-mount", "size=96k", "the simulated ENOSPC test covers the sink"
     )
+
+
+@pytest.fixture
+def fake_process(monkeypatch: pytest.MonkeyPatch) -> FakeProcess:
+    """The process's atexit and signal calls, recorded instead of done."""
+    return FakeProcess(monkeypatch)

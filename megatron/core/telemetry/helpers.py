@@ -39,9 +39,12 @@ _logger = logging.getLogger(__name__)
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-# Twin of telemetry_spans.py's (standalone; core may not import training); a test holds them equal.
-def _is_clean_exit(exc: BaseException) -> bool:
-    """``sys.exit(0)`` or generator close passing through a span is no failure."""
+def is_clean_exit(exc: BaseException) -> bool:
+    """``sys.exit(0)`` or a generator closing, passing through a span, is no failure.
+
+    The trainer's lifecycle asks the same of the exception that ends a run, so a
+    span around a layer and the run's own spans never disagree about one exit.
+    """
     if isinstance(exc, GeneratorExit):
         return True
     # Python exits 0 for a code of None or an int equal to 0 (False too), not 0.0.
@@ -122,7 +125,7 @@ class _SpanScope:
             return False
         self._span = None
         try:
-            if exc is not None and self._record_exception and not _is_clean_exit(exc):
+            if exc is not None and self._record_exception and not is_clean_exit(exc):
                 span.record_exception(exc)
                 span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
         except Exception:

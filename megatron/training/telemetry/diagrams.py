@@ -38,6 +38,7 @@ from typing import Any
 
 from transitions.extensions.markup import MarkupMachine
 
+from megatron.training.telemetry.lifecycle import TrainerExitHooks
 from megatron.training.telemetry_spans import ExitHooks, SpanPhases
 
 # The --help text. Not taken from __doc__, which ``python -OO`` strips.
@@ -63,20 +64,33 @@ _START, _END = "_initial", "_final"
 
 @dataclass(frozen=True)
 class Drawing:
-    """One machine to draw: the files' stem, its title, and its table (the ``STATES``,
-    ``TRANSITIONS`` and initial state its runtime machine is built from)."""
+    """One machine to draw: the files' stem, its title, its table (the ``STATES``,
+    ``TRANSITIONS`` and initial state its runtime machine is built from), and the
+    README (relative to the repository root) that embeds its Mermaid text."""
 
     name: str
     title: str
     states: tuple[Any, ...]
     transitions: tuple[Mapping[str, Any], ...]
     initial: str
+    readme: str = README
 
 
 DRAWINGS = (
     Drawing("span_phases", "SpanPhases", SpanPhases.STATES, SpanPhases.TRANSITIONS, "job"),
     Drawing("exit_hooks", "ExitHooks", ExitHooks.STATES, ExitHooks.TRANSITIONS, "uninstalled"),
+    # This trainer's own hooks (SIGHUP and SIGINT too), on top of the shared module.
+    Drawing(
+        "trainer_exit_hooks",
+        "TrainerExitHooks",
+        TrainerExitHooks.STATES,
+        TrainerExitHooks.TRANSITIONS,
+        "uninstalled",
+        "megatron/training/README.md",
+    ),
 )
+#: Every README that embeds a drawing.
+READMES = tuple(dict.fromkeys(drawing.readme for drawing in DRAWINGS))
 
 
 class GraphvizMissing(RuntimeError):
@@ -275,13 +289,15 @@ def _readme_block(name: str) -> re.Pattern[str]:
     )
 
 
-def embed_in_readme(readme_text: str, files: Mapping[str, str]) -> str:
-    """The README with each Mermaid block replaced by the generated text."""
+def embed_in_readme(readme_text: str, files: Mapping[str, str], readme: str = README) -> str:
+    """The README at ``readme`` with each of its Mermaid blocks replaced by the generated text."""
     for drawing in DRAWINGS:
+        if drawing.readme != readme:
+            continue
         name = f"{drawing.name}.mmd"
         pattern = _readme_block(drawing.name)
         if not pattern.search(readme_text):
-            raise RuntimeError(f"README.md has no block for {name}")
+            raise RuntimeError(f"{readme} has no block for {name}")
         readme_text = pattern.sub(
             lambda m, text=files[name]: m.group(1) + text + m.group(3), readme_text
         )
@@ -308,9 +324,10 @@ def drift(root: Path, *, rerender: bool = False) -> list[str]:
             wanted = source_digest(files[f"{drawing.name}.dot"])
             if svg is None or svg_stamp(svg) != wanted:
                 stale.append(f"{drawing.name}.svg")
-    current_readme = (root / README).read_text(encoding="utf-8")
-    if embed_in_readme(current_readme, files) != current_readme:
-        stale.append(README)
+    for readme in READMES:
+        current_readme = (root / readme).read_text(encoding="utf-8")
+        if embed_in_readme(current_readme, files, readme) != current_readme:
+            stale.append(readme)
     return sorted(stale)
 
 
@@ -320,10 +337,12 @@ def write(root: Path) -> list[str]:
     Everything is rendered before anything is written, so a missing ``dot``
     leaves the checked-in files as they were.
     """
-    directory, readme = root / DIAGRAM_DIR, root / README
+    directory = root / DIAGRAM_DIR
     files = render()
-    current_readme = readme.read_text(encoding="utf-8")
-    new_readme = embed_in_readme(current_readme, files)
+    readmes = {}
+    for readme in READMES:
+        current_readme = (root / readme).read_text(encoding="utf-8")
+        readmes[readme] = (current_readme, embed_in_readme(current_readme, files, readme))
     directory.mkdir(parents=True, exist_ok=True)
     changed = []
     for name, text in files.items():
@@ -331,9 +350,10 @@ def write(root: Path) -> list[str]:
         if _read(path) != text:
             path.write_text(text, encoding="utf-8")
             changed.append(name)
-    if new_readme != current_readme:
-        readme.write_text(new_readme, encoding="utf-8")
-        changed.append(readme.name)
+    for readme, (current_readme, new_readme) in readmes.items():
+        if new_readme != current_readme:
+            (root / readme).write_text(new_readme, encoding="utf-8")
+            changed.append(readme)
     return changed
 
 

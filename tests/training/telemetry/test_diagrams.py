@@ -63,7 +63,9 @@ def _label_lines(dot: str, mermaid: str) -> list[str]:
 
 def _copy_checkout(tmp_path: Path) -> Path:
     shutil.copytree(REPO_ROOT / "state_diagrams", tmp_path / "state_diagrams")
-    shutil.copy(REPO_ROOT / "README.md", tmp_path / "README.md")
+    for readme in diagrams.READMES:
+        (tmp_path / readme).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO_ROOT / readme, tmp_path / readme)
     return tmp_path
 
 
@@ -174,6 +176,10 @@ def test_conditions_are_written_apart_from_the_internal_marker():
             for bracket in re.findall(r"\[[^\]]*\]", line):
                 assert bracket in ("[internal]", "[else]") or bracket.startswith("[if "), line
     dot, mermaid = diagrams.drawing_texts(diagrams.DRAWINGS[1])
+    for text in (dot, mermaid):
+        assert "sigterm [if graceful]" in text
+        assert "sigterm [else]" in text
+    dot, mermaid = diagrams.drawing_texts(diagrams.DRAWINGS[2])
     for text in (dot, mermaid):
         assert "sigterm [if graceful_drain] [internal]" in text
         assert "sigterm [else]" in text

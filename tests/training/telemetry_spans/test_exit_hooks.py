@@ -1,515 +1,161 @@
-"""The exit hooks (``megatron/training/README.md``, "Exit paths and the exit-hook
-machine"), in process, with the process faked.
+"""The shared exit hooks (``ExitHooks`` in ``telemetry_spans.py``), as Megatron-LM runs them.
 
-``atexit.register``, ``signal.signal``, ``signal.getsignal``, ``os.kill`` and
-``signal.raise_signal`` are replaced by recorders, so installing and chaining can
-be counted without touching the test process. The real-signal behaviour is in
-test_signals.py.
+Megatron-LM's own installer, which they replace, hooked SIGTERM alone, acted at the
+first SIGTERM only (a flush under ``--exit-signal-handler``, else ending and
+exporting the span tree), always passed the signal on, and caught ``ValueError``
+and ``OSError`` when it could not install the handler. The process is faked
+(``tests/support/fake_process.py``); the trainer's own hooks are
+``tests/training/telemetry/test_trainer_exit_hooks.py``.
 """
 
 from __future__ import annotations
 
-import atexit
-import logging
 import os
 import signal
 
 import pytest
 from fake_handles import FakeHandle, ForbiddenHandle
-from lifecycle_spec import PATH_TO_STATE, TRAIN
+from fake_process import PreviousHandler
+from lifecycle_spec import TRAIN
 
-from megatron.training.telemetry_spans import (
-    EXIT_HOOKS,
-    ExitHooks,
-    install_exit_hooks,
-)
+from megatron.training.telemetry_spans import ExitHooks, SpanPhaseError
 
 
-class FakeProcess:
-    """Records what the hooks do to the process instead of letting them do it."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.previous = signal.SIG_DFL
-        self.atexit_calls: list = []
-        self.signal_calls: list = []
-        self.events: list = []
-        monkeypatch.setattr(atexit, "register", self._register)
-        monkeypatch.setattr(signal, "signal", self._signal)
-        monkeypatch.setattr(signal, "getsignal", self._getsignal)
-        monkeypatch.setattr(os, "kill", self._kill)
-        monkeypatch.setattr(signal, "raise_signal", self._raise_signal)
-
-    def _register(self, func, *args, **kwargs):
-        self.atexit_calls.append(func)
-        return func
-
-    def _signal(self, signum, handler):
-        self.signal_calls.append((signum, handler))
-        self.events.append(("signal", signum, handler))
-        return self.previous
-
-    def _getsignal(self, signum):
-        return self.previous
-
-    def _kill(self, pid, signum):
-        self.events.append(("kill", pid, signum))
-
-    def _raise_signal(self, signum):
-        self.events.append(("kill", os.getpid(), signum))
-
-    def resends(self):
-        return [e for e in self.events if e[0] == "kill"]
-
-
-class PreviousHandler:
-    """A Python SIGTERM handler that was there before ours; records what it saw."""
-
-    def __init__(self, phases_ref=None) -> None:
-        self.calls: list = []
-        self.phases_ref = phases_ref
-
-    def __call__(self, signum, frame):
-        phases = self.phases_ref() if self.phases_ref else None
-        self.calls.append((signum, frame, phases.state if phases else None))
-
-
-@pytest.fixture
-def fake_process(monkeypatch):
-    return FakeProcess(monkeypatch)
-
-
-def in_interval(lifecycles, handle, save_interval=2):
-    phases = lifecycles.new(handle, save_interval=save_interval)
+def in_interval(lifecycles, handle):
+    phases = lifecycles.new(handle, save_interval=2)
     phases.start_job(model_type="gpt", timestamps=None)
     phases.start_train()
     phases.step(0)
-    assert phases.state == "interval"
     return phases
 
 
-def megatron_warnings(caplog):
-    return [
-        r for r in caplog.records if r.name.startswith("megatron") and r.levelno >= logging.WARNING
-    ]
-
-
-def test_hooks_machine_states():
+def test_only_sigterm_is_hooked_and_atexit_registered_once(fake_process, lifecycles):
     hooks = ExitHooks()
+    for _ in range(3):
+        hooks.attach(in_interval(lifecycles, FakeHandle()))
+    assert hooks.state == "installed"
+    assert fake_process.atexit_calls == [hooks.process_exit]
+    assert fake_process.signal_calls == [(signal.SIGTERM, hooks.handle_sigterm)]
+
+
+def test_nothing_is_installed_for_a_handle_that_does_not_export(fake_process, lifecycles):
+    hooks = ExitHooks()
+    hooks.attach(lifecycles.new(None))
+    hooks.attach(lifecycles.new(ForbiddenHandle(is_exporting=False)))
     assert hooks.state == "uninstalled"
-    assert isinstance(EXIT_HOOKS, ExitHooks)
+    assert fake_process.atexit_calls == [] and fake_process.signal_calls == []
 
 
-def test_installed_exactly_once_across_repeated_lifecycles(fake_process, lifecycles):
-    hooks = ExitHooks()
-    handles = []
-    for round_ in range(4):
-        handle = FakeHandle()
-        handles.append(handle)
-        phases = lifecycles.new(handle, save_interval=2)
-        hooks.attach(phases, graceful=bool(round_ % 2))
-        assert hooks.state == "installed"
-        phases.start_job(model_type="gpt", timestamps=None)
-        phases.start_train()
-        for iteration in range(3):
-            phases.step(iteration)
-        phases.end_train()
-        phases.shutdown()
-
-    assert fake_process.atexit_calls == [hooks.handle_exit]
-    assert [h for _, h in fake_process.signal_calls] == [hooks.handle_sigterm] * 3
-    # Each run's own handle was shut down exactly once, by its own lifecycle.
-    assert [len(h.shutdown_calls) for h in handles] == [1, 1, 1, 1]
-    # The atexit fallback after the last run finds nothing to do.
-    hooks.handle_exit()
-    assert [len(h.shutdown_calls) for h in handles] == [1, 1, 1, 1]
-
-
-OFF_VARIANTS = {
-    "no_handle": lambda: (None, None),
-    "not_exporting": lambda: (ForbiddenHandle(is_exporting=False), None),
-}
-
-
-@pytest.mark.parametrize("variant", sorted(OFF_VARIANTS))
-def test_not_installed_when_telemetry_is_off(fake_process, lifecycles, variant):
-    handle, enabled = OFF_VARIANTS[variant]()
-    hooks = ExitHooks()
-    for _ in range(2):
-        phases = lifecycles.new(handle, save_interval=2, enabled=enabled)
-        hooks.attach(phases)
-        hooks.attach(phases, graceful=True)
-        phases.start_job()
-        assert hooks.state == "uninstalled"
-    assert fake_process.atexit_calls == []
-    assert fake_process.signal_calls == []
-    # With nothing installed, the hooks have no lifecycle to act on.
-    hooks.handle_exit()
-    assert phases.state == "startup"
-
-
-@pytest.mark.parametrize("span_groups", [(), ("step",)], ids=["traces_off", "job_group_off"])
-def test_installed_when_the_handle_exports_without_the_job_group(
-    fake_process, lifecycles, span_groups
-):
-    """Metrics, logs and per-step spans still need flushing at a SIGTERM."""
-    handle = FakeHandle(span_groups=span_groups)
-    hooks = ExitHooks()
-    phases = lifecycles.new(handle, save_interval=2)
-    assert not phases.enabled  # no job-level spans...
-    hooks.attach(phases)
-    assert hooks.state == "installed"  # ...but the hooks are there
-    phases.start_job()
-    assert handle.recorder.start_order == []
-    hooks.handle_exit()
-    assert phases.state == "shutdown"
-    assert len(handle.shutdown_calls) == 1
-
-
-def test_off_lifecycle_does_not_replace_the_target(fake_process, lifecycles):
-    hooks = ExitHooks()
-    handle = FakeHandle()
-    on = in_interval(lifecycles, handle)
-    hooks.attach(on)
-    off = lifecycles.new(None, save_interval=2)
-    hooks.attach(off)
-    hooks.handle_exit()
-    assert on.state == "shutdown"
-    assert off.state == "job"
-    assert len(handle.shutdown_calls) == 1
-
-
-def test_hooks_act_on_the_newest_lifecycle(fake_process, lifecycles):
-    hooks = ExitHooks()
-    first_handle, second_handle = FakeHandle(), FakeHandle()
-    first = in_interval(lifecycles, first_handle)
-    hooks.attach(first)
-    second = in_interval(lifecycles, second_handle)
-    hooks.attach(second)
-
-    hooks.handle_exit()
-    assert second.state == "shutdown"
-    assert len(second_handle.shutdown_calls) == 1
-    assert first.state == "interval", "the hooks shut down an older lifecycle"
-    assert first_handle.shutdown_calls == []
-    assert len(second_handle.named(TRAIN)) == 1
-    assert fake_process.atexit_calls == [hooks.handle_exit]
-
-
-def test_handle_exit_after_shutdown_does_nothing(fake_process, lifecycles, caplog):
-    caplog.set_level(logging.WARNING)
-    hooks = ExitHooks()
+def test_a_hard_sigterm_terminates_once_then_only_chains(fake_process, lifecycles):
     handle = FakeHandle()
     phases = in_interval(lifecycles, handle)
+    previous = PreviousHandler(lambda: phases)
+    fake_process.previous = previous
+    hooks = ExitHooks()
     hooks.attach(phases)
+
+    hooks.handle_sigterm(signal.SIGTERM, None)
+    assert hooks.state == "signalled"
+    assert phases.state == "terminated"
+    assert len(handle.shutdown_calls) == 1
+    handle.recorder.assert_all_ended_exactly_once()
+    assert handle.one(TRAIN).attributes["error.type"] == "SIGTERM"
+    assert previous.calls == [(signal.SIGTERM, None, "terminated")]
+
+    hooks.handle_sigterm(signal.SIGTERM, None)
+    hooks.process_exit()
+    assert len(handle.shutdown_calls) == 1
+    assert len(previous.calls) == 2, "a later SIGTERM is still passed on"
+
+
+def test_the_process_that_survives_a_hard_sigterm_trains_on_recording_nothing(
+    fake_process, lifecycles
+):
+    """Previous disposition SIG_IGN: the hook ends and exports the spans, the process
+    lives, and the loop's later triggers (even its own shutdown) record nothing."""
+    fake_process.previous = signal.SIG_IGN
+    handle = FakeHandle()
+    phases = in_interval(lifecycles, handle)
+    hooks = ExitHooks()
+    hooks.attach(phases)
+    hooks.handle_sigterm(signal.SIGTERM, None)
+    assert fake_process.resends() == []
+    ended = list(handle.recorder.end_order)
+    for iteration in range(1, 6):
+        phases.step(iteration)
     phases.end_train()
     phases.shutdown()
-    spans_before = handle.spans()
-
-    hooks.handle_exit()
-    hooks.handle_exit()
-    assert phases.state == "shutdown"
+    hooks.process_exit()
+    assert phases.state == "terminated"
+    assert handle.recorder.end_order == ended
     assert len(handle.shutdown_calls) == 1
-    assert handle.spans() == spans_before
-    assert megatron_warnings(caplog) == []
 
 
-@pytest.mark.parametrize("state", ["job", "startup", "train", "interval"])
-def test_handle_exit_shuts_down_from_any_live_state(fake_process, lifecycles, state):
-    hooks = ExitHooks()
-    handle = FakeHandle()
-    phases = lifecycles.new(handle, save_interval=2)
-    for trigger in PATH_TO_STATE[state]:
-        getattr(phases, trigger)()
-    hooks.attach(phases)
-    hooks.handle_exit()
-    assert phases.state == "shutdown"
-    assert len(handle.shutdown_calls) == 1
-    handle.recorder.assert_all_ended_exactly_once()
-
-
-def test_hard_sigterm_shuts_down_then_calls_previous_handler(fake_process, lifecycles):
-    hooks = ExitHooks()
+def test_a_graceful_sigterm_flushes_once_and_the_trainer_shuts_down(fake_process, lifecycles):
     handle = FakeHandle()
     phases = in_interval(lifecycles, handle)
-    previous = PreviousHandler(lambda: phases)
-    fake_process.previous = previous
-    hooks.attach(phases)
-
-    hooks.handle_sigterm(signal.SIGTERM, None)
-    assert hooks.state == "terminating"
-    assert phases.state == "shutdown"
-    assert len(handle.shutdown_calls) == 1
-    # Chained after the shutdown: the previous handler saw the final state.
-    assert previous.calls == [(signal.SIGTERM, None, "shutdown")]
-    assert fake_process.resends() == []
-    handle.recorder.assert_all_ended_exactly_once()
-    assert len(handle.named(TRAIN)) == 1
-
-    # A second SIGTERM while terminating does not shut down again.
-    hooks.handle_sigterm(signal.SIGTERM, None)
-    assert hooks.state == "terminating"
-    assert len(handle.shutdown_calls) == 1
-    # ... and so does the atexit fallback that follows.
-    hooks.handle_exit()
-    assert len(handle.shutdown_calls) == 1
-
-
-def test_hard_sigterm_with_default_disposition_resends_the_signal(fake_process, lifecycles):
+    drain = PreviousHandler(lambda: phases)
+    fake_process.previous = drain
     hooks = ExitHooks()
-    handle = FakeHandle()
-    phases = in_interval(lifecycles, handle)
-    fake_process.previous = signal.SIG_DFL
-    hooks.attach(phases)
-    fake_process.events.clear()
-
-    hooks.handle_sigterm(signal.SIGTERM, None)
-    assert phases.state == "shutdown"
-    assert len(handle.shutdown_calls) == 1
-    # SIG_DFL is restored first, then SIGTERM is re-sent to this very process.
-    assert fake_process.events == [
-        ("signal", signal.SIGTERM, signal.SIG_DFL),
-        ("kill", os.getpid(), signal.SIGTERM),
-    ]
-
-
-def test_hard_sigterm_with_ignored_disposition_does_nothing_more(fake_process, lifecycles):
-    hooks = ExitHooks()
-    handle = FakeHandle()
-    phases = in_interval(lifecycles, handle)
-    fake_process.previous = signal.SIG_IGN
-    hooks.attach(phases)
-    fake_process.events.clear()
-
-    hooks.handle_sigterm(signal.SIGTERM, None)
-    assert phases.state == "shutdown"
-    assert len(handle.shutdown_calls) == 1
-    assert fake_process.events == []
-
-
-def test_graceful_sigterm_only_flushes_and_chains(fake_process, lifecycles):
-    hooks = ExitHooks()
-    handle = FakeHandle()
-    phases = in_interval(lifecycles, handle)
-    previous = PreviousHandler(lambda: phases)
-    fake_process.previous = previous
     hooks.attach(phases, graceful=True)
 
     hooks.handle_sigterm(signal.SIGTERM, None)
-    assert hooks.state == "installed"
+    hooks.handle_sigterm(signal.SIGTERM, None)
+    assert len(handle.flush_calls) == 1, "Megatron-LM flushes at the first SIGTERM only"
     assert phases.state == "interval"
+    assert [call[2] for call in drain.calls] == ["interval", "interval"]
+    phases.end_train()
+    phases.shutdown()
+    hooks.process_exit()  # the atexit fallback after the trainer's own shutdown
+    assert phases.state == "shutdown"
+    assert len(handle.shutdown_calls) == 1
+
+
+def test_graceful_is_the_flag_alone(fake_process, lifecycles):
+    """As in Megatron-LM: under --exit-signal-handler the hook flushes whatever the
+    previous disposition (Megatron-LM installs its drain handler before)."""
+    fake_process.previous = signal.SIG_DFL
+    handle = FakeHandle()
+    hooks = ExitHooks()
+    hooks.attach(in_interval(lifecycles, handle), graceful=True)
+    hooks.handle_sigterm(signal.SIGTERM, None)
     assert len(handle.flush_calls) == 1
     assert handle.shutdown_calls == []
-    assert handle.named(TRAIN) == [], "graceful drain must keep the interval open"
-    assert previous.calls == [(signal.SIGTERM, None, "interval")]
-
-    # The trainer then drains and takes the normal exit path.
-    phases.step(1)
-    phases.end_train()
-    phases.shutdown()
-    assert len(handle.shutdown_calls) == 1
-    hooks.handle_exit()
-    assert len(handle.shutdown_calls) == 1
+    assert fake_process.resends() == [("kill", os.getpid(), signal.SIGTERM)]
 
 
-def test_graceful_mode_is_decided_by_the_latest_attach(fake_process, lifecycles):
-    hooks = ExitHooks()
-    fake_process.previous = signal.SIG_IGN
+@pytest.mark.parametrize("error", [ValueError, OSError])
+def test_a_handler_that_cannot_be_installed_leaves_the_atexit_fallback(
+    fake_process, lifecycles, monkeypatch, error
+):
+    def refuse(signum, handler):
+        raise error("signal only works in main thread")
 
-    first_handle = FakeHandle()
-    first = in_interval(lifecycles, first_handle)
-    hooks.attach(first, graceful=True)
-    second_handle = FakeHandle()
-    second = in_interval(lifecycles, second_handle)
-    hooks.attach(second, graceful=False)
-    hooks.handle_sigterm(signal.SIGTERM, None)
-    assert second.state == "shutdown"
-    assert first.state == "interval"
-
-    hooks = ExitHooks()
-    third_handle = FakeHandle()
-    third = in_interval(lifecycles, third_handle)
-    hooks.attach(third, graceful=False)
-    fourth_handle = FakeHandle()
-    fourth = in_interval(lifecycles, fourth_handle)
-    hooks.attach(fourth, graceful=True)
-    hooks.handle_sigterm(signal.SIGTERM, None)
-    assert (third.state, fourth.state) == ("interval", "interval")
-    assert len(fourth_handle.flush_calls) == 1
-    assert third_handle.flush_calls == []
-
-
-def test_process_wide_hooks_untouched_by_an_off_lifecycle(fake_process, lifecycles):
-    state_before = EXIT_HOOKS.state
-    phases = lifecycles.new(None)
-    assert install_exit_hooks(phases) is EXIT_HOOKS
-    assert install_exit_hooks(phases, graceful=True) is EXIT_HOOKS
-    assert EXIT_HOOKS.state == state_before
-    assert fake_process.atexit_calls == []
-    assert fake_process.signal_calls == []
-
-
-class CallbackTracer:
-    """Wraps a real tracer; runs ``on_train`` while megatron.train is being started,
-    i.e. from inside the reroot transition's callback, like a signal would."""
-
-    def __init__(self, tracer, on_train) -> None:
-        self._tracer = tracer
-        self._on_train = on_train
-        self.fired = 0
-
-    def start_span(self, name, *args, **kwargs):
-        if name == TRAIN and not self.fired:
-            self.fired += 1
-            self._on_train()
-        return self._tracer.start_span(name, *args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._tracer, name)
-
-
-@pytest.mark.parametrize("graceful", [False, True], ids=["hard", "graceful"])
-def test_sigterm_inside_a_transition_waits_for_it_to_complete(fake_process, lifecycles, graceful):
-    hooks = ExitHooks()
+    monkeypatch.setattr(signal, "signal", refuse)
     handle = FakeHandle()
-    seen_during_callback = []
-
-    def sigterm_now():
-        hooks.handle_sigterm(signal.SIGTERM, None)
-        seen_during_callback.append((phases.state, len(handle.shutdown_calls)))
-
-    handle.tracer = CallbackTracer(handle.tracer, sigterm_now)
-    phases = lifecycles.new(handle, save_interval=2)
-    previous = PreviousHandler(lambda: phases)
-    fake_process.previous = previous
-    hooks.attach(phases, graceful=graceful)
-    phases.start_job(model_type="gpt", timestamps=None)
-    phases.start_train()
-
-    phases.step(0)  # the reroot whose callback "receives" SIGTERM
-    assert handle.tracer.fired == 1
-    # Nothing happened inside the transition; everything right after it.
-    assert seen_during_callback == [("interval", 0)]
-    assert len(previous.calls) == 1
-    if graceful:
-        assert phases.state == "interval"
-        assert previous.calls == [(signal.SIGTERM, None, "interval")]
-        assert len(handle.flush_calls) == 1
-        assert handle.shutdown_calls == []
-        phases.shutdown()
-    else:
-        assert phases.state == "shutdown"
-        assert previous.calls == [(signal.SIGTERM, None, "shutdown")]
-        assert hooks.state == "terminating"
-        assert len(handle.shutdown_calls) == 1
-    # The interval being opened when the signal came exists and was ended once.
-    (interval,) = handle.named(TRAIN)
-    assert interval.attributes["megatron.interval.index"] == 0
+    phases = in_interval(lifecycles, handle)
+    hooks = ExitHooks()
+    hooks.attach(phases)
+    assert hooks.state == "installed"
+    assert fake_process.atexit_calls == [hooks.process_exit]
+    hooks.process_exit()
+    assert phases.state == "terminated"
     handle.recorder.assert_all_ended_exactly_once()
 
 
-def test_hard_sigterm_after_normal_shutdown_only_chains(fake_process, lifecycles, caplog):
-    caplog.set_level(logging.WARNING)
-    hooks = ExitHooks()
+def test_exit_paths_never_raise_where_the_training_path_would(fake_process, lifecycles):
+    """After the trainer's own shutdown, its triggers raise; the hooks' do not."""
     handle = FakeHandle()
     phases = in_interval(lifecycles, handle)
-    previous = PreviousHandler(lambda: phases)
-    fake_process.previous = previous
+    hooks = ExitHooks()
     hooks.attach(phases)
     phases.end_train()
     phases.shutdown()
-
+    with pytest.raises(SpanPhaseError, match="'shutdown' in state 'shutdown'"):
+        phases.shutdown()
     hooks.handle_sigterm(signal.SIGTERM, None)
-    assert len(handle.shutdown_calls) == 1
-    assert previous.calls == [(signal.SIGTERM, None, "shutdown")]
-    assert megatron_warnings(caplog) == []
-
-
-def test_install_exit_hooks_attaches_to_the_process_wide_instance(
-    fake_process, lifecycles, monkeypatch
-):
-    import megatron.training.telemetry_spans as telemetry_spans
-
-    fresh = ExitHooks()
-    monkeypatch.setattr(telemetry_spans, "EXIT_HOOKS", fresh)
-    trainer_calls = []
-    fake_process.previous = lambda signum, frame: trainer_calls.append(signum)
-    handle = FakeHandle()
-    phases = in_interval(lifecycles, handle)
-    assert telemetry_spans.install_exit_hooks(phases) is fresh
-    assert fresh.state == "installed"
-    assert fake_process.atexit_calls == [fresh.handle_exit]
-    newer_handle = FakeHandle()
-    newer = in_interval(lifecycles, newer_handle)
-    assert telemetry_spans.install_exit_hooks(newer, graceful=True) is fresh
-    assert len(fake_process.atexit_calls) == 1
-    fresh.handle_sigterm(signal.SIGTERM, None)  # graceful now: the newest is flushed
-    assert len(newer_handle.flush_calls) == 1
-    assert handle.flush_calls == []
-    assert trainer_calls == [signal.SIGTERM]
-
-
-def test_graceful_mode_without_a_handler_to_drain_is_a_hard_stop(fake_process, lifecycles):
-    """With SIGTERM's default action next, a flush alone would lose the open spans."""
-    hooks = ExitHooks()
-    fake_process.previous = signal.SIG_DFL
-    handle = FakeHandle()
-    phases = in_interval(lifecycles, handle)
-    hooks.attach(phases, graceful=True)
-    hooks.handle_sigterm(signal.SIGTERM, None)
+    hooks.process_exit()
+    phases.flush()
+    phases.terminate()
     assert phases.state == "shutdown"
-    assert hooks.state == "terminating"
     assert len(handle.shutdown_calls) == 1
-    assert ("kill", os.getpid(), signal.SIGTERM) in fake_process.events
-
-
-# -- SIGHUP and SIGINT -----------------------------------------------------------
-
-
-def test_sighup_and_sigint_are_hooked_beside_sigterm(fake_process, lifecycles):
-    hooks = ExitHooks()
-    fake_process.previous = signal.SIG_DFL
-    hooks.attach(in_interval(lifecycles, FakeHandle()))
-    hooked = {signum for signum, handler in fake_process.signal_calls}
-    assert hooked == {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
-    assert {handler for _, handler in fake_process.signal_calls} == {hooks.handle_sigterm}
-
-
-def test_an_ignored_sighup_or_sigint_stays_ignored_and_unhooked(fake_process, lifecycles):
-    # nohup ignores SIGHUP: a dropped ssh session must not stop telemetry.
-    hooks = ExitHooks()
-    fake_process.previous = signal.SIG_IGN
-    hooks.attach(in_interval(lifecycles, FakeHandle()))
-    assert [signum for signum, _ in fake_process.signal_calls] == [signal.SIGTERM]
-
-
-def test_hard_sighup_shuts_down_and_dies_by_sighup(fake_process, lifecycles):
-    hooks = ExitHooks()
-    handle = FakeHandle()
-    phases = in_interval(lifecycles, handle)
-    fake_process.previous = signal.SIG_DFL
-    hooks.attach(phases, graceful=True)  # --exit-signal-handler is about SIGTERM only
-    fake_process.events.clear()
-
-    hooks.handle_sigterm(signal.SIGHUP, None)
-    assert phases.state == "shutdown" and hooks.state == "terminating"
-    assert len(handle.shutdown_calls) == 1
-    assert fake_process.events == [
-        ("signal", signal.SIGHUP, signal.SIG_DFL),
-        ("kill", os.getpid(), signal.SIGHUP),
-    ]
-
-
-def test_sigint_with_python_handler_flushes_and_lets_the_interrupt_unwind(fake_process, lifecycles):
-    # Python's default SIGINT handler raises KeyboardInterrupt: the run's own
-    # exception path then ends the in-flight spans with ERROR and shuts down.
-    hooks = ExitHooks()
-    handle = FakeHandle()
-    phases = in_interval(lifecycles, handle)
-    previous = PreviousHandler(lambda: phases)
-    fake_process.previous = previous
-    hooks.attach(phases)
-
-    hooks.handle_sigterm(signal.SIGINT, None)
-    assert hooks.state == "installed" and phases.state == "interval"
-    assert handle.shutdown_calls == [] and len(handle.flush_calls) == 1
-    assert previous.calls == [(signal.SIGINT, None, "interval")]

@@ -49,7 +49,7 @@ def run_loop(lifecycles, save_interval: int, passes: int, first_iteration: int |
         ):
             pass
     phases.end_train()
-    assert phases.state == "train"
+    assert phases.state == "ended"
     assert otel_trace.get_current_span() is otel_trace.INVALID_SPAN, "an interval stayed current"
     phases.shutdown()
     handle.recorder.assert_all_ended_exactly_once()
@@ -216,15 +216,15 @@ def test_interval_is_current_and_ended_when_the_next_opens(lifecycles):
     handle.recorder.assert_all_ended_exactly_once()
 
 
-def test_explicit_reroot_chains_intervals(lifecycles):
+def test_every_reroot_chains_intervals(lifecycles):
     handle = FakeHandle()
-    phases = lifecycles.new(handle, save_interval=0)
+    phases = lifecycles.new(handle, save_interval=1)
     phases.start_job(model_type="gpt", timestamps=None)
     phases.start_train()
-    phases.reroot()
+    phases.step()
     assert phases.state == "interval"
-    phases.reroot()
-    phases.reroot()
+    phases.step()
+    phases.step()
     assert phases.state == "interval"
     phases.end_train()
     phases.shutdown()

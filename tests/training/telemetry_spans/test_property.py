@@ -44,7 +44,9 @@ OPEN_ROOTS_IN = {
     "startup": [STARTUP],
     "train": [],
     "interval": [TRAIN],
+    "ended": [],
     "shutdown": [],
+    "terminated": [],
 }
 
 
@@ -109,10 +111,6 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.fire("start_train")
 
     @rule()
-    def reroot(self):
-        self.fire("reroot")
-
-    @rule()
     def end_train(self):
         self.fire("end_train")
 
@@ -123,6 +121,11 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule()
     def shutdown(self):
         self.fire("shutdown")
+
+    @rule(signum=st.sampled_from([None, 15]))
+    def terminate(self, signum):
+        """An exit path (a hard signal's hook, the atexit fallback), at any moment."""
+        self.fire("terminate", signum)
 
     @rule(with_iteration=st.booleans())
     def step(self, with_iteration):
@@ -148,13 +151,13 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @invariant()
     def everything_ended_once_after_shutdown(self):
-        if self.model.state == "shutdown":
+        if self.model.state in ("shutdown", "terminated"):
             self.handle.recorder.assert_all_ended_exactly_once()
             assert len(self.handle.shutdown_calls) == 1
 
     def teardown(self):
         try:
-            if self.phases is not None and self.phases.state != "shutdown":
+            if self.phases is not None and self.phases.state not in ("shutdown", "terminated"):
                 self.phases.shutdown()
                 self.handle.recorder.assert_all_ended_exactly_once()
                 assert len(self.handle.shutdown_calls) == 1

@@ -113,4 +113,4 @@ def test_imports_and_runs_with_neither_opentelemetry_nor_megatron(tmp_path):
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["rejected start_job train", "shutdown False"]
+    assert result.stdout.splitlines() == ["rejected start_job ended", "shutdown False"]

@@ -205,7 +205,7 @@ def test_hard_sigterm_chains_to_a_previous_python_handler_after_shutdown(tmp_pat
     returncode = run.wait()
     assert returncode == 7, run.describe()
     assert seen["signum"] == 15
-    assert seen["state"] == "shutdown", "previous handler ran before the shutdown"
+    assert seen["state"] == "terminated", "previous handler ran before the shutdown"
     assert seen["hooks"] == "terminating"
     assert seen["shutdown_calls"] == 1
     # Everything was on disk already when the previous handler ran (it then
@@ -274,7 +274,7 @@ def test_second_sigterm_does_not_reenter_shutdown(tmp_path, mode):
     seen = json.loads(line.split(" ", 1)[1])
     assert seen["shutdown_calls"] == 1, "shutdown re-entered by the second SIGTERM"
     assert seen["hooks"] == "terminating"
-    assert seen["previous_calls"][0] == "shutdown"
+    assert seen["previous_calls"][0] == "terminated"
     assert len(run.lines_starting("SHUTDOWN_CALL")) == 1
     # The first SIGTERM's shutdown finished and exported before anything moved on.
     assert sorted(seen["names"]) == sorted([STARTUP, TRAIN, TRAIN] + [ITERATION] * 3)
