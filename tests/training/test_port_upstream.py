@@ -147,22 +147,35 @@ def test_runs_as_a_module_of_its_package(tmp_path):
     assert "usage: python -m megatron.training.port_upstream" in usage.stderr
 
 
-def test_the_lifecycle_tests_it_adds_pass_here_too(tmp_path):
-    """The file Megatron-LM gets as tests/unit_tests/training/test_telemetry_spans.py."""
+#: Run pytest with ``opentelemetry.sdk`` failing to import, as if not installed.
+WITHOUT_SDK = """
+import sys
+
+class Hidden:
+    def find_spec(self, name, path=None, target=None):
+        if name == "opentelemetry.sdk" or name.startswith("opentelemetry.sdk."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, Hidden())
+import pytest
+
+sys.exit(pytest.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("sdk", ["with_sdk", "without_sdk"])
+def test_the_lifecycle_tests_it_adds_pass_here_too(tmp_path, sdk):
+    """The file Megatron-LM gets as tests/unit_tests/training/test_telemetry_spans.py:
+    every test passes, none skipped, with the OpenTelemetry SDK and without it."""
+    runner = ["-m", "pytest"] if sdk == "with_sdk" else ["-c", WITHOUT_SDK]
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            str(port_upstream.TESTS),
-        ],
+        [sys.executable, *runner, "-q", "-rs", "-p", "no:cacheprovider", str(port_upstream.TESTS)],
         capture_output=True,
         text=True,
         check=False,
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert " passed" in result.stdout and "failed" not in result.stdout
+    summary = result.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"\d+ passed in [\d.]+s", summary), summary  # none skipped or failed
+    assert int(summary.split()[0]) >= 60

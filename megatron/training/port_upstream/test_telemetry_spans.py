@@ -29,6 +29,7 @@ from transitions import MachineError
 
 from megatron.training import telemetry_spans
 from megatron.training.telemetry_spans import (
+    ExitHooks,
     SpanPhaseError,
     SpanPhases,
     install_exit_hooks,
@@ -443,15 +444,18 @@ def test_terminate_after_the_trainers_shutdown_does_nothing(telemetry):
 
 @pytest.fixture
 def exit_hooks(monkeypatch):
-    """Installs hooks with atexit registrations recorded, not made, and puts the
-    SIGTERM disposition back afterwards."""
+    """``install_exit_hooks`` on hooks of this test's own (the process-wide ones are
+    installed once per process), atexit registrations recorded rather than made, and
+    the SIGTERM disposition put back afterwards."""
     registered = []
     monkeypatch.setattr(telemetry_spans.atexit, "register", registered.append)
+    monkeypatch.setattr(telemetry_spans, "EXIT_HOOKS", ExitHooks())
     previous = signal.getsignal(signal.SIGTERM)
 
     def install(phases, graceful=False, previous_handler=signal.SIG_DFL):
         signal.signal(signal.SIGTERM, previous_handler)
         hooks = install_exit_hooks(phases, graceful=graceful, signals=(signal.SIGTERM,))
+        assert hooks is telemetry_spans.EXIT_HOOKS
         return hooks, registered
 
     yield install
@@ -522,6 +526,26 @@ def test_the_atexit_fallback_terminates_and_is_harmless_after_shutdown(telemetry
     assert finished.telemetry.shutdowns == 1
 
 
+def test_hooks_are_installed_once_and_act_on_the_latest_lifecycle(telemetry, exit_hooks):
+    first = _in_state("shutdown", telemetry)
+    hooks, registered = exit_hooks(first)
+    assert signal.getsignal(signal.SIGTERM) == hooks.handle_sigterm
+    second_telemetry = FakeTelemetry()
+    second = _in_state("interval", second_telemetry)
+    install_exit_hooks(second, signals=(signal.SIGTERM,))
+    assert len(registered) == 1 and hooks.target is second
+    registered[0]()
+    assert second.state == "terminated" and first.state == "shutdown"
+    assert (telemetry.shutdowns, second_telemetry.shutdowns) == (1, 1)
+
+
+def test_no_hook_for_a_lifecycle_whose_telemetry_does_not_export(exit_hooks):
+    phases = _in_state("startup", FakeTelemetry(exporting=False))
+    _, registered = exit_hooks(phases)
+    assert registered == []
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
 @pytest.mark.parametrize("error", [ValueError("not the main thread"), OSError("no signals")])
 def test_installing_where_signals_cannot_be_hooked_does_not_raise(
     telemetry, exit_hooks, monkeypatch, error
@@ -529,12 +553,15 @@ def test_installing_where_signals_cannot_be_hooked_does_not_raise(
     def refuse(*_):
         raise error
 
-    phases = _in_state("startup", telemetry)
+    phases = _in_state("interval", telemetry)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    monkeypatch.setattr(telemetry_spans.signal, "signal", refuse)
-    install_exit_hooks(phases, signals=(signal.SIGTERM,))
-    monkeypatch.undo()
+    with monkeypatch.context() as patch:
+        patch.setattr(telemetry_spans.signal, "signal", refuse)
+        install_exit_hooks(phases, signals=(signal.SIGTERM,))
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    # The atexit fallback remains.
+    telemetry_spans.EXIT_HOOKS.process_exit()
+    assert phases.state == "terminated"
 
 
 # -- telemetry off, and a train() without pretrain() --------------------------------
@@ -570,9 +597,15 @@ def test_train_without_pretrain_gets_a_lifecycle_in_startup():
 
 def test_train_finds_the_lifecycle_of_the_latest_pretrain(telemetry):
     first = lifecycle(telemetry)
+    first.start_job()
     assert SpanPhases.current() is first
     second = lifecycle(FakeTelemetry())
+    second.start_job()
     assert SpanPhases.current() is second
+    second.start_train()
+    # train() called again after its loop: a telemetry-off lifecycle of its own.
+    again = SpanPhases.current()
+    assert again is not second and again.state == "startup" and not again.enabled
 
 
 def test_a_failing_tracer_never_breaks_training(telemetry):
