@@ -158,7 +158,7 @@ def test_megatron_lms_telemetry_tests_and_the_added_file_pass_in_the_ported_tree
             "-m",
             "pytest",
             "-q",
-            "-rs",
+            "-rA",  # Megatron-LM's own setting, said again: every test's outcome listed
             "-p",
             "no:cacheprovider",
             "tests/unit_tests/telemetry",
@@ -178,7 +178,6 @@ def test_megatron_lms_telemetry_tests_and_the_added_file_pass_in_the_ported_tree
     assert re.search(r"\b\d+ passed", summary)
     skipped = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
     assert [line for line in skipped if "test_telemetry_spans" in line] == []
-    # Megatron-LM's pytest settings (-rA) list each test that passed.
     passed = re.findall(
         rf"^PASSED {re.escape(str(port_upstream.TESTS_DEST))}::", result.stdout, re.M
     )
