@@ -112,8 +112,12 @@ def test_received_spans_report_and_check_as_the_file_exporter_s(
     status, said = receiver.stop()
     assert status == 0, said
 
-    received = sorted(receiver.out.glob("*/traces.jsonl"))
-    assert [p.parent.name for p in received] == ["rank0", "rank1"]  # one folder per rank
+    received = sorted(receiver.out.glob("*/*/traces.jsonl"))
+    # one folder for the job (its nemo.run.id), in it one per rank
+    assert [(p.parent.parent.name, p.parent.name) for p in received] == [
+        ("job-4711", "rank0"),
+        ("job-4711", "rank1"),
+    ]
     for path in received:  # each rank's file holds that rank's spans only
         ranks = {
             attribute["value"]["intValue"]
@@ -123,9 +127,11 @@ def test_received_spans_report_and_check_as_the_file_exporter_s(
             if attribute["key"] == "dl.rank"
         }
         assert ranks == {path.parent.name.removeprefix("rank")}
-    assert re.search(r"stopped: \d+ export requests, \d+ lines in 2 files", said)
+    assert re.search(r"stopped: \d+ export requests, \d+ lines in 2 files of 1 job under", said)
 
     expected, got = _report(reference), _report(*received)
+    assert _report(receiver.out / "job-4711") == got  # the job's folder: its ranks' files
+    assert _report(receiver.out) == got  # the receiver's folder, holding that one job
     assert got["spans"] == expected["spans"] > 100
     assert [r["rank"] for r in got["ranks"]] == [0, 1]
     assert got == expected
@@ -150,7 +156,7 @@ def test_ids_are_hex_as_the_file_exporter_writes_them(receiver: Running, tmp_pat
                         found[span["spanId"]] = span
         return found
 
-    want, got = spans(reference), spans(receiver.out / "rank0" / "traces.jsonl")
+    want, got = spans(reference), spans(receiver.out / "job-4711" / "rank0" / "traces.jsonl")
     assert got.keys() == want.keys()
     assert all(re.fullmatch(r"[0-9a-f]{16}", span_id) for span_id in got)
     for span_id, span in want.items():
@@ -209,7 +215,7 @@ def test_metrics_arrive_beside_the_rank_s_trace(receiver: Running, tmp_path: Pat
                             found.append((metric["name"], float(value)))
         return sorted(found)
 
-    received = receiver.out / "rank3" / "metrics.jsonl"
+    received = receiver.out / "job" / "rank3" / "metrics.jsonl"  # (instance id less -rank3)
     lines = received.read_text().splitlines()
     assert len(lines) == 2  # one request by gRPC, one by HTTP
     want = points(reference.read_text())
@@ -242,15 +248,16 @@ def test_http_json_bodies_are_kept_and_bad_bodies_refused(receiver: Running) -> 
     assert post(b"{}", "text/plain")[0] == 415
     assert post(b"{}", "application/json", "/v1/nothing")[0] == 404
     assert receiver.stop()[0] == 0
-    lines = (receiver.out / "rank0" / "traces.jsonl").read_text().splitlines()
+    # (a resource naming neither job nor process: a folder of its own)
+    lines = (receiver.out / "unidentified" / "rank0" / "traces.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == [body]  # the bad bodies wrote nothing
 
 
 def test_a_torn_last_line_stays_the_one_torn_line(tmp_path: Path) -> None:
     out = tmp_path / "received"
-    (out / "rank0").mkdir(parents=True)
+    (out / "unidentified" / "rank0").mkdir(parents=True)
     torn = '{"resourceSpans": [{"resource": {'
-    (out / "rank0" / "traces.jsonl").write_text(torn)
+    (out / "unidentified" / "rank0" / "traces.jsonl").write_text(torn)
     receiver = Running(out)
     try:
         url = f"http://127.0.0.1:{receiver.http_port}/v1/traces"
@@ -263,7 +270,7 @@ def test_a_torn_last_line_stays_the_one_torn_line(tmp_path: Path) -> None:
             assert answer.status == 200
     finally:
         receiver.stop()
-    assert (out / "rank0" / "traces.jsonl").read_text().splitlines() == [
+    assert (out / "unidentified" / "rank0" / "traces.jsonl").read_text().splitlines() == [
         torn,
         json.dumps(body, separators=(",", ":")),
     ]
@@ -342,7 +349,7 @@ def test_watch_receive_serves_what_report_reads_from_the_received_files(
         reference = tmp_path / "reference" / "traces.jsonl"
         reference.parent.mkdir()
         _job(reference, transport, watching)  # type: ignore[arg-type]
-        received = sorted(watching.out.glob("*/traces.jsonl"))
+        received = sorted(watching.out.glob("job-4711/*/traces.jsonl"))
         assert [p.parent.name for p in received] == ["rank0", "rank1"]
 
         def both_ranks() -> dict:
