@@ -1,0 +1,246 @@
+"""One receiver for several jobs: a folder per job, then per rank; never two jobs in one.
+
+The rule (:func:`megatron.trace.receive.files.job_id`) is checked on the
+resources Megatron-LM with nemo-lens and this project's trainer really
+carry; then jobs exporting at once through the SDK's own OTLP exporters (gRPC
+and HTTP, from threads, as processes on a cluster would) must each read, in
+their own folder, exactly as the file exporter's copy of what they sent; a
+resumed job lands beside its first launch; a receiver's folder of several jobs
+is named in one line; and a client cannot make the receiver create folders
+without end.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+import upstream_traces as u
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from otlp_receiver import Running, cli, exporter, report
+
+from megatron.trace.receive.files import (
+    NAME_CHARS,
+    UNPLACED_JOB_UUID,
+    job_folder,
+    job_id,
+    rank_folder,
+    safe_name,
+)
+
+
+def _resource(**attributes: object) -> dict:
+    def value(v: object) -> dict:
+        return {"intValue": str(v)} if isinstance(v, int) else {"stringValue": str(v)}
+
+    return {"attributes": [{"key": k, "value": value(v)} for k, v in attributes.items()]}
+
+
+def _megatron_lm_uuids(cluster: str, job: str, restart: int) -> tuple[str, str]:
+    """``nemo.lens.job_uuid`` and ``run_uuid`` as Megatron-LM derives them (UUID5 over
+    the URL namespace) for a non-array Slurm job's ``restart``-th requeue."""
+    job_uuid = uuid.uuid5(uuid.NAMESPACE_URL, f"nemo.lens.job/{cluster}/{job}")
+    run_uuid = uuid.uuid5(uuid.NAMESPACE_URL, f"nemo.lens.run/{cluster}/{job}/sr{restart}")
+    return str(job_uuid), str(run_uuid)
+
+
+def test_the_unplaced_job_uuid_is_megatron_lm_s_value_outside_slurm() -> None:
+    assert _megatron_lm_uuids("nocluster", "nojob", 0)[0] == UNPLACED_JOB_UUID
+
+
+@pytest.mark.parametrize(
+    ("attributes", "expected"),
+    [
+        # Megatron-LM on Slurm: the job uuid, the same across requeues (run_uuid differs)
+        ({"nemo.lens.job_uuid": "J", "nemo.lens.run_uuid": "R1", "nemo.run.id": "77"}, "J"),
+        # Megatron-LM off Slurm: every job has the same job uuid, passed over for the run id
+        ({"nemo.lens.job_uuid": UNPLACED_JOB_UUID, "nemo.run.id": "lens-run-41"}, "lens-run-41"),
+        # this project's trainer
+        ({"megatron.run_id": "ours", "nemo.run.id": "ours", "slurm.job.id": "9"}, "ours"),
+        ({"megatron.run_id": "ours", "nemo.run.id": "theirs"}, "ours"),
+        ({"slurm.job.id": "123", "service.instance.id": "x-rank0"}, "123"),
+        ({"service.instance.id": "job-4711-rank3", "service.name": "megatron-lm"}, "job-4711"),
+        # service.name is the same for every Megatron-LM job: never a job
+        ({"service.name": "megatron-lm", "dl.rank": 0}, None),
+    ],
+)
+def test_the_job_is_the_first_id_the_resource_names(attributes: dict, expected: str | None) -> None:
+    assert job_id(_resource(**attributes)) == expected
+
+
+def test_launches_of_one_slurm_job_share_a_folder_two_jobs_never_do() -> None:
+    first = _megatron_lm_uuids("eos", "4242", 0)
+    requeued = _megatron_lm_uuids("eos", "4242", 1)
+    other = _megatron_lm_uuids("eos", "4243", 0)
+    assert first[1] != requeued[1]  # a new launch: a new run uuid
+    folders = [
+        job_folder(_resource(**{"nemo.lens.job_uuid": j, "nemo.lens.run_uuid": r}))
+        for j, r in (first, requeued, other)
+    ]
+    assert folders[0] == folders[1] != folders[2]
+
+
+def test_a_process_naming_no_job_gets_a_folder_of_its_own() -> None:
+    one = job_folder(_resource(**{"host.name": "n1", "process.pid": 10, "service.name": "m"}))
+    two = job_folder(_resource(**{"host.name": "n1", "process.pid": 11, "service.name": "m"}))
+    assert re.fullmatch(r"process-[0-9a-f]{12}", one) and one != two
+    assert job_folder(_resource(**{"host.name": "n1", "process.pid": 10})) == one
+    assert job_folder(_resource()) == "unidentified"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["../../etc", "a/b", "a_b", "..", ".", "", "x" * 500, "\x00\n", "rank 0", "ünïcode", "-"],
+)
+def test_folder_names_are_safe_and_distinct_whatever_a_client_sends(text: str) -> None:
+    name = safe_name(text)
+    assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name), name
+    assert len(name) <= NAME_CHARS and name not in (".", "..")
+    assert job_folder(_resource(**{"nemo.run.id": text})) == (name if text else "unidentified")
+
+
+def test_two_ids_that_sanitise_alike_keep_two_folders() -> None:
+    names = {safe_name(t) for t in ("a/b", "a_b", "a b", "a\\b", "x" * 200, "x" * 201)}
+    assert len(names) == 6
+    assert safe_name("job-4711") == "job-4711" and safe_name("a_b") == "a_b"
+
+
+def test_rank_folders_stay_bounded_names() -> None:
+    assert rank_folder(_resource(**{"dl.rank": 3})) == "rank3"
+    weird = rank_folder(_resource(**{"dl.rank": "9" * 40, "service.instance.id": "../x"}))
+    assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", weird) and ".." not in weird
+
+
+# -- jobs exporting at once, over the wire --------------------------------------------------
+
+
+def _send(job: str, rank: int, transport: str, receiver: Running, reference: Path) -> None:
+    process = u.Process(reference, pid=1000 + rank, rank=rank, host=f"{job}-node{rank}", run_id=job)
+    wire = BatchSpanProcessor(exporter(transport, receiver), schedule_delay_millis=50)
+    process.provider.add_span_processor(wire)
+    kill = u.Kill(13) if (job, rank) == ("job-b", 1) else None
+    process.pretrain(train_iters=20, save_interval=10, eval_interval=10, kill=kill)
+    wire.force_flush()
+    process.processor.force_flush()
+
+
+def test_jobs_exporting_at_once_each_read_as_what_it_sent(tmp_path: Path) -> None:
+    receiver = Running(tmp_path / "received")
+    references: dict[str, list[Path]] = {}
+    try:
+        threads = []
+        for job, transport in (("job-a", "grpc"), ("job-b", "http"), ("job-c", "http-gzip")):
+            for rank in (0, 1):
+                reference = tmp_path / "reference" / job / f"rank{rank}" / "traces.jsonl"
+                reference.parent.mkdir(parents=True)
+                references.setdefault(job, []).append(reference)
+                threads.append(
+                    threading.Thread(target=_send, args=(job, rank, transport, receiver, reference))
+                )
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    finally:
+        status, said = receiver.stop()
+    assert status == 0, said
+    assert "lines in 6 files of 3 jobs under" in said
+    out = receiver.out
+    assert sorted(p.name for p in out.iterdir()) == ["job-a", "job-b", "job-c"]
+    for job, files in references.items():
+        assert sorted(p.name for p in (out / job).iterdir()) == ["rank0", "rank1"]
+        expected, got = report(*files), report(out / job)
+        assert got["spans"] == expected["spans"] > 100
+        assert [r["rank"] for r in got["ranks"]] == [0, 1]
+        assert got == expected, job
+        checked = cli("check", out / job)
+        assert checked.returncode == cli("check", *files).returncode == 0, checked.stdout
+
+    whole = cli("report", out)
+    assert whole.returncode == 2
+    lines = whole.stderr.strip().splitlines()
+    assert lines == [
+        f"megatron-trace report: error: {out} is a receiver's folder holding 3 jobs "
+        f"(job-a, job-b, job-c): name one job's folder, e.g. megatron-trace report {out}/job-a"
+    ]
+
+
+def test_a_resumed_job_lands_beside_its_first_launch(tmp_path: Path) -> None:
+    receiver = Running(tmp_path / "received")
+    reference = tmp_path / "reference.jsonl"
+    try:
+        killed = u.Process(reference, pid=4242, run_id="resumed")
+        wire = BatchSpanProcessor(exporter("grpc", receiver), schedule_delay_millis=50)
+        killed.provider.add_span_processor(wire)
+        killed.pretrain(train_iters=100, save_interval=10, kill=u.Kill(25))
+        wire.force_flush()
+        killed.processor.force_flush()
+        # the new launch: another process, later, with the same run id, over HTTP
+        again = u.Process(reference, pid=5151, run_id="resumed", clock=killed.clock + 60 * u.SECOND)
+        wire = BatchSpanProcessor(exporter("http", receiver), schedule_delay_millis=50)
+        again.provider.add_span_processor(wire)
+        again.pretrain(train_iters=40, save_interval=10, start_iteration=20, load=True)
+        wire.force_flush()
+        again.processor.force_flush()
+    finally:
+        assert receiver.stop()[0] == 0
+    assert [p.name for p in receiver.out.iterdir()] == ["resumed"]
+    got, expected = report(receiver.out / "resumed"), report(reference)
+    assert [i["ended"] for i in got["incarnations"]] == ["killed", "shutdown"]
+    assert got == expected
+    assert got["badput_s"]["restart_gap"] > 0
+
+
+def _post(port: int, body: dict) -> int:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/traces",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def _body(run_id: str, rank: int) -> dict:
+    span = {
+        "traceId": "0af7651916cd43dd8448eb211c80319c",
+        "spanId": "b7ad6b7169203331",
+        "name": "megatron.startup",
+        "startTimeUnixNano": "1",
+        "endTimeUnixNano": "2",
+    }
+    resource = _resource(**{"nemo.run.id": run_id, "dl.rank": rank})
+    scopes = [{"scope": {"name": "t"}, "spans": [span]}]
+    return {"resourceSpans": [{"resource": resource, "scopeSpans": scopes}]}
+
+
+def test_a_client_cannot_make_folders_without_end(tmp_path: Path) -> None:
+    out = tmp_path / "received"
+    (out / "old-job" / "rank0").mkdir(parents=True)  # two folders there already
+    receiver = Running(out, "--max-folders", "5")
+    try:
+        port = receiver.http_port
+        assert _post(port, _body("job-a", 0)) == 200  # folders 3 and 4
+        assert _post(port, _body("job-a", 1)) == 200  # 5
+        assert _post(port, _body("job-a", 1)) == 200  # no new folder: still taken
+        refused = [_post(port, _body(f"flood-{n}", 0)) for n in range(50)]
+        assert refused == [507] * 50  # not retried by an OTLP exporter (not 429/502/503/504)
+        assert _post(port, _body("job-a", 2)) == 507
+    finally:
+        status, said = receiver.stop()
+    assert status == 0
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_dir()) == [
+        "job-a", "job-a/rank0", "job-a/rank1", "old-job", "old-job/rank0",
+    ]  # fmt: skip
+    warnings = [line for line in said.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "--max-folders allows (5)" in warnings[0]
+    assert said.rstrip().endswith("; 51 resource entries refused (--max-folders)")
