@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 import upstream_traces as u
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from otlp_receiver import Running, cli, exporter, report
+from otlp_receiver import Running, Watching, cli, exporter, report
 
 from megatron.trace.receive.files import (
     NAME_CHARS,
@@ -244,3 +245,78 @@ def test_a_client_cannot_make_folders_without_end(tmp_path: Path) -> None:
     warnings = [line for line in said.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "--max-folders allows (5)" in warnings[0]
     assert said.rstrip().endswith("; 51 resource entries refused (--max-folders)")
+
+
+# -- watch --receive: each job its own series ----------------------------------------------
+
+
+def _by_run(scraped: dict, name: str) -> dict[tuple[str, str], float]:
+    return {
+        (dict(labels)["run_id"], dict(labels)["rank"]): value
+        for (family, labels), value in scraped.items()
+        if family == name
+    }
+
+
+def _states(scraped: dict) -> dict[tuple[str, str], str]:
+    return {
+        (dict(labels)["run_id"], dict(labels)["rank"]): dict(labels)["state"]
+        for (family, labels), value in scraped.items()
+        if family == "megatron_job_state" and value == 1
+    }
+
+
+def _settled(watching: Watching, want: set[tuple[str, str]]) -> dict:
+    deadline = time.monotonic() + 90
+    while set(_states(scraped := watching.scrape())) != want:
+        assert time.monotonic() < deadline, f"watch never served {want}: {_states(scraped)}"
+        time.sleep(0.3)
+    time.sleep(1.5)  # a few polls more: every line read
+    return watching.scrape()
+
+
+def test_watch_receive_serves_each_job_apart(tmp_path: Path) -> None:
+    watching = Watching(tmp_path / "received")
+    try:
+        for job, transport in (("job-a", "grpc"), ("job-b", "http")):
+            for rank in (0, 1):
+                reference = tmp_path / "reference" / job / f"rank{rank}" / "traces.jsonl"
+                reference.parent.mkdir(parents=True)
+                _send(job, rank, transport, watching, reference)
+        two = {(job, rank) for job in ("job-a", "job-b") for rank in ("0", "1")}
+        before = _settled(watching, two)
+        # a third job arrives and ends: the first two's series stay as they were
+        reference = tmp_path / "reference" / "job-c" / "rank0" / "traces.jsonl"
+        reference.parent.mkdir(parents=True)
+        _send("job-c", 0, "grpc", watching, reference)
+        after = _settled(watching, two | {("job-c", "0")})
+    finally:
+        status, said = watching.stop()
+    assert status == 0, said
+    assert _states(before) == {
+        ("job-a", "0"): "finished",
+        ("job-a", "1"): "finished",
+        ("job-b", "0"): "finished",
+        ("job-b", "1"): "killed",  # job-b's rank 1 was SIGKILLed: that job's alone
+    }
+    assert _states(after) == {**_states(before), ("job-c", "0"): "finished"}
+    for family in ("megatron_training_goodput_seconds", "megatron_training_wall_clock_seconds"):
+        was = _by_run(before, family)
+        assert {k: v for k, v in _by_run(after, family).items() if k in was} == was
+    goodput = _by_run(after, "megatron_training_goodput_seconds")
+    for job in ("job-a", "job-b", "job-c"):
+        for path in sorted((watching.out / job).glob("*/traces.jsonl")):
+            rank = path.parent.name.removeprefix("rank")
+            reported = report(path)
+            assert goodput[(job, rank)] == pytest.approx(reported["goodput_s"], abs=1e-6)
+    spans = _by_run_only(after, "megatron_trace_watch_spans")
+    assert spans == {job: report(watching.out / job)["spans"] for job in spans}
+    assert sorted(spans) == ["job-a", "job-b", "job-c"]
+
+
+def _by_run_only(scraped: dict, name: str) -> dict[str, float]:
+    return {
+        dict(labels)["run_id"]: value
+        for (family, labels), value in scraped.items()
+        if family == name
+    }
