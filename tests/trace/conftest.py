@@ -30,6 +30,7 @@ NEEDS_EXTRAS_MODULES = frozenset(
         # checks the one line `receive` gives without them)
         "receive/test_receive.py",
         "receive/test_jobs.py",
+        "receive/test_killed.py",
         "render/timeline/test_write.py",
         "render/timeline/test_ranks.py",
         "render/timeline/test_many_ranks.py",

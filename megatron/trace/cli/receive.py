@@ -116,6 +116,11 @@ def run(args: argparse.Namespace) -> int:
         f"{sum(receiver.files.lines.values())} lines in {len(files)} files of {jobs} "
         f"job{'' if jobs == 1 else 's'} under {args.out}"
         + (f"; {refused} resource entries refused (--max-folders)" if refused else "")
+        + (
+            f"; {receiver.files.duplicates} resent lines written once"
+            if receiver.files.duplicates
+            else ""
+        )
     )
     return 0
 

@@ -37,6 +37,14 @@ ids never share a folder. A client cannot make the receiver create more than
 ``max_folders`` folders (job and rank folders both count, those already under
 ``OUT`` too): a request that would is refused whole (:class:`FolderLimitError`).
 
+**A request sent twice is written once.** An exporter whose acknowledgement
+was lost (the receiver killed after writing, before answering) sends the same
+request again, and the receiver turns it into the same line. So each file
+remembers the digests of its last :data:`RECENT_LINES` lines (read back from
+the file's tail when a restarted receiver first writes to it), and a line
+equal to one of them is acknowledged and not written again (counted in
+``duplicates``): ``report`` counts each span once.
+
 Appending never damages what a file holds: each line is one ``write`` on a
 descriptor opened for appending, under a lock (the gRPC and HTTP servers
 write from several threads); a file whose last line was cut short (a
@@ -46,6 +54,7 @@ stays the one torn line the reader skips, and the new one is whole.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
@@ -72,6 +81,7 @@ __all__ = [
     "JOB_KEYS",
     "KINDS",
     "NAME_CHARS",
+    "RECENT_LINES",
     "UNPLACED_JOB_UUID",
     "FolderLimitError",
     "RankFiles",
@@ -98,6 +108,12 @@ UNPLACED_JOB_UUID = "d2badfc7-0e4c-537b-b4ea-8785f79f8679"
 NAME_CHARS = 96
 #: The most folders one receiver's ``OUT`` holds by default (job and rank folders).
 DEFAULT_MAX_FOLDERS = 10_000
+
+#: The lines per file whose digests are remembered, to write a resent request once: a
+#: retry comes within the exporter's timeout (10 s by default), a few lines later at most.
+RECENT_LINES = 64
+#: How much of a file's tail a restarted receiver reads back for those digests.
+TAIL_BYTES = 16 << 20
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _RANK_SUFFIX = re.compile(r"-rank\d+$")
@@ -190,6 +206,9 @@ class RankFiles:
         self._folders: set[Path] | None = None
         #: Resource entries refused for want of a folder, for the summary.
         self.refused = 0
+        #: Lines not written again: a resent request's (see the module docstring).
+        self.duplicates = 0
+        self._recent: dict[Path, collections.OrderedDict[bytes, None]] = {}
 
     def _known(self) -> set[Path]:
         if self._folders is None:
@@ -232,10 +251,15 @@ class RankFiles:
         return written
 
     def _append(self, path: Path, data: bytes) -> None:
+        digest = _digest(data)
         with self._lock:
             fd = self._fds.get(path)
             if fd is None:
                 fd = self._fds[path] = self._open(path)
+            recent = self._recent[path]
+            if digest in recent:
+                self.duplicates += 1
+                return
             try:
                 view = memoryview(data)
                 while view:
@@ -243,6 +267,7 @@ class RankFiles:
             except OSError as error:
                 raise TraceOutputError(f"cannot write {path}: {error.strerror or error}") from error
             self.lines[path] = self.lines.get(path, 0) + 1
+            _remember(recent, digest)
 
     def _open(self, path: Path) -> int:
         try:
@@ -251,11 +276,19 @@ class RankFiles:
         except OSError as error:
             raise TraceOutputError(f"cannot write {path}: {error.strerror or error}") from error
         size = os.fstat(fd).st_size
+        recent: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         if size:
             with open(path, "rb") as existing:
-                existing.seek(size - 1)
-                if existing.read(1) != b"\n":
-                    os.write(fd, b"\n")  # end the torn line: ours starts on a line of its own
+                existing.seek(max(0, size - TAIL_BYTES))
+                tail = existing.read()
+            whole = tail.split(b"\n")[:-1]  # what follows the last newline is torn
+            if size > TAIL_BYTES:
+                whole = whole[1:]  # (the first one read may be a line's end only)
+            for line in whole[-RECENT_LINES:]:
+                _remember(recent, _digest(line + b"\n"))
+            if not tail.endswith(b"\n"):
+                os.write(fd, b"\n")  # end the torn line: ours starts on a line of its own
+        self._recent[path] = recent
         return fd
 
     def files(self) -> Iterable[Path]:
@@ -266,3 +299,14 @@ class RankFiles:
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+            self._recent.clear()
+
+
+def _digest(line: bytes) -> bytes:
+    return hashlib.blake2b(line, digest_size=16).digest()
+
+
+def _remember(recent: collections.OrderedDict[bytes, None], digest: bytes) -> None:
+    recent[digest] = None
+    if len(recent) > RECENT_LINES:
+        recent.popitem(last=False)

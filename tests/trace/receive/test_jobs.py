@@ -244,7 +244,9 @@ def test_a_client_cannot_make_folders_without_end(tmp_path: Path) -> None:
     ]  # fmt: skip
     warnings = [line for line in said.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "--max-folders allows (5)" in warnings[0]
-    assert said.rstrip().endswith("; 51 resource entries refused (--max-folders)")
+    assert said.rstrip().endswith(
+        "; 51 resource entries refused (--max-folders); 1 resent lines written once"
+    )
 
 
 # -- watch --receive: each job its own series ----------------------------------------------
