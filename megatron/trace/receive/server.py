@@ -116,7 +116,7 @@ class Receiver:
     def _start_http(self, host: str, port: int) -> None:
         handler = type("Handler", (_OtlpHttpHandler,), {"receiver": self})
         try:
-            server = ThreadingHTTPServer((host, port), handler)
+            server = _HttpServer((host, port), handler)
         except OSError as error:
             raise TraceInputError(
                 f"--http {host}:{port}: cannot listen there ({error.strerror or error}); "
@@ -136,6 +136,13 @@ class Receiver:
             self._http_server.server_close()
             self._http_server = None
         self.files.close()
+
+
+class _HttpServer(ThreadingHTTPServer):
+    """The standard library's threading server with a listen backlog for a cluster: its
+    default (5) made the kernel reset connections when 16 exporters connected at once."""
+
+    request_queue_size = 1024
 
 
 def _grpc_servicer(base: type, kind: str, response: type, receiver: Receiver, grpc: Any) -> Any:
