@@ -322,3 +322,26 @@ def _by_run_only(scraped: dict, name: str) -> dict[str, float]:
         for (family, labels), value in scraped.items()
         if family == name
     }
+
+
+def test_many_exporters_connecting_at_once_are_all_answered(tmp_path: Path) -> None:
+    """A cluster's ranks connect together (at a checkpoint, at the export interval): none
+    may be turned away (the standard library's listen backlog of 5 reset some of 16)."""
+    receiver = Running(tmp_path / "received")
+    start = threading.Barrier(48)
+    answers: list[int] = []
+
+    def one(rank: int) -> None:
+        start.wait()
+        answers.append(_post(receiver.http_port, _body("crowd", rank)))
+
+    threads = [threading.Thread(target=one, args=(rank,)) for rank in range(48)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        assert receiver.stop()[0] == 0
+    assert answers == [200] * 48
+    assert len(list((receiver.out / "crowd").glob("rank*/traces.jsonl"))) == 48
