@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 from typing import Any
 
 from megatron.trace.receive.files import KINDS
@@ -85,11 +86,18 @@ def reference_json(message: Any) -> dict[str, Any]:
 
 def to_json(message: Any) -> dict[str, Any]:
     """A parsed export request as OTLP/JSON (camelCase names, enums as numbers, hex ids)."""
-    if not _walkable(message.DESCRIPTOR):
-        return reference_json(message)
-    return _walk(message)
+    descriptor = message.DESCRIPTOR
+    ready = _READY.get(descriptor)
+    if ready is None:  # the first request of this type: its fields' ways, once, in one thread
+        with _PREPARING:
+            ready = _READY[descriptor] = _walkable(descriptor)
+    return _walk(message) if ready else reference_json(message)
 
 
+#: Request type -> whether it is walked; set only once all its fields' ways are known (the
+#: servers convert from several threads at once).
+_READY: dict[Any, bool] = {}
+_PREPARING = threading.Lock()
 _WALKABLE: dict[Any, bool] = {}
 #: FieldDescriptor -> (JSON name, how its value converts: one of the _AS_* below, repeated)
 _FIELDS: dict[Any, tuple[str, int, bool]] = {}

@@ -324,16 +324,45 @@ def _by_run_only(scraped: dict, name: str) -> dict[str, float]:
     }
 
 
+def _protobuf_body(run_id: str, rank: int) -> bytes:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+    span = Span(trace_id=bytes(range(16)), span_id=bytes(range(8)), name="megatron.startup",
+                start_time_unix_nano=1, end_time_unix_nano=2)  # fmt: skip
+    attributes = [
+        KeyValue(key="nemo.run.id", value=AnyValue(string_value=run_id)),
+        KeyValue(key="dl.rank", value=AnyValue(int_value=rank)),
+    ]
+    entry = ResourceSpans(scope_spans=[ScopeSpans(spans=[span])])
+    entry.resource.attributes.extend(attributes)
+    return ExportTraceServiceRequest(resource_spans=[entry]).SerializeToString()
+
+
 def test_many_exporters_connecting_at_once_are_all_answered(tmp_path: Path) -> None:
-    """A cluster's ranks connect together (at a checkpoint, at the export interval): none
-    may be turned away (the standard library's listen backlog of 5 reset some of 16)."""
+    """A cluster's ranks connect together (at a checkpoint, at the export interval), to a
+    receiver that has just started: none may be turned away (the standard library's listen
+    backlog of 5 reset some of 16), nor fail in the first requests' decoding at once."""
     receiver = Running(tmp_path / "received")
     start = threading.Barrier(48)
     answers: list[int] = []
 
     def one(rank: int) -> None:
+        body = _protobuf_body("crowd", rank)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{receiver.http_port}/v1/traces",
+            data=body,
+            headers={"Content-Type": "application/x-protobuf"},
+        )
         start.wait()
-        answers.append(_post(receiver.http_port, _body("crowd", rank)))
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                answers.append(answer.status)
+        except (urllib.error.URLError, ConnectionError) as error:
+            answers.append(getattr(error, "code", 0))
 
     threads = [threading.Thread(target=one, args=(rank,)) for rank in range(48)]
     try:
