@@ -154,6 +154,9 @@ def _receive_once(transport: str, bodies: list[list[bytes]]) -> tuple[float, flo
         if not found:
             raise AssertionError(first)
         port = int(found.group(1) if transport == "grpc" else found.group(2))
+        said: list[str] = []  # (read on, so a warning cannot fill the pipe and stall it)
+        drain = threading.Thread(target=lambda: said.extend(receiver.stderr or ()))
+        drain.start()
         send = _send_grpc if transport == "grpc" else _send_http
         errors: list[BaseException] = []
 
@@ -172,9 +175,10 @@ def _receive_once(transport: str, bodies: list[list[bytes]]) -> tuple[float, flo
         wall = time.perf_counter() - began
         cpu = _cpu_s(receiver.pid) - cpu_before
         receiver.terminate()
-        receiver.communicate(timeout=60)
-        if errors:
-            raise errors[0]
+        receiver.wait(timeout=60)
+        drain.join()
+        if errors or "warning" in "".join(said):
+            raise AssertionError("".join(said)) from (errors[0] if errors else None)
         return cpu, wall
     finally:
         shutil.rmtree(out, ignore_errors=True)
