@@ -374,3 +374,23 @@ def test_many_exporters_connecting_at_once_are_all_answered(tmp_path: Path) -> N
         assert receiver.stop()[0] == 0
     assert answers == [200] * 48
     assert len(list((receiver.out / "crowd").glob("rank*/traces.jsonl"))) == 48
+
+
+def test_a_job_spread_over_two_receivers_reads_as_that_job(tmp_path: Path) -> None:
+    """Each rank exports to one of two receivers (each its own --out): ``report`` on the
+    job's two folders reads the job as the file exporter's copy has it."""
+    first, second = Running(tmp_path / "a"), Running(tmp_path / "b")
+    files = []
+    try:
+        for rank, receiver in ((0, first), (1, second)):
+            reference = tmp_path / "reference" / f"rank{rank}" / "traces.jsonl"
+            reference.parent.mkdir(parents=True)
+            files.append(reference)
+            _send("split", rank, "grpc", receiver, reference)
+    finally:
+        assert first.stop()[0] == second.stop()[0] == 0
+    assert [p.name for p in (tmp_path / "a" / "split").iterdir()] == ["rank0"]
+    assert [p.name for p in (tmp_path / "b" / "split").iterdir()] == ["rank1"]
+    got = report(tmp_path / "a" / "split", tmp_path / "b" / "split")
+    assert [r["rank"] for r in got["ranks"]] == [0, 1]
+    assert got == report(*files)
