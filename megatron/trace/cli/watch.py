@@ -132,10 +132,10 @@ class _Watch:
         if self.received is not None:  # a job or rank the receiver began writing since
             for path in sorted(self.received.glob("*/*/traces.jsonl")):
                 name = path.parent.parent.name
-                with self.lock:
+                with self.lock:  # (a scrape reads the job's files)
                     if name not in self.jobs:
                         self.jobs[name] = _Followed(self.args, [], name)
-                self.jobs[name].add(path)
+                    self.jobs[name].add(path)
         for followed in self.followed():
             with self.lock:
                 if followed.poll():

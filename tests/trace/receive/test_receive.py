@@ -223,6 +223,7 @@ def test_a_torn_last_line_stays_the_one_torn_line(tmp_path: Path) -> None:
         (["--grpc", "nowhere"], "--grpc: expected HOST:PORT (e.g. 0.0.0.0:4317) or off"),
         (["--http", "h:99999"], "--http: expected HOST:PORT (e.g. 0.0.0.0:4318) or off"),
         (["--grpc", "off", "--http", "off"], "nothing would listen"),
+        (["--max-folders", "1"], "--max-folders: expected a whole number of folders, 2 or more"),
     ],
 )
 def test_bad_flags_are_one_line(tmp_path: Path, argv: list[str], message: str) -> None:
