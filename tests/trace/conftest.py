@@ -31,6 +31,7 @@ NEEDS_EXTRAS_MODULES = frozenset(
         "receive/test_receive.py",
         "receive/test_jobs.py",
         "receive/test_killed.py",
+        "receive/test_convert.py",
         "render/timeline/test_write.py",
         "render/timeline/test_ranks.py",
         "render/timeline/test_many_ranks.py",
