@@ -63,7 +63,7 @@ TARGETS = {
     "watch_rss_growth_4x": 1.1,
     # receive: the receiver's CPU per span over the OTLP protobufs' decoding alone (the
     # floor: what any receiver of these bodies pays), with 16 exporters sending at once
-    # (decode, convert, JSON-encode and append: about 70-100 on the machine of the table;
+    # (decode, convert, JSON-encode and append: about 65-105 on the machine of the table;
     # through json_format.MessageToDict it was about 220)
     "receive_grpc_per_step_cpu_ratio": 150.0,
     "receive_grpc_default_cpu_ratio": 150.0,
