@@ -33,9 +33,10 @@ or the same run id given again) lands in its earlier launches' folder, so
 **Folder names** are safe whatever a client sends (:func:`safe_name`): only
 ``A-Za-z0-9._-``, at most :data:`NAME_CHARS` characters, never ``.`` or
 ``..``; a name that had to be changed ends in a hash of the original, so two
-ids never share a folder. A client cannot make the receiver create more than
-``max_folders`` folders (job and rank folders both count, those already under
-``OUT`` too): a request that would is refused whole (:class:`FolderLimitError`).
+ids never share a folder (nor an id and a process naming none). A client
+cannot make the receiver create more than ``max_folders`` folders (job and
+rank folders both count, those already under ``OUT`` too): a request that
+would is refused whole (:class:`FolderLimitError`).
 
 **A request sent twice is written once.** An exporter whose acknowledgement
 was lost (the receiver killed after writing, before answering) sends the same
@@ -116,6 +117,8 @@ RECENT_LINES = 64
 TAIL_BYTES = 16 << 20
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_HASHED = re.compile(r"-[0-9a-f]{12}$")
+_UNIDENTIFIED = "unidentified"
 _RANK_SUFFIX = re.compile(r"-rank\d+$")
 
 
@@ -136,9 +139,18 @@ def _attributes(resource: Mapping[str, Any]) -> dict[str, Any]:
 
 def safe_name(text: str) -> str:
     """``text`` as a folder name: itself when it is one already (``A-Za-z0-9._-``, not
-    starting with a dot, at most :data:`NAME_CHARS`), else its safe part and a hash of it."""
+    starting with a dot, at most :data:`NAME_CHARS`), else its safe part and a hash of it.
+
+    A name made with a hash ends in ``-`` and 12 hex digits, and a name kept as sent never
+    does (such a one is hashed too), nor is it ``unidentified``: so what two different ids
+    give never coincides, whatever a client sends (short of a 48-bit hash collision)."""
     cleaned = _UNSAFE.sub("_", text).strip("._-")
-    if cleaned == text and 0 < len(text) <= NAME_CHARS:
+    if (
+        cleaned == text
+        and 0 < len(text) <= NAME_CHARS
+        and not _HASHED.search(text)
+        and text != _UNIDENTIFIED
+    ):
         return text
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return f"{cleaned[: NAME_CHARS - 13]}-{digest}" if cleaned else f"id-{digest}"
@@ -168,7 +180,7 @@ def job_folder(resource: Mapping[str, Any]) -> str:
     attributes = _attributes(resource)
     host, pid = attributes.get(HOST_NAME), attributes.get(PROCESS_PID)
     if host is None and pid is None:
-        return "unidentified"
+        return _UNIDENTIFIED
     digest = hashlib.sha256(f"{host}\0{pid}".encode("utf-8", "surrogatepass")).hexdigest()
     return f"process-{digest[:12]}"
 

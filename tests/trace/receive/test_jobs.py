@@ -109,6 +109,13 @@ def test_folder_names_are_safe_and_distinct_whatever_a_client_sends(text: str) -
 def test_two_ids_that_sanitise_alike_keep_two_folders() -> None:
     names = {safe_name(t) for t in ("a/b", "a_b", "a b", "a\\b", "x" * 200, "x" * 201)}
     assert len(names) == 6
+    # a client sending another id's hashed name, or the name of the folder of processes
+    # naming no job, is given a folder of its own
+    hashed = safe_name("a/b")
+    assert safe_name(hashed) not in (hashed, "a_b")
+    assert safe_name("unidentified") != "unidentified"
+    process = job_folder(_resource(**{"host.name": "n1", "process.pid": 10}))
+    assert safe_name(process) != process
     assert safe_name("job-4711") == "job-4711" and safe_name("a_b") == "a_b"
 
 
