@@ -23,7 +23,12 @@ from pathlib import Path
 
 import pytest
 import upstream_traces as u
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExportResult,
+)
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from otlp_receiver import Running, Watching, cli, exporter, report
 
 from megatron.trace.receive.files import (
@@ -243,6 +248,15 @@ def test_a_client_cannot_make_folders_without_end(tmp_path: Path) -> None:
         refused = [_post(port, _body(f"flood-{n}", 0)) for n in range(50)]
         assert refused == [507] * 50  # not retried by an OTLP exporter (not 429/502/503/504)
         assert _post(port, _body("job-a", 2)) == 507
+        # the SDK's gRPC exporter is told so too, and gives up at once instead of retrying
+        grpc = exporter("grpc", receiver)
+        span = u.Process(tmp_path / "grpc.jsonl", pid=9, run_id="flood-grpc")
+        memory = InMemorySpanExporter()
+        span.provider.add_span_processor(SimpleSpanProcessor(memory))
+        span.pretrain(train_iters=1, save_interval=0)
+        began = time.monotonic()
+        assert grpc.export(memory.get_finished_spans()) == SpanExportResult.FAILURE
+        assert time.monotonic() - began < 5  # (a retried code backs off 1, 2, 4, ... s)
     finally:
         status, said = receiver.stop()
     assert status == 0
@@ -252,7 +266,7 @@ def test_a_client_cannot_make_folders_without_end(tmp_path: Path) -> None:
     warnings = [line for line in said.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "--max-folders allows (5)" in warnings[0]
     assert said.rstrip().endswith(
-        "; 51 resource entries refused (--max-folders); 1 resent lines written once"
+        "; 52 resource entries refused (--max-folders); 1 resent lines written once"
     )
 
 
