@@ -89,6 +89,7 @@ __all__ = [
     "MICROBATCH_BACKWARD_SPAN",
     "MICROBATCH_FORWARD_SPAN",
     "MODEL_TYPE",
+    "NEMO_LENS_JOB_UUID",
     "NEMO_LENS_RUN_UUID",
     "NEMO_RUN_ID",
     "NVRX_CYCLE",
@@ -427,8 +428,12 @@ PROCESS_PID = "process.pid"
 RUN_ID = "megatron.run_id"
 #: nemo-lens's run id: the same on every rank of a job.
 NEMO_RUN_ID = "nemo.run.id"
-#: nemo-lens's run UUID, where a version of it records one.
+#: nemo-lens's run UUID, where a version of it records one: Megatron-LM's names one launch
+#: (it changes with each Slurm requeue and each torchelastic restart).
 NEMO_LENS_RUN_UUID = "nemo.lens.run_uuid"
+#: Megatron-LM's job UUID for nemo-lens: the logical job, the same across its requeues and
+#: restarts (derived from the Slurm cluster and job id, the array's for an array job).
+NEMO_LENS_JOB_UUID = "nemo.lens.job_uuid"
 #: SLURM's job id, as nemo-lens's SLURM resource detector records it.
 SLURM_JOB_ID = "slurm.job.id"
 #: OpenTelemetry's host name: with the pid, which process wrote (containers reuse pids).

@@ -12,10 +12,10 @@ Run with ``tox -e bench`` (or ``python tests/benchmarks/run_benchmarks.py``);
 ``--only encode,pipeline`` runs some sections (``--list`` names them all).
 Each section is one function in the module of its subject (``lifecycle``,
 ``export_pipeline``, ``training``, ``reader``, ``timeline``, ``trace_commands``,
-``cluster``; what they share is in ``harness``, Megatron-LM's own lifecycle helpers
-re-enacted as a baseline in ``upstream_helpers``), registered in ``SECTIONS`` with the keys it
-records; a new benchmark is a function, a ``SECTIONS`` row and its target and
-description in ``targets``.
+``cluster``, ``watch``, ``receive``; what they share is in ``harness``, Megatron-LM's
+own lifecycle helpers re-enacted as a baseline in ``upstream_helpers``), registered in
+``SECTIONS`` with the keys it records; a new benchmark is a function, a ``SECTIONS`` row
+and its target and description in ``targets``.
 Kept out of the default test run: pytest collects only ``test_*.py``.
 """
 
@@ -42,6 +42,7 @@ from harness import REPO_ROOT, Run
 from history import section_history
 from lifecycle import section_lifecycle, section_reroot, section_step
 from reader import section_report, section_selection
+from receive import section_receive
 from targets import DESCRIPTIONS, TARGETS, unit
 from timeline import section_timeline
 from trace_commands import section_trace
@@ -64,6 +65,7 @@ SECTIONS: dict[str, Callable[[Run], None]] = {
     "trace": section_trace,
     "cluster": section_cluster,
     "watch": section_watch,
+    "receive": section_receive,
     "goodput": section_goodput,
     "history": section_history,
 }

@@ -61,6 +61,14 @@ TARGETS = {
     # watch: no dearer per span than report, flat in the file's length
     "watch_cpu_per_span_ratio": 1.2,
     "watch_rss_growth_4x": 1.1,
+    # receive: the receiver's CPU per span over the OTLP protobufs' decoding alone (the
+    # floor: what any receiver of these bodies pays), with 16 exporters sending at once
+    # (decode, convert, JSON-encode and append: about 65-105 on the machine of the table;
+    # through json_format.MessageToDict it was about 220)
+    "receive_grpc_per_step_cpu_ratio": 150.0,
+    "receive_grpc_default_cpu_ratio": 150.0,
+    "receive_http_per_step_cpu_ratio": 150.0,
+    "receive_http_default_cpu_ratio": 150.0,
     # goodput over time and run against run (issue 33): windows cost little over the
     # report, and a diff about two reports
     "report_window_ratio": 1.1,
@@ -144,6 +152,30 @@ DESCRIPTIONS = {
     "over `report --jobs 1`'s per span on the same file",
     "watch_rss_growth_4x": "peak RSS of watching a file grown to 4x the spans over one grown to "
     "1x (the same chunks, a scrape's figures every 8), each in a process of its own",
+    "receive_grpc_per_step_cpu_ratio": (
+        "CPU seconds per span of one `receive` process (/proc: user + system, its startup "
+        "excluded) taking 16 exporters' requests at once over gRPC (4 jobs of 4 ranks, "
+        "Megatron-LM's `per_step` span groups re-enacted, 512 spans a request as the SDK "
+        "batches them, protobuf bodies), over parsing them with the OTLP protobufs alone"
+    ),
+    "receive_grpc_default_cpu_ratio": (
+        "CPU seconds per span of one `receive` process (/proc: user + system, its startup "
+        "excluded) taking 16 exporters' requests at once over gRPC (4 jobs of 4 ranks, "
+        "Megatron-LM's `default` span groups re-enacted, 512 spans a request as the SDK batches"
+        " them, protobuf bodies), over parsing them with the OTLP protobufs alone"
+    ),
+    "receive_http_per_step_cpu_ratio": (
+        "CPU seconds per span of one `receive` process (/proc: user + system, its startup "
+        "excluded) taking 16 exporters' requests at once over OTLP/HTTP (4 jobs of 4 ranks, "
+        "Megatron-LM's `per_step` span groups re-enacted, 512 spans a request as the SDK "
+        "batches them, protobuf bodies), over parsing them with the OTLP protobufs alone"
+    ),
+    "receive_http_default_cpu_ratio": (
+        "CPU seconds per span of one `receive` process (/proc: user + system, its startup "
+        "excluded) taking 16 exporters' requests at once over OTLP/HTTP (4 jobs of 4 ranks, "
+        "Megatron-LM's `default` span groups re-enacted, 512 spans a request as the SDK batches"
+        " them, protobuf bodies), over parsing them with the OTLP protobufs alone"
+    ),
     "report_window_ratio": "`report --window 1h` of the 1M-span file (two ranks, a SIGKILL and "
     "a resume each), over plain `report` of it, each a process of its own, interleaved",
     "diff_ratio": "`diff` of two 1M-span files of that shape, over one `report` of one of them",

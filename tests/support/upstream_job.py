@@ -30,6 +30,10 @@ that job. Run as ``python upstream_job.py TRACE_FILE [options]``:
   starts a new one, as a collector's rotating file exporter leaves them;
 * at each log interval, a line ``iteration N/M | lm loss: …`` on stdout, as
   Megatron-LM logs (N: the iterations done);
+* ``--otlp-grpc HOST:PORT`` sends the spans and the metric points over the wire
+  too, with the SDK's OTLP gRPC exporters (a second batch processor, a second
+  periodic reader), as nemo-lens's ``otlp`` exporter does: the file stays
+  the reference of what was sent;
 * ``MEGATRON_TEST_ITERATION_SLEEP`` and ``MEGATRON_TEST_HANG_AT_ITERATION``
   (the trainer's fault hooks, read by the same code) slow or block the step.
 
@@ -145,11 +149,28 @@ class Job:
         self.tracer_provider = TracerProvider(resource=resource)
         self.tracer_provider.add_span_processor(BatchSpanProcessor(FileSpanExporter(stream=stream)))
         self.tracer = self.tracer_provider.get_tracer("megatron.training")
-        reader = PeriodicExportingMetricReader(
-            FileMetricExporter(trace_file.with_name("metrics.jsonl")),
-            export_interval_millis=args.metrics_interval * 1000,
-        )
-        self.meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+        readers = [
+            PeriodicExportingMetricReader(
+                FileMetricExporter(trace_file.with_name("metrics.jsonl")),
+                export_interval_millis=args.metrics_interval * 1000,
+            )
+        ]
+        if args.otlp_grpc:
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                OTLPMetricExporter,
+            )
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+            endpoint = f"http://{args.otlp_grpc}"
+            wire = OTLPSpanExporter(endpoint=endpoint, insecure=True)
+            self.tracer_provider.add_span_processor(BatchSpanProcessor(wire))
+            readers.append(
+                PeriodicExportingMetricReader(
+                    OTLPMetricExporter(endpoint=endpoint, insecure=True),
+                    export_interval_millis=args.metrics_interval * 1000,
+                )
+            )
+        self.meter_provider = MeterProvider(resource=resource, metric_readers=readers)
         self.meter = self.meter_provider.get_meter("megatron.training")
         self.faults = FaultInjection.from_env()
 
@@ -254,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-interval", type=float, default=1.0, help="seconds")
     parser.add_argument("--rotate-bytes", type=int, default=0)
     parser.add_argument("--run-id", default="job-4711")
+    parser.add_argument("--otlp-grpc", default=None, metavar="HOST:PORT")
     sys.stdout.reconfigure(line_buffering=True)
     Job(parser.parse_args(argv)).run()
     return 0

@@ -29,6 +29,9 @@ NEEDS_EXTRAS_MODULES = frozenset(
         # the receive extra's grpcio and opentelemetry-proto (test_without_extras.py
         # checks the one line `receive` gives without them)
         "receive/test_receive.py",
+        "receive/test_jobs.py",
+        "receive/test_killed.py",
+        "receive/test_convert.py",
         "render/timeline/test_write.py",
         "render/timeline/test_ranks.py",
         "render/timeline/test_many_ranks.py",

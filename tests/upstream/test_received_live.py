@@ -9,7 +9,8 @@ metric points sent to ``megatron-trace watch --receive DIR`` (the receiver and
 the Prometheus endpoint in one process). The test scrapes the endpoint while
 the job runs (the rank seen ``running``, under nemo-lens's run id), and once it
 has finished: the scraped goodput, badput per category and wall clock equal
-``report --json`` on the received ``DIR/rank0/traces.jsonl``, and ``check``
+``report --json`` on the received ``DIR/<run id>/rank0/traces.jsonl`` (nemo-lens's
+``nemo.lens.job_uuid`` off Slurm names no job, so its run id names the folder), and ``check``
 passes on it. Nothing here touches the checkout.
 """
 
@@ -116,9 +117,10 @@ def test_a_megatron_lm_job_over_otlp_is_watched_live_then_reported(
         watch.wait(timeout=30)
     assert watch.returncode == 0
 
-    files = sorted(received.glob("*/traces.jsonl"))
-    assert [f.parent.name for f in files] == ["rank0"]
-    assert (received / "rank0" / "metrics.jsonl").stat().st_size > 0  # nemo-lens's metrics too
+    files = sorted(received.glob("*/*/traces.jsonl"))
+    assert [(f.parent.parent.name, f.parent.name) for f in files] == [(RUN_ID, "rank0")]
+    metrics = received / RUN_ID / "rank0" / "metrics.jsonl"
+    assert metrics.stat().st_size > 0  # nemo-lens's metrics too
     checked = _trace("check", files[0])
     assert checked.returncode == 0, checked.stdout + checked.stderr
     reported = _trace("report", "--json", files[0])

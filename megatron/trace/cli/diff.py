@@ -34,13 +34,15 @@ _USAGE = (
 
 def sides(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
     """A's files and B's: each ``--a`` / ``--b`` set, else the next positional file."""
+    from megatron.trace.cli.folders import expand
+
     positional = list(args.files)
     chosen = []
     for given in (args.a, args.b):
         if given:
-            chosen.append(list(given))
+            chosen.append(expand(given, "diff"))
         elif positional:
-            chosen.append([positional.pop(0)])
+            chosen.append(expand([positional.pop(0)], "diff"))  # a job's folder: one side
         else:
             raise TraceInputError(f"{_USAGE}; got too few files")
     if positional:

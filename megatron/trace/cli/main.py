@@ -43,6 +43,10 @@ COMMANDS = {
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
+#: The commands whose FILE arguments may be folders (:mod:`megatron.trace.cli.folders`);
+#: diff reads each folder as one side (in its own ``sides``), watch follows files.
+_READ_FOLDERS = frozenset({"check", "report", "timeline", "export"})
+
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every subcommand, or of ``command`` alone (a name in ``COMMANDS``)."""
@@ -71,6 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(chosen)
     args = parser.parse_args(words)
     try:
+        if args.command in _READ_FOLDERS and getattr(args, "files", None):
+            from megatron.trace.cli.folders import expand
+
+            args.files = expand(args.files, args.command)  # a receiver's folders: their files
         with paused_gc(), _warnings_to_stderr():  # (a command's data holds no cycles)
             status = int(args.func(args))
         sys.stdout.flush()  # here, so a reader that went away is caught below

@@ -144,7 +144,13 @@ def add_command(
         name, help=help, description=description, epilog=exit_statuses(finding, gate)
     )
     if files:
-        parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="trace files")
+        parser.add_argument(
+            "files",
+            nargs="+",
+            type=Path,
+            metavar="FILE",
+            help="trace files, or folders receive wrote (a job's, or a receiver's holding one job)",
+        )
     parser.add_argument(
         "--jobs",
         type=_jobs,

@@ -2,9 +2,10 @@
 
 For a job whose telemetry exports over OTLP only (Megatron-LM's nemo-lens:
 ``OTEL_EXPORTER_OTLP_ENDPOINT``), point its exporter here instead of at a
-collector: every export request is appended, split by rank, under
-``--out`` (:mod:`megatron.trace.receive`), and ``report``, ``check``,
-``timeline`` and ``watch`` read those files. Ctrl-C or SIGTERM stops it:
+collector: every export request is appended, split by job and rank, under
+``--out`` (``OUT/JOB/rank<N>/``: :mod:`megatron.trace.receive`), and
+``report``, ``check``, ``timeline`` and ``watch`` read those files (``report
+OUT/JOB``; ``report OUT`` when it holds one job). Ctrl-C or SIGTERM stops it:
 what was received is on disk (each request one whole line), one summary
 line, exit 0.
 """
@@ -82,7 +83,7 @@ def new_receiver(args: argparse.Namespace, out: Path, flag: str, on_error: Any) 
         out.mkdir(exist_ok=True)
     except OSError as error:
         raise TraceOutputError(f"{flag} {out}: {error.strerror or error}") from None
-    return Receiver(out, args.grpc, args.http, on_error=on_error)
+    return Receiver(out, args.grpc, args.http, on_error=on_error, max_folders=args.max_folders)
 
 
 def listening_on(args: argparse.Namespace, receiver: Any) -> str:
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         receiver.start()
-        _say(f"listening on {listening_on(args, receiver)}; writing {args.out}/RANK/")
+        _say(f"listening on {listening_on(args, receiver)}; writing {args.out}/JOB/RANK/")
         threading.Event().wait()
     except (KeyboardInterrupt, _Stopped):
         pass
@@ -108,9 +109,18 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         receiver.stop()
     files = sorted(receiver.files.lines)
+    jobs = len({path.parent.parent for path in files})
+    refused = receiver.files.refused
     _say(
         f"stopped: {receiver.requests} export requests, "
-        f"{sum(receiver.files.lines.values())} lines in {len(files)} files under {args.out}"
+        f"{sum(receiver.files.lines.values())} lines in {len(files)} files of {jobs} "
+        f"job{'' if jobs == 1 else 's'} under {args.out}"
+        + (f"; {refused} resource entries refused (--max-folders)" if refused else "")
+        + (
+            f"; {receiver.files.duplicates} resent lines written once"
+            if receiver.files.duplicates
+            else ""
+        )
     )
     return 0
 
@@ -129,10 +139,12 @@ def add_parser(subparsers: Any) -> None:
         help="listen as a collector's OTLP receiver and write the files report reads",
         description="Listen for OTLP exports as a collector's OTLP receiver does (gRPC, "
         "and HTTP with protobuf or JSON bodies on /v1/traces, /v1/metrics, /v1/logs) and "
-        "append each request, split by the rank its resource names (dl.rank, else "
-        "service.instance.id), to OUT/rank<N>/traces.jsonl, metrics.jsonl and logs.jsonl "
-        "in the OTLP file exporter's JSON format: `megatron-trace report "
-        "OUT/rank*/traces.jsonl` then reads them. Point the job's exporter here, e.g. "
+        "append each request, split by the job and the rank its resource names, to "
+        "OUT/JOB/rank<N>/traces.jsonl, metrics.jsonl and logs.jsonl in the OTLP file "
+        "exporter's JSON format: `megatron-trace report OUT/JOB` then reads a job. The job "
+        "is the first of nemo.lens.job_uuid (not Megatron-LM's one for jobs outside Slurm), "
+        "megatron.run_id, nemo.run.id, slurm.job.id, service.instance.id less -rank<N>; a "
+        "process naming none gets a folder of its own. Point the jobs' exporters here, e.g. "
         "OTEL_EXPORTER_OTLP_ENDPOINT=http://HOST:4317 (needs the 'receive' extra). Ctrl-C "
         "or SIGTERM stops it, with status 0.",
         epilog=exit_statuses(None),
@@ -144,9 +156,29 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def _folders(text: str) -> int:
+    if not text.isdigit() or int(text) < 2:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of folders, 2 or more (a job's and a rank's), got {text!r}"
+        )
+    return int(text)
+
+
 def add_listen_arguments(parser: argparse.ArgumentParser, when: str = "") -> None:
-    """``--grpc`` and ``--http``, the receiver's two listen addresses (``receive``'s, and
-    ``watch --receive``'s, whose help says ``when`` they apply)."""
+    """``--grpc``, ``--http`` and ``--max-folders``: where the receiver listens and how many
+    folders it may make (``receive``'s, and ``watch --receive``'s, whose help says ``when``
+    they apply)."""
+    from megatron.trace.receive.files import DEFAULT_MAX_FOLDERS
+
+    parser.add_argument(
+        "--max-folders",
+        type=_folders,
+        default=DEFAULT_MAX_FOLDERS,
+        metavar="N",
+        help=f"{when}the most folders (a job's and each of its ranks') the output folder may "
+        "hold, those there already included; a request for more is refused, and not retried "
+        f"by the sender (default {DEFAULT_MAX_FOLDERS})",
+    )
     for flag, transport, default, port in (
         ("--grpc", "OTLP/gRPC", DEFAULT_GRPC, 4317),
         ("--http", "OTLP/HTTP", DEFAULT_HTTP, 4318),

@@ -6,12 +6,14 @@ The command is the loop and the endpoint; following the files is
 metric families :mod:`megatron.trace.render.metrics.prometheus`'s. The files are
 polled every ``--interval`` seconds; a scrape computes the figures from what
 was read so far (at most once per second). With ``--receive DIR`` it is also
-the job's OTLP receiver (``receive``'s :class:`~megatron.trace.receive.Receiver`,
-on ``--grpc``/``--http``): what arrives is written to ``DIR/rank<N>/traces.jsonl``
-(and ``metrics.jsonl``) and each rank's file is followed from when it appears,
-so a job that exports over OTLP only (Megatron-LM's nemo-lens) is watched live
-and its files are there for ``report`` after. Ctrl-C or SIGTERM stops it: one
-line, exit 0.
+the jobs' OTLP receiver (``receive``'s :class:`~megatron.trace.receive.Receiver`,
+on ``--grpc``/``--http``): what arrives is written to
+``DIR/JOB/rank<N>/traces.jsonl`` (and ``metrics.jsonl``), and each job is
+watched on its own from when its first file appears: its series labelled
+``run_id`` = its folder's name, its own state, hangs and stragglers, so
+several jobs exporting over OTLP only (Megatron-LM's nemo-lens) to one
+receiver are watched live apart, and their files are there for ``report``
+after. Ctrl-C or SIGTERM stops it: one line, exit 0.
 """
 
 from __future__ import annotations
@@ -69,55 +71,91 @@ def _seconds(text: str) -> float:
     return value
 
 
-class _Watch:
-    """The shared state of the poll loop and the scrapes (one lock around both)."""
+class _Followed:
+    """One job's files, its live figures, and the snapshot its last scrape computed."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        trace_files = [p for p in args.files if not p.name.startswith("metrics")]
-        self.received: Path | None = args.receive
-        self.follower = Follower(list(trace_files))
+    def __init__(self, args: argparse.Namespace, files: list[Path], run_id: str | None) -> None:
+        self.follower = Follower(list(files))
         self.job = LiveJob(
-            list(trace_files),
-            run_id=args.run_id,
+            list(files),
+            run_id=run_id,
             hang_factor=args.hang_factor,
             hang_floor_s=args.hang_floor,
             killed_after_s=args.killed_after,
         )
+        self.cached: Any = None
+        self.cached_at = 0.0
+        self.dirty = True
+        self.failed = ""
+
+    def add(self, path: Path) -> None:
+        if self.follower.add(path):
+            self.job.trace_files.append(path)  # (its metrics.jsonl: signs of life)
+
+    def poll(self) -> bool:
+        return bool(self.job.add_lines(self.follower.poll()))
+
+    def snapshot(self, now: float, stale_after: float) -> Any:
+        if self.dirty or now - self.cached_at >= 1.0:
+            try:
+                self.cached = self.job.snapshot(Clock.at(None, stale_after))
+            except TraceError as error:  # metrics.jsonl damaged, say: keep the last figures
+                if str(error) != self.failed:
+                    _warn(str(error))
+                self.failed = str(error)
+            else:
+                self.failed = ""
+            self.cached_at, self.dirty = now, False
+        return self.cached
+
+
+class _Watch:
+    """The shared state of the poll loop and the scrapes (one lock around both): the job of
+    the files named, and with ``--receive`` each job the receiver writes a folder for, each
+    followed, figured and labelled on its own (``run_id``: its folder's name, the job id
+    :mod:`megatron.trace.receive.files` chose), so one job ending, dying or sending damage
+    leaves the others' series as they are."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        trace_files = [p for p in args.files if not p.name.startswith("metrics")]
+        self.received: Path | None = args.receive
+        self.named = _Followed(args, trace_files, args.run_id) if trace_files else None
+        self.jobs: dict[str, _Followed] = {}
         self.stale_after = args.stale_after
         self.lock = threading.Lock()
-        self._cached: Any = None
-        self._cached_at = 0.0
-        self._dirty = True
-        self._failed = ""
+
+    def followed(self) -> list[_Followed]:
+        return ([self.named] if self.named is not None else []) + list(self.jobs.values())
 
     def poll(self) -> None:
-        if self.received is not None:  # a rank the receiver began writing since
-            for path in sorted(self.received.glob("*/traces.jsonl")):
-                if self.follower.add(path):
-                    self.job.trace_files.append(path)  # its metrics.jsonl: signs of life
-        with self.lock:
-            if self.job.add_lines(self.follower.poll()):
-                self._dirty = True
-        for path in self.follower.waiting:
-            _say(f"waiting for {path} (not there yet)")
-        for path, number in self.follower.cut_off:
-            _say(f"{path}:{number}: a last line cut off by a rotation, skipped")
-        self.follower.cut_off.clear()
+        if self.received is not None:  # a job or rank the receiver began writing since
+            for path in sorted(self.received.glob("*/*/traces.jsonl")):
+                name = path.parent.parent.name
+                with self.lock:  # (a scrape reads the job's files)
+                    if name not in self.jobs:
+                        self.jobs[name] = _Followed(self.args, [], name)
+                    self.jobs[name].add(path)
+        for followed in self.followed():
+            with self.lock:
+                if followed.poll():
+                    followed.dirty = True
+            for path in followed.follower.waiting:
+                _say(f"waiting for {path} (not there yet)")
+            for path, number in followed.follower.cut_off:
+                _say(f"{path}:{number}: a last line cut off by a rotation, skipped")
+            followed.follower.cut_off.clear()
 
-    def snapshot(self) -> Any:
+    def snapshot(self) -> list[Any]:
+        """Each job's figures (a job without a span yet has none)."""
         now = time.monotonic()
         with self.lock:
-            if self._dirty or now - self._cached_at >= 1.0:
-                try:
-                    self._cached = self.job.snapshot(Clock.at(None, self.stale_after))
-                except TraceError as error:  # metrics.jsonl damaged, say: keep the last figures
-                    if str(error) != self._failed:
-                        _warn(str(error))
-                    self._failed = str(error)
-                else:
-                    self._failed = ""
-                self._cached_at, self._dirty = now, False
-            return self._cached
+            found = [f.snapshot(now, self.stale_after) for f in self.followed()]
+        return [snapshot for snapshot in found if snapshot is not None]
+
+    def close(self) -> None:
+        for followed in self.followed():
+            followed.follower.close()
 
 
 def _say(text: str) -> None:
@@ -181,7 +219,7 @@ def _serve(args: argparse.Namespace) -> int:
         if receiver is not None:
             receiver.start()
             listening = listening_on(args, receiver)
-            watched.append(f"{args.receive}/RANK/traces.jsonl (received on {listening})")
+            watched.append(f"{args.receive}/JOB/RANK/traces.jsonl (received on {listening})")
         _say(f"serving http://{host}:{bound}/metrics for " + ", ".join(watched))
         while True:
             watch.poll()
@@ -189,7 +227,7 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         if receiver is not None:
             receiver.stop()
-        watch.follower.close()
+        watch.close()
         if push is not None:
             push.shutdown()  # the last figures, pushed once more
         if server is not None:
@@ -217,8 +255,9 @@ def add_parser(subparsers: Any) -> None:
         "(running, finished, stalled, killed), a suspected hang and how long it has lasted, "
         "the rolling iteration time and the straggler score, on an HTTP endpoint Prometheus "
         "scrapes (needs the 'watch' extra), and with --otlp-endpoint pushed over OTLP "
-        "too; with --receive DIR it is the job's OTLP receiver as well, writing and watching "
-        "DIR/rank<N>/traces.jsonl. Ctrl-C or SIGTERM stops it, with status 0.",
+        "too; with --receive DIR it is the OTLP receiver of any number of jobs as well, "
+        "writing DIR/JOB/rank<N>/traces.jsonl as receive does and watching each job apart "
+        "(its run_id: its folder's name). Ctrl-C or SIGTERM stops it, with status 0.",
         epilog=exit_statuses(None),
     )
     parser.add_argument(
@@ -229,9 +268,9 @@ def add_parser(subparsers: Any) -> None:
         type=out_folder,
         default=None,
         metavar="DIR",
-        help="also be the job's OTLP receiver, as `receive --out DIR` is (needs the "
-        "'receive' extra): write what arrives to DIR/rank<N>/ and watch each rank's "
-        "traces.jsonl from when it appears",
+        help="also be the jobs' OTLP receiver, as `receive --out DIR` is (needs the "
+        "'receive' extra): write what arrives to DIR/JOB/rank<N>/ and watch each job "
+        "from when its first file appears, its series labelled run_id=JOB",
     )
     add_listen_arguments(parser, when="with --receive: the ")
     parser.add_argument(
@@ -299,8 +338,9 @@ def add_parser(subparsers: Any) -> None:
         "--job",
         dest="run_id",
         default=None,
-        help="the run_id label of every series (default: from the first record read: its "
-        "resource's megatron.run_id, nemo.run.id, nemo.lens.run_uuid, slurm.job.id or "
-        "service.instance.id less -rank<N>, else the first file's folder)",
+        help="the run_id label of the FILEs' series (default: from the first record read: "
+        "its resource's megatron.run_id, nemo.run.id, nemo.lens.run_uuid, slurm.job.id or "
+        "service.instance.id less -rank<N>, else the first file's folder); a received "
+        "job's is its folder's name",
     )
     parser.set_defaults(func=run)

@@ -88,6 +88,7 @@ __all__ = [
     "LiveJob",
     "RankFigures",
     "Snapshot",
+    "snapshots",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -249,6 +250,16 @@ class LiveJob:
         if since_s > bound:
             return True, since_s
         return False, 0.0
+
+
+def snapshots(found: Snapshot | Sequence[Snapshot] | None) -> list[Snapshot]:
+    """What a ``snapshot()`` callable returned, as a list: one job's figures (or ``None``
+    before its first span), or several jobs' (``watch --receive``: one per job)."""
+    if found is None:
+        return []
+    if isinstance(found, Snapshot):
+        return [found]
+    return list(found)
 
 
 def _rolling(inc: Incarnation, now_ns: int) -> tuple[float | None, float | None]:

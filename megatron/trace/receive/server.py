@@ -5,7 +5,11 @@ trace, metrics and logs services (grpcio, with the services' generated
 stubs), and HTTP ``POST /v1/traces``, ``/v1/metrics`` and ``/v1/logs`` with
 a protobuf or JSON body, gzip-compressed or not, answered in the body's own
 encoding; a body that is not an export request is refused (HTTP 400, gRPC
-``INVALID_ARGUMENT``) and nothing of it is written.
+``INVALID_ARGUMENT``) and nothing of it is written. A request refused because
+``OUT`` holds as many folders as it may (:class:`~.files.FolderLimitError`) is
+answered as one the sender must not retry (HTTP 507, gRPC
+``FAILED_PRECONDITION``), and said once on stderr; a write that failed is
+answered as one to retry (HTTP 503, gRPC ``UNAVAILABLE``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace.receive.convert import from_json, from_protobuf, request_types, to_json
-from megatron.trace.receive.files import RankFiles
+from megatron.trace.receive.files import DEFAULT_MAX_FOLDERS, FolderLimitError, RankFiles
 from megatron.trace_format.errors import MissingExtraError, TraceError, TraceInputError
 
 __all__ = ["HTTP_PATHS", "Receiver"]
@@ -40,14 +44,16 @@ class Receiver:
         grpc: tuple[str, int] | None,
         http: tuple[str, int] | None,
         on_error: Callable[[str], None] = lambda text: None,
+        max_folders: int = DEFAULT_MAX_FOLDERS,
     ) -> None:
-        self.files = RankFiles(out)
+        self.files = RankFiles(out, max_folders)
         self.grpc, self.http = grpc, http
         self.on_error = on_error
         self.grpc_port: int | None = None
         self.http_port: int | None = None
         self.requests = 0
         self._count_lock = threading.Lock()
+        self._limit_said = False
         self._grpc_server: Any = None
         self._http_server: ThreadingHTTPServer | None = None
 
@@ -55,6 +61,14 @@ class Receiver:
         self.files.write(kind, request)
         with self._count_lock:
             self.requests += 1
+
+    def refused(self, error: FolderLimitError) -> None:
+        """Say the first refusal for want of folders (the next ones are counted, in
+        ``files.refused``, not said: a client could send them without end)."""
+        with self._count_lock:
+            said, self._limit_said = self._limit_said, True
+        if not said:
+            self.on_error(f"{error} (further refusals are counted, not said)")
 
     def start(self) -> None:
         request_types()  # a missing opentelemetry-proto: one line, before anything listens
@@ -102,7 +116,7 @@ class Receiver:
     def _start_http(self, host: str, port: int) -> None:
         handler = type("Handler", (_OtlpHttpHandler,), {"receiver": self})
         try:
-            server = ThreadingHTTPServer((host, port), handler)
+            server = _HttpServer((host, port), handler)
         except OSError as error:
             raise TraceInputError(
                 f"--http {host}:{port}: cannot listen there ({error.strerror or error}); "
@@ -124,10 +138,20 @@ class Receiver:
         self.files.close()
 
 
+class _HttpServer(ThreadingHTTPServer):
+    """The standard library's threading server with a listen backlog for a cluster: its
+    default (5) made the kernel reset connections when 16 exporters connected at once."""
+
+    request_queue_size = 1024
+
+
 def _grpc_servicer(base: type, kind: str, response: type, receiver: Receiver, grpc: Any) -> Any:
     def export(self: Any, request: Any, context: Any) -> Any:
         try:
             receiver.accept(kind, to_json(request))
+        except FolderLimitError as error:
+            receiver.refused(error)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
         except TraceError as error:
             receiver.on_error(str(error))
             context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
@@ -174,6 +198,10 @@ class _OtlpHttpHandler(BaseHTTPRequestHandler):
             return
         try:
             self.receiver.accept(kind, request)
+        except FolderLimitError as error:
+            self.receiver.refused(error)
+            self._answer(507, "text/plain", str(error).encode())
+            return
         except TraceError as error:
             self.receiver.on_error(str(error))
             self._answer(503, "text/plain", str(error).encode())

@@ -13,11 +13,7 @@ reference: the receiver lost, altered and invented nothing.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -26,30 +22,7 @@ from pathlib import Path
 import pytest
 import upstream_traces as u
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
-LISTENING = re.compile(r"listening on grpc 127\.0\.0\.1:(\d+), http http://127\.0\.0\.1:(\d+)/")
-
-
-class Running:
-    def __init__(self, out: Path) -> None:
-        self.out = out
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "megatron.trace", "receive", "--out", str(out),
-             "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"],
-            stderr=subprocess.PIPE, text=True, cwd=out.parent,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        )  # fmt: skip
-        assert self.process.stderr is not None
-        first = self.process.stderr.readline()
-        match = LISTENING.search(first)
-        assert match, first
-        self.grpc_port, self.http_port = map(int, match.groups())
-
-    def stop(self) -> tuple[int, str]:
-        self.process.send_signal(signal.SIGTERM)
-        _, rest = self.process.communicate(timeout=30)
-        return self.process.returncode, rest
+from otlp_receiver import Running, Watching, cli, exporter, report
 
 
 @pytest.fixture
@@ -61,45 +34,14 @@ def receiver(tmp_path: Path) -> Iterator[Running]:
         running.process.wait()
 
 
-def _exporter(transport: str, receiver: Running):
-    if transport == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter(endpoint=f"http://127.0.0.1:{receiver.grpc_port}", insecure=True)
-    from opentelemetry.exporter.otlp.proto.http import Compression
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    return OTLPSpanExporter(
-        endpoint=f"http://127.0.0.1:{receiver.http_port}/v1/traces",
-        compression=Compression.Gzip if transport == "http-gzip" else Compression.NoCompression,
-    )
-
-
 def _job(reference: Path, transport: str, receiver: Running) -> None:
     """Two ranks on two hosts: rank 0 runs cleanly, rank 1 is SIGKILLed at iteration 17."""
     for rank, kill in ((0, None), (1, u.Kill(17))):
         process = u.Process(reference, pid=4242 + rank, rank=rank, host=f"node-{rank}")
-        wire = SimpleSpanProcessor(_exporter(transport, receiver))
+        wire = SimpleSpanProcessor(exporter(transport, receiver))
         process.provider.add_span_processor(wire)
         process.pretrain(train_iters=30, save_interval=10, eval_interval=10, kill=kill)
         wire.force_flush()
-
-
-def _cli(*argv: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "megatron.trace", *map(str, argv)],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-    )  # fmt: skip
-
-
-def _report(*files: Path) -> dict:
-    # the same instant for both, so liveness (running or not) is judged alike
-    result = _cli("report", "--json", "--now", "1900000000", *files)
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout.splitlines()[-1])
-    report.pop("liveness")
-    return report
 
 
 @pytest.mark.parametrize("transport", ["grpc", "http", "http-gzip"])
@@ -112,8 +54,12 @@ def test_received_spans_report_and_check_as_the_file_exporter_s(
     status, said = receiver.stop()
     assert status == 0, said
 
-    received = sorted(receiver.out.glob("*/traces.jsonl"))
-    assert [p.parent.name for p in received] == ["rank0", "rank1"]  # one folder per rank
+    received = sorted(receiver.out.glob("*/*/traces.jsonl"))
+    # one folder for the job (its nemo.run.id), in it one per rank
+    assert [(p.parent.parent.name, p.parent.name) for p in received] == [
+        ("job-4711", "rank0"),
+        ("job-4711", "rank1"),
+    ]
     for path in received:  # each rank's file holds that rank's spans only
         ranks = {
             attribute["value"]["intValue"]
@@ -123,13 +69,15 @@ def test_received_spans_report_and_check_as_the_file_exporter_s(
             if attribute["key"] == "dl.rank"
         }
         assert ranks == {path.parent.name.removeprefix("rank")}
-    assert re.search(r"stopped: \d+ export requests, \d+ lines in 2 files", said)
+    assert re.search(r"stopped: \d+ export requests, \d+ lines in 2 files of 1 job under", said)
 
-    expected, got = _report(reference), _report(*received)
+    expected, got = report(reference), report(*received)
+    assert report(receiver.out / "job-4711") == got  # the job's folder: its ranks' files
+    assert report(receiver.out) == got  # the receiver's folder, holding that one job
     assert got["spans"] == expected["spans"] > 100
     assert [r["rank"] for r in got["ranks"]] == [0, 1]
     assert got == expected
-    checked = [_cli("check", *files) for files in ([reference], received)]
+    checked = [cli("check", *files) for files in ([reference], received)]
     assert checked[0].returncode == checked[1].returncode
     assert checked[1].stdout == checked[0].stdout
 
@@ -137,7 +85,7 @@ def test_received_spans_report_and_check_as_the_file_exporter_s(
 def test_ids_are_hex_as_the_file_exporter_writes_them(receiver: Running, tmp_path: Path) -> None:
     reference = tmp_path / "reference.jsonl"
     process = u.Process(reference, pid=77)
-    process.provider.add_span_processor(SimpleSpanProcessor(_exporter("grpc", receiver)))
+    process.provider.add_span_processor(SimpleSpanProcessor(exporter("grpc", receiver)))
     process.pretrain(train_iters=3, save_interval=10)
     receiver.stop()
 
@@ -150,7 +98,7 @@ def test_ids_are_hex_as_the_file_exporter_writes_them(receiver: Running, tmp_pat
                         found[span["spanId"]] = span
         return found
 
-    want, got = spans(reference), spans(receiver.out / "rank0" / "traces.jsonl")
+    want, got = spans(reference), spans(receiver.out / "job-4711" / "rank0" / "traces.jsonl")
     assert got.keys() == want.keys()
     assert all(re.fullmatch(r"[0-9a-f]{16}", span_id) for span_id in got)
     for span_id, span in want.items():
@@ -191,10 +139,9 @@ def test_metrics_arrive_beside_the_rank_s_trace(receiver: Running, tmp_path: Pat
         step_duration_ms=100.0, loss=2.5, throughput_tflops=100.0, grad_norm=1.0,
         learning_rate=1e-4, tokens_per_sec=4096.0,
     )  # fmt: skip
-    data = reader.get_metrics_data()
-    for exporter in exporters:
-        exporter.export(data)
-        exporter.shutdown()
+    for each in exporters:  # a collection each (the same request twice is written once)
+        each.export(reader.get_metrics_data())
+        each.shutdown()
     receiver.stop()
 
     def points(text: str) -> list[tuple[str, float]]:
@@ -209,7 +156,7 @@ def test_metrics_arrive_beside_the_rank_s_trace(receiver: Running, tmp_path: Pat
                             found.append((metric["name"], float(value)))
         return sorted(found)
 
-    received = receiver.out / "rank3" / "metrics.jsonl"
+    received = receiver.out / "job" / "rank3" / "metrics.jsonl"  # (instance id less -rank3)
     lines = received.read_text().splitlines()
     assert len(lines) == 2  # one request by gRPC, one by HTTP
     want = points(reference.read_text())
@@ -242,15 +189,16 @@ def test_http_json_bodies_are_kept_and_bad_bodies_refused(receiver: Running) -> 
     assert post(b"{}", "text/plain")[0] == 415
     assert post(b"{}", "application/json", "/v1/nothing")[0] == 404
     assert receiver.stop()[0] == 0
-    lines = (receiver.out / "rank0" / "traces.jsonl").read_text().splitlines()
+    # (a resource naming neither job nor process: a folder of its own)
+    lines = (receiver.out / "unidentified" / "rank0" / "traces.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == [body]  # the bad bodies wrote nothing
 
 
 def test_a_torn_last_line_stays_the_one_torn_line(tmp_path: Path) -> None:
     out = tmp_path / "received"
-    (out / "rank0").mkdir(parents=True)
+    (out / "unidentified" / "rank0").mkdir(parents=True)
     torn = '{"resourceSpans": [{"resource": {'
-    (out / "rank0" / "traces.jsonl").write_text(torn)
+    (out / "unidentified" / "rank0" / "traces.jsonl").write_text(torn)
     receiver = Running(out)
     try:
         url = f"http://127.0.0.1:{receiver.http_port}/v1/traces"
@@ -263,7 +211,7 @@ def test_a_torn_last_line_stays_the_one_torn_line(tmp_path: Path) -> None:
             assert answer.status == 200
     finally:
         receiver.stop()
-    assert (out / "rank0" / "traces.jsonl").read_text().splitlines() == [
+    assert (out / "unidentified" / "rank0" / "traces.jsonl").read_text().splitlines() == [
         torn,
         json.dumps(body, separators=(",", ":")),
     ]
@@ -275,10 +223,11 @@ def test_a_torn_last_line_stays_the_one_torn_line(tmp_path: Path) -> None:
         (["--grpc", "nowhere"], "--grpc: expected HOST:PORT (e.g. 0.0.0.0:4317) or off"),
         (["--http", "h:99999"], "--http: expected HOST:PORT (e.g. 0.0.0.0:4318) or off"),
         (["--grpc", "off", "--http", "off"], "nothing would listen"),
+        (["--max-folders", "1"], "--max-folders: expected a whole number of folders, 2 or more"),
     ],
 )
 def test_bad_flags_are_one_line(tmp_path: Path, argv: list[str], message: str) -> None:
-    result = _cli("receive", "--out", tmp_path / "out", *argv)
+    result = cli("receive", "--out", tmp_path / "out", *argv)
     assert result.returncode == 2
     assert message in result.stderr
     assert len([line for line in result.stderr.splitlines() if "error" in line]) == 1
@@ -286,7 +235,7 @@ def test_bad_flags_are_one_line(tmp_path: Path, argv: list[str], message: str) -
 
 
 def test_out_in_a_missing_folder_is_an_error_naming_the_flag(tmp_path: Path) -> None:
-    result = _cli("receive", "--out", tmp_path / "no" / "such")
+    result = cli("receive", "--out", tmp_path / "no" / "such")
     assert result.returncode == 2
     assert "--out" in result.stderr and "does not exist" in result.stderr
     assert not (tmp_path / "no").exists()
@@ -294,43 +243,9 @@ def test_out_in_a_missing_folder_is_an_error_naming_the_flag(tmp_path: Path) -> 
 
 def test_a_port_in_use_is_one_line_naming_the_flag(receiver: Running, tmp_path: Path) -> None:
     taken = f"127.0.0.1:{receiver.http_port}"
-    result = _cli("receive", "--out", tmp_path / "other", "--grpc", "off", "--http", taken)
+    result = cli("receive", "--out", tmp_path / "other", "--grpc", "off", "--http", taken)
     assert result.returncode == 2
     assert result.stderr.startswith(f"megatron-trace receive: error: --http {taken}: cannot")
-
-
-WATCHING = re.compile(
-    r"serving http://127\.0\.0\.1:(\d+)/metrics for .*received on grpc 127\.0\.0\.1:(\d+), "
-    r"http http://127\.0\.0\.1:(\d+)/v1/traces"
-)
-
-
-class Watching(Running):
-    """``watch --receive``: the receiver and the endpoint in one process."""
-
-    def __init__(self, out: Path) -> None:
-        self.out = out
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "megatron.trace", "watch", "--receive", str(out),
-             "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--listen", "127.0.0.1:0",
-             "--interval", "0.2"],
-            stderr=subprocess.PIPE, text=True, cwd=out.parent,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        )  # fmt: skip
-        assert self.process.stderr is not None
-        first = self.process.stderr.readline()
-        match = WATCHING.search(first)
-        assert match, first
-        self.metrics_port, self.grpc_port, self.http_port = map(int, match.groups())
-
-    def scrape(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics") as answer:
-            text = answer.read().decode()
-        series = {}
-        for name, labels, value in re.findall(r"^(\w+)\{(.*)\} (\S+)$", text, re.M):
-            pairs = frozenset(re.findall(r'(\w+)="([^"]*)"', labels))
-            series[(name, pairs)] = float(value)
-        return series
 
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])
@@ -342,7 +257,7 @@ def test_watch_receive_serves_what_report_reads_from_the_received_files(
         reference = tmp_path / "reference" / "traces.jsonl"
         reference.parent.mkdir()
         _job(reference, transport, watching)  # type: ignore[arg-type]
-        received = sorted(watching.out.glob("*/traces.jsonl"))
+        received = sorted(watching.out.glob("job-4711/*/traces.jsonl"))
         assert [p.parent.name for p in received] == ["rank0", "rank1"]
 
         def both_ranks() -> dict:
@@ -363,7 +278,7 @@ def test_watch_receive_serves_what_report_reads_from_the_received_files(
     run = "job-4711"
     for path in received:
         rank = path.parent.name.removeprefix("rank")
-        result = _cli("report", "--json", path)
+        result = cli("report", "--json", path)
         assert result.returncode == 0, result.stderr
         report = json.loads(result.stdout.splitlines()[-1])
         labels = frozenset({("run_id", run), ("rank", rank)})

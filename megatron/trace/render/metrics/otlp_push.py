@@ -18,10 +18,10 @@ watched Megatron-LM job alike. The exporter needs the ``otlp`` extra.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from megatron.trace.live.job import Snapshot
+from megatron.trace.live.job import Snapshot, snapshots
 from megatron.trace.render.metrics.series import RANK_SERIES, Points, RankSeries
 from megatron.trace_format.errors import MissingExtraError
 from megatron.trace_format.semconv import SERVICE_NAME
@@ -73,7 +73,7 @@ class OtlpPush:
 
     def __init__(
         self,
-        snapshot: Callable[[], Snapshot | None],
+        snapshot: Callable[[], Snapshot | Sequence[Snapshot] | None],
         endpoint: str,
         interval_s: float,
         say: Callable[[str], None],
@@ -97,12 +97,10 @@ class OtlpPush:
 
         def callback(series: RankSeries) -> Any:
             def observe(options: CallbackOptions) -> list[Observation]:
-                snapshot = self._snapshot()
-                if snapshot is None:
-                    return []
                 points: Points = (
-                    (value, {"run_id": snapshot.run_id, "rank": figures.rank, **extra})
-                    for figures in snapshot.ranks
+                    (value, {"run_id": job.run_id, "rank": figures.rank, **extra})
+                    for job in snapshots(self._snapshot())  # one job, or each received one
+                    for figures in job.ranks
                     for value, extra in series.points(figures)
                 )
                 return [Observation(value, attributes) for value, attributes in points]

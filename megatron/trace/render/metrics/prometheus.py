@@ -25,10 +25,10 @@ served as its highest value so far, so it never goes lower between scrapes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from megatron.trace.live.job import Snapshot
+from megatron.trace.live.job import Snapshot, snapshots
 from megatron.trace.render.metrics.series import RANK_SERIES
 from megatron.trace_format.errors import MissingExtraError
 from megatron.trace_format.semconv import (
@@ -91,9 +91,10 @@ def prometheus_client() -> Any:
 
 
 class SnapshotCollector:
-    """Serves whatever ``snapshot()`` returns at scrape time (nothing before the first span)."""
+    """Serves whatever ``snapshot()`` returns at scrape time: a job's figures, or several
+    jobs' (each family once, a series per job's ``run_id``); nothing before a first span."""
 
-    def __init__(self, snapshot: Callable[[], Snapshot | None]) -> None:
+    def __init__(self, snapshot: Callable[[], Snapshot | Sequence[Snapshot] | None]) -> None:
         self._snapshot = snapshot
         self._client = prometheus_client()
         self._highest: dict[tuple[str, ...], float] = {}
@@ -102,17 +103,20 @@ class SnapshotCollector:
         return []  # unchecked: the families depend on the job
 
     def collect(self) -> Iterator[Any]:
-        snapshot = self._snapshot()
-        if snapshot is None:
+        found = snapshots(self._snapshot())
+        if not found:
             return
-        yield from families(snapshot, self._client, self._highest)
+        yield from families(found, self._client, self._highest)
 
 
 def families(
-    snapshot: Snapshot, client: Any, highest: dict[tuple[str, ...], float] | None = None
+    snapshot: Snapshot | Sequence[Snapshot],
+    client: Any,
+    highest: dict[tuple[str, ...], float] | None = None,
 ) -> Iterator[Any]:
-    """The metric families of one snapshot; ``highest`` holds each counter series' highest
-    value so far (between the scrapes of one collector), and is what a counter serves."""
+    """The metric families of one snapshot, or of several jobs' (each family once, holding
+    every job's series); ``highest`` holds each counter series' highest value so far
+    (between the scrapes of one collector), and is what a counter serves."""
     core = client.core
     highest = {} if highest is None else highest
 
@@ -131,20 +135,20 @@ def families(
             built[name] = make(stem, text, labels=[LABEL, *labels])
         return built[name]
 
-    run_id = snapshot.run_id
-    for figures in snapshot.ranks:
-        rank = [run_id, figures.rank]
-        for series in RANK_SERIES:
-            labels = [label(attribute) for attribute in series.labels]
-            for value, extra in series.points(figures):
-                found = family(series.gauge.prometheus, "rank", *labels)
-                found.add_metric([*rank, *(extra[a] for a in series.labels)], value)
-        lost = figures.badput_s.get(Category.WASTED_PROGRESS, 0.0)
-        counted(PROGRESS_COUNTER, rank, figures.goodput_s + lost)
-        counted(LOST_PROGRESS_COUNTER, rank, lost)
-    family(WATCH_SPANS).add_metric([run_id], snapshot.spans)
-    family(WATCH_LINES_COUNTER).add_metric([run_id], snapshot.lines)
-    corrupt = family(WATCH_CORRUPT_LINES_COUNTER)
-    corrupt.add_metric([run_id], snapshot.corrupt_lines)
-    family(WATCH_TORN_LINES).add_metric([run_id], snapshot.torn_lines)
+    for job in snapshots(snapshot):
+        run_id = job.run_id
+        for figures in job.ranks:
+            rank = [run_id, figures.rank]
+            for series in RANK_SERIES:
+                labels = [label(attribute) for attribute in series.labels]
+                for value, extra in series.points(figures):
+                    found = family(series.gauge.prometheus, "rank", *labels)
+                    found.add_metric([*rank, *(extra[a] for a in series.labels)], value)
+            lost = figures.badput_s.get(Category.WASTED_PROGRESS, 0.0)
+            counted(PROGRESS_COUNTER, rank, figures.goodput_s + lost)
+            counted(LOST_PROGRESS_COUNTER, rank, lost)
+        family(WATCH_SPANS).add_metric([run_id], job.spans)
+        family(WATCH_LINES_COUNTER).add_metric([run_id], job.lines)
+        family(WATCH_CORRUPT_LINES_COUNTER).add_metric([run_id], job.corrupt_lines)
+        family(WATCH_TORN_LINES).add_metric([run_id], job.torn_lines)
     yield from built.values()

@@ -34,7 +34,8 @@ config is Prometheus's default one (no ``honor_labels``): ``job`` and
 * a SIGKILLed job gives exactly one firing notification (``MegatronJobStalled``,
   identified by ``run_id`` alone), still active and never resolved as the job
   goes from stalled to killed and stays dead; a job that finishes cleanly gives
-  none;
+  none; of two jobs exporting over OTLP to one ``watch --receive``, the one
+  SIGKILLed gives one notification, its own, and the other runs on unalerted;
 * every query of the shipped Grafana dashboard (``watch_dashboard.json``), its
   variables substituted, returns data while a two-rank torchrun job of ours
   (``per_step``) trains.
@@ -281,9 +282,12 @@ class Stack:
 
 
 @contextmanager
-def _stack(tmp_path: Path, watch_args: Sequence[str], jobs: Mapping[str, Job]) -> Iterator[Stack]:
+def _stack(
+    tmp_path: Path, watch_args: Sequence[str], jobs: Mapping[str, Job], follow: bool = True
+) -> Iterator[Stack]:
     """Alertmanager, Prometheus (the shipped rules loaded, alerting to it), ``watch`` on the
-    jobs' trace files, and the jobs, all running; everything stopped after (the jobs by
+    jobs' trace files (``follow``; else the jobs send over OTLP to ``watch --receive``, in
+    ``watch_args``), and the jobs, all running; everything stopped after (the jobs by
     SIGKILL), and the logs shown on a failure."""
     prometheus, alertmanager = _prometheus(), _alertmanager()
     prom_port, watch_port, am_port = _free_port(), _free_port(), _free_port()
@@ -317,7 +321,7 @@ def _stack(tmp_path: Path, watch_args: Sequence[str], jobs: Mapping[str, Job]) -
         children["watch"] = subprocess.Popen(
             [sys.executable, "-m", "megatron.trace", "watch", "--interval", "0.2",
              "--listen", f"127.0.0.1:{watch_port}", *watch_args,
-             *(str(job.trace) for job in jobs.values())],
+             *(str(job.trace) for job in jobs.values() if follow)],
             stdout=logs["watch"], stderr=subprocess.STDOUT, env=subprocess_env(), cwd=tmp_path,
         )  # fmt: skip
         prom = Prom(prom_port)
@@ -484,6 +488,62 @@ def test_a_sigkilled_job_turns_stalled_then_killed(tmp_path: Path) -> None:
         # the counters never went down across the kill, the goodput gauge may have
         assert prom.one("resets(megatron_training_progress_seconds_total[5m])") == 0
         assert prom.one("resets(megatron_training_lost_progress_seconds_total[5m])") == 0
+
+
+def test_watch_receive_alerts_for_the_sigkilled_one_of_two_jobs_only(tmp_path: Path) -> None:
+    """Two jobs export over OTLP (the SDK's gRPC exporters) to one ``watch --receive``; one
+    is SIGKILLed: one notification, for that job's ``run_id`` alone, while the other's series
+    go on as a running job's."""
+    grpc = _free_port()
+    received = tmp_path / "received"
+    # two jobs, watch, Prometheus and Alertmanager on a small shared machine: a staleness
+    # bound a starved but living job cannot cross
+    stale, killed = 10.0, 20.0
+    args = ("--stale-after", str(stale), "--killed-after", str(killed),
+            "--receive", str(received), "--grpc", f"127.0.0.1:{grpc}", "--http", "off")  # fmt: skip
+    jobs = {
+        name: megatron_lm_job(
+            tmp_path / "sent" / name, 100_000, "--run-id", name, "--otlp-grpc", f"127.0.0.1:{grpc}"
+        )
+        for name in ("job-a", "job-b")
+    }
+    with _stack(tmp_path, args, jobs, follow=False) as stack:
+        prom, children = stack.prom, stack.children
+
+        def states() -> dict[str, str]:
+            found = prom.query('megatron_job_state{rank="0"}')
+            return {m["run_id"]: m["state"] for m, v in found if v == 1}
+
+        def goodput(run_id: str) -> float:
+            found = prom.one(f'megatron_training_goodput_seconds{{run_id="{run_id}"}}')
+            return found or 0.0
+
+        def both_running() -> bool:
+            return states() == {"job-a": "running", "job-b": "running"} and all(
+                goodput(name) > 0 for name in jobs
+            )
+
+        _wait(both_running, 120, "both jobs running", *children.values())
+        children["job-b"].send_signal(signal.SIGKILL)
+        children["job-b"].wait(timeout=10)
+        _wait(lambda: states().get("job-b") == "killed", killed + 10,
+              "job-b killed", children["watch"], children["job-a"])  # fmt: skip
+        a_then = goodput("job-a")
+        _wait(lambda: stack.webhook.notifications, 30, "a notification", children["watch"])
+        time.sleep(10)  # dead a while more: 5 group intervals, no other alert
+        alerts = stack.webhook.alerts()
+        assert {alert["fingerprint"] for alert in alerts} == {alerts[0]["fingerprint"]}, alerts
+        assert alerts[0]["labels"] == {
+            "alertname": "MegatronJobStalled",
+            "run_id": "job-b",
+            "severity": "critical",
+        }
+        assert all(note["status"] == "firing" for note in stack.webhook.notifications)
+        assert [a["labels"]["run_id"] for a in stack.active_alerts()] == ["job-b"]
+        assert states() == {"job-a": "running", "job-b": "killed"}
+        assert goodput("job-a") > a_then  # the other job's series go on
+        assert children["job-a"].poll() is None
+    assert sorted(p.name for p in received.iterdir()) == ["job-a", "job-b"]
 
 
 def _panel_queries() -> list[tuple[str, str]]:
