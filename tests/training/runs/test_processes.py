@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 PRETRAIN_TWICE = """
 import json, signal, sys
-from megatron.training import telemetry_spans
+from megatron.training.telemetry import lifecycle
 from megatron.training.training import pretrain
 
 installs = []
@@ -29,7 +29,7 @@ signal.signal = counting_signal
 results = [pretrain(sys.argv[1:] + ["--otel-trace-file", f"run{n}/traces.jsonl"]) for n in (1, 2)]
 print(json.dumps({
     "installs": installs,
-    "hooks_state": telemetry_spans.EXIT_HOOKS.state,
+    "hooks_state": lifecycle.TRAINER_EXIT_HOOKS.state,
     "handler": getattr(signal.getsignal(signal.SIGTERM), "__qualname__", None),
     "iterations": [r.iteration for r in results],
     "trace_files": [str(r.trace_file) for r in results],
