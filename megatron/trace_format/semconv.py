@@ -73,6 +73,7 @@ __all__ = [
     "MEGATRON_HANG_DURATION_S",
     "MEGATRON_HANG_SUSPECTED",
     "MEGATRON_JOB_STATE",
+    "MEGATRON_STRAGGLER_NAMED",
     "MEGATRON_STRAGGLER_SCORE",
     "MEGATRON_TRAINING_BADPUT_S",
     "MEGATRON_TRAINING_GOODPUT_FRACTION",
@@ -377,6 +378,8 @@ ITERATION_TIME_SOURCE_ATTRIBUTE = "megatron.iteration_time.source"
 ITERATION_TIME_SOURCES = ("iteration_spans", "loop_passes", "intervals")
 #: Gauge (``watch``): a rank's straggler score.
 MEGATRON_STRAGGLER_SCORE = "megatron.straggler.score"
+#: Gauge (``watch``): 1 when ``report``'s straggler rule names the rank, else 0.
+MEGATRON_STRAGGLER_NAMED = "megatron.straggler.named"
 
 #: What ``megatron-trace watch`` serves of each rank beside the goodput gauges, by name,
 #: in the order served (on its Prometheus endpoint and in its OTLP push alike).
@@ -417,6 +420,14 @@ WATCH_GAUGES: Mapping[str, Gauge] = MappingProxyType(
                 "1",
                 "The fastest rank's median work per iteration over this rank's (1: the fastest)",
                 "megatron_straggler_score",
+            ),
+            Gauge(
+                MEGATRON_STRAGGLER_NAMED,
+                "1",
+                "1 when report's rule names the rank a straggler (a score under 0.9 and its "
+                "work's lower quartile above the fastest rank's upper quartile), else 0 (also "
+                "when not computed: one rank, or no iteration and gradient-sync spans)",
+                "megatron_straggler_named",
             ),
         )
     }

@@ -27,6 +27,7 @@ __all__ = [
     "from_float_keys",
     "median",
     "median_and_quartiles",
+    "quartile_ranks",
     "select",
 ]
 
@@ -60,7 +61,7 @@ def median_and_quartiles(chunks: Callable[[], Iterable[Any]]) -> tuple[float, in
     ``floor((count - 1) / 4)`` and ``ceil(3 (count - 1) / 4)`` in sorted order: order
     statistics rounded outward (no interpolation), so the middle half they span is never
     narrower than the values' own."""
-    values, count = _selected(chunks, lambda n: [*_quartile_ranks(n), *_middle(n)])
+    values, count = _selected(chunks, lambda n: [*quartile_ranks(n), *_middle(n)])
     if not count:
         return 0.0, 0, 0, 0
     low, high, *middle = values
@@ -68,7 +69,7 @@ def median_and_quartiles(chunks: Callable[[], Iterable[Any]]) -> tuple[float, in
     return mid, low, high, count
 
 
-def _quartile_ranks(count: int) -> list[int]:
+def quartile_ranks(count: int) -> list[int]:
     """The ranks of the lower and upper quartile of ``count`` values (none of none)."""
     return [] if not count else [(count - 1) // 4, -(-3 * (count - 1) // 4)]
 

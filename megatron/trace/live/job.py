@@ -128,6 +128,8 @@ class RankFigures:
     straggler_score: float | None
     #: what ``iteration_time_s`` was taken from (one of ``ITERATION_TIME_SOURCES``)
     iteration_time_source: str | None = None
+    #: whether report's straggler rule names the rank (``None``: scores not computed)
+    straggler: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,7 @@ class LiveJob:
                     hang_suspected=suspected,
                     hang_s=hang_s,
                     straggler_score=scores.get(rank),
+                    straggler=self._stragglers.flagged.get(rank),
                 )
             )
         return Snapshot(

@@ -24,6 +24,7 @@ from megatron.trace_format.semconv import (
     MEGATRON_HANG_DURATION_S,
     MEGATRON_HANG_SUSPECTED,
     MEGATRON_JOB_STATE,
+    MEGATRON_STRAGGLER_NAMED,
     MEGATRON_STRAGGLER_SCORE,
     MEGATRON_TRAINING_BADPUT_S,
     MEGATRON_TRAINING_GOODPUT_FRACTION,
@@ -90,6 +91,8 @@ _WATCH_POINTS: dict[str, tuple[Callable[[RankFigures], Points], tuple[str, ...]]
     MEGATRON_HANG_DURATION_S: (lambda f: _one(f.hang_s if f.hang_suspected else 0.0), ()),
     MEGATRON_TRAINING_ITERATION_TIME_S: (_iteration_time, (ITERATION_TIME_SOURCE_ATTRIBUTE,)),
     MEGATRON_STRAGGLER_SCORE: (lambda f: _one(f.straggler_score), ()),
+    # a natural zero too: not named, whether or not the ranks could be compared
+    MEGATRON_STRAGGLER_NAMED: (lambda f: _one(bool(f.straggler)), ()),
 }
 
 #: Every series of every rank, in the order served: the goodput gauges, then watch's own.

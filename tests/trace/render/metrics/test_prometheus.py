@@ -570,7 +570,9 @@ def test_every_dashboard_query_returns_data_for_a_one_rank_default_groups_job(
             if prom.state() != "running":  # (nor scraped yet)
                 return False
             empty[:] = _empty_panels(prom, queries)
-            return [title for title, _ in empty] == [stragglers["title"]]
+            return [(title, "score" in query) for title, query in empty] == [
+                (stragglers["title"], True)
+            ]
 
         try:
             _wait(all_but_the_stragglers, 180, "every panel but the stragglers' with data",
@@ -578,6 +580,7 @@ def test_every_dashboard_query_returns_data_for_a_one_rank_default_groups_job(
         finally:
             print(f"the panels without data, last seen: {empty}")
         assert prom.query("megatron_straggler_score") == []
+        assert prom.of("megatron_straggler_named") == 0
         assert prom.of("megatron_hang_seconds") == 0
         assert prom.of("megatron_hang_suspected") == 0
         ((labels, seconds),) = prom.query("megatron_iteration_time_seconds")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from megatron.trace.analysis.stragglers import SCORE_THRESHOLD
 from megatron.trace.live.job import STATES, RankFigures
 from megatron.trace.render.metrics.prometheus import METRICS, label
 from megatron.trace.render.metrics.series import RANK_SERIES
@@ -12,7 +13,9 @@ from megatron.trace_format.semconv import (
     GOODPUT_GAUGES,
     ITERATION_TIME_SOURCE_ATTRIBUTE,
     ITERATION_TIME_SOURCES,
+    MEGATRON_STRAGGLER_NAMED,
     MEGATRON_TRAINING_ITERATION_TIME_S,
+    WATCH_GAUGES,
 )
 
 
@@ -89,6 +92,18 @@ def test_a_hang_not_computed_is_served_as_none_suspected() -> None:
     }
     assert points["megatron_hang_suspected"] == [(1.0, {})]
     assert points["megatron_hang_seconds"] == [(42.0, {})]
+
+
+def test_the_straggler_flag_is_served_as_0_unless_the_rule_names_the_rank() -> None:
+    """Not computed (one rank, no per_step spans) and not named both read 0; the gauge's
+    description states report's threshold."""
+    for straggler, served in ((None, 0.0), (False, 0.0), (True, 1.0)):
+        points = {
+            s.gauge.prometheus: list(s.points(_figures(straggler=straggler))) for s in RANK_SERIES
+        }
+        assert points["megatron_straggler_named"] == [(served, {})]
+    gauge = WATCH_GAUGES[MEGATRON_STRAGGLER_NAMED]
+    assert f"score under {SCORE_THRESHOLD:g}" in gauge.description
 
 
 def test_the_iteration_time_says_its_source() -> None:
