@@ -143,7 +143,8 @@ def test_balanced_runs_under_a_cpu_hog_name_no_straggler_and_a_quarter_slower_ra
         assert [entry["straggler"] for entry in report["ranks"]] == [False, False], attempt
         assert report["straggler_s"] == 0, attempt
         computes += [entry["work_ms_median"] / 1000 for entry in report["ranks"]]
-        print(f"balanced run {attempt}: {_figures(report)}")
+        with capsys.disabled():  # (the next _report reads the captured output away)
+            print(f"balanced run {attempt}: {_figures(report)}")
     compute_s = statistics.median(computes)
     cli = type(training_cli)(training_cli.cwd / "slowed")
     cli.cwd.mkdir()
