@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import stat
-import statistics
 import subprocess
 import sys
 import time
@@ -129,9 +128,10 @@ def test_balanced_runs_under_a_cpu_hog_name_no_straggler_and_a_quarter_slower_ra
 
     The slowed run sleeps both ranks ``SLOWED_BASE_S`` before each forward step (so the
     work, which the hog delays by some milliseconds at a time, is mostly the sleep), and
-    rank 1 a quarter of its whole work longer: a quarter of the base plus a quarter of the
-    compute the balanced runs measured (their median work)."""
-    computes = []
+    rank 1 a quarter longer: its work a quarter longer but for the compute both ranks
+    share (a few milliseconds), so a score a little over 0.8, not under it. (Calibrating
+    the extra sleep on the balanced runs' compute overshot: without a sleep the ranks
+    contend more, and the rank came out 30 % slower.)"""
     for attempt in range(BALANCED_RUNS):
         cli = type(training_cli)(training_cli.cwd / f"balanced{attempt}")
         cli.cwd.mkdir()
@@ -142,13 +142,11 @@ def test_balanced_runs_under_a_cpu_hog_name_no_straggler_and_a_quarter_slower_ra
         assert ranks["ranks"] == [], (attempt, report["ranks"], text)
         assert [entry["straggler"] for entry in report["ranks"]] == [False, False], attempt
         assert report["straggler_s"] == 0, attempt
-        computes += [entry["work_ms_median"] / 1000 for entry in report["ranks"]]
         with capsys.disabled():  # (the next _report reads the captured output away)
             print(f"balanced run {attempt}: {_figures(report)}")
-    compute_s = statistics.median(computes)
     cli = type(training_cli)(training_cli.cwd / "slowed")
     cli.cwd.mkdir()
-    slowed_s = SLOWED_BASE_S + 0.25 * (SLOWED_BASE_S + compute_s)
+    slowed_s = 1.25 * SLOWED_BASE_S
     with _cpu_hog():
         _run(
             cli,
@@ -161,8 +159,8 @@ def test_balanced_runs_under_a_cpu_hog_name_no_straggler_and_a_quarter_slower_ra
     ranks = {entry["rank"]: entry for entry in report["ranks"]}
     assert report["stragglers"]["ranks"] == [1], (report["ranks"], text)
     assert ranks[1]["work_ms_q1"] > ranks[0]["work_ms_q3"]
-    # a quarter slower: a score about 0.8 (its work's median over the other's, with the noise)
-    assert 0.7 < ranks[1]["score"] < 0.87, ranks
+    # a quarter slower, less the shared compute: a score about 0.8 (with the noise)
+    assert 0.78 < ranks[1]["score"] < 0.87, ranks
 
 
 SLOWED_BASE_S = 0.2
