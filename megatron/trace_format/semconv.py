@@ -66,11 +66,14 @@ __all__ = [
     "IS_GOODPUT_SPAN",
     "ITERATION",
     "ITERATION_SPAN",
+    "ITERATION_TIME_SOURCES",
+    "ITERATION_TIME_SOURCE_ATTRIBUTE",
     "LAUNCH_SCRIPT_SPAN",
     "LOST_PROGRESS_COUNTER",
     "MEGATRON_HANG_DURATION_S",
     "MEGATRON_HANG_SUSPECTED",
     "MEGATRON_JOB_STATE",
+    "MEGATRON_STRAGGLER_NAMED",
     "MEGATRON_STRAGGLER_SCORE",
     "MEGATRON_TRAINING_BADPUT_S",
     "MEGATRON_TRAINING_GOODPUT_FRACTION",
@@ -361,10 +364,23 @@ MEGATRON_JOB_STATE = "megatron.job.state"
 MEGATRON_HANG_SUSPECTED = "megatron.hang.suspected"
 #: Gauge (``watch``): how long the suspected hang has lasted.
 MEGATRON_HANG_DURATION_S = "megatron.hang.duration_s"
-#: Gauge (``watch``): the median of a rank's last loop passes.
+#: Gauge (``watch``): a rank's recent time per iteration, from what its spans show
+#: (:data:`ITERATION_TIME_SOURCE_ATTRIBUTE` says from which).
 MEGATRON_TRAINING_ITERATION_TIME_S = "megatron.training.iteration_time_s"
+#: Metric attribute of an ``iteration_time_s`` point: what it was taken from, one of
+#: :data:`ITERATION_TIME_SOURCES`.
+ITERATION_TIME_SOURCE_ATTRIBUTE = "megatron.iteration_time.source"
+#: The ``iteration_time_s`` sources, the first a rank's spans allow: the median of its
+#: last iteration spans (the ``per_step`` groups); the median of its last loop passes,
+#: told by Megatron-LM's ``megatron.checkpoint.save.finalize`` at the top of each (the
+#: ``checkpoint`` group); its last checkpoint intervals' time over the iterations they
+#: covered (``megatron.interval.first_iteration`` to ``last_iteration``, or derived:
+#: saves and evaluations inside count, so it is at least the loop's own time).
+ITERATION_TIME_SOURCES = ("iteration_spans", "loop_passes", "intervals")
 #: Gauge (``watch``): a rank's straggler score.
 MEGATRON_STRAGGLER_SCORE = "megatron.straggler.score"
+#: Gauge (``watch``): 1 when ``report``'s straggler rule names the rank, else 0.
+MEGATRON_STRAGGLER_NAMED = "megatron.straggler.named"
 
 #: What ``megatron-trace watch`` serves of each rank beside the goodput gauges, by name,
 #: in the order served (on its Prometheus endpoint and in its OTLP push alike).
@@ -383,7 +399,7 @@ WATCH_GAUGES: Mapping[str, Gauge] = MappingProxyType(
                 "1",
                 "1 while the rank's iterations have stopped for longer than max(floor, "
                 "factor x its rolling median iteration time), or the hang watchdog reported "
-                "a stall",
+                "a stall; else 0 (also when its spans show neither iterations nor loop passes)",
                 "megatron_hang_suspected",
             ),
             Gauge(
@@ -395,7 +411,9 @@ WATCH_GAUGES: Mapping[str, Gauge] = MappingProxyType(
             Gauge(
                 MEGATRON_TRAINING_ITERATION_TIME_S,
                 "s",
-                "The median time of the rank's last loop passes (its rolling iteration time)",
+                "The rank's recent time per iteration: the median of its last iteration "
+                "spans or loop passes, else its last intervals' time over the iterations "
+                f"they covered ({ITERATION_TIME_SOURCE_ATTRIBUTE} says which)",
                 "megatron_iteration_time_seconds",
             ),
             Gauge(
@@ -403,6 +421,14 @@ WATCH_GAUGES: Mapping[str, Gauge] = MappingProxyType(
                 "1",
                 "The fastest rank's median work per iteration over this rank's (1: the fastest)",
                 "megatron_straggler_score",
+            ),
+            Gauge(
+                MEGATRON_STRAGGLER_NAMED,
+                "1",
+                "1 when report's rule names the rank a straggler (a score under 0.9 and its "
+                "work's lower quartile above the fastest rank's upper quartile), else 0 (also "
+                "when not computed: one rank, or no iteration and gradient-sync spans)",
+                "megatron_straggler_named",
             ),
         )
     }

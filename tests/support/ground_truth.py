@@ -176,7 +176,7 @@ class Truth:
     ranks: list[RankTruth]
     failures: int  # incarnations ended by a kill or a hang
     restarts: int
-    straggler_ranks: list[int]  # work over 1/0.75 times the fastest's (NVRx's 0.75 score)
+    straggler_ranks: list[int]  # work over 1/0.9 times the fastest's (every iteration's alike)
     straggler_ns: int  # per counted iteration, slowest straggler's - slowest other's work
     counted_iterations: int  # iterations all ranks finished, past each incarnation's warm-up 2
     # (incarnation, the rank that stopped in its own work, ns from the last progress to the end)
@@ -339,7 +339,9 @@ def simulate(history: History) -> Simulated:
             )
         )  # fmt: skip
     fastest = min(works)
-    stragglers = [r for r in range(ranks) if fastest / works[r] < 0.75] if ranks > 1 else []
+    # score under 0.9; every iteration of a rank works alike here, so a slower rank's
+    # work always stands out of the (empty) spread of the fastest's
+    stragglers = [r for r in range(ranks) if fastest / works[r] < 0.9] if ranks > 1 else []
     healthy = [works[r] for r in range(ranks) if r not in stragglers]
     # what the stragglers cost: their slowest work over the slowest healthy rank's
     lost = max(works) - max(healthy) if stragglers and per_step else 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -283,8 +284,9 @@ def beat(
     return path
 
 
-def with_waits(spans: list[dict], wait_s: float) -> list[dict]:
-    """Add each finished iteration's gradient all-reduce wait: its last ``wait_s`` seconds."""
+def with_waits(spans: list[dict], wait_s: float | Callable[[int], float]) -> list[dict]:
+    """Add each finished iteration's gradient all-reduce wait: its last ``wait_s`` seconds
+    (or ``wait_s(n)`` seconds of iteration ``n``)."""
     waits = []
     for it in spans:
         if it["name"] != "megatron.train.iteration":
@@ -294,10 +296,11 @@ def with_waits(spans: list[dict], wait_s: float) -> list[dict]:
             continue
         end_s = int(it["endTimeUnixNano"]) / SECOND
         number = int(attributes["megatron.iteration"]["intValue"])
+        waited = wait_s(number) if callable(wait_s) else wait_s
         waits.append(
             span(
                 "megatron.grad_sync.finish",
-                end_s - wait_s,
+                end_s - waited,
                 end_s,
                 parent=it,
                 **{"megatron.iteration": number},

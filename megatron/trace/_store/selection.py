@@ -20,7 +20,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-__all__ = ["DIGIT_BITS", "IN_MEMORY", "float_keys", "from_float_keys", "median", "select"]
+__all__ = [
+    "DIGIT_BITS",
+    "IN_MEMORY",
+    "float_keys",
+    "from_float_keys",
+    "median",
+    "median_and_quartiles",
+    "quartile_ranks",
+    "select",
+]
 
 #: Bits of the value found per pass over the chunks.
 DIGIT_BITS = 16
@@ -44,6 +53,25 @@ def median(chunks: Callable[[], Iterable[Any]]) -> tuple[float, int]:
     if not count:
         return 0.0, 0
     return (float(values[0]) if count % 2 else (values[0] + values[1]) / 2), count
+
+
+def median_and_quartiles(chunks: Callable[[], Iterable[Any]]) -> tuple[float, int, int, int]:
+    """(median, lower quartile, upper quartile, count) of the int64 values, in the same
+    passes; (0.0, 0, 0, 0) for none. The quartiles are the values at the 0-based ranks
+    ``floor((count - 1) / 4)`` and ``ceil(3 (count - 1) / 4)`` in sorted order: order
+    statistics rounded outward (no interpolation), so the middle half they span is never
+    narrower than the values' own."""
+    values, count = _selected(chunks, lambda n: [*quartile_ranks(n), *_middle(n)])
+    if not count:
+        return 0.0, 0, 0, 0
+    low, high, *middle = values
+    mid = float(middle[0]) if count % 2 else (middle[0] + middle[1]) / 2
+    return mid, low, high, count
+
+
+def quartile_ranks(count: int) -> list[int]:
+    """The ranks of the lower and upper quartile of ``count`` values (none of none)."""
+    return [] if not count else [(count - 1) // 4, -(-3 * (count - 1) // 4)]
 
 
 def _middle(count: int) -> list[int]:

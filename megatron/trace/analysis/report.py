@@ -108,14 +108,23 @@ class RankEntry(TypedDict):
     wasted_iterations: int | None
     incarnations: int
     work_ms_median: float | None
+    work_ms_q1: float | None
+    work_ms_q3: float | None
     wait_ms_median: float | None
     score: float | None
     straggler: bool | None
 
 
 class StragglerSummary(TypedDict):
+    """The straggler rule (in words and its figures), the ranks it names, and those under
+    the score threshold it does not name, their difference within the ranks' spread."""
+
     rule: str
+    score_threshold: float
+    fastest_rank: int | str
+    fastest_work_ms_q3: float
     ranks: list[int | str]
+    within_spread: list[int | str]
 
 
 class HangEntry(TypedDict):

@@ -11,7 +11,19 @@ the ``megatron.train.iteration`` span. A rank's own speed is its median work.
 * ``score`` = the best (lowest) median work of any rank / this rank's median
   work, so 1.0 for the fastest rank and about 1/k for a rank k times slower
   (the relative score nvidia-resiliency-ext's straggler detection uses);
-* ``straggler`` = ``score < 0.75`` (nvidia-resiliency-ext's default threshold);
+* ``straggler``: ``score <`` :data:`SCORE_THRESHOLD` (0.9: its median work more
+  than a ninth over the fastest's) **and** its difference stands out of the
+  ranks' own spread: its work's lower quartile is above the fastest rank's
+  upper quartile (the middle halves of their iterations' work do not
+  overlap). A rank is slow when most of its iterations are, not when its
+  median is: on a shared machine one rank's iterations can be delayed in
+  bursts (a busier core, another process), which moves its median by a third
+  and more while its iterations spread over the fastest rank's; a rank slowed
+  by a quarter in each iteration clears the fastest's slower quarter. (The
+  threshold is looser than nvidia-resiliency-ext's default 0.75, which a rank
+  slowed by a quarter, score 0.8, would not reach: the spread keeps the noise
+  out instead.) The ranks under the threshold but within the spread are listed
+  as such;
 * ``straggler_s``, the job time lost waiting for the stragglers: over every
   iteration that all compared ranks finished, the slowest straggler's work
   minus the slowest other rank's work, where positive, summed; 0 when no
@@ -46,7 +58,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from megatron.trace._store.selection import median
+from megatron.trace._store.selection import median, median_and_quartiles
 from megatron.trace.model.identity import rank_value
 from megatron.trace.model.incarnation import Incarnation, Trace
 from megatron.trace_format.semconv import GRAD_SYNC_FINISH_SPAN, ITERATION_SPAN
@@ -61,19 +73,21 @@ __all__ = [
     "Stragglers",
     "compared_ranks",
     "find_stragglers",
+    "is_straggler",
     "iteration_work",
     "rank_split",
     "relative_score",
 ]
 
-SCORE_THRESHOLD = 0.75
+SCORE_THRESHOLD = 0.9
 WARMUP_ITERATIONS = 2
 MIN_ITERATIONS = 10
 STRAGGLER_RULE = (
-    f"score < {SCORE_THRESHOLD:g}; score = the fastest rank's median work per iteration / "
-    "this rank's, work = iteration duration - its gradient all-reduce wait "
-    f"({GRAD_SYNC_FINISH_SPAN}), over each incarnation's iterations after its first "
-    f"{WARMUP_ITERATIONS}"
+    f"score < {SCORE_THRESHOLD:g} and the rank's lower quartile of work above the fastest "
+    "rank's upper quartile (the difference stands out of the ranks' own spread); "
+    "score = the fastest rank's median work per iteration / this rank's, work = iteration "
+    f"duration - its gradient all-reduce wait ({GRAD_SYNC_FINISH_SPAN}), over each "
+    f"incarnation's iterations after its first {WARMUP_ITERATIONS}"
 )
 
 
@@ -87,14 +101,22 @@ class RankWork:
     wait_ms_median: float
     score: float
     straggler: bool
+    work_ms_q1: float = 0.0  # the work's lower and upper quartiles (the spread the rule reads)
+    work_ms_q3: float = 0.0
 
     def entry(self) -> dict[str, Any]:
         return {
             "work_ms_median": round(self.work_ms_median, 3),
+            "work_ms_q1": round(self.work_ms_q1, 3),
+            "work_ms_q3": round(self.work_ms_q3, 3),
             "wait_ms_median": round(self.wait_ms_median, 3),
             "score": round(self.score, 3),
             "straggler": self.straggler,
         }
+
+
+_RANK_FIELDS = ("work_ms_median", "work_ms_q1", "work_ms_q3", "wait_ms_median", "score",
+                "straggler")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -104,23 +126,44 @@ class Stragglers:
     ranks: dict[str, RankWork]
     straggler_s: float | None
     not_computed: list[str]
+    fastest: str | None = None  # the rank of the lowest median work (the rule's reference)
 
     @property
     def flagged(self) -> list[str]:
         return [rank for rank, work in self.ranks.items() if work.straggler]
 
+    @property
+    def within_spread(self) -> list[str]:
+        """The ranks whose score is under the threshold but whose work's middle half
+        overlaps the fastest rank's: slower in median, not in most iterations."""
+        return [
+            rank
+            for rank, work in self.ranks.items()
+            if work.score < SCORE_THRESHOLD and not work.straggler
+        ]
+
     def rank_entry(self, rank: str) -> dict[str, Any]:
         """The per-rank fields of the report (all ``None`` when not computed)."""
         work = self.ranks.get(rank)
         if work is None:
-            return dict.fromkeys(("work_ms_median", "wait_ms_median", "score", "straggler"))
+            return dict.fromkeys(_RANK_FIELDS)
         return work.entry()
 
     def summary(self) -> dict[str, Any] | None:
-        """The report's top-level ``stragglers``: the rule and the ranks it flags."""
-        if not self.ranks:
+        """The report's top-level ``stragglers``: the rule (in words, and its figures: the
+        score threshold, the fastest rank and its upper quartile of work, which a straggler's
+        lower quartile must exceed), the ranks it names, and the ranks under the threshold
+        that it does not name because their difference is within the spread."""
+        if not self.ranks or self.fastest is None:
             return None
-        return {"rule": STRAGGLER_RULE, "ranks": [rank_value(rank) for rank in self.flagged]}
+        return {
+            "rule": STRAGGLER_RULE,
+            "score_threshold": SCORE_THRESHOLD,
+            "fastest_rank": rank_value(self.fastest),
+            "fastest_work_ms_q3": round(self.ranks[self.fastest].work_ms_q3, 3),
+            "ranks": [rank_value(rank) for rank in self.flagged],
+            "within_spread": [rank_value(rank) for rank in self.within_spread],
+        }
 
 
 def iteration_work(inc: Incarnation) -> tuple[Any, Any, Any, Any]:
@@ -170,6 +213,10 @@ class RankSplit:
     count: int
     work_median: float
     wait_median: float
+    work_q1: int = (
+        0  # the work's quartiles (:func:`~megatron.trace._store.selection.median_and_quartiles`)
+    )
+    work_q3: int = 0
 
 
 def _timed(inc: Incarnation) -> tuple[Any, Any, Any]:
@@ -232,9 +279,9 @@ def rank_split(incs: Iterable[Incarnation]) -> RankSplit:
 
         return parts
 
-    work_median, count = median(column(2))
+    work_median, work_q1, work_q3, count = median_and_quartiles(column(2))
     wait_median, _ = median(column(1))
-    return RankSplit(by_incarnation, in_step, count, work_median, wait_median)
+    return RankSplit(by_incarnation, in_step, count, work_median, wait_median, work_q1, work_q3)
 
 
 def find_stragglers(trace: Trace) -> Stragglers:
@@ -246,16 +293,29 @@ def find_stragglers(trace: Trace) -> Stragglers:
     if reason is not None:
         return Stragglers({}, None, [reason])
     measured = {rank: split[rank] for rank in compared}
-    medians = {rank: (one.work_median, one.wait_median) for rank, one in measured.items()}
-    best = min(work for work, _ in medians.values())
+    fastest = min(measured, key=lambda rank: measured[rank].work_median)  # (first of a tie)
+    best, bar = measured[fastest].work_median, measured[fastest].work_q3
     ranks = {}
-    for rank, (work, wait) in medians.items():
-        score = relative_score(best, work)
+    for rank, one in measured.items():
+        score = relative_score(best, one.work_median)
         ranks[rank] = RankWork(
-            rank, measured[rank].count, work / 1e6, wait / 1e6, score, score < SCORE_THRESHOLD
+            rank,
+            one.count,
+            one.work_median / 1e6,
+            one.wait_median / 1e6,
+            score,
+            is_straggler(score, one.work_q1, bar),
+            one.work_q1 / 1e6,
+            one.work_q3 / 1e6,
         )
     flagged = [ranks[rank].straggler for rank in measured]
-    return Stragglers(ranks, _lost_s(list(measured.values()), flagged), [])
+    return Stragglers(ranks, _lost_s(list(measured.values()), flagged), [], fastest)
+
+
+def is_straggler(score: float, work_q1: float, fastest_q3: float) -> bool:
+    """The rule (module doc): a score under the threshold, and the rank's lower quartile of
+    work above the fastest rank's upper quartile."""
+    return score < SCORE_THRESHOLD and work_q1 > fastest_q3
 
 
 _ONE_RANK = (

@@ -37,7 +37,10 @@ newest finished iteration ended more than ``max(floor, factor × median)``
 ago, the median over its last :data:`ROLLING_ITERATIONS` iterations (the
 hang watchdog's own bound, 10 × at least 300 s, by default); or when the
 watchdog recorded a stall it did not recover from. Without iteration spans
-(the ``default`` groups) and without a watchdog record, it is not computed.
+or loop passes and without a watchdog record, it is not computed (``None``).
+
+The **iteration time** is that rolling median, else the newest intervals' time
+over the iterations they covered (:func:`_iteration_time`), with its source.
 
 The **run id** every series is labelled with is fixed by the first record
 read and never changes after (two sets of series for one job, or two jobs
@@ -71,6 +74,7 @@ from megatron.trace.otlp.reader import decode_line
 from megatron.trace_format.errors import TraceFileDamaged
 from megatron.trace_format.semconv import (
     BADPUT_CATEGORIES,
+    ITERATION_TIME_SOURCES,
     NEMO_LENS_RUN_UUID,
     NEMO_RUN_ID,
     RUN_ID,
@@ -123,6 +127,10 @@ class RankFigures:
     hang_suspected: bool | None
     hang_s: float | None
     straggler_score: float | None
+    #: what ``iteration_time_s`` was taken from (one of ``ITERATION_TIME_SOURCES``)
+    iteration_time_source: str | None = None
+    #: whether report's straggler rule names the rank (``None``: scores not computed)
+    straggler: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -203,6 +211,7 @@ class LiveJob:
             last = incs[-1]
             median, since = _rolling(last, clock.now_ns)
             suspected, hang_s = self._hang(last, median, since, clock.now_ns)
+            time_s, source = _iteration_time(last, median)
             ranks.append(
                 RankFigures(
                     rank=rank,
@@ -212,10 +221,12 @@ class LiveJob:
                     goodput_s=totals[Category.GOODPUT] / 1e9,
                     badput_s={c: totals[c] / 1e9 for c in BADPUT_CATEGORIES},
                     iteration=_iteration(last),
-                    iteration_time_s=median,
+                    iteration_time_s=time_s,
+                    iteration_time_source=source,
                     hang_suspected=suspected,
                     hang_s=hang_s,
                     straggler_score=scores.get(rank),
+                    straggler=self._stragglers.flagged.get(rank),
                 )
             )
         return Snapshot(
@@ -285,6 +296,32 @@ def _rolling(inc: Incarnation, now_ns: int) -> tuple[float | None, float | None]
     recent = finalizes[-(ROLLING_ITERATIONS + 1) :]
     median = statistics.median(b - a for a, b in itertools.pairwise(recent))
     return median / 1e9, max(0, now_ns - recent[-1]) / 1e9
+
+
+def _iteration_time(inc: Incarnation, median: float | None) -> tuple[float | None, str | None]:
+    """The incarnation's recent time per iteration (s) and its source
+    (:data:`~megatron.trace_format.semconv.ITERATION_TIME_SOURCES`): ``median``, the rolling
+    median of its iteration spans or loop passes (:func:`_rolling`); else its newest
+    finished intervals whose iteration range is known, back until they cover
+    :data:`ROLLING_ITERATIONS` iterations, their time over the iterations they covered
+    (what a job without iteration spans or finalizes, this trainer's ``default`` groups,
+    still shows); ``None`` before an interval has finished."""
+    if median is not None:
+        return median, ITERATION_TIME_SOURCES[0 if len(inc.iterations) else 1]
+    intervals, facts = inc.intervals, inc.interval_facts
+    took = covered = 0
+    for position in range(len(intervals) - 1, -1, -1):
+        first, last = facts[position].first_iteration, facts[position].last_iteration
+        if first is None or last is None or last < first:
+            continue
+        interval = intervals[position]
+        took += interval["end_ns"] - interval["start_ns"]
+        covered += last - first + 1
+        if covered >= ROLLING_ITERATIONS:
+            break
+    if not covered:
+        return None, None
+    return took / covered / 1e9, ITERATION_TIME_SOURCES[2]
 
 
 def _iteration(inc: Incarnation) -> int | None:

@@ -8,12 +8,14 @@ scores again and again as the trace grows, following each incarnation by its
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from megatron.trace._store.selection import quartile_ranks
 from megatron.trace.analysis.stragglers import (
     WARMUP_ITERATIONS,
     compared_ranks,
+    is_straggler,
     rank_split,
     relative_score,
 )
@@ -112,16 +114,34 @@ def _increasing(numbers: Any, last: int | None) -> int | None:
     return int(numbers[-1])
 
 
+def _middle(count: int) -> list[int]:
+    """The ranks the median of ``count`` values takes (one, or the middle two)."""
+    middle = count // 2
+    return [middle] if count % 2 else [middle - 1, middle]
+
+
+def _lower_quartile(count: int) -> list[int]:
+    """The rank of the lower quartile (as report takes it: :func:`quartile_ranks`)."""
+    return quartile_ranks(count)[:1]
+
+
+def _upper_quartile(count: int) -> list[int]:
+    """The rank of the upper quartile (as report takes it: :func:`quartile_ranks`)."""
+    return quartile_ranks(count)[1:]
+
+
 class _Window:
-    """The exact median of a growing multiset of int64 values, holding only those near it:
-    each distinct value in ``[low, high]`` (``None``: unbounded) with how often it came,
-    in order, and how many values lie below."""
+    """An exact order statistic of a growing multiset of int64 values (the median by
+    default: the mean of the values at the ranks ``ranks_of(count)`` names), holding only
+    the values near it: each distinct value in ``[low, high]`` (``None``: unbounded) with
+    how often it came, in order, and how many values lie below."""
 
-    __slots__ = ("below", "count", "counts", "high", "low", "values")
+    __slots__ = ("below", "count", "counts", "high", "low", "ranks_of", "values")
 
-    def __init__(self) -> None:
+    def __init__(self, ranks_of: Callable[[int], list[int]] = _middle) -> None:
         import numpy as np
 
+        self.ranks_of = ranks_of
         self.values = np.empty(0, dtype=np.int64)  # distinct, increasing
         self.counts = np.empty(0, dtype=np.int64)
         self.below = self.count = 0
@@ -150,14 +170,13 @@ class _Window:
         self.counts = np.insert(self.counts, at[~known], times[~known])
 
     def median(self) -> float | None:
-        """The median (as :func:`~megatron.trace._store.selection.median` gives it; 0.0 of
-        none), or None when it lies outside the values held."""
+        """The statistic (the median as :func:`~megatron.trace._store.selection.median`
+        gives it, by default; 0.0 of none), or None when it lies outside the values held."""
         import numpy as np
 
         if not self.count:
             return 0.0
-        middle = self.count // 2
-        ranks = [middle] if self.count % 2 else [middle - 1, middle]
+        ranks = self.ranks_of(self.count)
         ends = np.cumsum(self.counts)  # the rank (among those held) past each value
         held = int(ends[-1]) if len(ends) else 0
         at = [rank - self.below for rank in ranks]
@@ -176,18 +195,25 @@ class _Window:
         return float(found[0]) if len(found) == 1 else (found[0] + found[1]) / 2
 
 
-class _RankTimed:
-    """One rank's count and median of work after the warm-up, followed as it grows."""
+#: The order statistics of a rank's work followed: its median, lower and upper quartile.
+_STATISTICS = (_middle, _lower_quartile, _upper_quartile)
 
-    __slots__ = ("incarnations", "window")
+
+class _RankTimed:
+    """One rank's count, median and quartiles of work after the warm-up, followed as it
+    grows (a :class:`_Window` each)."""
+
+    __slots__ = ("incarnations", "windows")
 
     def __init__(self) -> None:
         self.incarnations: dict[Any, _Timed] = {}
-        self.window = _Window()
+        self.windows = [_Window(ranks_of) for ranks_of in _STATISTICS]
 
-    def update(self, incs: list[Incarnation], revisions: Revisions) -> tuple[int, float] | None:
-        """(count, median work in ns) of ``incs``, or None when it must be worked out
-        again from the start (:class:`_Timed`, :meth:`_Window.median`)."""
+    def update(
+        self, incs: list[Incarnation], revisions: Revisions
+    ) -> tuple[int, float, float, float] | None:
+        """(count, median, lower and upper quartile of work in ns) of ``incs``, or None when
+        it must be worked out again from the start (:class:`_Timed`, :meth:`_Window.median`)."""
         followed, timed = {}, []
         for inc in incs:
             if not inc.waits:
@@ -204,13 +230,19 @@ class _RankTimed:
         try:
             for follower, inc in timed:
                 for values in follower.update(inc):
-                    self.window.add(values)
+                    for window in self.windows:
+                        window.add(values)
         except _Rebuild:
             return None
-        found = self.window.median()
-        return None if found is None else (self.window.count, found)
+        found = [window.median() for window in self.windows]
+        if any(value is None for value in found):
+            return None
+        median, q1, q3 = found
+        return self.windows[0].count, median, q1, q3
 
-    def rebuild(self, incs: list[Incarnation], revisions: Revisions) -> tuple[int, float] | None:
+    def rebuild(
+        self, incs: list[Incarnation], revisions: Revisions
+    ) -> tuple[int, float, float, float] | None:
         """Follow ``incs`` from the start: the values near the median selected over them a
         part at a time (:mod:`megatron.trace._store.selection`), not held all at once."""
         from megatron.trace._store.selection import select
@@ -220,16 +252,23 @@ class _RankTimed:
             for follower, inc in timed:
                 yield from follower.update(inc)
 
-        self.incarnations, self.window = {}, _Window()
+        self.incarnations = {}
+        self.windows = [_Window(ranks_of) for ranks_of in _STATISTICS]
         try:
             count = sum(len(part) for part in values())
-            middle = count // 2
-            window = self.window
             if count > 2 * MEDIAN_WINDOW:
-                low, high = select(
-                    values, [max(0, middle - MEDIAN_WINDOW), min(count - 1, middle + MEDIAN_WINDOW)]
-                )
-                window.low, window.high = low, high
+                # (each statistic's window: from its first rank's low bound to its last's high)
+                bounds = [
+                    bound
+                    for ranks_of in _STATISTICS
+                    for bound in (
+                        max(0, ranks_of(count)[0] - MEDIAN_WINDOW),
+                        min(count - 1, ranks_of(count)[-1] + MEDIAN_WINDOW),
+                    )
+                ]
+                found = select(values, bounds)
+                for index, window in enumerate(self.windows):
+                    window.low, window.high = found[2 * index], found[2 * index + 1]
         except _Rebuild:
             return None
         return self.update(incs, revisions)
@@ -242,11 +281,14 @@ class LiveStragglers:
     work values near the median are held (at most eight times :data:`MEDIAN_WINDOW`),
     the others counted. When a rank's iterations do not grow as that follows, or its
     median leaves the values held, its figures are worked out from the start again
-    (by selection over its columns). ``straggler_s`` is not worked out: ``watch`` does
-    not serve it."""
+    (by selection over its columns). Its quartiles are followed alike (a window each), so
+    :attr:`flagged` says what report's rule names. ``straggler_s`` is not worked out:
+    ``watch`` does not serve it."""
 
     def __init__(self) -> None:
         self._ranks: dict[str, _RankTimed] = {}
+        #: whether the last call's rule names each compared rank (:func:`is_straggler`)
+        self.flagged: dict[str, bool] = {}
 
     def __call__(self, finish: Finish) -> dict[str, float]:
         """Each compared rank's score (none when not computed, as :func:`find_stragglers`)."""
@@ -262,10 +304,16 @@ class LiveStragglers:
             if found is None:  # (iterations or waits not each increasing: as report does)
                 del self._ranks[rank]
                 split = rank_split(incs)
-                found = (split.count, split.work_median)
+                found = (split.count, split.work_median, split.work_q1, split.work_q3)
             figures[rank] = found
-        compared, _ = compared_ranks({rank: count for rank, (count, _) in figures.items()})
+        self.flagged = {}
+        compared, _ = compared_ranks({rank: found[0] for rank, found in figures.items()})
         if not compared:
             return {}
-        best = min(figures[rank][1] for rank in compared)
-        return {rank: relative_score(best, figures[rank][1]) for rank in compared}
+        fastest = min(compared, key=lambda rank: figures[rank][1])  # (first of a tie)
+        best, bar = figures[fastest][1], figures[fastest][3]
+        scores = {rank: relative_score(best, figures[rank][1]) for rank in compared}
+        self.flagged = {
+            rank: is_straggler(score, figures[rank][2], bar) for rank, score in scores.items()
+        }
+        return scores

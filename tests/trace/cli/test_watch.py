@@ -218,9 +218,42 @@ def test_without_iteration_spans_the_passes_are_told_by_their_finalize(tmp_path:
     pass_s = (up.MS // 10 + up.MS // 20 + up.ITERATION_NS) / 1e9
     rank = rank_at(0.9)  # under the bound, max(0.5, 10 x the median pass)
     assert rank.iteration_time_s == pytest.approx(pass_s)
+    assert rank.iteration_time_source == "loop_passes"
     assert (rank.hang_suspected, rank.hang_s) == (False, 0.0)
     rank = rank_at(1.5)
     assert (rank.hang_suspected, rank.hang_s) == (True, pytest.approx(1.5))
+
+
+def test_without_iteration_spans_nor_finalizes_the_intervals_tell_the_iteration_time(
+    tmp_path: Path,
+) -> None:
+    """This trainer's ``default`` groups: intervals of two one-second iterations and a
+    0.25 s save each, no iteration span, no finalize. The iteration time is the newest
+    intervals' time over the iterations they covered, said to come from the intervals;
+    the hang rule has nothing to run on, and no hang is suspected."""
+    path = g.write(
+        tmp_path / "traces.jsonl", g.lifecycle(0, intervals=15, iterations=False, kill_after=1)
+    )
+    job = LiveJob([path], hang_factor=10, hang_floor_s=0.5)
+    job.add_lines(Follower([path]).poll())
+    snapshot = job.snapshot(Clock(now_ns=round(200 * g.SECOND), stale_after_ns=10**12))
+    assert snapshot is not None
+    (rank,) = snapshot.ranks
+    assert rank.state == "running"
+    # the last ten intervals cover the 20 iterations of the rolling window: 22.5 s over 20
+    assert rank.iteration_time_s == pytest.approx(22.5 / 20)
+    assert rank.iteration_time_source == "intervals"
+    assert (rank.hang_suspected, rank.hang_s) == (None, None)  # not computed (served as 0)
+    # per-iteration spans, when there are, come first
+    (tmp_path / "spans").mkdir()
+    with_spans = g.write(tmp_path / "spans" / "traces.jsonl", g.lifecycle(0, kill_after=1))
+    job = LiveJob([with_spans])
+    job.add_lines(Follower([with_spans]).poll())
+    snapshot = job.snapshot(Clock(now_ns=round(12 * g.SECOND), stale_after_ns=10**12))
+    assert snapshot is not None
+    assert [(r.iteration_time_s, r.iteration_time_source) for r in snapshot.ranks] == [
+        (1.0, "iteration_spans")
+    ]
 
 
 def test_a_corrupt_line_is_counted_skipped_and_warned_once(

@@ -96,6 +96,10 @@ class Grower:
                 r.rank: found.ranks[r.rank].score if r.rank in found.ranks else None
                 for r in ours.ranks
             }
+            assert {r.rank: r.straggler for r in ours.ranks} == {
+                r.rank: found.ranks[r.rank].straggler if r.rank in found.ranks else None
+                for r in ours.ranks
+            }
         self.last = ours
 
     def grow(self, source: Path, count: int, seed: int) -> None:
@@ -127,6 +131,7 @@ def _assert_is_report(snapshot: Snapshot, report: dict) -> None:
         assert round(rank.goodput_s, 9) == entry["goodput_s"]
         score = entry["score"]
         assert (None if rank.straggler_score is None else round(rank.straggler_score, 3)) == score
+        assert rank.straggler == entry["straggler"]
     job = snapshot.ranks[0]
     assert {str(c.value): round(s, 9) for c, s in job.badput_s.items()} == {
         k: v or 0.0 for k, v in report["badput_s"].items()
@@ -329,6 +334,32 @@ def test_a_scrape_with_nothing_new_gives_the_same_figures(tmp_path: Path) -> Non
         grower.scrape()
     last = grower.close()
     assert all(rank.straggler_score is not None for rank in last.ranks)
+
+
+@pytest.mark.parametrize("ranks_of", [stragglers._lower_quartile, stragglers._upper_quartile])
+def test_a_quartile_held_by_the_values_near_it_is_report_s(
+    monkeypatch: pytest.MonkeyPatch, ranks_of
+) -> None:
+    """The straggler rule's quartiles, followed as the median is (a window each), equal
+    report's (:func:`~megatron.trace._store.selection.median_and_quartiles`) after every
+    batch, while the values held stay few."""
+    import numpy as np
+
+    from megatron.trace._store.selection import median_and_quartiles
+
+    monkeypatch.setattr(stragglers, "MEDIAN_WINDOW", 50)
+    rng = random.Random(11)
+    window = stragglers._Window(ranks_of)
+    seen: list[int] = []
+    for _ in range(400):
+        batch = [rng.randrange(10**6) for _ in range(rng.randrange(1, 20))]
+        seen += batch
+        window.add(np.array(batch, dtype=np.int64))
+        values = np.array(seen, dtype=np.int64)
+        _, q1, q3, _ = median_and_quartiles(lambda values=values: [values])
+        assert window.median() == (q1 if ranks_of is stragglers._lower_quartile else q3)
+        assert len(window.values) <= 8 * 50 + len(batch)
+    assert window.below > 0  # (values were dropped)
 
 
 def test_a_median_held_by_the_values_near_it_is_exact(monkeypatch: pytest.MonkeyPatch) -> None:

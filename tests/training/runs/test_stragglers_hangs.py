@@ -8,6 +8,7 @@ that rank only. Then ``megatron-trace report --json`` reads the shared trace.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -67,11 +69,15 @@ def _report(cli, capsys) -> tuple[dict, str]:
     return json.loads(lines[-1]), "\n".join(lines[:-1])
 
 
-def _run(cli, rank1_env: dict[str, str]) -> None:
-    command = _torchrun(cli, rank1_env, "--train-iters", str(ITERATIONS))
+def _run(
+    cli, rank1_env: dict[str, str], iterations: int = ITERATIONS, env: dict[str, str] | None = None
+) -> None:
+    """The job, to its end; ``env`` set for both ranks (``rank1_env`` overrides it for rank 1)."""
+    command = _torchrun(cli, rank1_env, "--train-iters", str(iterations))
     result = subprocess.run(
-        command, cwd=cli.cwd, env=cli.env(ENV), capture_output=True, text=True, timeout=240
-    )
+        command, cwd=cli.cwd, env=cli.env({**ENV, **(env or {})}), capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
 
 
@@ -92,28 +98,81 @@ def test_the_slowed_rank_is_the_straggler_with_its_slowdown_as_the_score(trainin
     assert ranks[1]["score"] == pytest.approx(work0 / work1, abs=0.002)
     # the job time lost: about 30 ms for each iteration after the two of warm-up
     assert report["straggler_s"] == pytest.approx((ITERATIONS - 2) * SLEEP_S, rel=0.3)
-    assert "stragglers: rank 1  (rule: score < 0.75" in text
+    assert "stragglers: rank 1  (rule: score < 0.9 and the rank's lower quartile" in text
+    assert ranks[1]["work_ms_q1"] > ranks[0]["work_ms_q3"]
     assert "STRAGGLER" in next(line for line in text.splitlines() if "  rank 1:" in line)
 
 
-def test_a_control_run_names_no_straggler(training_cli, capsys):
-    """Nothing slowed: no straggler, and little time lost.
+@contextlib.contextmanager
+def _cpu_hog() -> Iterator[None]:
+    """A process spinning on one core while the job runs: on this 2-core machine the two
+    ranks and the hog take turns on the cores, so each rank's iterations are delayed in
+    bursts, now one rank's, now the other's."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        hog.kill()
+        hog.wait()
 
-    On a machine shared with other work one rank can really run slower for a
-    whole run (its core is the busier one), and the rule rightly says so; a
-    run that names a straggler is therefore run once more, and that one must
-    name none. A rule that flags balanced ranks fails both.
-    """
-    for attempt in range(2):
-        cli = type(training_cli)(training_cli.cwd / f"attempt{attempt}")
+
+BALANCED_RUNS = 3
+
+
+def test_balanced_runs_under_a_cpu_hog_name_no_straggler_and_a_quarter_slower_rank_is(
+    training_cli, capsys
+):
+    """Issue 50 item 5, with no second chance: balanced two-rank runs (50 short
+    iterations, nothing slowed) under a CPU hog name no straggler, every one; then, under
+    the same hog, a run whose rank 1 is slowed by a quarter in every iteration names it.
+
+    The slowed run sleeps both ranks ``SLOWED_BASE_S`` before each forward step (so the
+    work, which the hog delays by some milliseconds at a time, is mostly the sleep), and
+    rank 1 a quarter longer: its work a quarter longer but for the compute both ranks
+    share (a few milliseconds), so a score a little over 0.8, not under it. (Calibrating
+    the extra sleep on the balanced runs' compute overshot: without a sleep the ranks
+    contend more, and the rank came out 30 % slower.)"""
+    for attempt in range(BALANCED_RUNS):
+        cli = type(training_cli)(training_cli.cwd / f"balanced{attempt}")
         cli.cwd.mkdir()
-        _run(cli, {})
-        report, _ = _report(cli, capsys)
-        if not report["stragglers"]["ranks"]:
-            break
-    assert report["stragglers"]["ranks"] == []
-    assert all(entry["score"] >= 0.75 for entry in report["ranks"])
-    assert report["straggler_s"] < 0.3 * (ITERATIONS - 2) * SLEEP_S
+        with _cpu_hog():
+            _run(cli, {}, iterations=50)
+        report, text = _report(cli, capsys)
+        ranks = report["stragglers"]
+        assert ranks["ranks"] == [], (attempt, report["ranks"], text)
+        assert [entry["straggler"] for entry in report["ranks"]] == [False, False], attempt
+        assert report["straggler_s"] == 0, attempt
+        with capsys.disabled():  # (the next _report reads the captured output away)
+            print(f"balanced run {attempt}: {_figures(report)}")
+    cli = type(training_cli)(training_cli.cwd / "slowed")
+    cli.cwd.mkdir()
+    slowed_s = 1.25 * SLOWED_BASE_S
+    with _cpu_hog():
+        _run(
+            cli,
+            {"MEGATRON_TEST_ITERATION_SLEEP": f"{slowed_s:.4f}"},
+            iterations=50,
+            env={"MEGATRON_TEST_ITERATION_SLEEP": str(SLOWED_BASE_S)},
+        )
+    report, text = _report(cli, capsys)
+    print(f"slowed run (rank 1 sleeps {slowed_s:.4f} s): {_figures(report)}")
+    ranks = {entry["rank"]: entry for entry in report["ranks"]}
+    assert report["stragglers"]["ranks"] == [1], (report["ranks"], text)
+    assert ranks[1]["work_ms_q1"] > ranks[0]["work_ms_q3"]
+    # a quarter slower, less the shared compute: a score about 0.8 (with the noise)
+    assert 0.78 < ranks[1]["score"] < 0.87, ranks
+
+
+SLOWED_BASE_S = 0.2
+
+
+def _figures(report: dict) -> str:
+    """Each rank's work quartiles and median (ms) and score, for the test's output."""
+    return "; ".join(
+        f"rank {e['rank']} work {e['work_ms_q1']}/{e['work_ms_median']}/{e['work_ms_q3']} ms "
+        f"score {e['score']}"
+        for e in report["ranks"]
+    )
 
 
 def test_a_hung_rank_is_caught_named_and_accounted(training_cli, capsys):

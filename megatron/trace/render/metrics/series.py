@@ -20,9 +20,11 @@ from megatron.trace.live.job import STATES, RankFigures
 from megatron.trace_format.semconv import (
     BADPUT_CATEGORY_ATTRIBUTE,
     GOODPUT_GAUGES,
+    ITERATION_TIME_SOURCE_ATTRIBUTE,
     MEGATRON_HANG_DURATION_S,
     MEGATRON_HANG_SUSPECTED,
     MEGATRON_JOB_STATE,
+    MEGATRON_STRAGGLER_NAMED,
     MEGATRON_STRAGGLER_SCORE,
     MEGATRON_TRAINING_BADPUT_S,
     MEGATRON_TRAINING_GOODPUT_FRACTION,
@@ -64,6 +66,13 @@ def _state(figures: RankFigures) -> Points:
     return [(1.0 if figures.state == state else 0.0, {"state": state}) for state in STATES]
 
 
+def _iteration_time(figures: RankFigures) -> Points:
+    if figures.iteration_time_s is None:
+        return []
+    source = figures.iteration_time_source or ""
+    return [(figures.iteration_time_s, {ITERATION_TIME_SOURCE_ATTRIBUTE: source})]
+
+
 _GOODPUT_POINTS: dict[str, tuple[Callable[[RankFigures], Points], tuple[str, ...]]] = {
     MEGATRON_TRAINING_GOODPUT_S: (lambda f: _one(f.goodput_s), ()),
     MEGATRON_TRAINING_BADPUT_S: (_badput, (BADPUT_CATEGORY_ATTRIBUTE,)),
@@ -77,13 +86,13 @@ _GOODPUT_POINTS: dict[str, tuple[Callable[[RankFigures], Points], tuple[str, ...
 
 _WATCH_POINTS: dict[str, tuple[Callable[[RankFigures], Points], tuple[str, ...]]] = {
     MEGATRON_JOB_STATE: (_state, ("state",)),
-    MEGATRON_HANG_SUSPECTED: (lambda f: _one(f.hang_suspected), ()),
-    MEGATRON_HANG_DURATION_S: (
-        lambda f: [] if f.hang_suspected is None else _one(f.hang_s or 0.0),
-        (),
-    ),
-    MEGATRON_TRAINING_ITERATION_TIME_S: (lambda f: _one(f.iteration_time_s), ()),
+    # a natural zero: no hang suspected, whether or not the spans could show one
+    MEGATRON_HANG_SUSPECTED: (lambda f: _one(bool(f.hang_suspected)), ()),
+    MEGATRON_HANG_DURATION_S: (lambda f: _one(f.hang_s if f.hang_suspected else 0.0), ()),
+    MEGATRON_TRAINING_ITERATION_TIME_S: (_iteration_time, (ITERATION_TIME_SOURCE_ATTRIBUTE,)),
     MEGATRON_STRAGGLER_SCORE: (lambda f: _one(f.straggler_score), ()),
+    # a natural zero too: not named, whether or not the ranks could be compared
+    MEGATRON_STRAGGLER_NAMED: (lambda f: _one(bool(f.straggler)), ()),
 }
 
 #: Every series of every rank, in the order served: the goodput gauges, then watch's own.

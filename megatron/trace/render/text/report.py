@@ -165,7 +165,9 @@ def _rank_line(entry: dict[str, Any], bounds: dict[str, Any]) -> str:
         line += f"  wasted {bound_text(entry['wasted_iterations'], wasted, 'd')} it"
     if entry.get("score") is not None:
         line += (
-            f"  work {entry['work_ms_median']:.1f} ms  wait {entry['wait_ms_median']:.1f} ms"
+            f"  work {entry['work_ms_median']:.1f} ms"
+            f" (quartiles {entry['work_ms_q1']:.1f}-{entry['work_ms_q3']:.1f})"
+            f"  wait {entry['wait_ms_median']:.1f} ms"
             f"  score {entry['score']:.2f}{'  STRAGGLER' if entry['straggler'] else ''}"
         )
     return line
@@ -176,11 +178,20 @@ def _straggler_lines(report: dict[str, Any]) -> list[str]:
     if found is None:
         return []
     names = ", ".join(f"rank {rank}" for rank in found["ranks"]) or "none"
-    return [
-        f"stragglers: {names}  (rule: {found['rule']})",
+    lines = [f"stragglers: {names}  (rule: {found['rule']})"]
+    within = found["within_spread"]
+    if within:
+        lines.append(
+            f"  not named, within the ranks' spread (score under {found['score_threshold']:g}, "
+            "lower quartile not above the fastest rank "
+            f"{found['fastest_rank']}'s upper quartile, {found['fastest_work_ms_q3']:.1f} ms): "
+            + ", ".join(f"rank {rank}" for rank in within)
+        )
+    lines.append(
         "time lost waiting for the stragglers: "
-        f"{bound_text(report['straggler_s'], report.get('bounds', {}).get('straggler_s'))} s",
-    ]
+        f"{bound_text(report['straggler_s'], report.get('bounds', {}).get('straggler_s'))} s"
+    )
+    return lines
 
 
 def _hang_lines(report: dict[str, Any]) -> list[str]:

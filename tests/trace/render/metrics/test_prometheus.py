@@ -74,6 +74,8 @@ from processes import REPO_ROOT, TELEMETRY_ON, TINY, subprocess_env
 from promtool import REQUIRED
 from upstream_traces import official_file_exporter
 
+from megatron.trace_format.semconv import ITERATION_TIME_SOURCES
+
 pytestmark = [pytest.mark.slow, pytest.mark.needs_extras]  # prometheus_client: the watch extra
 
 UPSTREAM_JOB = REPO_ROOT / "tests" / "support" / "upstream_job.py"
@@ -559,7 +561,12 @@ def _panel_queries() -> list[tuple[str, str]]:
 def test_every_dashboard_query_returns_data_for_a_running_job(tmp_path: Path) -> None:
     queries = _panel_queries()
     titles = {title for title, _ in queries}
-    assert {"Goodput over time", "State per rank", "Hang seconds", "Iteration time"} <= titles
+    assert {
+        "Goodput over time",
+        "State per rank",
+        "Hang seconds and hung ranks",
+        "Iteration time",
+    } <= titles
     assert any("badput" in t.lower() for t in titles) and any("Straggler" in t for t in titles)
     job = two_rank_job(tmp_path, 400)
     with _stack(tmp_path, (), {"train": job}) as stack:
@@ -571,22 +578,73 @@ def test_every_dashboard_query_returns_data_for_a_running_job(tmp_path: Path) ->
         _wait(scored, 240, "straggler scores of two ranks", children["train"], children["watch"])
         time.sleep(3)  # a few scrapes more, for the rates
         assert children["train"].poll() is None, "the job must still run"
-        runs = json.loads(
-            _get(f"{prom.base}/api/v1/label/run_id/values?match[]=megatron_job_state")
-        )
-        assert len(runs["data"]) == 1
-        run_id = runs["data"][0]
-        values = {"$run_id": re.escape(run_id), "$rank": ".+", "$__rate_interval": "30s"}
-        empty = []
-        for title, expr in queries:
-            query = expr
-            for name, value in values.items():
-                query = query.replace(name, value)
-            assert "$" not in query, query
-            if not prom.query(query):
-                empty.append((title, query))
-        assert empty == []
+        assert _empty_panels(prom, queries) == []
         _stop(children["train"])  # torchrun passes SIGTERM on to both ranks
+
+
+def _empty_panels(prom: Prom, queries: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The (panel title, query) of the queries that return nothing, the dashboard's
+    variables substituted for the one run Prometheus holds (every rank)."""
+    runs = json.loads(_get(f"{prom.base}/api/v1/label/run_id/values?match[]=megatron_job_state"))
+    assert len(runs["data"]) == 1
+    run_id = runs["data"][0]
+    # a regular expression inside a PromQL string, whose backslashes are escaped in turn
+    pattern = re.escape(run_id).replace("\\", "\\\\")
+    values = {"$run_id": pattern, "$rank": ".+", "$__rate_interval": "30s"}
+    empty = []
+    for title, expr in queries:
+        query = expr
+        for name, value in values.items():
+            query = query.replace(name, value)
+        assert "$" not in query, query
+        if not prom.query(query):
+            empty.append((title, query))
+    return empty
+
+
+@pytest.mark.parametrize("shape", ["megatron-lm", "ours"])
+def test_every_dashboard_query_returns_data_for_a_one_rank_default_groups_job(
+    tmp_path: Path, shape: str
+) -> None:
+    """One rank, the ``default`` span groups (no iteration span, no gradient sync): every
+    panel has data but the straggler scores', which say they need two ranks. Hang seconds
+    and hung ranks read 0; the iteration time is the loop passes' where Megatron-LM opens a
+    finalize at each, else the intervals' (this trainer), and says so."""
+    dashboard = json.loads((SHIPPED / "watch_dashboard.json").read_text())
+    (stragglers,) = [p for p in dashboard["panels"] if p["title"].startswith("Straggler")]
+    assert "two ranks" in stragglers["description"]
+    iteration = next(p for p in dashboard["panels"] if p["title"] == "Iteration time")
+    assert "{{source}}" in iteration["targets"][0]["legendFormat"]
+    assert all(source in iteration["description"] for source in ITERATION_TIME_SOURCES)
+    job = (
+        megatron_lm_job(tmp_path, 100_000) if shape == "megatron-lm" else our_job(tmp_path, 100_000)
+    )
+    source = "loop_passes" if shape == "megatron-lm" else "intervals"
+    with _stack(tmp_path, (), {"train": job}) as stack:
+        prom, children = stack.prom, stack.children
+        queries = _panel_queries()
+
+        empty: list[tuple[str, str]] = []
+
+        def all_but_the_stragglers() -> bool:
+            if prom.state() != "running":  # (nor scraped yet)
+                return False
+            empty[:] = _empty_panels(prom, queries)
+            return [(title, "score" in query) for title, query in empty] == [
+                (stragglers["title"], True)
+            ]
+
+        try:
+            _wait(all_but_the_stragglers, 180, "every panel but the stragglers' with data",
+                  children["train"], children["watch"])  # fmt: skip
+        finally:
+            print(f"the panels without data, last seen: {empty}")
+        assert prom.query("megatron_straggler_score") == []
+        assert prom.of("megatron_straggler_named") == 0
+        assert prom.of("megatron_hang_seconds") == 0
+        assert prom.of("megatron_hang_suspected") == 0
+        ((labels, seconds),) = prom.query("megatron_iteration_time_seconds")
+        assert labels["source"] == source and seconds > 0.03  # at least the step's sleep
 
 
 HANG_AT = 60

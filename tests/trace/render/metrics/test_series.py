@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import pytest
 
+from megatron.trace.analysis.stragglers import SCORE_THRESHOLD
 from megatron.trace.live.job import STATES, RankFigures
 from megatron.trace.render.metrics.prometheus import METRICS, label
 from megatron.trace.render.metrics.series import RANK_SERIES
-from megatron.trace_format.semconv import BADPUT_CATEGORIES, GOODPUT_GAUGES
+from megatron.trace_format.semconv import (
+    BADPUT_CATEGORIES,
+    GOODPUT_GAUGES,
+    ITERATION_TIME_SOURCE_ATTRIBUTE,
+    ITERATION_TIME_SOURCES,
+    MEGATRON_STRAGGLER_NAMED,
+    MEGATRON_TRAINING_ITERATION_TIME_S,
+    WATCH_GAUGES,
+)
 
 
 def _figures(**changes: object) -> RankFigures:
@@ -23,6 +32,7 @@ def _figures(**changes: object) -> RankFigures:
         "hang_suspected": False,
         "hang_s": 0.0,
         "straggler_score": 0.9,
+        "iteration_time_source": "loop_passes",
     }
     return RankFigures(**{**figures, **changes})
 
@@ -63,7 +73,44 @@ def test_the_points_say_the_figures() -> None:
     states = {extra["state"]: value for value, extra in points["megatron_job_state"]}
     assert states == {state: float(state == "running") for state in STATES}
     assert len(points["megatron_training_badput_seconds"]) == len(BADPUT_CATEGORIES)
-    missing = {
-        s.gauge.prometheus: list(s.points(_figures(hang_suspected=None))) for s in RANK_SERIES
+    assert points["megatron_iteration_time_seconds"] == [
+        (0.5, {ITERATION_TIME_SOURCE_ATTRIBUTE: "loop_passes"})
+    ]
+
+
+def test_a_hang_not_computed_is_served_as_none_suspected() -> None:
+    """Hang seconds and the hung ranks have a natural zero: a rank whose spans cannot show
+    a hang (no iteration spans, loop passes or watchdog record) serves 0, not nothing, so a
+    dashboard draws 0 rather than "no data"."""
+    for figures in (_figures(hang_suspected=None, hang_s=None), _figures()):
+        points = {s.gauge.prometheus: list(s.points(figures)) for s in RANK_SERIES}
+        assert points["megatron_hang_suspected"] == [(0.0, {})]
+        assert points["megatron_hang_seconds"] == [(0.0, {})]
+    points = {
+        s.gauge.prometheus: list(s.points(_figures(hang_suspected=True, hang_s=42.0)))
+        for s in RANK_SERIES
     }
-    assert missing["megatron_hang_suspected"] == missing["megatron_hang_seconds"] == []
+    assert points["megatron_hang_suspected"] == [(1.0, {})]
+    assert points["megatron_hang_seconds"] == [(42.0, {})]
+
+
+def test_the_straggler_flag_is_served_as_0_unless_the_rule_names_the_rank() -> None:
+    """Not computed (one rank, no per_step spans) and not named both read 0; the gauge's
+    description states report's threshold."""
+    for straggler, served in ((None, 0.0), (False, 0.0), (True, 1.0)):
+        points = {
+            s.gauge.prometheus: list(s.points(_figures(straggler=straggler))) for s in RANK_SERIES
+        }
+        assert points["megatron_straggler_named"] == [(served, {})]
+    gauge = WATCH_GAUGES[MEGATRON_STRAGGLER_NAMED]
+    assert f"score under {SCORE_THRESHOLD:g}" in gauge.description
+
+
+def test_the_iteration_time_says_its_source() -> None:
+    for source in ITERATION_TIME_SOURCES:
+        (point,) = next(
+            s.points(_figures(iteration_time_s=2.0, iteration_time_source=source))
+            for s in RANK_SERIES
+            if s.gauge.name == MEGATRON_TRAINING_ITERATION_TIME_S
+        )
+        assert point == (2.0, {ITERATION_TIME_SOURCE_ATTRIBUTE: source})
