@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from report_checks import assert_accounted
 
 from megatron.trace import build_report, load_trace
+from megatron.trace.analysis.liveness import Clock, judge
 from megatron.trace.cli.main import main
 
 NS = gt.NS
@@ -43,6 +44,8 @@ SETTINGS = settings(
 # -- strategies ---------------------------------------------------------------------
 
 GROUPS = ("per_step", "default")
+# the metrics beside the spans: none, this project's trainer's, Megatron-LM's via nemo-lens
+METRICS = ("none", "trainer", "nemo_lens")
 
 
 @st.composite
@@ -83,6 +86,7 @@ def histories(
     with ``hangs``, at least one hung (and ended by a SIGTERM)."""
     ranks = draw(st.integers(1, 3))
     save_interval = draw(st.integers(3, 12))
+    log_interval = draw(st.sampled_from((1, 2, 5, save_interval)))
     count = draw(st.integers(1, 4))
     plans = draw(st.lists(clean_plans(), min_size=count, max_size=count))
     if kills:
@@ -112,6 +116,11 @@ def histories(
         export_phase_s=tuple(draw(st.floats(0, 1)) for _ in range(ranks)),
         groups=draw(st.sampled_from(groups)),
         per_rank_files=draw(st.booleans()),
+        metrics=draw(st.sampled_from(METRICS)),
+        metric_period_s=draw(st.sampled_from((10.0, 10.0, 3.0))),
+        metric_phase_s=tuple(draw(st.floats(0.2, 10)) for _ in range(ranks)),
+        log_interval=log_interval,
+        log_interval_in_resource=draw(st.booleans()),
     )
 
 
@@ -197,7 +206,10 @@ def assert_within_truth(report: dict[str, Any], simulated: gt.Simulated) -> None
 
 
 def _report(paths: list[Path]) -> dict[str, Any]:
-    return build_report(load_trace(paths, jobs=1))
+    """The report as ``report`` makes it: judged against a clock long after the job (nothing
+    running), the metric points beside the trace read."""
+    trace = load_trace(paths, jobs=1)
+    return build_report(trace, judge(trace, paths, Clock.at(float(NOW[1]))))
 
 
 def _tellable(simulated: gt.Simulated, paths: list[Path]) -> bool:
@@ -223,7 +235,7 @@ def _tellable(simulated: gt.Simulated, paths: list[Path]) -> bool:
 
 def _written(history: gt.History, folder: Path) -> tuple[gt.Simulated, list[Path]]:
     simulated = gt.simulate(history)
-    for old in folder.glob("traces*.jsonl"):
+    for old in [*folder.glob("traces*.jsonl"), *folder.glob("metrics.jsonl")]:
         old.unlink()
     return simulated, gt.write(simulated, folder / "traces.jsonl")
 
