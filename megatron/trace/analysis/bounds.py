@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from megatron.trace.analysis.accounting import seconds
-from megatron.trace.analysis.sightings import completed, unseen_from
+from megatron.trace.analysis.sightings import completed, finished_shown, unseen_from
 from megatron.trace.model.identity import rank_value
 from megatron.trace.model.incarnation import Incarnation
 from megatron.trace_format.semconv import Category
@@ -231,8 +231,10 @@ def report_bounds(
     """The report's ``bounds`` (module doc), from the ranks' incarnations and accounting."""
     bounds: dict[str, dict[str, Any]] = {}
 
-    def bound(path: str, lower: Any, upper: Any, reason: str) -> None:
+    def bound(path: str, lower: Any, upper: Any, reason: str, source: str | None = None) -> None:
         bounds[path] = {"lower": lower, "upper": upper, "reason": reason}
+        if source:
+            bounds[path]["source"] = source
 
     for rank, (incs, acc) in ranks.items():
         killed = _killed(incs)
@@ -245,13 +247,16 @@ def report_bounds(
             f"{where}; {seconds(gap):.3f} s between their last records and the restart "
             "is unattributed (booked as restart_gap)"
         ) + _alive_text(incs, alive, open_end)
+        seen = _seen_source(incs, alive, open_end)
         prefixes = [f"ranks.{rank_value(rank)}."]
         if rank == job_rank:
             prefixes.append("")
         goodput = totals[Category.GOODPUT]
         for prefix in prefixes:
             if open_end:
-                bound(f"{prefix}wall_s", seconds(wall), None, unattributed)
+                last = incs[-1]
+                source = f"its last metric export, {_ago(last)}" if last.sighting else None
+                bound(f"{prefix}wall_s", seconds(wall), None, unattributed, source)
                 bound(f"{prefix}goodput_fraction", None, None, unattributed)
             elif spare and wall:
                 bound(f"{prefix}goodput_fraction", _floor6(goodput / wall),
@@ -269,7 +274,7 @@ def report_bounds(
             if category == Category.RESTART_GAP:
                 if gap:
                     bound(path, seconds(max(0, figure - gap)), seconds(max(0, figure - alive)),
-                          unattributed)  # fmt: skip
+                          unattributed, seen)  # fmt: skip
             elif category == Category.OTHER:
                 if figure:
                     bound(
@@ -284,6 +289,7 @@ def report_bounds(
                 if category == Category.WASTED_PROGRESS:
                     # what the metric points show redone may end in a save in flight
                     lower -= doubt
+                    upper = None if open_end else seconds(figure + spare - doubt)
                 if open_end and category == Category.WASTED_PROGRESS:
                     # the last one may have saved after its last exported span
                     lower -= acc["per_incarnation"][-1]["wasted_progress_ns"]
@@ -310,24 +316,38 @@ def report_bounds(
     for position, exact in enumerate(furthest["incarnations_exact"]):
         lower = furthest["incarnations_lower"][position]
         if not exact:
+            texts = shown([position])
             bound(f"incarnations.{position}.wasted_iterations", lower, None,
-                  _wasted_reason(job_killed, shown([position])))  # fmt: skip
+                  _wasted_reason(job_killed, texts), _exports_source(texts))  # fmt: skip
     positions = range(len(furthest["incarnations_exact"]))
     if not furthest["job_exact"]:
+        texts = shown(positions)
         bound("wasted_iterations", furthest["job_lower"], None,
-              _wasted_reason(job_killed, shown(positions)))  # fmt: skip
+              _wasted_reason(job_killed, texts), _exports_source(texts))  # fmt: skip
     for rank, (incs, acc) in ranks.items():
         if not acc["wasted_exact"]:
+            texts = _shown(incs, acc, range(len(incs)))
             bound(f"ranks.{rank_value(rank)}.wasted_iterations", _rank_lower(incs, acc), None,
-                  _wasted_reason(_killed(incs), _shown(incs, acc, range(len(incs)))))  # fmt: skip
-    if report.get("iterations") is None and job_killed:
-        bound("iterations.count", 0, None,
-              "no megatron.train.iteration span was exported before the kill (or the "
-              "per_step span groups are off)")  # fmt: skip
+                  _wasted_reason(_killed(incs), texts), _exports_source(texts))  # fmt: skip
     job_incs = ranks[job_rank][0]
+    beyond, seen_by = _finished_beyond_spans(job_incs)
+    counted = (
+        f"; their metric points show {beyond} more finished (incarnations {seen_by})"
+        if beyond
+        else ""
+    )
+    source = None
+    if len(seen_by) == 1:
+        source = f"the last metric export of incarnation {seen_by[0]}"
+    elif seen_by:
+        source = f"the last metric exports of incarnations {seen_by}"
+    if report.get("iterations") is None and job_killed:
+        bound("iterations.count", beyond + _clean_counts(job_incs) if beyond else 0, None,
+              "no megatron.train.iteration span was exported before the kill (or the "
+              "per_step span groups are off)" + counted, source)  # fmt: skip
     if report.get("iterations") and _killed(job_incs):
-        bound("iterations.count", report["iterations"]["count"], None,
-              _LOWER_COUNT.format(killed=_killed(job_incs)))  # fmt: skip
+        bound("iterations.count", report["iterations"]["count"] + beyond, None,
+              _LOWER_COUNT.format(killed=_killed(job_incs)) + counted, source)  # fmt: skip
     if report.get("stragglers") is not None and job_killed:
         reason = "a lower bound: the iterations a kill kept from the file are not compared"
         bound("straggler_s", report["straggler_s"], None, reason)
@@ -374,6 +394,60 @@ def window_bounds(
             gap = totals[Category.RESTART_GAP]
             bound("badput_s.restart_gap", seconds(max(0, gap - unknown)), seconds(gap))
     return bounds
+
+
+def _finished_beyond_spans(incs: list[Incarnation]) -> tuple[int, list[int]]:
+    """(how many more iterations the killed incarnations' metric points show finished than
+    their iteration spans, which incarnations)."""
+    beyond, which = 0, []
+    for inc in incs:
+        if inc.ended != "killed":
+            continue
+        shown = finished_shown(inc)
+        if shown is not None and shown > len(inc.iterations):
+            beyond += shown - len(inc.iterations)
+            which.append(inc.index)
+    return beyond, which
+
+
+def _clean_counts(incs: list[Incarnation]) -> int:
+    """The iterations the incarnations that shut down cleanly finished, from their intervals'
+    ranges (where known): without iteration spans, the rest of a lower bound of the count."""
+    total = 0
+    for inc in incs:
+        first, last = inc.first_iteration, inc.last_iteration
+        if inc.ended == "shutdown" and first is not None and last is not None:
+            total += max(0, last + 1 - first)
+    return total
+
+
+def _exports_source(shown: list[str]) -> str | None:
+    """Where a wasted-iterations bound comes from, short (:func:`_shown`'s texts): the metric
+    export of the one incarnation whose points showed more than its spans, or of several."""
+    shown = list(dict.fromkeys(shown))
+    if not shown:
+        return None
+    if len(shown) == 1:
+        return (
+            shown[0]
+            .split(" (", 1)[1]
+            .rstrip(")")
+            .split(":", 1)[0]
+            .replace("its metric export", "the last metric export")
+        )
+    return f"the last metric exports of {len(shown)} killed incarnations"
+
+
+def _seen_source(incs: list[Incarnation], alive: int, open_end: bool) -> str | None:
+    """Where a bound narrowed by the killed incarnations' metric points comes from, short."""
+    seen = [inc for inc in incs[:-1] if inc.ended == "killed" and inc.sighting is not None]
+    if open_end and incs[-1].sighting is not None:
+        seen.append(incs[-1])
+    if not seen:
+        return None
+    if len(seen) == 1:
+        return f"the last metric export of incarnation {seen[0].index}, {_ago(seen[0])}"
+    return f"the last metric exports of incarnations {[inc.index for inc in seen]}"
 
 
 def _wasted_reason(killed: list[int], shown: list[str] = ()) -> str:  # type: ignore[assignment]

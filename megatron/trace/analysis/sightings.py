@@ -53,7 +53,14 @@ from megatron.trace_format.semconv import (
     MEGATRON_TRAINING_STEP_DURATION_MS,
 )
 
-__all__ = ["completed", "known_wasted", "read_sightings", "unseen_from"]
+__all__ = [
+    "completed",
+    "finished_shown",
+    "known_wasted",
+    "read_sightings",
+    "started_at",
+    "unseen_from",
+]
 
 # How far past the oldest killed incarnation's start the scan goes (lines of several
 # processes sharing one file are only roughly in time order).
@@ -167,14 +174,25 @@ def _scan(
     return newest
 
 
-def _resumed(inc: Incarnation) -> int | None:
+def started_at(inc: Incarnation) -> int | None:
+    """The iteration the incarnation started at: where its checkpoint load put it, else its
+    first iteration (None: neither is known)."""
     return inc.resumed_from if inc.resumed_from is not None else inc.first_iteration
+
+
+def finished_shown(inc: Incarnation) -> int | None:
+    """The iterations a killed incarnation's metric points show it finished, at least (None:
+    they show none, or where it started is not known)."""
+    shown, start = completed(inc), started_at(inc)
+    if shown is None or start is None:
+        return None
+    return max(0, shown[0] - start)
 
 
 def _steps_to_iterations(inc: Incarnation, count: int, log_interval: int | None) -> int:
     """The iterations completed (as Megatron counts them: the next one's number), at
     least, once the step-duration histogram had counted ``count`` log intervals."""
-    resumed = _resumed(inc)
+    resumed = started_at(inc)
     if log_interval:
         # logged where the completed count is a multiple of the interval, from resumed on
         return log_interval * ((resumed or 0) // log_interval + count)
@@ -224,7 +242,7 @@ def _window_start(inc: Incarnation, horizon: int) -> int | None:
         start = inc.iterations.start_of(horizon)
         if start is not None:
             ends.append(start)
-    if _resumed(inc) == horizon and inc.startup is not None:
+    if started_at(inc) == horizon and inc.startup is not None:
         ends.append(inc.startup["end_ns"])
     return max(ends) if ends else None
 
