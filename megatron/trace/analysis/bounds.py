@@ -22,6 +22,14 @@ process really died. So:
   the last incarnation was killed, is bounded as the whole is (its goodput, share
   and ``restart_gap``, under ``windows.entries.N.``).
 
+A killed incarnation's own metric points (:mod:`~megatron.trace.analysis.sightings`)
+narrow these: the time they show it alive is not restart gap (a final one's wall clock
+runs to its newest point), the iterations they show finished raise the wasted iterations'
+and ``iterations.count``'s lower bounds, and the stretch they show redone is booked as
+wasted progress (less what may be a save in flight, taken off its lower bound); such a
+bound also says its ``source`` (``the last metric export of incarnation 2, 8.0 s after
+its last exported span``).
+
 Each bound is ``{"lower": x or null, "upper": y or null, "reason": text}`` under the
 figure's path in the report (``wall_s``, ``badput_s.wasted_progress``,
 ``ranks.1.goodput_s``, ``incarnations.0.wasted_iterations``...), in the figure's

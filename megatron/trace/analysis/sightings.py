@@ -32,9 +32,10 @@ What they narrow (:mod:`megatron.trace.analysis.bounds` says how):
   was still training then, past that save), every iteration was redone: that stretch is
   wasted progress, not unattributed.
 
-The points are read from the end of each file (:func:`read_sightings`), newest first,
-and the reading stops once every killed incarnation has its newest point and one that
-showed less, or the lines are older than the oldest of them.
+The points are read from the end of each file (:func:`read_sightings`), newest first:
+for each killed incarnation from where its successor started (found by bisection on the
+lines' times, a few lines read) back to its newest point and one that showed less (or to
+its start), so a week of metrics costs a few blocks per kill.
 """
 
 from __future__ import annotations
@@ -45,7 +46,11 @@ from typing import Any
 
 from megatron.trace.model.identity import process_of_resource, slot_of
 from megatron.trace.model.incarnation import Incarnation, Progress, Sighting, Trace
-from megatron.trace.otlp.reader import decode_attributes, iter_requests_backwards
+from megatron.trace.otlp.reader import (
+    decode_attributes,
+    iter_requests_backwards,
+    offset_after_time,
+)
 from megatron.trace_format.semconv import (
     ITERATION,
     LOG_INTERVAL,
@@ -109,19 +114,58 @@ def read_sightings(trace: Trace, metrics_files: Iterable[Path]) -> int:
     if not wanted:
         return 0
     found: dict[int, _Seen] = {}
-    oldest = min(inc.start_ns for inc in wanted.values()) - _SCAN_SLACK_NS
+    # newest first: each killed incarnation's points are read back from where its successor
+    # started (a final one's, from the file's end), found by bisection on the lines' times
+    last = 1 << 63
+
+    def until(inc: Incarnation) -> int:
+        found_until = _until(trace, inc)
+        return last if found_until is None else found_until
+
+    ordered = sorted(wanted.values(), key=until, reverse=True)
     for path in metrics_files:
-        for request in iter_requests_backwards(path):
-            newest = _scan(request, path, trace, wanted, found)
-            settled = len(found) == len(wanted) and all(s.settled for s in found.values())
-            if settled or (newest and newest < oldest):
-                break
+        ends = [(inc, _end_offset(path, _until(trace, inc))) for inc in ordered]
+        whole = any(end is False for _, end in ends)
+        if whole:  # compressed: read once, from the end, back to the oldest incarnation
+            ends = [(min(ordered, key=lambda inc: inc.start_ns), None)]
+        for inc, end in ends:
+            if _settled(found, [inc]) or end == 0:
+                continue
+            for request in iter_requests_backwards(path, end=end):
+                newest = _scan(request, path, trace, wanted, found)
+                if _settled(found, wanted.values() if whole else [inc]) or (
+                    newest and newest < inc.start_ns - _SCAN_SLACK_NS
+                ):
+                    break
     for key, seen in found.items():
         inc = wanted[key]
         inc.sighting = seen.sighting()
         if inc is trace.ranks[inc.rank][-1]:
             inc.end_ns = max(inc.end_ns, seen.seen_ns)
     return len(found)
+
+
+def _settled(found: dict[int, _Seen], incs: Iterable[Incarnation]) -> bool:
+    """Whether each of ``incs`` has its newest point and, per progress metric, one showing
+    less: reading further back would change nothing."""
+    return all(id(inc) in found and found[id(inc)].settled for inc in incs)
+
+
+def _end_offset(path: Path, until: int | None) -> int | bool | None:
+    """Where to start reading ``path`` back for an incarnation dead by ``until``: a byte
+    offset (None: the file's end; False: a compressed file, which cannot be read from an
+    offset)."""
+    if until is None:
+        return None
+    offset = offset_after_time(path, until + _SCAN_SLACK_NS)
+    return False if offset is None else offset
+
+
+def _until(trace: Trace, inc: Incarnation) -> int | None:
+    """When the incarnation's successor on its rank started (None: it is the last), so when
+    it was dead by at the latest: its points are older."""
+    incs = trace.ranks[inc.rank]
+    return incs[inc.index + 1].start_ns if inc.index + 1 < len(incs) else None
 
 
 def _scan(

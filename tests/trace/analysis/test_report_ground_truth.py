@@ -594,3 +594,20 @@ def test_the_text_and_the_json_say_where_a_bound_comes_from(
     report = json.loads(out[out.index("\n{") + 1 :] if not out.startswith("{") else out)
     bound = report["bounds"]["wasted_iterations"]
     assert line.endswith(f"≥ {bound['lower']} ({bound['source']})")
+
+
+def test_a_compressed_metrics_file_narrows_as_the_plain_one(tmp_path: Path) -> None:
+    """A rotated ``metrics.jsonl``, gzip-compressed under its own name, cannot be read from an
+    offset: it is read once from its end, with the same result."""
+    import gzip
+
+    plans = (gt.Plan(28, "killed", gap_s=40), gt.Plan(25, "killed", gap_s=40), gt.Plan(13))
+    history = gt.History(plans, ranks=2, groups="default", metrics="trainer", save_interval=10)
+    simulated, paths = _written(history, tmp_path)
+    plain = _report(paths)
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_bytes(gzip.compress(metrics.read_bytes()))
+    packed = _report(paths)
+    assert_within_truth(packed, simulated)
+    assert packed == plain
+    assert plain["bounds"]["wasted_iterations"]["source"]
