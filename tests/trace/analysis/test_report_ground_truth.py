@@ -375,6 +375,15 @@ def test_a_killed_history_reports_the_truth_or_bounds_on_a_cluster(
     simulated, paths = _written(history, tmp_path)
     names = [str(p) for p in paths]
     assert_within_truth(_cli_report(capsys, *names, "--scheduler", scheduler), simulated)
+    # the default groups with this trainer's metrics: narrowed by them, as on one process
+    history = gt.History(history.incarnations, ranks=2, export_delay_s=(5.0, 3.0),
+                         groups="default", metrics="trainer")  # fmt: skip
+    simulated, paths = _written(history, tmp_path)
+    names = [str(p) for p in paths]
+    spread = _cli_report(capsys, *names, "--scheduler", scheduler)
+    assert_within_truth(spread, simulated)
+    assert spread["bounds"]["wasted_iterations"]["source"].startswith("the last metric export")
+    assert spread == _cli_report(capsys, *names, "--jobs", "1")
 
 
 @pytest.mark.needs_extras  # dask
