@@ -108,8 +108,13 @@ def read_sightings(trace: Trace, metrics_files: Iterable[Path]) -> int:
     """Set :attr:`Incarnation.sighting` on each killed incarnation of ``trace`` whose own
     process left metric points in ``metrics_files``; a final killed one's end moves to
     its newest point (it lived until then). Returns how many were found."""
+    # one followed by another keeps what an earlier read found (``watch`` judges again and
+    # again): its points are all older than its successor
     wanted = {
-        id(inc): inc for incs in trace.ranks.values() for inc in incs if inc.ended == "killed"
+        id(inc): inc
+        for incs in trace.ranks.values()
+        for inc in incs
+        if inc.ended == "killed" and (inc.sighting is None or inc is incs[-1])
     }
     if not wanted:
         return 0
