@@ -88,7 +88,8 @@ class _Seen:
         if found is None:
             self.progress[kind] = [value, at, None, None]
         elif value > found[0]:  # lines only roughly in order: a newer one read later
-            self.progress[kind] = [value, at, None, None] if found[1] < at else found
+            if found[1] < at:  # the point read first becomes the newest showing less
+                self.progress[kind] = [value, at, found[0], found[1]]
         elif value < found[0] and (found[3] is None or at > found[3]):
             found[2], found[3] = value, at
 
@@ -166,6 +167,14 @@ def _end_offset(path: Path, until: int | None) -> int | bool | None:
     return False if offset is None else offset
 
 
+def _log_interval(value: Any) -> int | None:
+    """The resource's log interval: an int, or the digits ``OTEL_RESOURCE_ATTRIBUTES`` gives
+    as a string (``megatron.log_interval=100``); None when absent or not a positive one."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def _until(trace: Trace, inc: Incarnation) -> int | None:
     """When the incarnation's successor on its rank started (None: it is the last), so when
     it was dead by at the latest: its points are older."""
@@ -186,7 +195,7 @@ def _scan(
     for resource_metrics in request.get("resourceMetrics") or []:
         resource = decode_attributes((resource_metrics.get("resource") or {}).get("attributes"))
         split = trace.processes.get(process_of_resource(resource, path))
-        interval = resource.get(LOG_INTERVAL)
+        interval = _log_interval(resource.get(LOG_INTERVAL))
         for scope in resource_metrics.get("scopeMetrics") or []:
             for metric in scope.get("metrics") or []:
                 name = metric.get("name")
@@ -207,7 +216,7 @@ def _scan(
                             continue
                         seen = found.setdefault(id(inc), _Seen())
                         seen.seen_ns = max(seen.seen_ns, at)
-                        if isinstance(interval, int) and interval > 0:
+                        if interval:
                             seen.log_interval = interval
                         if name == MEGATRON_TRAINING_ITERATION and kind == "gauge":
                             value = point.get("asInt", point.get("asDouble"))

@@ -620,3 +620,17 @@ def test_a_compressed_metrics_file_narrows_as_the_plain_one(tmp_path: Path) -> N
     assert_within_truth(packed, simulated)
     assert packed == plain
     assert plain["bounds"]["wasted_iterations"]["source"]
+
+
+def test_a_log_interval_given_as_text_counts_as_the_number(tmp_path: Path) -> None:
+    """``OTEL_RESOURCE_ATTRIBUTES=megatron.log_interval=2`` puts it in nemo-lens's resource as
+    a string: read as the number it says."""
+    history = _history("nemo_lens", log_interval=2, log_interval_in_resource=True)
+    simulated, paths = _written(history, tmp_path)
+    as_int = _report(paths)
+    _rewrite_metrics(tmp_path / "metrics.jsonl", '"megatron.log_interval","value":{"intValue":"2"}',
+                     '"megatron.log_interval","value":{"stringValue":"2"}')  # fmt: skip
+    as_text = _report(paths)
+    assert_within_truth(as_text, simulated)
+    assert as_text["bounds"] == as_int["bounds"]
+    assert as_text["bounds"]["wasted_iterations"]["lower"] > 0
