@@ -192,9 +192,11 @@ def _alive_text(incs: list[Incarnation], alive: int, open_end: bool) -> str:
 def _last_span_end(inc: Incarnation) -> int:
     """The end of the newest span a killed incarnation exported (its ``end_ns`` may have
     moved to its newest metric point since)."""
-    ends = [end for _, end, _ in inc.extents()]
-    ends += [inc.iterations.max_end() or 0, inc.start_ns]
-    return max(ends)
+    worked = inc.sighting.worked if inc.sighting is not None else {}
+    if "last_span_end" not in worked:
+        ends = [end for _, end, _ in inc.extents()]
+        worked["last_span_end"] = max([*ends, inc.iterations.max_end() or 0, inc.start_ns])
+    return worked["last_span_end"]
 
 
 def _ago(inc: Incarnation) -> str:

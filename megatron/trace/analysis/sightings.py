@@ -259,10 +259,18 @@ def _steps_to_iterations(inc: Incarnation, count: int, log_interval: int | None)
 
 def _completions(inc: Incarnation) -> list[tuple[int, int, int | None, int | None, str]]:
     """(completed at top, at, completed at below, at, the metric) of each progress metric
-    of the incarnation's sighting."""
+    of the incarnation's sighting (worked out once)."""
     sighting = inc.sighting
     if sighting is None:
         return []
+    if "completions" not in sighting.worked:
+        sighting.worked["completions"] = _work_completions(inc, sighting)
+    return sighting.worked["completions"]
+
+
+def _work_completions(
+    inc: Incarnation, sighting: Sighting
+) -> list[tuple[int, int, int | None, int | None, str]]:
     found = []
     if sighting.iteration is not None:
         p = sighting.iteration
@@ -289,7 +297,15 @@ def completed(inc: Incarnation) -> tuple[int, int, str] | None:
 def _window_start(inc: Incarnation, horizon: int) -> int | None:
     """Where iteration ``horizon`` began, when the file says it exactly: the end of the save
     of ``horizon`` (or of the interval whose last iteration was the one before), the start
-    of its iteration span, or, resumed at ``horizon``, the end of the startup."""
+    of its iteration span, or, resumed at ``horizon``, the end of the startup (worked out
+    once per horizon)."""
+    worked = inc.sighting.worked if inc.sighting is not None else {}
+    if ("window", horizon) not in worked:
+        worked[("window", horizon)] = _work_window_start(inc, horizon)
+    return worked[("window", horizon)]
+
+
+def _work_window_start(inc: Incarnation, horizon: int) -> int | None:
     ends = [save["end_ns"] for save in inc.saves if save["attributes"].get(ITERATION) == horizon]
     ends += [
         record["end_ns"]

@@ -60,6 +60,8 @@ class Sighting:
     iteration: Progress | None = None
     steps: Progress | None = None
     log_interval: int | None = None
+    #: what the analyses worked out of it once (the report asks per figure, per rank)
+    worked: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass
