@@ -27,10 +27,12 @@ What they narrow (:mod:`megatron.trace.analysis.bounds` says how):
   clock runs to there;
 * it completed at least :func:`completed` iterations: its wasted iterations are at
   least those past the iteration its successor resumed from;
-* :func:`known_wasted`: from the end of the save its successor resumed from (where the
-  file shows it) to the newest point after which a later one shows more progress (it
-  was still training then, past that save), every iteration was redone: that stretch is
-  wasted progress, not unattributed.
+* :func:`known_wasted`: from where the iteration its successor resumed from began
+  (the end of that save, where the file shows it) to the newest point showing that many
+  iterations completed or more, every iteration was redone: that stretch is wasted
+  progress, not unattributed; only its part after the newest point showing fewer may
+  instead be a save in flight at the kill (the bounds take it off wasted progress's
+  lower bound).
 
 The points are read from the end of each file (:func:`read_sightings`), newest first:
 for each killed incarnation from where its successor started (found by bisection on the
