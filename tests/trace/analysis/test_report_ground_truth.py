@@ -470,6 +470,11 @@ def test_the_iteration_gauge_bounds_the_wasted_iterations_within_one_export(
     assert bound["lower"] == lower
     assert "megatron.training.iteration says" in bound["reason"]
     assert bound["source"].startswith("the last metric export")
+    # the iterations' count too: what the gauge shows finished, and the clean one's range
+    count = report["bounds"]["iterations.count"]
+    assert simulated.truth.job.iterations - _period_iterations(history) <= count["lower"]
+    assert count["lower"] <= simulated.truth.job.iterations
+    assert count["source"] == "the last metric export of incarnation 0"
 
 
 def test_the_stretch_the_metrics_show_redone_is_wasted_progress_not_restart_gap(
