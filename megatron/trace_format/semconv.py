@@ -69,6 +69,7 @@ __all__ = [
     "ITERATION_TIME_SOURCES",
     "ITERATION_TIME_SOURCE_ATTRIBUTE",
     "LAUNCH_SCRIPT_SPAN",
+    "LOG_INTERVAL",
     "LOST_PROGRESS_COUNTER",
     "MEGATRON_HANG_DURATION_S",
     "MEGATRON_HANG_SUSPECTED",
@@ -470,6 +471,10 @@ SLURM_RESTART_COUNT = "slurm.restart_count"
 NVRX_CYCLE = "nvrx.cycle"
 #: The writing process's global rank.
 DL_RANK = "dl.rank"
+#: Megatron's ``--log-interval``, where a job's resource (or its startup span) records it:
+#: the step-duration histogram is recorded once every so many iterations, so its count
+#: times this is how far the process got.
+LOG_INTERVAL = "megatron.log_interval"
 #: How many ranks the job has.
 DL_WORLD_SIZE = "dl.world_size"
 

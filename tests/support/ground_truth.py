@@ -40,6 +40,7 @@ ranks) for the benchmarks.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import heapq
 import itertools
@@ -123,6 +124,15 @@ class History:
     groups: Literal["per_step", "default"] = "per_step"
     per_rank_files: bool = False
     t0_ns: int = T0_NS
+    # the metrics written beside the spans (metrics.jsonl): none, this project's trainer's
+    # (the heartbeat and the iteration gauge beside the step-duration histogram, every
+    # metric_period_s), or Megatron-LM's through nemo-lens (the step-duration histogram
+    # and the loss gauge, recorded at each log interval, exported every metric_period_s)
+    metrics: Literal["none", "trainer", "nemo_lens"] = "none"
+    metric_period_s: float = 10.0
+    metric_phase_s: tuple[float, ...] = ()  # per rank: its first export this long after start
+    log_interval: int = 1  # the histogram is recorded when iteration (count) % this == 0
+    log_interval_in_resource: bool = False  # the resource says megatron.log_interval
 
     def factor(self, rank: int) -> float:
         return self.factors[rank] if rank < len(self.factors) else 1.0
@@ -134,6 +144,13 @@ class History:
     def phase_ns(self, rank: int) -> int:
         phase = self.export_phase_s[rank] if rank < len(self.export_phase_s) else 0.0
         return round(phase * NS)
+
+    def metric_phase_ns(self, rank: int) -> int:
+        """When the rank's first metric export comes after its start (default: one period,
+        as the SDK's periodic reader's first export does)."""
+        if rank < len(self.metric_phase_s):
+            return round(self.metric_phase_s[rank] * NS)
+        return round(self.metric_period_s * NS)
 
 
 @dataclass
@@ -216,6 +233,11 @@ class Simulated:
     # killed?); the spans are made as they are written, so a long history is never whole
     # in memory
     produced: list[list[tuple[Callable[[], list[_Span]], int, bool]]] = field(default_factory=list)
+    # per incarnation: (its start, its startup's end, the checkpoint it resumed from, its
+    # phases: (kind, start, end, iteration), every rank living through them alike)
+    timelines: list[tuple[int, int, int, list[tuple[str, int, int, int]]]] = field(
+        default_factory=list
+    )
 
 
 class _Ids:
@@ -248,6 +270,7 @@ def simulate(history: History) -> Simulated:
     ends = [now] * ranks  # where each rank's previous incarnation died
     failures = counted = 0
     hangs: list[tuple[int, int, int]] = []
+    timelines: list[tuple[int, int, int, list[tuple[str, int, int, int]]]] = []
 
     for index, plan in enumerate(history.incarnations):
         start, resumed_from = now, durable
@@ -283,6 +306,7 @@ def simulate(history: History) -> Simulated:
             death = t + round(plan.hang_s * NS)
             failures += 1
             hangs.append((index, plan.victim, death - t))
+        timelines.append((start, start + startup_ns, resumed_from, phases))
         saves_done = [p[3] for p in phases if p[0] == "save"]
         if saves_done:
             durable = saves_done[-1]
@@ -347,7 +371,7 @@ def simulate(history: History) -> Simulated:
     lost = max(works) - max(healthy) if stragglers and per_step else 0
     truth = Truth(rank_truths, failures, len(history.incarnations) - 1, stragglers,
                   counted * lost, counted, hangs)  # fmt: skip
-    return Simulated(history, truth, produced)
+    return Simulated(history, truth, produced, timelines)
 
 
 def _rank_spans(
@@ -525,6 +549,8 @@ def write(simulated: Simulated, path: Path) -> list[Path]:
                 yield when, rank, n, writer.lines.pop()
                 n += 1
 
+    if history.metrics != "none":
+        write_metrics(simulated, path.with_name("metrics.jsonl"))
     if history.per_rank_files:
         paths = []
         for rank in range(history.ranks):
@@ -537,6 +563,86 @@ def write(simulated: Simulated, path: Path) -> list[Path]:
         merged = heapq.merge(*(lines_of(rank) for rank in range(history.ranks)))
         file.writelines(text for *_, text in merged)
     return [path]
+
+
+#: The resource attribute a job may set to say its log interval (where the histogram of step
+#: durations is recorded once every so many iterations).
+LOG_INTERVAL_ATTRIBUTE = "megatron.log_interval"
+
+
+def _metric_line(resource: str, metrics: list[str]) -> str:
+    return (
+        '{"resourceMetrics":[{"resource":' + resource + ',"scopeMetrics":[{"scope":'
+        '{"name":"megatron","version":"0.1.0"},"metrics":[' + ",".join(metrics) + "]}]}]}\n"
+    )
+
+
+def _gauge(name: str, at: int, value: int | float) -> str:
+    point = f'"asInt":"{value}"' if isinstance(value, int) else f'"asDouble":{value}'
+    return f'{{"name":"{name}","gauge":{{"dataPoints":[{{"timeUnixNano":"{at}",{point}}}]}}}}'
+
+
+def _histogram(name: str, since: int, at: int, count: int, total_ms: float) -> str:
+    """A cumulative histogram point (aggregationTemporality 2, the SDK's default)."""
+    point = (
+        f'{{"startTimeUnixNano":"{since}","timeUnixNano":"{at}","count":"{count}",'
+        f'"sum":{total_ms},"bucketCounts":["0","{count}"],"explicitBounds":[0.0]}}'
+    )
+    return f'{{"name":"{name}","histogram":{{"dataPoints":[{point}],"aggregationTemporality":2}}}}'
+
+
+def _metric_lines(simulated: Simulated, rank: int) -> Iterator[tuple[int, int, str]]:
+    """(when, rank, line) of the metric exports of one rank's processes, in time order:
+    every ``metric_period_s`` from its first (``metric_phase_ns``) while it lives, and, but
+    after a SIGKILL, once more as it ends (the shutdown's collection)."""
+    history = simulated.history
+    period = round(history.metric_period_s * NS)
+    trainer = history.metrics == "trainer"
+    for index, ((_, dies, killed), (start, ready, resumed, phases)) in enumerate(
+        zip(simulated.produced[rank], simulated.timelines, strict=True)
+    ):
+        resource = resource_json(rank, history.ranks, 10_000 + rank * 1_000 + index, "truth")
+        if history.log_interval_in_resource:
+            value = f'{{"intValue":"{history.log_interval}"}}'
+            extra = f'{{"key":"{LOG_INTERVAL_ATTRIBUTE}","value":{value}}}'
+            resource = resource[:-2] + "," + extra + "]}"
+        ends = [(b, at) for kind, _, b, at in phases if kind == "iteration" and b <= dies]
+        step_ms = next(((b - a) / 1e6 for kind, a, b, _ in phases if kind == "iteration"), 1.0)
+        times = [b for b, _ in ends]
+        logs = list(
+            itertools.accumulate((int((at + 1) % history.log_interval == 0) for _, at in ends),
+                                 initial=0)
+        )  # fmt: skip
+        first = start + history.metric_phase_ns(rank)
+        ticks = [(t, False) for t in range(first, dies, period)]
+        for when, final in ticks + ([] if killed else [(dies, True)]):
+            finished = bisect.bisect_right(times, when)
+            logged = logs[finished]
+            metrics = []
+            if trainer:
+                metrics.append(_gauge("megatron.training.running", when, 0 if final else 1))
+                if when >= ready:
+                    completed = ends[finished - 1][1] + 1 if finished else resumed
+                    metrics.append(_gauge("megatron.training.iteration", when, completed))
+            if logged:
+                metrics.append(
+                    _histogram(
+                        "megatron.training.step_duration_ms", start, when, logged, logged * step_ms
+                    )
+                )
+                if not trainer:
+                    metrics.append(_gauge("megatron.training.loss", when, 2.5))
+            if metrics:
+                yield when, rank, _metric_line(resource, metrics)
+
+
+def write_metrics(simulated: Simulated, path: Path) -> Path:
+    """Write ``metrics.jsonl`` as the job's metric readers would have (all ranks' lines in
+    the order they were appended); returns its path."""
+    merged = heapq.merge(*(_metric_lines(simulated, r) for r in range(simulated.history.ranks)))
+    with path.open("w") as file:
+        file.writelines(line for *_, line in merged)
+    return path
 
 
 def long_history(

@@ -68,6 +68,7 @@ from typing import Any
 from megatron.trace._store.record_log import extents
 from megatron.trace._store.stretches import Stretches
 from megatron.trace.analysis.hangs import find_hang
+from megatron.trace.analysis.sightings import known_wasted
 from megatron.trace.analysis.wasted import Waste, waste_of
 from megatron.trace.model.incarnation import Incarnation
 from megatron.trace_format.errors import TraceInputError
@@ -310,7 +311,12 @@ def worked_out(
         if window_start is not None and inc.end_ns > window_start:
             segments.append((window_start, inc.end_ns, Category.WASTED_PROGRESS))
         if position + 1 < len(incs):
-            segments.append((inc.end_ns, incs[position + 1].start_ns, Category.RESTART_GAP))
+            successor = incs[position + 1].start_ns
+            segments.append((inc.end_ns, successor, Category.RESTART_GAP))
+            # what its metric points show it redone after its last span (a kill lost it)
+            redone = known_wasted(inc, found[0], successor)
+            if redone is not None:
+                segments.append((redone[0], redone[1], Category.WASTED_PROGRESS))
         wastes.append(found)
     return segments, wastes
 

@@ -22,6 +22,14 @@ process really died. So:
   the last incarnation was killed, is bounded as the whole is (its goodput, share
   and ``restart_gap``, under ``windows.entries.N.``).
 
+A killed incarnation's own metric points (:mod:`~megatron.trace.analysis.sightings`)
+narrow these: the time they show it alive is not restart gap (a final one's wall clock
+runs to its newest point), the iterations they show finished raise the wasted iterations'
+and ``iterations.count``'s lower bounds, and the stretch they show redone is booked as
+wasted progress (less what may be a save in flight, taken off its lower bound); such a
+bound also says its ``source`` (``the last metric export of incarnation 2, 8.0 s after
+its last exported span``).
+
 Each bound is ``{"lower": x or null, "upper": y or null, "reason": text}`` under the
 figure's path in the report (``wall_s``, ``badput_s.wasted_progress``,
 ``ranks.1.goodput_s``, ``incarnations.0.wasted_iterations``...), in the figure's
@@ -32,9 +40,11 @@ unit; a figure with no entry is exact. The shape is stated once, by
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from megatron.trace.analysis.accounting import seconds
+from megatron.trace.analysis.sightings import completed, finished_shown, unseen_from
 from megatron.trace.model.identity import rank_value
 from megatron.trace.model.incarnation import Incarnation
 from megatron.trace_format.semconv import Category
@@ -124,16 +134,101 @@ def _ceil6(value: float) -> float:
     return min(1.0, math.ceil(value * 1e6) / 1e6)
 
 
-def _rank_tail(incs: list[Incarnation], accounting: dict[str, Any]) -> tuple[int, int, bool]:
-    """(the ns between killed incarnations' last spans and their successors' starts, the
-    ns a category may hold beyond its figure, whether the last incarnation was killed)."""
-    gap = 0
+def _unseen(
+    incs: list[Incarnation], accounting: dict[str, Any]
+) -> list[tuple[Incarnation, int, int, int, int]]:
+    """(incarnation, where its unattributed time begins, until when its metric points show
+    it alive, its successor's start, the ns of what its metric points show redone that may
+    be a save in flight instead) of each killed incarnation followed by another: from its
+    last span (or the end of what its metric points show redone) to the successor nothing
+    says what the time was (:func:`~megatron.trace.analysis.sightings.unseen_from`)."""
+    found = []
     for position, inc in enumerate(incs[:-1]):
-        if inc.ended == "killed":
-            gap += max(0, incs[position + 1].start_ns - inc.end_ns)
+        if inc.ended != "killed":
+            continue
+        successor = incs[position + 1].start_ns
+        horizon = accounting["per_incarnation"][position]["horizon"]
+        start, seen, doubt = unseen_from(inc, horizon, successor)
+        found.append((inc, min(start, successor), min(seen, successor), successor, doubt))
+    return found
+
+
+def _rank_tail(
+    incs: list[Incarnation], accounting: dict[str, Any]
+) -> tuple[int, int, int, int, bool]:
+    """(the unattributed ns between killed incarnations' last records and their successors'
+    starts, the part of it their metric points show them alive, the ns booked as wasted
+    progress from their metric points that may be a save in flight instead, the ns a
+    category may hold beyond its figure, whether the last incarnation was killed)."""
+    unseen = _unseen(incs, accounting)
+    gap = sum(successor - start for _, start, _, successor, _ in unseen)
+    alive = sum(seen - start for _, start, seen, _, _ in unseen)
+    doubt = sum(entry[4] for entry in unseen)
     killed = any(inc.ended == "killed" for inc in incs)
     other = accounting["totals_ns"][Category.OTHER] if killed else 0
-    return gap, gap + other, bool(incs) and incs[-1].ended == "killed"
+    return gap, alive, doubt, gap + doubt + other, bool(incs) and incs[-1].ended == "killed"
+
+
+def _alive_text(incs: list[Incarnation], alive: int, open_end: bool) -> str:
+    """What the killed incarnations' metric points said of their lives, for a reason."""
+    text = ""
+    if alive:
+        text += (
+            f"; their metric points show them alive {seconds(alive):.3f} s of it (so not "
+            "restart gap)"
+        )
+    last = incs[-1] if incs else None
+    if open_end and last is not None:
+        if last.sighting is not None:
+            text += (
+                f"; the last one was alive at its last metric export, {_ago(last)}, and "
+                "ended some unknown time after"
+            )
+        else:
+            text += "; the last one ended some unknown time after its last span"
+    return text
+
+
+def _last_span_end(inc: Incarnation) -> int:
+    """The end of the newest span a killed incarnation exported (its ``end_ns`` may have
+    moved to its newest metric point since)."""
+    worked = inc.sighting.worked if inc.sighting is not None else {}
+    if "last_span_end" not in worked:
+        ends = [end for _, end, _ in inc.extents()]
+        worked["last_span_end"] = max([*ends, inc.iterations.max_end() or 0, inc.start_ns])
+    return worked["last_span_end"]
+
+
+def _ago(inc: Incarnation) -> str:
+    """When a killed incarnation's newest metric point was, said against its last span."""
+    assert inc.sighting is not None
+    after = (inc.sighting.seen_ns - _last_span_end(inc)) / 1e9
+    return f"{after:.1f} s after its last exported span"
+
+
+def _shown(
+    incs: list[Incarnation], accounting: dict[str, Any], positions: Iterable[int]
+) -> list[str]:
+    """Per killed incarnation at ``positions`` whose metric points show more progress than
+    its spans: where its wasted iterations' lower bound comes from, said as a person reads
+    it."""
+    texts = []
+    for position in positions:
+        if position >= len(incs) or incs[position].ended != "killed":
+            continue
+        inc = incs[position]
+        shown = completed(inc)
+        horizon = accounting["per_incarnation"][position]["horizon"]
+        if shown is None or horizon is None or shown[0] <= horizon:
+            continue
+        top, at, name = shown
+        spans = _last_span_end(inc)
+        texts.append(
+            f"incarnation {inc.index}: ≥ {top - horizon} (its metric export "
+            f"{(at - spans) / 1e9:.1f} s after its last exported span: {name} says "
+            f"{top} iterations completed, its successor resumed from {horizon})"
+        )
+    return texts
 
 
 def report_bounds(
@@ -146,29 +241,32 @@ def report_bounds(
     """The report's ``bounds`` (module doc), from the ranks' incarnations and accounting."""
     bounds: dict[str, dict[str, Any]] = {}
 
-    def bound(path: str, lower: Any, upper: Any, reason: str) -> None:
+    def bound(path: str, lower: Any, upper: Any, reason: str, source: str | None = None) -> None:
         bounds[path] = {"lower": lower, "upper": upper, "reason": reason}
+        if source:
+            bounds[path]["source"] = source
 
     for rank, (incs, acc) in ranks.items():
         killed = _killed(incs)
         if not killed:
             continue
-        gap, spare, open_end = _rank_tail(incs, acc)
+        gap, alive, doubt, spare, open_end = _rank_tail(incs, acc)
         totals, wall = acc["totals_ns"], acc["wall_ns"]
         where = f"rank {rank_value(rank)}: incarnations {killed} were SIGKILLed"
         unattributed = (
-            f"{where}; {seconds(gap):.3f} s between their last exported span and the restart "
+            f"{where}; {seconds(gap):.3f} s between their last records and the restart "
             "is unattributed (booked as restart_gap)"
-        )
-        if open_end:
-            unattributed += "; the last one ended some unknown time after its last span"
+        ) + _alive_text(incs, alive, open_end)
+        seen = _seen_source(incs, alive, open_end)
         prefixes = [f"ranks.{rank_value(rank)}."]
         if rank == job_rank:
             prefixes.append("")
         goodput = totals[Category.GOODPUT]
         for prefix in prefixes:
             if open_end:
-                bound(f"{prefix}wall_s", seconds(wall), None, unattributed)
+                last = incs[-1]
+                source = f"its last metric export, {_ago(last)}" if last.sighting else None
+                bound(f"{prefix}wall_s", seconds(wall), None, unattributed, source)
                 bound(f"{prefix}goodput_fraction", None, None, unattributed)
             elif spare and wall:
                 bound(f"{prefix}goodput_fraction", _floor6(goodput / wall),
@@ -185,7 +283,8 @@ def report_bounds(
             path = f"badput_s.{category}"
             if category == Category.RESTART_GAP:
                 if gap:
-                    bound(path, seconds(max(0, figure - gap)), seconds(figure), unattributed)
+                    bound(path, seconds(max(0, figure - gap)), seconds(max(0, figure - alive)),
+                          unattributed, seen)  # fmt: skip
             elif category == Category.OTHER:
                 if figure:
                     bound(
@@ -197,18 +296,19 @@ def report_bounds(
             elif spare or open_end:
                 upper = None if open_end else seconds(figure + spare)
                 lower = figure
+                if category == Category.WASTED_PROGRESS:
+                    # what the metric points show redone may end in a save in flight
+                    lower -= doubt
+                    upper = None if open_end else seconds(figure + spare - doubt)
                 if open_end and category == Category.WASTED_PROGRESS:
                     # the last one may have saved after its last exported span
                     lower -= acc["per_incarnation"][-1]["wasted_progress_ns"]
                 bound(path, seconds(lower), upper, unattributed)
-        for position, (inc, entry) in enumerate(zip(incs, acc["per_incarnation"], strict=True)):
+        unseen = {id(e[0]): e[3] - e[1] for e in _unseen(incs, acc)}
+        for inc, entry in zip(incs, acc["per_incarnation"], strict=True):
             if inc.ended != "killed":
                 continue
-            rest = (
-                max(0, incs[position + 1].start_ns - inc.end_ns)
-                if position + 1 < len(incs)
-                else None
-            )
+            rest = unseen.get(id(inc))
             wasted = entry["wasted_progress_ns"]
             bound(
                 f"incarnations.{inc.index}.wasted_s",
@@ -219,25 +319,45 @@ def report_bounds(
             )
 
     job_killed = sorted({i for incs, _ in ranks.values() for i in _killed(incs)})
+
+    def shown(positions: Iterable[int]) -> list[str]:
+        return [t for incs, acc in ranks.values() for t in _shown(incs, acc, positions)]
+
     for position, exact in enumerate(furthest["incarnations_exact"]):
         lower = furthest["incarnations_lower"][position]
         if not exact:
+            texts = shown([position])
             bound(f"incarnations.{position}.wasted_iterations", lower, None,
-                  _wasted_reason(job_killed))  # fmt: skip
+                  _wasted_reason(job_killed, texts), _exports_source(texts))  # fmt: skip
+    positions = range(len(furthest["incarnations_exact"]))
     if not furthest["job_exact"]:
-        bound("wasted_iterations", furthest["job_lower"], None, _wasted_reason(job_killed))
+        texts = shown(positions)
+        bound("wasted_iterations", furthest["job_lower"], None,
+              _wasted_reason(job_killed, texts), _exports_source(texts))  # fmt: skip
     for rank, (incs, acc) in ranks.items():
         if not acc["wasted_exact"]:
+            texts = _shown(incs, acc, range(len(incs)))
             bound(f"ranks.{rank_value(rank)}.wasted_iterations", _rank_lower(incs, acc), None,
-                  _wasted_reason(_killed(incs)))  # fmt: skip
-    if report.get("iterations") is None and job_killed:
-        bound("iterations.count", 0, None,
-              "no megatron.train.iteration span was exported before the kill (or the "
-              "per_step span groups are off)")  # fmt: skip
+                  _wasted_reason(_killed(incs), texts), _exports_source(texts))  # fmt: skip
     job_incs = ranks[job_rank][0]
+    beyond, seen_by = _finished_beyond_spans(job_incs)
+    counted = (
+        f"; their metric points show {beyond} more finished (incarnations {seen_by})"
+        if beyond
+        else ""
+    )
+    source = None
+    if len(seen_by) == 1:
+        source = f"the last metric export of incarnation {seen_by[0]}"
+    elif seen_by:
+        source = f"the last metric exports of incarnations {seen_by}"
+    if report.get("iterations") is None and job_killed:
+        bound("iterations.count", beyond + _clean_counts(job_incs) if beyond else 0, None,
+              "no megatron.train.iteration span was exported before the kill (or the "
+              "per_step span groups are off)" + counted, source)  # fmt: skip
     if report.get("iterations") and _killed(job_incs):
-        bound("iterations.count", report["iterations"]["count"], None,
-              _LOWER_COUNT.format(killed=_killed(job_incs)))  # fmt: skip
+        bound("iterations.count", report["iterations"]["count"] + beyond, None,
+              _LOWER_COUNT.format(killed=_killed(job_incs)) + counted, source)  # fmt: skip
     if report.get("stragglers") is not None and job_killed:
         reason = "a lower bound: the iterations a kill kept from the file are not compared"
         bound("straggler_s", report["straggler_s"], None, reason)
@@ -251,11 +371,7 @@ def window_bounds(
     killed = _killed(incs)
     if not killed:
         return {}
-    stretches = [
-        (inc.end_ns, incs[position + 1].start_ns)
-        for position, inc in enumerate(incs[:-1])
-        if inc.ended == "killed"
-    ]
+    stretches = [(entry[1], entry[3]) for entry in _unseen(incs, accounting)]
     open_end = incs[-1].ended == "killed"
     reason = (
         f"incarnations {killed} were SIGKILLed: this window holds time between a killed "
@@ -290,9 +406,66 @@ def window_bounds(
     return bounds
 
 
-def _wasted_reason(killed: list[int]) -> str:
+def _finished_beyond_spans(incs: list[Incarnation]) -> tuple[int, list[int]]:
+    """(how many more iterations the killed incarnations' metric points show finished than
+    their iteration spans, which incarnations)."""
+    beyond, which = 0, []
+    for inc in incs:
+        if inc.ended != "killed":
+            continue
+        shown = finished_shown(inc)
+        if shown is not None and shown > len(inc.iterations):
+            beyond += shown - len(inc.iterations)
+            which.append(inc.index)
+    return beyond, which
+
+
+def _clean_counts(incs: list[Incarnation]) -> int:
+    """The iterations the incarnations that shut down cleanly finished, from their intervals'
+    ranges (where known): without iteration spans, the rest of a lower bound of the count."""
+    total = 0
+    for inc in incs:
+        first, last = inc.first_iteration, inc.last_iteration
+        if inc.ended == "shutdown" and first is not None and last is not None:
+            total += max(0, last + 1 - first)
+    return total
+
+
+def _exports_source(shown: list[str]) -> str | None:
+    """Where a wasted-iterations bound comes from, short (:func:`_shown`'s texts): the metric
+    export of the one incarnation whose points showed more than its spans, or of several."""
+    shown = list(dict.fromkeys(shown))
+    if not shown:
+        return None
+    if len(shown) == 1:
+        return (
+            shown[0]
+            .split(" (", 1)[1]
+            .rstrip(")")
+            .split(":", 1)[0]
+            .replace("its metric export", "the last metric export")
+        )
+    return f"the last metric exports of {len(shown)} killed incarnations"
+
+
+def _seen_source(incs: list[Incarnation], alive: int, open_end: bool) -> str | None:
+    """Where a bound narrowed by the killed incarnations' metric points comes from, short."""
+    seen = [inc for inc in incs[:-1] if inc.ended == "killed" and inc.sighting is not None]
+    if open_end and incs[-1].sighting is not None:
+        seen.append(incs[-1])
+    if not seen:
+        return None
+    if len(seen) == 1:
+        return f"the last metric export of incarnation {seen[0].index}, {_ago(seen[0])}"
+    return f"the last metric exports of incarnations {[inc.index for inc in seen]}"
+
+
+def _wasted_reason(killed: list[int], shown: list[str] = ()) -> str:  # type: ignore[assignment]
     if killed:
-        return _LOWER_COUNT.format(killed=killed)
+        text = _LOWER_COUNT.format(killed=killed)
+        if shown:
+            text += "; their metric points show more: " + "; ".join(dict.fromkeys(shown))
+        return text
     return (
         "a lower bound: an interval closed at an exception or signal counts the iteration in "
         "flight (which may not have finished), or an interval's iteration range is not known "

@@ -21,6 +21,10 @@ end, or show one but its newest heartbeat still says 1:
   periods) older than now, and its newest heartbeat does not say 0;
 * otherwise it keeps what its spans say (``killed``, or the end they show).
 
+The killed incarnations' own metric points then say how long each lived and how far
+it got (:func:`~megatron.trace.analysis.sightings.read_sightings`), which narrows the
+report's bounds.
+
 A running incarnation's figures are as of its newest record (``as_of_ns``):
 the wall clock ends there, and the stretch its open interval (or startup)
 has covered since the last span written, ``in_flight``, counts as what it
@@ -48,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace._store.record_log import latest
+from megatron.trace.analysis.sightings import read_sightings
 from megatron.trace.model.identity import process_of_resource
 from megatron.trace.model.incarnation import Incarnation, Trace
 from megatron.trace.otlp.reader import decode_attributes, iter_requests_backwards
@@ -172,6 +177,8 @@ def judge(trace: Trace, trace_files: Sequence[Path | str], clock: Clock) -> Live
                 f"{inc.label}: no metric points (metrics.jsonl beside the trace); judged running "
                 "from its newest span alone"
             )
+    # what the killed ones' metric points say: how long they lived, how far they got
+    read_sightings(trace, liveness.metrics_files)
     return liveness
 
 

@@ -44,7 +44,14 @@ __all__ = [
 Ended = Literal["shutdown", "failed", "interrupted", "cut_short", "killed", "running"]
 
 
-class Bound(TypedDict):
+class _BoundSource(TypedDict, total=False):
+    """Present when a bound was narrowed by more than the spans: where from, in a few words
+    (``the last metric export of incarnation 2, 8.0 s after its last exported span``)."""
+
+    source: str
+
+
+class Bound(_BoundSource):
     """A figure the trace can only bound: the truth lies in ``[lower, upper]`` (``None``:
     unbounded on that side), in the figure's unit, for ``reason``."""
 

@@ -10,6 +10,7 @@ horizon, the start of its wasted window and the wasted iterations.
 
 from __future__ import annotations
 
+from megatron.trace.analysis.sightings import completed
 from megatron.trace.model.incarnation import Incarnation
 
 __all__ = ["Waste", "resumed_at", "waste_of"]
@@ -68,9 +69,12 @@ def _wasted(inc: Incarnation, horizon: int | None) -> tuple[int | None, int | No
             done = inc.iterations.end_before(horizon)
             if done is not None:
                 start = done if start is None else max(start, done)
+    # a killed one's metric points may show it got further than its spans
+    shown = completed(inc) if inc.ended == "killed" else None
+    beyond = max(0, shown[0] - horizon) if shown is not None else 0
     if inc.iterations:
         # a kill loses the spans exported since the last batch: a lower bound then
-        return start, inc.iterations.count_from(horizon), inc.ended != "killed"
+        return start, max(beyond, inc.iterations.count_from(horizon)), inc.ended != "killed"
     last = inc.last_iteration
     first = inc.first_iteration if inc.first_iteration is not None else horizon
     count = max(0, (last if last is not None else horizon - 1) + 1 - max(horizon, first))
@@ -83,7 +87,7 @@ def _wasted(inc: Incarnation, horizon: int | None) -> tuple[int | None, int | No
     # (megatron/training/telemetry_spans.py: its last iteration is from the passes begun),
     # which may not have finished: one too many, perhaps
     closed_mid_pass = inc.ended in ("failed", "interrupted", "cut_short")
-    return start, count, inc.ended != "killed" and known and not closed_mid_pass
+    return start, max(count, beyond), inc.ended != "killed" and known and not closed_mid_pass
 
 
 # What waste_of gives of one incarnation: its horizon, and _wasted's (window start,

@@ -30,7 +30,38 @@ from megatron.trace_format.semconv import (
     ITERATION,
 )
 
-__all__ = ["RECORD_LISTS", "Incarnation", "Trace"]
+__all__ = ["RECORD_LISTS", "Incarnation", "Progress", "Sighting", "Trace"]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far one metric says a process had got: its newest value (``top``, at
+    ``top_ns``) and the newest point before it showing less (``below`` at ``below_ns``;
+    None: none was read). A later point showing more means the process was still training
+    at ``below_ns``. Values are a metric's own: the iteration gauge's completed iterations,
+    or the step-duration histogram's count of log intervals since the process started."""
+
+    top: int
+    top_ns: int
+    below: int | None = None
+    below_ns: int | None = None
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """What a killed incarnation's own metric points (``metrics.jsonl`` beside the trace,
+    of its process and within its time) say: it was alive at ``seen_ns``, its newest point
+    of any metric; ``iteration`` and ``steps`` are the progress its iteration gauge and
+    its step-duration histogram (cumulative, since its process started) show, and
+    ``log_interval`` what its resource says the histogram's log interval is.
+    :mod:`megatron.trace.analysis.sightings` reads them."""
+
+    seen_ns: int
+    iteration: Progress | None = None
+    steps: Progress | None = None
+    log_interval: int | None = None
+    #: what the analyses worked out of it once (the report asks per figure, per rank)
+    worked: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass
@@ -93,6 +124,8 @@ class Incarnation:
     in_flight: SpanRecord | None = None  # running: the open interval (or startup) so far
     # error.type of what ended it: the exception's class, or the signal's name
     error_type: str | None = None
+    #: killed: what its metric points showed (None: none read, or none of its own)
+    sighting: Sighting | None = None
 
     @property
     def interval_facts(self) -> list[IntervalFacts]:

@@ -72,6 +72,7 @@ __all__ = [
     "iter_requests",
     "iter_requests_backwards",
     "iter_spans",
+    "offset_after_time",
     "paused_gc",
     "read_spans",
     "span_fields",
@@ -191,17 +192,19 @@ class DecodedLine:
 
 
 def iter_requests_backwards(
-    path: Path | str, block_size: int = 1 << 16
+    path: Path | str, block_size: int = 1 << 16, end: int | None = None
 ) -> Iterator[dict[str, Any]]:
     """The requests of one file, like :func:`iter_requests`, newest line first.
 
     For readers that want only the latest records (the heartbeat in a week's
     ``metrics.jsonl``): stopping after the first few lines costs a few blocks,
-    whatever the file's size. Torn writes are skipped; damage raises
+    whatever the file's size. ``end`` (a byte offset, :func:`offset_after_time`)
+    starts there instead of at the file's end, from the end of the line it falls
+    in. Torn writes are skipped; damage raises
     :class:`TraceFileDamaged` with the line's number, counted from the start
     (only then is the rest of the file scanned, for the count). A compressed
     file (rotated, gzip or zstd) cannot be read from its end: it is read
-    through in order, then given back newest first.
+    through in order, then given back newest first (``end`` ignored).
     """
     path = Path(path)
     with path.open("rb") as probe:
@@ -210,8 +213,12 @@ def iter_requests_backwards(
         yield from reversed([request for _, _, request in iter_requests(path)])
         return
     with path.open("rb") as file:
-        end = file.seek(0, 2)
-        position, carry = end, b""
+        size = file.seek(0, 2)
+        if end is not None and end < size:
+            file.seek(max(0, end - 1))
+            file.readline()  # to the end of the line the offset falls in
+            size = file.tell()
+        position, carry = size, b""
 
         def decode(raw: bytes, offset: int) -> dict[str, Any] | None:
             text = raw.decode("utf-8", errors="replace").rstrip()
@@ -244,6 +251,33 @@ def iter_requests_backwards(
             request = decode(carry, 0)
             if request is not None:
                 yield request
+
+
+_TIME_FIELD = re.compile(rb'"timeUnixNano":\s*"?(\d+)')
+
+
+def offset_after_time(path: Path | str, time_ns: int, block_size: int = 1 << 16) -> int | None:
+    """A byte offset of an uncompressed file of OTLP/JSON lines in time order (a
+    ``metrics.jsonl``) past which the lines' points are all newer than ``time_ns``, found
+    by bisection: a few lines read, whatever the file's size. None: a compressed file
+    (read it whole). Lines a few seconds out of order (several writers) need a slack."""
+    path = Path(path)
+    with path.open("rb") as file:
+        if is_compressed(file.read(4)):
+            return None
+        lo, hi = 0, file.seek(0, 2)
+        while hi - lo > block_size:
+            mid = (lo + hi) // 2
+            file.seek(mid)
+            file.readline()  # the rest of the line the offset falls in
+            start = file.tell()
+            line = file.readline()
+            times = [int(found) for found in _TIME_FIELD.findall(line)]
+            if not line or (times and min(times) > time_ns):
+                hi = mid
+            else:
+                lo = max(start + len(line), lo + 1)
+        return max(lo, hi)
 
 
 def _line_at(file: Any, offset: int) -> int:

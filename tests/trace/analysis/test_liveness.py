@@ -77,9 +77,13 @@ def test_after_the_bound_the_same_file_reads_killed(tmp_path: Path, iterations: 
     (inc,) = report["incarnations"]
     assert (inc["ended"], inc["as_of"], inc["in_flight_s"]) == ("killed", None, 0.0)
     assert (report["running"], report["as_of"]) == (False, None)
-    # what the spans alone say of a SIGKILL: the work past the last save is wasted
-    assert report["badput_s"]["wasted_progress"] == 1.5
-    assert report["wall_s"] == 10.25
+    # a SIGKILL: the work past the last save is wasted, up to its newest record of any
+    # kind (its last heartbeat, at 30 s: it lived that long at least)
+    assert report["badput_s"]["wasted_progress"] == 1.5 + 30 - 10.25
+    assert report["wall_s"] == 30.0
+    assert report["bounds"]["wall_s"]["lower"] == 30.0
+    assert report["bounds"]["wall_s"]["upper"] is None
+    assert "alive at its last metric export" in report["bounds"]["wall_s"]["reason"]
     assert report["wasted_iterations"] == (1 if iterations else 0)
 
 

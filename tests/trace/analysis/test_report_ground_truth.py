@@ -19,6 +19,7 @@ draws, each case saying why (:func:`_tellable`).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from hypothesis import strategies as st
 from report_checks import assert_accounted
 
 from megatron.trace import build_report, load_trace
+from megatron.trace.analysis.liveness import Clock, judge
 from megatron.trace.cli.main import main
 
 NS = gt.NS
@@ -43,6 +45,8 @@ SETTINGS = settings(
 # -- strategies ---------------------------------------------------------------------
 
 GROUPS = ("per_step", "default")
+# the metrics beside the spans: none, this project's trainer's, Megatron-LM's via nemo-lens
+METRICS = ("none", "trainer", "nemo_lens")
 
 
 @st.composite
@@ -83,6 +87,7 @@ def histories(
     with ``hangs``, at least one hung (and ended by a SIGTERM)."""
     ranks = draw(st.integers(1, 3))
     save_interval = draw(st.integers(3, 12))
+    log_interval = draw(st.sampled_from((1, 2, 5, save_interval)))
     count = draw(st.integers(1, 4))
     plans = draw(st.lists(clean_plans(), min_size=count, max_size=count))
     if kills:
@@ -112,6 +117,11 @@ def histories(
         export_phase_s=tuple(draw(st.floats(0, 1)) for _ in range(ranks)),
         groups=draw(st.sampled_from(groups)),
         per_rank_files=draw(st.booleans()),
+        metrics=draw(st.sampled_from(METRICS)),
+        metric_period_s=draw(st.sampled_from((10.0, 10.0, 3.0))),
+        metric_phase_s=tuple(draw(st.floats(0.2, 10)) for _ in range(ranks)),
+        log_interval=log_interval,
+        log_interval_in_resource=draw(st.booleans()),
     )
 
 
@@ -182,6 +192,8 @@ def assert_within_truth(report: dict[str, Any], simulated: gt.Simulated) -> None
                job.iterations, 0)  # fmt: skip
     else:
         assert report["iterations"] is None
+        if "iterations.count" in report["bounds"]:  # what the metrics show, at least
+            _holds(report, "iterations.count", None, job.iterations, 0)
     stragglers = report.get("stragglers")
     if stragglers is not None:  # computed: then right
         assert stragglers["ranks"] == truth.straggler_ranks
@@ -197,7 +209,10 @@ def assert_within_truth(report: dict[str, Any], simulated: gt.Simulated) -> None
 
 
 def _report(paths: list[Path]) -> dict[str, Any]:
-    return build_report(load_trace(paths, jobs=1))
+    """The report as ``report`` makes it: judged against a clock long after the job (nothing
+    running), the metric points beside the trace read."""
+    trace = load_trace(paths, jobs=1)
+    return build_report(trace, judge(trace, paths, Clock.at(float(NOW[1]))))
 
 
 def _tellable(simulated: gt.Simulated, paths: list[Path]) -> bool:
@@ -223,7 +238,7 @@ def _tellable(simulated: gt.Simulated, paths: list[Path]) -> bool:
 
 def _written(history: gt.History, folder: Path) -> tuple[gt.Simulated, list[Path]]:
     simulated = gt.simulate(history)
-    for old in folder.glob("traces*.jsonl"):
+    for old in [*folder.glob("traces*.jsonl"), *folder.glob("metrics.jsonl")]:
         old.unlink()
     return simulated, gt.write(simulated, folder / "traces.jsonl")
 
@@ -360,6 +375,15 @@ def test_a_killed_history_reports_the_truth_or_bounds_on_a_cluster(
     simulated, paths = _written(history, tmp_path)
     names = [str(p) for p in paths]
     assert_within_truth(_cli_report(capsys, *names, "--scheduler", scheduler), simulated)
+    # the default groups with this trainer's metrics: narrowed by them, as on one process
+    history = gt.History(history.incarnations, ranks=2, export_delay_s=(5.0, 3.0),
+                         groups="default", metrics="trainer")  # fmt: skip
+    simulated, paths = _written(history, tmp_path)
+    names = [str(p) for p in paths]
+    spread = _cli_report(capsys, *names, "--scheduler", scheduler)
+    assert_within_truth(spread, simulated)
+    assert spread["bounds"]["wasted_iterations"]["source"].startswith("the last metric export")
+    assert spread == _cli_report(capsys, *names, "--jobs", "1")
 
 
 @pytest.mark.needs_extras  # dask
@@ -394,3 +418,224 @@ def test_a_long_history_is_what_it_says(tmp_path: Path) -> None:
     for rank in truth.ranks:
         assert sum(rank.accounting_ns.values()) == rank.wall_ns
         assert rank.accounting_ns["wasted_progress"] > 0
+
+
+# -- issue 51: a killed incarnation's own metric points narrow its bounds ------------------
+# The ``default`` span groups, so a kill loses its whole interval and only the metrics (this
+# project's trainer's: heartbeat, iteration gauge, step-duration histogram, every 10 s; or
+# Megatron-LM's through nemo-lens: the histogram and the loss, at each log interval) can
+# say how far the job got. Every bound holds the truth, is narrower than the spans alone
+# give, and says where it comes from.
+
+# one rank, iterations of 1.05 s, a save every 10: killed 7.5 iterations past the save of
+# 30 (iteration 37 in flight), resumed from 30 after 40 s, then 13 clean iterations
+KILLED = gt.Plan(37, "killed", into=0.5, gap_s=40)
+
+
+def _history(metrics: str, **kw: Any) -> gt.History:
+    return gt.History((KILLED, gt.Plan(13)), ranks=1, groups="default", metrics=metrics,
+                      save_interval=10, **kw)  # fmt: skip
+
+
+def _without_metrics(tmp_path: Path, history: gt.History) -> dict[str, Any]:
+    simulated, paths = _written(history, tmp_path)
+    (tmp_path / "metrics.jsonl").unlink(missing_ok=True)
+    report = _report(paths)
+    assert_within_truth(report, simulated)
+    return report
+
+
+def _period_iterations(history: gt.History) -> int:
+    """The iterations one metric export period holds (rounded up)."""
+    step = history.work_s + history.sync_s
+    return -(-round(history.metric_period_s * 1000) // round(step * 1000))
+
+
+def test_the_iteration_gauge_bounds_the_wasted_iterations_within_one_export(
+    tmp_path: Path,
+) -> None:
+    history = _history("trainer")
+    simulated, paths = _written(history, tmp_path)
+    report = _report(paths)
+    assert_within_truth(report, simulated)
+    truth = simulated.truth.wasted_iterations
+    assert truth == 7
+    lower = report["bounds"]["wasted_iterations"]["lower"]
+    # the spans alone say nothing (the interval in flight was lost whole) ...
+    assert _without_metrics(tmp_path, history)["bounds"]["wasted_iterations"]["lower"] == 0
+    # ... the gauge of the last export before the kill says how far it got
+    assert 0 < lower <= truth
+    assert truth - lower <= _period_iterations(history)
+    bound = report["bounds"]["incarnations.0.wasted_iterations"]
+    assert bound["lower"] == lower
+    assert "megatron.training.iteration says" in bound["reason"]
+    assert bound["source"].startswith("the last metric export")
+    # the iterations' count too: what the gauge shows finished, and the clean one's range
+    count = report["bounds"]["iterations.count"]
+    assert simulated.truth.job.iterations - _period_iterations(history) <= count["lower"]
+    assert count["lower"] <= simulated.truth.job.iterations
+    assert count["source"] == "the last metric export of incarnation 0"
+
+
+def test_the_stretch_the_metrics_show_redone_is_wasted_progress_not_restart_gap(
+    tmp_path: Path,
+) -> None:
+    """A kill long after the last save (here: the one it resumed from): what the gauge shows redone
+    is booked wasted progress, and the restart gap's and wasted progress's bounds are at most
+    two export periods per kill (plus the restarts) wide: a kill came at most one after the
+    last point, and a save in flight at the kill may have begun up to one before it."""
+    # (killed 8 iterations past its first save; then 55 past where it resumed)
+    plans = (gt.Plan(108, "killed", gap_s=40), gt.Plan(55, "killed", gap_s=40), gt.Plan(13))
+    history = gt.History(plans, ranks=1, groups="default", metrics="trainer", save_interval=100)
+    simulated, paths = _written(history, tmp_path)
+    report = _report(paths)
+    assert_within_truth(report, simulated)
+    spans_only = _without_metrics(tmp_path, history)
+    period = history.metric_period_s
+    truth = simulated.truth.job.accounting_ns
+    assert report["badput_s"]["wasted_progress"] > spans_only["badput_s"]["wasted_progress"]
+    for category in ("wasted_progress", "restart_gap"):
+        narrowed = report["bounds"][f"badput_s.{category}"]
+        before = spans_only["bounds"][f"badput_s.{category}"]
+        width = narrowed["upper"] - narrowed["lower"]
+        assert width < before["upper"] - before["lower"]
+        kills = simulated.truth.failures
+        assert width <= 2 * period * kills + truth["restart_gap"] / NS + 1e-6, (category, narrowed)
+    source = report["bounds"]["badput_s.restart_gap"]["source"]
+    assert source == "the last metric exports of incarnations [0, 1]"
+
+
+def test_megatron_lm_s_step_duration_histogram_bounds_the_wasted_iterations(
+    tmp_path: Path,
+) -> None:
+    """nemo-lens's histogram counts log intervals since the process started: times the log
+    interval where the resource says it (then within an export period and a log interval
+    of the truth), else the count alone, a looser lower bound."""
+    lowers = []
+    for in_resource in (True, False):
+        history = _history("nemo_lens", log_interval=2, log_interval_in_resource=in_resource)
+        simulated, paths = _written(history, tmp_path)
+        report = _report(paths)
+        assert_within_truth(report, simulated)
+        lowers.append(report["bounds"]["wasted_iterations"]["lower"])
+    truth = simulated.truth.wasted_iterations
+    assert 0 < lowers[0] <= truth
+    assert truth - lowers[0] <= _period_iterations(history) + history.log_interval
+    assert 0 <= lowers[1] <= lowers[0]
+    # resumed at 0, 16 log intervals of 2 are at least 16 iterations: short of the 30 saved
+    assert lowers[1] == 0
+    history = _history("nemo_lens", log_interval=2, log_interval_in_resource=True)
+    _written(history, tmp_path)
+    reason = _report(paths)["bounds"]["wasted_iterations"]["reason"]
+    assert "megatron.training.step_duration_ms says" in reason
+
+
+def _rewrite_metrics(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ('"process.pid","value":{"intValue":"10000"}', '"process.pid","value":{"intValue":"4"}'),
+        ('"nemo.run.id","value":{"stringValue":"truth"}',
+         '"nemo.run.id","value":{"stringValue":"other"}'),
+        ('"host.name","value":{"stringValue":"node0"}',
+         '"host.name","value":{"stringValue":"node9"}'),
+    ],
+    ids=["another_pid", "another_run", "another_host"],
+)  # fmt: skip
+def test_metrics_of_another_process_narrow_nothing(tmp_path: Path, old: str, new: str) -> None:
+    history = _history("trainer")
+    simulated, paths = _written(history, tmp_path)
+    _rewrite_metrics(tmp_path / "metrics.jsonl", old, new)
+    report = _report(paths)
+    assert_within_truth(report, simulated)
+    spans_only = _without_metrics(tmp_path, history)
+    assert report["bounds"] == spans_only["bounds"]
+    assert report["accounting_ns"] == spans_only["accounting_ns"]
+    assert not any("source" in bound for bound in report["bounds"].values())
+
+
+def test_a_kill_just_after_an_export_and_one_just_before_the_next(tmp_path: Path) -> None:
+    """The kill strikes 0.1 s after an export, then 0.1 s before the next: both hold the
+    truth, and the later export sees more."""
+    lowers = []
+    # the kill is 20 + 3 saves of 2 s + 37.5 iterations of 1.05 s = 65.375 s after the start
+    for phase in (5.275, 5.475):
+        history = _history("trainer", metric_phase_s=(phase,))
+        simulated, paths = _written(history, tmp_path)
+        report = _report(paths)
+        assert_within_truth(report, simulated)
+        lowers.append(report["bounds"]["wasted_iterations"]["lower"])
+    assert lowers[0] > lowers[1]
+
+
+def test_a_final_killed_incarnation_lived_until_its_last_metric_point(tmp_path: Path) -> None:
+    history = gt.History((gt.Plan(12), gt.Plan(37, "killed", into=0.5)), ranks=1,
+                         groups="default", metrics="trainer", save_interval=10)  # fmt: skip
+    simulated, paths = _written(history, tmp_path)
+    report = _report(paths)
+    assert_within_truth(report, simulated)
+    spans_only = _without_metrics(tmp_path, history)
+    wall = report["bounds"]["wall_s"]
+    assert wall["upper"] is None
+    assert spans_only["bounds"]["wall_s"]["lower"] < wall["lower"]
+    assert wall["lower"] <= simulated.truth.job.wall_ns / NS
+    assert simulated.truth.job.wall_ns / NS - wall["lower"] <= history.metric_period_s
+    assert "alive at its last metric export" in wall["reason"]
+    assert re.fullmatch(r"its last metric export, \d+\.\d s after its last exported span",
+                        wall["source"])  # fmt: skip
+
+
+def test_the_text_and_the_json_say_where_a_bound_comes_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    history = _history("trainer")
+    _, paths = _written(history, tmp_path)
+    assert main(["report", str(paths[0]), *NOW]) == 0
+    text = capsys.readouterr().out
+    line = next(line for line in text.splitlines() if line.startswith("wasted iterations:"))
+    assert re.fullmatch(
+        r"wasted iterations: ≥ \d+ \(the last metric export \d+\.\d s after its last exported "
+        r"span\)",
+        line,
+    ), line
+    assert main(["report", "--json", str(paths[0]), *NOW]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out[out.index("\n{") + 1 :] if not out.startswith("{") else out)
+    bound = report["bounds"]["wasted_iterations"]
+    assert line.endswith(f"≥ {bound['lower']} ({bound['source']})")
+
+
+def test_a_compressed_metrics_file_narrows_as_the_plain_one(tmp_path: Path) -> None:
+    """A rotated ``metrics.jsonl``, gzip-compressed under its own name, cannot be read from an
+    offset: it is read once from its end, with the same result."""
+    import gzip
+
+    plans = (gt.Plan(28, "killed", gap_s=40), gt.Plan(25, "killed", gap_s=40), gt.Plan(13))
+    history = gt.History(plans, ranks=2, groups="default", metrics="trainer", save_interval=10)
+    simulated, paths = _written(history, tmp_path)
+    plain = _report(paths)
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_bytes(gzip.compress(metrics.read_bytes()))
+    packed = _report(paths)
+    assert_within_truth(packed, simulated)
+    assert packed == plain
+    assert plain["bounds"]["wasted_iterations"]["source"]
+
+
+def test_a_log_interval_given_as_text_counts_as_the_number(tmp_path: Path) -> None:
+    """``OTEL_RESOURCE_ATTRIBUTES=megatron.log_interval=2`` puts it in nemo-lens's resource as
+    a string: read as the number it says."""
+    history = _history("nemo_lens", log_interval=2, log_interval_in_resource=True)
+    simulated, paths = _written(history, tmp_path)
+    as_int = _report(paths)
+    _rewrite_metrics(tmp_path / "metrics.jsonl", '"megatron.log_interval","value":{"intValue":"2"}',
+                     '"megatron.log_interval","value":{"stringValue":"2"}')  # fmt: skip
+    as_text = _report(paths)
+    assert_within_truth(as_text, simulated)
+    assert as_text["bounds"] == as_int["bounds"]
+    assert as_text["bounds"]["wasted_iterations"]["lower"] > 0

@@ -16,6 +16,7 @@ from megatron.trace.otlp.reader import (
     TraceFileDamaged,
     iter_requests_backwards,
     iter_spans,
+    offset_after_time,
     read_spans,
 )
 
@@ -139,6 +140,31 @@ def test_backwards_reader_reads_a_compressed_file_too(tmp_path: Path) -> None:
     with gzip.open(path, "wt") as file:  # a rotated copy compressed under the live name
         file.write("".join(json.dumps({"n": n}) + "\n" for n in range(5)))
     assert [r["n"] for r in iter_requests_backwards(path)] == [4, 3, 2, 1, 0]
+
+
+def _timed(n: int) -> str:
+    point = {"timeUnixNano": str(1000 * n), "asInt": "1"}
+    return json.dumps({"n": n, "pad": "x" * (n % 13) * 9, "gauge": {"dataPoints": [point]}})
+
+
+@pytest.mark.parametrize("block", [16, 64, 1 << 16])
+def test_a_time_is_found_by_bisection_and_read_back_from_there(tmp_path: Path, block) -> None:
+    """``offset_after_time``: past the offset every line is newer than the time asked for,
+    and reading back from it starts at most a block's lines after the newest older one."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(_timed(n) + "\n" for n in range(500)))
+    for n in (0, 1, 137, 250, 498, 499, 600):
+        offset = offset_after_time(path, 1000 * n, block_size=block)
+        assert offset is not None
+        found = [r["n"] for r in iter_requests_backwards(path, end=offset)]
+        assert found == list(range(found[0], -1, -1))  # whole lines, newest first, to the start
+        assert min(n, 499) <= found[0] <= min(n, 499) + block // 10 + 1, (n, found[0])
+    gz = tmp_path / "rotated.jsonl"
+    import gzip
+
+    with gzip.open(gz, "wt") as file:
+        file.write(_timed(1) + "\n")
+    assert offset_after_time(gz, 1000) is None  # compressed: read it whole
 
 
 @pytest.mark.parametrize(

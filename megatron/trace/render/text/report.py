@@ -30,6 +30,13 @@ def bound_text(value: float | None, bound: dict[str, Any] | None, spec: str = ".
     return "?"
 
 
+def _source(bound: dict[str, Any] | None) -> str:
+    """`` (where the bound comes from)`` after a bound narrowed by more than the spans (the
+    killed incarnations' metric points), else nothing."""
+    source = (bound or {}).get("source")
+    return f" ({source})" if source else ""
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The report as a few human-readable lines."""
     wall = report["wall_s"]
@@ -75,18 +82,20 @@ def format_report(report: dict[str, Any]) -> str:
         )
     lines += [
         f"{'wall clock':<17}{share('wall clock')}"
-        f"   (rank {report['rank']}, {report['spans']} spans)",
+        f"   (rank {report['rank']}, {report['spans']} spans)" + _source(bounds.get("wall_s")),
         f"{'goodput':<17}{share('goodput')}",
         "badput:",
     ]
     lines += [
         f"  {name:<15}{share(name) if s is not None else '  not computed (see below)'}"
+        + _source(bounds.get(paths[name]))
         for name, s in report["badput_s"].items()
     ]
     lines += _window_lines(report)
     lines.append(
         "wasted iterations: "
         + bound_text(report["wasted_iterations"], bounds.get("wasted_iterations"), "d")
+        + _source(bounds.get("wasted_iterations"))
     )
     lines.append("incarnations:")
     for inc in report["incarnations"]:
@@ -104,6 +113,7 @@ def format_report(report: dict[str, Any]) -> str:
             f"  {inc['index']}: {ended:<9} {trained}"
             f"  startup {startup}  intervals {inc['intervals']}"
             f"  wasted {wasted} it / {bound_text(inc['wasted_s'], bounds.get(at + 'wasted_s'))} s"
+            + _source(bounds.get(at + "wasted_iterations"))
         )
         if inc.get("as_of"):
             lines.append(
