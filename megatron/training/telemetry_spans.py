@@ -73,7 +73,8 @@ _log = logging.getLogger(__name__)
 def _drop_own_chatter(record: logging.LogRecord) -> bool:
     """``transitions`` logs every transition at INFO, prefixed by its machine's name:
     a line per checkpoint interval in the training log. Only this module's are dropped."""
-    own = record.args and str(record.args[0]).startswith(("span_phases: ", "exit_hooks: "))
+    args = record.args if isinstance(record.args, tuple) else ()
+    own = bool(args) and str(args[0]).startswith(("span_phases: ", "exit_hooks: "))
     return record.levelno >= logging.WARNING or not own
 
 
@@ -186,6 +187,7 @@ class SpanPhases:
         states = [self._bind(row, "on_enter", "on_exit") for row in self.STATES]
         rows = [self._bind(row, "after") for row in self.TRANSITIONS]
         self._phase = _Phase()
+        # Positional: no event objects for the callbacks, no auto transitions (to_<state>()).
         self.machine = Machine(self._phase, states, "job", rows, False, False, name="span_phases")
         SpanPhases._latest = self
 
