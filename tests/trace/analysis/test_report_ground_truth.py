@@ -189,8 +189,14 @@ def assert_within_truth(report: dict[str, Any], simulated: gt.Simulated) -> None
     else:
         assert report["iterations"] is None
     stragglers = report.get("stragglers")
-    if stragglers is not None:  # computed: then right
-        assert stragglers["ranks"] == truth.straggler_ranks
+    if stragglers is not None:  # computed: then right, over the ranks compared
+        compared = [entry["rank"] for entry in report["ranks"] if entry["score"] is not None]
+        work = {rank: truth.ranks[rank].work_ns for rank in compared}
+        fastest = min(work.values())
+        assert stragglers["ranks"] == [r for r in compared if fastest / work[r] < 0.75]
+        left_out = sorted(set(by_rank) - set(compared))
+        notes = [n for n in report["not_computed"] if n.startswith(f"stragglers: ranks {left_out}")]
+        assert bool(notes) is bool(left_out), (left_out, report["not_computed"])
         _holds(report, "straggler_s", report["straggler_s"], truth.straggler_ns / NS, 1e-3)
     else:
         killed = any(plan.ending == "killed" for plan in history.incarnations)
@@ -299,9 +305,21 @@ KILLED_IN_STARTUP = gt.History(
 )  # fmt: skip
 
 
+# Drawn by the suite's own random run before its examples were fixed: the slow rank 2
+# exports every 5 s, so the kill kept its last iterations of incarnation 0 from the file and
+# it has too few left to compare; ranks 0 and 1 were compared alone, and the report said
+# "no straggler" without saying rank 2 was not compared.
+STRAGGLER_TOO_SHORT_TO_COMPARE = gt.History(
+    (_plan(5, "killed"), _plan(9)),
+    ranks=3, factors=(1.0, 1.0, 1.6), save_interval=3, save_s=1.0, startup_s=2.0, load_s=1.0,
+    export_delay_s=(0.0, 0.0, 5.0), export_phase_s=(0.0, 0.0, 0.0),
+)  # fmt: skip
+
+
 @SETTINGS
 @given(history=histories(kills=True))
 @example(history=KILLED_IN_STARTUP)
+@example(history=STRAGGLER_TOO_SHORT_TO_COMPARE)
 def test_killed_histories_report_the_truth_or_bounds(tmp_path: Path, history) -> None:
     simulated, paths = _written(history, tmp_path)
     assume(_tellable(simulated, paths))
