@@ -18,6 +18,7 @@ draws, each case saying why (:func:`_tellable`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -324,6 +325,89 @@ def test_killed_histories_report_the_truth_or_bounds(tmp_path: Path, history) ->
     simulated, paths = _written(history, tmp_path)
     assume(_tellable(simulated, paths))
     assert_within_truth(_report(paths), simulated)
+
+
+def _truth_by_window(simulated: gt.Simulated, window_ns: int, count: int) -> list[list[int]]:
+    """[goodput ns, iterations ended] of the job rank in each window of ``window_ns`` from the
+    job's start (the last window runs to the end; an iteration ending on a cut is the earlier
+    window's), from every iteration the job ran and where each incarnation's progress ended."""
+    t0 = simulated.history.t0_ns
+    cuts = [t0 + window_ns * (w + 1) for w in range(count - 1)]
+    spans = [(low, high) for low, high in zip([t0, *cuts], [*cuts, None], strict=True)]
+    figures = [[0, 0] for _ in range(count)]
+    incarnations = simulated.truth.job.incarnations
+    for (make, _, _), real in zip(simulated.produced[0], incarnations, strict=True):
+        for span in make():
+            if span.name != "megatron.train.iteration":
+                continue
+            figures[sum(1 for cut in cuts if cut < span.end)][1] += 1
+            at = int(span.attributes.split('"intValue":"')[1].split('"')[0])
+            if real.horizon is not None and at >= real.horizon:
+                continue  # redone by a later incarnation: wasted, not goodput
+            for window, (low, high) in zip(figures, spans, strict=True):
+                end = span.end if high is None else min(span.end, high)
+                window[0] += max(0, end - max(span.start, low))
+    return figures
+
+
+def test_a_resume_killed_in_its_startup_is_read_where_it_resumed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 53's history through the figures that hang on where each launch resumed:
+    ``report`` (``--json`` and the text alike), the wasted iterations, ``--window`` and
+    ``diff`` against the same job without the launch killed in its startup."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    simulated, paths = _written(KILLED_IN_STARTUP, tmp_path / "a")
+    names = [str(p) for p in paths]
+    report = _cli_report(capsys, *names, "--window", "4s")
+    assert_within_truth(report, simulated)
+    job = simulated.truth.job
+    assert [inc["resumed_from"] for inc in report["incarnations"]] == [None, 3, 3, 4]
+    assert not [path for path in report["bounds"] if path.endswith("resumed_from")]
+    # the horizon of incarnation 0 is 3 (iteration 3 redone), the others redid nothing
+    assert (
+        [inc["wasted_iterations"] for inc in report["incarnations"]]
+        == [real.wasted_iterations for real in job.incarnations]
+        == [1, 0, 0, 0]
+    )
+    assert report["wasted_iterations"] == simulated.truth.wasted_iterations == 1
+
+    assert main(["report", *names, *NOW]) == 0
+    text = capsys.readouterr().out.splitlines()
+    resumed = [line.split(", resumed from ")[1].split()[0] for line in text if "resumed" in line]
+    assert resumed == ["3", "3", "4"]  # incarnations 1, 2, 3; 0 started afresh
+    assert any(line.startswith("  1: killed    no iterations, resumed from 3  ") for line in text)
+
+    windows = report["windows"]["entries"]
+    truth = _truth_by_window(simulated, 4 * NS, len(windows))
+    for entry, (goodput_ns, ended) in zip(windows, truth, strict=True):
+        at = f"windows.entries.{entry['index']}"
+        assert (
+            sum(v for k, v in entry["accounting_ns"].items() if k != "wall")
+            == (entry["accounting_ns"]["wall"])
+        )
+        _holds(report, f"{at}.goodput_s", entry["goodput_s"], goodput_ns / NS, 1e-6)
+        assert entry["iterations"] == ended, at  # every iteration's span was exported here
+    for key in report["accounting_ns"]:
+        assert sum(e["accounting_ns"][key] for e in windows) == report["accounting_ns"][key]
+
+    # the same job had its second launch not been killed in its startup
+    first, _, *rest = KILLED_IN_STARTUP.incarnations
+    clean = dataclasses.replace(KILLED_IN_STARTUP, incarnations=(first, *rest))
+    other, other_paths = _written(clean, tmp_path / "b")
+    sides = [arg for n in names for arg in ("--a", n)]
+    sides += [arg for p in other_paths for arg in ("--b", str(p))]
+    assert main(["diff", *sides, "--json", *NOW]) == 0
+    diff = json.loads(capsys.readouterr().out.splitlines()[-1])
+    progress = [t.job.iterations - t.wasted_iterations for t in (simulated.truth, other.truth)]
+    assert progress == [5, 5]
+    assert diff["progress_iterations"] == {"a": 5, "b": 5, "delta": 0, "delta_pct": 0.0}
+    wall = [t.job.wall_ns / NS for t in (simulated.truth, other.truth)]
+    assert diff["wall_s"]["a"] == pytest.approx(wall[0]) and diff["wall_s"]["b"] == pytest.approx(
+        wall[1]
+    )
+    assert diff["wall_s"]["delta"] == pytest.approx(wall[1] - wall[0])  # B - A: the kill's cost
 
 
 _BEFORE_FIRST_CHECKPOINT = [
