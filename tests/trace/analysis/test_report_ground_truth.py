@@ -410,6 +410,47 @@ def test_a_resume_killed_in_its_startup_is_read_where_it_resumed(
     assert diff["wall_s"]["delta"] == pytest.approx(wall[1] - wall[0])  # B - A: the kill's cost
 
 
+# Incarnation 0 saved at 3 and was killed before its rank's next export, so the save never
+# reached the file; incarnation 1 was killed in its first step, its load lost as well (its
+# imports alone were exported): the files say it resumed from at most 3, where incarnation 2
+# resumed, and from no later checkpoint than one they show before it (none: 0).
+def _lost_save_and_load(ranks: int, delays: tuple[float, ...], phases: tuple[float, ...]):
+    plans = (_plan(3, "killed", into=0.2), _plan(0, "killed", into=0.2), _plan(2))
+    return gt.History(plans, ranks=ranks, save_interval=3, save_s=0.5, startup_s=2.0,
+                      load_s=0.5, export_delay_s=delays, export_phase_s=phases)  # fmt: skip
+
+
+def test_a_resume_the_files_only_bound_is_said_to_be_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    simulated, paths = _written(_lost_save_and_load(1, (2.5,), (1.2,)), tmp_path)
+    names = [str(p) for p in paths]
+    report = _cli_report(capsys, *names)
+    assert_within_truth(report, simulated)
+    assert [real.resumed_from for real in simulated.truth.job.incarnations] == [0, 3, 3]
+    # the lower bound, never None ("started afresh"); the bound holds the truth
+    assert [inc["resumed_from"] for inc in report["incarnations"]] == [None, 0, 3]
+    bound = report["bounds"]["incarnations.1.resumed_from"]
+    assert (bound["lower"], bound["upper"]) == (0, 3)
+    assert bound["reason"].startswith("incarnation 1 was SIGKILLed before its checkpoint load")
+    assert main(["report", *names, *NOW]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("  1: killed    no iterations, resumed from 0–3  ") for line in text)
+    assert f"bounded: {bound['reason']}" in text
+
+
+def test_another_rank_s_load_tells_where_a_launch_killed_in_its_startup_resumed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same job on two ranks, rank 1 exporting each span as it ends: its files show the
+    save at 3 and incarnation 1's load, so rank 0's incarnation 1 resumed from 3 too."""
+    simulated, paths = _written(_lost_save_and_load(2, (2.5, 0.0), (1.2, 0.0)), tmp_path)
+    report = _cli_report(capsys, *map(str, paths))
+    assert_within_truth(report, simulated)
+    assert [inc["resumed_from"] for inc in report["incarnations"]] == [None, 3, 3]
+    assert not [path for path in report["bounds"] if path.endswith("resumed_from")]
+
+
 _BEFORE_FIRST_CHECKPOINT = [
     gt.History((gt.Plan(7, "killed", into=0.5, gap_s=40), gt.Plan(13)), ranks=ranks,
                save_interval=50, export_delay_s=(5.0, 3.0)[:ranks])
