@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from megatron.trace.model.incarnation import Incarnation
 from megatron.trace_format.semconv import ITERATION
 
-__all__ = ["Resumed", "resume_ranges", "resumed_bounds"]
+__all__ = ["Resumed", "figure", "job_resume_ranges", "resume_ranges", "resumed_bounds"]
 
 #: (lower, upper) of the iteration an incarnation resumed from: 0 is a fresh start,
 #: ``upper`` None unbounded; ``lower == upper``: exact.
@@ -108,11 +108,10 @@ def resumed_bounds(incs: list[Incarnation], ranges: list[Resumed]) -> dict[str, 
     for inc, (lower, upper) in zip(incs, ranges, strict=True):
         if lower == upper:
             continue
-        why = (
-            "was SIGKILLed before its checkpoint load and first iteration were exported"
-            if inc.ended in _ENDS_UNSEEN
-            else "shows no checkpoint load with an iteration and no iteration of its own"
-        )
+        why = {
+            "killed": "was SIGKILLed before its checkpoint load and first iteration were exported",
+            "running": "is running, its checkpoint load and first iteration not exported yet",
+        }.get(inc.ended, "shows no checkpoint load with an iteration and no iteration of its own")
         bounds[f"incarnations.{inc.index}.resumed_from"] = {
             "lower": lower,
             "upper": upper,
