@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import pytest
 from processes import give_children_default_signals
+from properties import load_profile
+
+# The property tests' profile (fixed examples, or tox -e explore's fresh ones): loaded
+# before any test module is imported, since their settings objects inherit it.
+load_profile()
 
 
 def pytest_configure(config: pytest.Config) -> None:

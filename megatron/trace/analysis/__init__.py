@@ -3,7 +3,8 @@
 The report (:mod:`~megatron.trace.analysis.goodput` assembles it, typed by
 :mod:`~megatron.trace.analysis.report`) from the accounting
 (:mod:`~megatron.trace.analysis.accounting`: where the time went), wasted progress
-(:mod:`~megatron.trace.analysis.wasted`), the iteration figures
+(:mod:`~megatron.trace.analysis.wasted`), where each incarnation resumed
+(:mod:`~megatron.trace.analysis.resumed`), the iteration figures
 (:mod:`~megatron.trace.analysis.iteration_stats`), the windows
 (:mod:`~megatron.trace.analysis.windows`), :mod:`~megatron.trace.analysis.stragglers`,
 :mod:`~megatron.trace.analysis.hangs` and

@@ -22,6 +22,8 @@ from megatron.trace.analysis.hangs import hang_entries, recovered_stalls
 from megatron.trace.analysis.iteration_stats import ANOMALY_MAX_SHARE, iteration_stats
 from megatron.trace.analysis.liveness import Clock, Liveness, judge, utc_text
 from megatron.trace.analysis.report import IterationStats, Report
+from megatron.trace.analysis.resumed import Resumed, job_resume_ranges, resumed_bounds
+from megatron.trace.analysis.resumed import figure as resumed_figure
 from megatron.trace.analysis.stragglers import Stragglers, find_stragglers
 from megatron.trace.analysis.windows import window_entries, window_iterations
 from megatron.trace.model.builder import load_trace
@@ -40,7 +42,9 @@ from megatron.trace_format.semconv import (
 __all__ = ["build_report", "report_files"]
 
 
-def _incarnation_entry(inc: Incarnation, wall_start: int, waste: dict[str, Any]) -> dict:
+def _incarnation_entry(
+    inc: Incarnation, wall_start: int, waste: dict[str, Any], resumed: Resumed
+) -> dict:
     startup = inc.startup
     return {
         "rank": rank_value(inc.rank),
@@ -49,7 +53,7 @@ def _incarnation_entry(inc: Incarnation, wall_start: int, waste: dict[str, Any])
         "error_type": inc.error_type,
         "first_iteration": inc.first_iteration,
         "last_iteration": inc.last_iteration,
-        "resumed_from": inc.resumed_from,
+        "resumed_from": resumed_figure(resumed),
         "startup_s": seconds(startup["end_ns"] - startup["start_ns"]) if startup else None,
         "intervals": len(inc.intervals),
         "start_s": seconds(inc.start_ns - wall_start),
@@ -111,6 +115,7 @@ def build_report(
     furthest = furthest_waste(ranks)
     not_computed = _not_computed(incs, accounting, iterations, stragglers)
     not_computed_categories = {reason.split(":")[0] for reason in not_computed}
+    resumed = job_resume_ranges([rank_incs for rank_incs, _ in ranks.values()])
     report: Report = {
         "wall_s": seconds(wall),
         "goodput_s": seconds(totals[Category.GOODPUT]),
@@ -127,7 +132,7 @@ def build_report(
         "wasted_iterations": furthest["job"],
         "incarnations": [
             {
-                **_incarnation_entry(inc, accounting["start_ns"], waste),
+                **_incarnation_entry(inc, accounting["start_ns"], waste, resumed[position]),
                 "wasted_iterations": furthest["incarnations"][position],
             }
             for position, (inc, waste) in enumerate(
@@ -160,6 +165,7 @@ def build_report(
         **_liveness_entry(incs, liveness),  # type: ignore[typeddict-item]
     }
     report["bounds"] = report_bounds(report, ranks, job_rank, furthest, not_computed_categories)
+    report["bounds"].update(resumed_bounds(incs, resumed))
     report["checkpoint_advice"] = checkpoint_advice(
         incs,
         report["incarnations"],  # type: ignore[arg-type]

@@ -61,7 +61,11 @@ class Bound(_BoundSource):
 
 
 class IncarnationEntry(TypedDict):
-    """One incarnation (one process's ``pretrain()``) of the job rank."""
+    """One incarnation (one process's ``pretrain()``) of the job rank. ``resumed_from``:
+    the iteration of the checkpoint it resumed from, ``None`` for a fresh start; for one
+    killed before its load was exported, what the incarnations around it imply, or the
+    lower bound with ``bounds["incarnations.N.resumed_from"]``
+    (:mod:`~megatron.trace.analysis.resumed`)."""
 
     rank: int | str
     index: int

@@ -41,7 +41,9 @@ ranks outside the timed all-reduce). Not computed (every figure ``None``, and
 said why): with fewer than two ranks in the files, without the
 per-iteration and gradient-sync spans, or with fewer than
 :data:`MIN_ITERATIONS` iterations after the warm-up on two ranks (a median
-of a handful of iterations is noise, not a verdict). Iterations are matched
+of a handful of iterations is noise, not a verdict); where at least two ranks have
+enough, a rank with too few (a kill kept its last iterations from its file) is left
+out of the comparison, and said to be. Iterations are matched
 across ranks by incarnation index and iteration number. Memory: int64 numpy
 columns, no Python object per iteration, and none held for long: a rank's
 work and waits live while its medians are taken, and the join reads each
@@ -309,13 +311,25 @@ def find_stragglers(trace: Trace) -> Stragglers:
             one.work_q3 / 1e6,
         )
     flagged = [ranks[rank].straggler for rank in measured]
-    return Stragglers(ranks, _lost_s(list(measured.values()), flagged), [], fastest)
+    left_out = [rank_value(rank) for rank in trace.ranks if rank not in measured]
+    notes = [_left_out(left_out)] if left_out else []
+    return Stragglers(ranks, _lost_s(list(measured.values()), flagged), notes, fastest)
 
 
 def is_straggler(score: float, work_q1: float, fastest_q3: float) -> bool:
     """The rule (module doc): a score under the threshold, and the rank's lower quartile of
     work above the fastest rank's upper quartile."""
     return score < SCORE_THRESHOLD and work_q1 > fastest_q3
+
+
+def _left_out(ranks: list[Any]) -> str:
+    """The note on ranks too short to compare beside ranks that were compared (a kill
+    keeps a rank's unexported iterations from its file, so ranks can differ)."""
+    return (
+        f"stragglers: ranks {ranks}: fewer than {MIN_ITERATIONS} iterations after the first "
+        f"{WARMUP_ITERATIONS}, not compared (their score and straggler are null; the flagged "
+        "ranks and straggler_s are the compared ranks')"
+    )
 
 
 _ONE_RANK = (

@@ -432,14 +432,15 @@ def test_cli_empty_file_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_text_report_says_when_an_incarnation_trained_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A resumed run with nothing left to train: no iteration range to print."""
+    """A resumed run with nothing left to train: no iteration range to print, but where it
+    resumed (a fresh start says nothing)."""
     path = g.write(
         tmp_path / "t.jsonl", g.lifecycle(0, intervals=2), g.lifecycle(20, intervals=0, load=4)
     )
     assert main(["report", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("  0: shutdown  iterations 0..3  ") for line in lines), lines
-    assert any(line.startswith("  1: shutdown  no iterations  ") for line in lines), lines
+    assert any(line.startswith("  1: shutdown  no iterations, resumed from 4  ") for line in lines)
 
 
 @pytest.mark.parametrize("radix", [False, True])

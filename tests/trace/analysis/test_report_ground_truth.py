@@ -18,6 +18,7 @@ draws, each case saying why (:func:`_tellable`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterator
@@ -26,8 +27,9 @@ from typing import Any
 
 import ground_truth as gt
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
+from properties import examples
 from report_checks import assert_accounted
 
 from megatron.trace import build_report, load_trace
@@ -37,7 +39,7 @@ from megatron.trace.cli.main import main
 NS = gt.NS
 NOW = ("--now", "2000000000")  # long after every generated job: nothing reads as running
 SETTINGS = settings(
-    max_examples=30,
+    max_examples=examples(30),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -175,7 +177,12 @@ def assert_within_truth(report: dict[str, Any], simulated: gt.Simulated) -> None
         _holds(report, f"{at}.wasted_iterations", inc["wasted_iterations"],
                real.wasted_iterations, 0)  # fmt: skip
         _holds(report, f"{at}.wasted_s", inc["wasted_s"], real.wasted_ns / NS, 1e-3)
-        assert inc["resumed_from"] in (real.resumed_from, None if not real.resumed_from else -1)
+        resumed = report["bounds"].get(f"{at}.resumed_from")
+        if resumed is None:  # exact: the checkpoint's iteration, or None for a fresh start
+            assert inc["resumed_from"] == (real.resumed_from or None), (at, real.resumed_from)
+        else:  # killed before its load was exported: the lower bound, and a bound holding it
+            assert inc["resumed_from"] == resumed["lower"], (at, resumed)
+            _holds(report, f"{at}.resumed_from", None, real.resumed_from, 0)
     assert report["checkpoint_advice"]["failures"] == truth.failures
     # the watchdog writes its records whatever the span groups
     found = {(h["incarnation"], h["rank"]): h for h in report["hangs"]}
@@ -195,8 +202,14 @@ def assert_within_truth(report: dict[str, Any], simulated: gt.Simulated) -> None
         if "iterations.count" in report["bounds"]:  # what the metrics show, at least
             _holds(report, "iterations.count", None, job.iterations, 0)
     stragglers = report.get("stragglers")
-    if stragglers is not None:  # computed: then right
-        assert stragglers["ranks"] == truth.straggler_ranks
+    if stragglers is not None:  # computed: then right, over the ranks compared
+        compared = [entry["rank"] for entry in report["ranks"] if entry["score"] is not None]
+        work = {rank: truth.ranks[rank].work_ns for rank in compared}
+        fastest = min(work.values())
+        assert stragglers["ranks"] == [r for r in compared if fastest / work[r] < 0.75]
+        left_out = sorted(set(by_rank) - set(compared))
+        notes = [n for n in report["not_computed"] if n.startswith(f"stragglers: ranks {left_out}")]
+        assert bool(notes) is bool(left_out), (left_out, report["not_computed"])
         _holds(report, "straggler_s", report["straggler_s"], truth.straggler_ns / NS, 1e-3)
     else:
         killed = any(plan.ending == "killed" for plan in history.incarnations)
@@ -293,12 +306,164 @@ def test_the_generator_loses_the_unexported_tail_at_a_kill(tmp_path: Path) -> No
 # -- issue 40's items 1, 2 and 7: kills the files only bound ------------------------------
 
 
+def _plan(iterations: int, ending: str = "shutdown", **how) -> gt.Plan:
+    return gt.Plan(iterations, ending, **{"into": 0.5, "gap_s": 1.0, **how})  # type: ignore[arg-type]
+
+
+# Issue 53: the second launch resumed from the checkpoint at 3 and was SIGKILLed in its
+# first step, 0.26 s after its startup; its load span ended 1.25 s before, but its rank
+# exports every second and the last export came before the load ended: the file holds its
+# imports span alone. It read as "resumed from nothing".
+KILLED_IN_STARTUP = gt.History(
+    (_plan(4, "killed"), _plan(0, "killed", into=0.25), _plan(1), _plan(1)),
+    ranks=1, save_interval=3, save_s=1.0, startup_s=2.5, load_s=1.0,
+    export_delay_s=(1.0,), export_phase_s=(0.0,),
+)  # fmt: skip
+
+
+# Drawn by the suite's own random run before its examples were fixed: the slow rank 2
+# exports every 5 s, so the kill kept its last iterations of incarnation 0 from the file and
+# it has too few left to compare; ranks 0 and 1 were compared alone, and the report said
+# "no straggler" without saying rank 2 was not compared.
+STRAGGLER_TOO_SHORT_TO_COMPARE = gt.History(
+    (_plan(5, "killed"), _plan(9)),
+    ranks=3, factors=(1.0, 1.0, 1.6), save_interval=3, save_s=1.0, startup_s=2.0, load_s=1.0,
+    export_delay_s=(0.0, 0.0, 5.0), export_phase_s=(0.0, 0.0, 0.0),
+)  # fmt: skip
+
+
 @SETTINGS
 @given(history=histories(kills=True))
+@example(history=KILLED_IN_STARTUP)
+@example(history=STRAGGLER_TOO_SHORT_TO_COMPARE)
 def test_killed_histories_report_the_truth_or_bounds(tmp_path: Path, history) -> None:
     simulated, paths = _written(history, tmp_path)
     assume(_tellable(simulated, paths))
     assert_within_truth(_report(paths), simulated)
+
+
+def _truth_by_window(simulated: gt.Simulated, window_ns: int, count: int) -> list[list[int]]:
+    """[goodput ns, iterations ended] of the job rank in each window of ``window_ns`` from the
+    job's start (the last window runs to the end; an iteration ending on a cut is the earlier
+    window's), from every iteration the job ran and where each incarnation's progress ended."""
+    t0 = simulated.history.t0_ns
+    cuts = [t0 + window_ns * (w + 1) for w in range(count - 1)]
+    spans = [(low, high) for low, high in zip([t0, *cuts], [*cuts, None], strict=True)]
+    figures = [[0, 0] for _ in range(count)]
+    incarnations = simulated.truth.job.incarnations
+    for (make, _, _), real in zip(simulated.produced[0], incarnations, strict=True):
+        for span in make():
+            if span.name != "megatron.train.iteration":
+                continue
+            figures[sum(1 for cut in cuts if cut < span.end)][1] += 1
+            at = int(span.attributes.split('"intValue":"')[1].split('"')[0])
+            if real.horizon is not None and at >= real.horizon:
+                continue  # redone by a later incarnation: wasted, not goodput
+            for window, (low, high) in zip(figures, spans, strict=True):
+                end = span.end if high is None else min(span.end, high)
+                window[0] += max(0, end - max(span.start, low))
+    return figures
+
+
+def test_a_resume_killed_in_its_startup_is_read_where_it_resumed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 53's history through the figures that hang on where each launch resumed:
+    ``report`` (``--json`` and the text alike), the wasted iterations, ``--window`` and
+    ``diff`` against the same job without the launch killed in its startup."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    simulated, paths = _written(KILLED_IN_STARTUP, tmp_path / "a")
+    names = [str(p) for p in paths]
+    report = _cli_report(capsys, *names, "--window", "4s")
+    assert_within_truth(report, simulated)
+    job = simulated.truth.job
+    assert [inc["resumed_from"] for inc in report["incarnations"]] == [None, 3, 3, 4]
+    assert not [path for path in report["bounds"] if path.endswith("resumed_from")]
+    # the horizon of incarnation 0 is 3 (iteration 3 redone), the others redid nothing
+    assert (
+        [inc["wasted_iterations"] for inc in report["incarnations"]]
+        == [real.wasted_iterations for real in job.incarnations]
+        == [1, 0, 0, 0]
+    )
+    assert report["wasted_iterations"] == simulated.truth.wasted_iterations == 1
+
+    assert main(["report", *names, *NOW]) == 0
+    text = capsys.readouterr().out.splitlines()
+    resumed = [line.split(", resumed from ")[1].split()[0] for line in text if "resumed" in line]
+    assert resumed == ["3", "3", "4"]  # incarnations 1, 2, 3; 0 started afresh
+    assert any(line.startswith("  1: killed    no iterations, resumed from 3  ") for line in text)
+
+    windows = report["windows"]["entries"]
+    truth = _truth_by_window(simulated, 4 * NS, len(windows))
+    for entry, (goodput_ns, ended) in zip(windows, truth, strict=True):
+        at = f"windows.entries.{entry['index']}"
+        assert (
+            sum(v for k, v in entry["accounting_ns"].items() if k != "wall")
+            == (entry["accounting_ns"]["wall"])
+        )
+        _holds(report, f"{at}.goodput_s", entry["goodput_s"], goodput_ns / NS, 1e-6)
+        assert entry["iterations"] == ended, at  # every iteration's span was exported here
+    for key in report["accounting_ns"]:
+        assert sum(e["accounting_ns"][key] for e in windows) == report["accounting_ns"][key]
+
+    # the same job had its second launch not been killed in its startup
+    first, _, *rest = KILLED_IN_STARTUP.incarnations
+    clean = dataclasses.replace(KILLED_IN_STARTUP, incarnations=(first, *rest))
+    other, other_paths = _written(clean, tmp_path / "b")
+    sides = [arg for n in names for arg in ("--a", n)]
+    sides += [arg for p in other_paths for arg in ("--b", str(p))]
+    assert main(["diff", *sides, "--json", *NOW]) == 0
+    diff = json.loads(capsys.readouterr().out.splitlines()[-1])
+    progress = [t.job.iterations - t.wasted_iterations for t in (simulated.truth, other.truth)]
+    assert progress == [5, 5]
+    assert diff["progress_iterations"] == {"a": 5, "b": 5, "delta": 0, "delta_pct": 0.0}
+    wall = [t.job.wall_ns / NS for t in (simulated.truth, other.truth)]
+    assert diff["wall_s"]["a"] == pytest.approx(wall[0]) and diff["wall_s"]["b"] == pytest.approx(
+        wall[1]
+    )
+    assert diff["wall_s"]["delta"] == pytest.approx(wall[1] - wall[0])  # B - A: the kill's cost
+
+
+# Incarnation 0 saved at 3 and was killed before its rank's next export, so the save never
+# reached the file; incarnation 1 was killed in its first step, its load lost as well (its
+# imports alone were exported): the files say it resumed from at most 3, where incarnation 2
+# resumed, and from no later checkpoint than one they show before it (none: 0).
+def _lost_save_and_load(ranks: int, delays: tuple[float, ...], phases: tuple[float, ...]):
+    plans = (_plan(3, "killed", into=0.2), _plan(0, "killed", into=0.2), _plan(2))
+    return gt.History(plans, ranks=ranks, save_interval=3, save_s=0.5, startup_s=2.0,
+                      load_s=0.5, export_delay_s=delays, export_phase_s=phases)  # fmt: skip
+
+
+def test_a_resume_the_files_only_bound_is_said_to_be_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    simulated, paths = _written(_lost_save_and_load(1, (2.5,), (1.2,)), tmp_path)
+    names = [str(p) for p in paths]
+    report = _cli_report(capsys, *names)
+    assert_within_truth(report, simulated)
+    assert [real.resumed_from for real in simulated.truth.job.incarnations] == [0, 3, 3]
+    # the lower bound, never None ("started afresh"); the bound holds the truth
+    assert [inc["resumed_from"] for inc in report["incarnations"]] == [None, 0, 3]
+    bound = report["bounds"]["incarnations.1.resumed_from"]
+    assert (bound["lower"], bound["upper"]) == (0, 3)
+    assert bound["reason"].startswith("incarnation 1 was SIGKILLed before its checkpoint load")
+    assert main(["report", *names, *NOW]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("  1: killed    no iterations, resumed from 0–3  ") for line in text)
+    assert f"bounded: {bound['reason']}" in text
+
+
+def test_another_rank_s_load_tells_where_a_launch_killed_in_its_startup_resumed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same job on two ranks, rank 1 exporting each span as it ends: its files show the
+    save at 3 and incarnation 1's load, so rank 0's incarnation 1 resumed from 3 too."""
+    simulated, paths = _written(_lost_save_and_load(2, (2.5, 0.0), (1.2, 0.0)), tmp_path)
+    report = _cli_report(capsys, *map(str, paths))
+    assert_within_truth(report, simulated)
+    assert [inc["resumed_from"] for inc in report["incarnations"]] == [None, 3, 3]
+    assert not [path for path in report["bounds"] if path.endswith("resumed_from")]
 
 
 _BEFORE_FIRST_CHECKPOINT = [
@@ -351,7 +516,7 @@ def _cli_report(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any
 
 
 @pytest.mark.needs_extras  # dask
-@settings(SETTINGS, max_examples=8)
+@settings(SETTINGS, max_examples=examples(8))
 @given(history=histories(kills=False))
 def test_clean_histories_report_the_truth_on_a_cluster(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], scheduler: str, history: gt.History
@@ -387,7 +552,7 @@ def test_a_killed_history_reports_the_truth_or_bounds_on_a_cluster(
 
 
 @pytest.mark.needs_extras  # dask
-@settings(SETTINGS, max_examples=8)
+@settings(SETTINGS, max_examples=examples(8))
 @given(history=histories(kills=True))
 def test_killed_histories_report_the_truth_or_bounds_on_a_cluster(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], scheduler: str, history: gt.History

@@ -19,6 +19,7 @@ import synthetic
 import tracegen
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from properties import examples
 
 from megatron.trace.otlp import decode as otlp_decode
 from megatron.trace.otlp.reader import ReadStats, TraceFileDamaged, iter_spans
@@ -173,7 +174,7 @@ _INTEGERS = st.one_of(
 
 
 @given(st.data())
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150))
 def test_both_paths_agree_on_any_field_value(tmp_path_factory, data) -> None:
     fields = {
         "startTimeUnixNano": data.draw(_INTEGERS),

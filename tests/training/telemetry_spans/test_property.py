@@ -20,6 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from launch_times import launch_timestamps
 from lifecycle_spec import FULL_TABLE, STARTUP, TRAIN
 from lifecycles import Lifecycles
+from properties import examples
 
 from megatron.training.telemetry_spans import SpanPhaseError
 
@@ -166,7 +167,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
 
 LifecycleMachine.TestCase.settings = settings(
-    max_examples=150,
+    max_examples=examples(150),
     stateful_step_count=30,
     deadline=None,
     database=None,

@@ -107,6 +107,9 @@ def format_report(report: dict[str, Any]) -> str:
         else:  # a bound the spans could not give is "?" (see not computed)
             ends = ["?" if end is None else str(end) for end in (first, last)]
             trained = f"iterations {ends[0]}..{ends[1]}"
+        resumed = bounds.get(at + "resumed_from")
+        if inc["resumed_from"] is not None or resumed is not None:  # None alone: afresh
+            trained += f", resumed from {bound_text(inc['resumed_from'], resumed, 'd')}"
         ended = inc["ended"] + (f" ({inc['error_type']})" if inc.get("error_type") else "")
         wasted = bound_text(inc["wasted_iterations"], bounds.get(at + "wasted_iterations"), "d")
         lines.append(

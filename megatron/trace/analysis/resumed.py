@@ -1,0 +1,124 @@
+"""Where each incarnation resumed: the report's ``resumed_from`` and its bounds.
+
+An incarnation's own spans say where it resumed: its ``megatron.checkpoint.load``
+(its ``megatron.iteration``), else its first iteration (a run that starts past
+iteration 0 loaded a checkpoint there: Megatron-LM's own load spans carry no
+iteration, the ``default`` groups record no load). ``null`` is a fresh start.
+
+One killed before its load span was exported (a SIGKILL during its startup, or in
+its first steps before the batch processor's next export) shows neither, and
+neither does one whose load the trace does not record. It still did not start
+afresh: the launches of a job share their ``--load``, so each resumes from the
+latest durable checkpoint. The files bound that: at least the latest checkpoint
+the incarnations before it saved durably or resumed from, at most where the next
+one that shows it resumed (checkpoints only grow) and at most its own first save.
+Where the two meet the figure is exact; otherwise the figure is the lower bound
+and the report's ``bounds`` holds ``incarnations.N.resumed_from``. Several ranks
+live through the same restarts: each rank's bounds hold, so the job rank's are
+narrowed by every rank's with as many incarnations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from megatron.trace.model.incarnation import Incarnation
+from megatron.trace_format.semconv import ITERATION
+
+__all__ = ["Resumed", "figure", "job_resume_ranges", "resume_ranges", "resumed_bounds"]
+
+#: (lower, upper) of the iteration an incarnation resumed from: 0 is a fresh start,
+#: ``upper`` None unbounded; ``lower == upper``: exact.
+Resumed = tuple[int, int | None]
+
+_ENDS_UNSEEN = ("killed", "running")  # what such an incarnation did last is not in the file
+
+
+def _shown(inc: Incarnation, loads_unrecorded: bool) -> int | None:
+    """Where the incarnation's own spans say it resumed (0: afresh); None: they cannot say."""
+    if inc.resumed_from is not None:
+        return inc.resumed_from
+    if inc.first_iteration is not None:
+        return inc.first_iteration
+    if inc.loads or loads_unrecorded or inc.ended in _ENDS_UNSEEN:
+        return None  # it loaded something unnamed, or its load was lost or not recorded
+    return 0  # it wrote all it did, loads are recorded, and it has none: a fresh start
+
+
+def _saved(inc: Incarnation) -> list[int]:
+    return [
+        save["attributes"][ITERATION]
+        for save in inc.saves
+        if isinstance(save["attributes"].get(ITERATION), int)
+    ]
+
+
+def resume_ranges(incs: list[Incarnation]) -> list[Resumed]:
+    """Per incarnation of one rank (in time order), the range the files put its resume
+    point in (module doc)."""
+    loads_unrecorded = any(not inc.loads and (inc.first_iteration or 0) > 0 for inc in incs)
+    shown = [_shown(inc, loads_unrecorded) for inc in incs]
+    ranges: list[Resumed] = []
+    latest = 0  # the latest checkpoint the incarnations so far resumed from or saved
+    for position, inc in enumerate(incs):
+        if shown[position] is not None:
+            lower = upper = shown[position]
+            latest = lower  # a run may restart from an older checkpoint, or afresh
+        else:
+            later = [point for point in shown[position + 1 :] if point is not None]
+            ceilings = later[:1] + _saved(inc)
+            lower, upper = latest, min(ceilings) if ceilings else None
+            if upper is not None and upper < lower:
+                lower, upper = 0, None  # the files contradict the rule: no bound holds
+        ranges.append((lower, upper))
+        latest = max([latest, *inc.durable_saves()])
+    return ranges
+
+
+def _narrowed(ranges: Iterable[Resumed]) -> Resumed:
+    """The intersection of several ranks' ranges for the same incarnation."""
+    pairs = list(ranges)
+    lower = max(low for low, _ in pairs)
+    uppers = [up for _, up in pairs if up is not None]
+    upper = min(uppers) if uppers else None
+    if upper is not None and upper < lower:  # the ranks disagree: say only what all allow
+        return min(low for low, _ in pairs), None
+    return lower, upper
+
+
+def job_resume_ranges(per_rank: list[list[Incarnation]]) -> list[Resumed]:
+    """The job rank's (the first of ``per_rank``) ranges, narrowed by the ranks that have
+    as many incarnations."""
+    job = per_rank[0]
+    alike = [resume_ranges(incs) for incs in per_rank if len(incs) == len(job)]
+    return [_narrowed(column) for column in zip(*alike, strict=True)]
+
+
+def figure(resumed: Resumed) -> int | None:
+    """The report's ``resumed_from``: None for a fresh start, else the (lower bound of
+    the) iteration."""
+    lower, upper = resumed
+    return None if lower == upper == 0 else lower
+
+
+def resumed_bounds(incs: list[Incarnation], ranges: list[Resumed]) -> dict[str, dict]:
+    """The ``bounds`` entries of the job rank's incarnations whose resume point the files
+    only bound."""
+    bounds = {}
+    for inc, (lower, upper) in zip(incs, ranges, strict=True):
+        if lower == upper:
+            continue
+        why = {
+            "killed": "was SIGKILLed before its checkpoint load and first iteration were exported",
+            "running": "is running, its checkpoint load and first iteration not exported yet",
+        }.get(inc.ended, "shows no checkpoint load with an iteration and no iteration of its own")
+        bounds[f"incarnations.{inc.index}.resumed_from"] = {
+            "lower": lower,
+            "upper": upper,
+            "reason": (
+                f"incarnation {inc.index} {why}: it resumed from the latest durable "
+                "checkpoint, at least the last one the incarnations before it saved or "
+                "resumed from and at most the one the next resumed from (0: afresh)"
+            ),
+        }
+    return bounds
