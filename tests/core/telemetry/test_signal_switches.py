@@ -77,16 +77,17 @@ def test_every_signal_off_exports_nothing(tmp_path: Path) -> None:
 
 def test_lifecycle_with_traces_off_runs_and_rejects(make_handle: Make, tmp_path: Path) -> None:
     handle = make_handle(jsonl(tmp_path, traces_enabled=False))
-    phases = SpanPhases(handle, save_interval=2)
+    # The gate the trainer's call sites use: with traces off, no span group is on.
+    phases = SpanPhases(handle, save_interval=2, is_span_group_enabled=is_span_group_enabled)
     assert phases.enabled is False  # no spans to open: the job group is off
     phases.start_job(model_type="GPT")
     with pytest.raises(SpanPhaseError):
-        phases.reroot()  # startup -> interval is not in the table
+        phases.step()  # a pass before start_train: startup -> interval is not in the table
     phases.start_train()
     for iteration in range(4):
         phases.step(iteration)
     phases.end_train()
     phases.shutdown()
     with pytest.raises(SpanPhaseError):
-        phases.start_job()  # a lifecycle starts once; all else after shutdown is absorbed
+        phases.start_job()  # a lifecycle starts once, and ends once
     assert files(tmp_path) == ["metrics.jsonl"]
