@@ -202,11 +202,12 @@ def assert_within_truth(report: dict[str, Any], simulated: gt.Simulated) -> None
         if "iterations.count" in report["bounds"]:  # what the metrics show, at least
             _holds(report, "iterations.count", None, job.iterations, 0)
     stragglers = report.get("stragglers")
-    if stragglers is not None:  # computed: then right, over the ranks compared
+    if stragglers is not None:  # computed: then right, over the ranks compared (each rank's
+        # iterations alike, so the spread condition reduces to being slower than the fastest)
         compared = [entry["rank"] for entry in report["ranks"] if entry["score"] is not None]
         work = {rank: truth.ranks[rank].work_ns for rank in compared}
         fastest = min(work.values())
-        assert stragglers["ranks"] == [r for r in compared if fastest / work[r] < 0.75]
+        assert stragglers["ranks"] == [r for r in compared if fastest / work[r] < 0.9]
         left_out = sorted(set(by_rank) - set(compared))
         notes = [n for n in report["not_computed"] if n.startswith(f"stragglers: ranks {left_out}")]
         assert bool(notes) is bool(left_out), (left_out, report["not_computed"])
