@@ -35,13 +35,13 @@ from megatron.training.requirements import missing_for_trainer  # noqa: E402
 # Before the training loop's imports: without torch (an install without the `train`
 # extra), one line naming the extra, as the argument errors end (status 2).
 if (_missing := missing_for_trainer()) is not None:
-    print(f"megatron-pretrain: error: {_missing}", file=sys.stderr)
+    sys.stderr.write(f"megatron-pretrain: error: {_missing}\n")  # one write: see print_lines
     sys.exit(2)
 
 from megatron.core.telemetry import TelemetryConfigError  # noqa: E402
+from megatron.core.telemetry.logs import print_lines  # noqa: E402
 from megatron.training.arguments import PROG, parse_args  # noqa: E402
 from megatron.training.checkpointing import CheckpointError  # noqa: E402
-from megatron.training.distributed import print_lines  # noqa: E402
 from megatron.training.training import pretrain  # noqa: E402
 
 

@@ -17,17 +17,15 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import sys
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TextIO
 
 import torch
 import torch.distributed as torch_dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from megatron.core.telemetry.logs import console_logger
+from megatron.core.telemetry.logs import console_logger, print_lines
 from megatron.training.telemetry.grad_sync_spans import attach_grad_sync_spans, grad_sync_window
 
 __all__ = [
@@ -40,7 +38,6 @@ __all__ = [
     "initialize_distributed",
     "install_graceful_exit_handler",
     "max_across_ranks",
-    "print_lines",
     "print_rank_0",
     "teardown_distributed",
     "unwrap_model",
@@ -175,21 +172,6 @@ def _collective_device() -> torch.device:
 
 
 _CONSOLE = console_logger()
-
-
-def print_lines(text: str, file: TextIO | None = None) -> None:
-    """``print(text, file=file, flush=True)``, written a whole line per write.
-
-    The ranks of a job share one stdout and stderr, and under torchrun each
-    rank's are unbuffered, so ``print`` writes a line and its newline apart:
-    another rank's line could land between the two (seen in CI: rank 0's
-    summary began on the end of rank 1's line). A line written whole is never
-    split by another writer's short line.
-    """
-    stream = sys.stdout if file is None else file
-    for line in text.split("\n"):
-        stream.write(line + "\n")
-        stream.flush()
 
 
 def print_rank_0(message: str) -> None:

@@ -13,7 +13,8 @@ import os
 from typing import Any
 
 from megatron.core.telemetry import TelemetryConfig, TelemetryHandle
-from megatron.training.distributed import DistributedEnv, print_lines
+from megatron.core.telemetry.logs import print_lines
+from megatron.training.distributed import DistributedEnv
 from megatron.training.job_config import JobConfig
 from megatron.training.telemetry.trace_summary import rank_line, summarize
 
