@@ -44,6 +44,14 @@ TINY = (*TINY_MODEL, "--log-interval", "1")
 
 TELEMETRY_ON = ("--otel-enabled", "--otel-span-groups", "per_step")
 
+#: ``python`` arguments that start torchrun with two ranks on this node, before the
+#: script or ``-m module`` it launches. ``--standalone``: torchrun's agent binds its
+#: store on a port the kernel picks (port 0) and the ranks reach it through that
+#: store, so no test picks a free port, closes it and hopes no other process on the
+#: machine takes it in the seconds before torchrun binds it.
+TORCHRUN_2 = ("-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+              "--nproc-per-node", "2")  # fmt: skip
+
 _DROPPED_PREFIXES = ("MEGATRON_", "NEMO_LENS_", "OTEL_", "SLURM_")
 _DROPPED_NAMES = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"})
 

@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from processes import REPO_ROOT, TELEMETRY_ON, TINY, subprocess_env
+from processes import REPO_ROOT, TELEMETRY_ON, TINY, TORCHRUN_2, subprocess_env
 from promtool import REQUIRED
 from upstream_traces import official_file_exporter
 
@@ -112,9 +112,7 @@ def our_job(tmp_path: Path, iters: int) -> Job:
 def two_rank_job(tmp_path: Path, iters: int) -> Job:
     """Our trainer on two torchrun ranks (gloo), every rank exporting the ``per_step``
     groups (so straggler scores and the rolling iteration time are served)."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-            "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-            "--master-port", str(_free_port()), "-m", "megatron.training", *TINY,
+    argv = [sys.executable, *TORCHRUN_2, "-m", "megatron.training", *TINY,
             *TELEMETRY_ON, "--global-batch-size", "4", "--save", "ckpt",
             "--save-interval", "50", "--train-iters", str(iters)]  # fmt: skip
     trace = tmp_path / "ckpt" / "telemetry" / "traces.jsonl"
