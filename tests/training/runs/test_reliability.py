@@ -409,8 +409,8 @@ def test_sigint_during_startup_keeps_a_trace_that_check_accepts(training_cli, ph
         load = ("--load", "ckpt")
     trainer = cli.start(*_long_run(cli, *cli.TELEMETRY_ON, *load), env={STARTUP_HANG_ENV: phase})
     path = cli.cwd / "traces.jsonl"
-    trainer.wait_until(path.exists)
-    time.sleep(1.0)  # into the phase: the hang comes milliseconds after the file opens
+    trainer.wait_until(lambda: f"{STARTUP_HANG_ENV}={phase}: blocking" in trainer.stderr)
+    assert path.exists()
     trainer.signal(signal.SIGINT)
     assert trainer.wait() == -signal.SIGINT
     assert "Traceback" not in trainer.stderr, trainer.stderr
