@@ -243,8 +243,8 @@ class Process:
             self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-        for reader in self._readers:
-            reader.join(timeout=5)
+        for reader in self._readers:  # the output's end (EOF) after the exit; 60 s: a hang
+            reader.join(timeout=60)
 
     def kill(self) -> None:
         if self.process.poll() is None:
