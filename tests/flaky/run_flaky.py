@@ -124,6 +124,10 @@ def run_once(index: int, seed: int, out: Path, timeout: float, extra: list[str])
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             status = None
+        except BaseException:  # Ctrl-C or SIGTERM to this script: the session's group ends too
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
     seconds = time.monotonic() - start
     counts: dict[str, int] = {}
     if report.exists():
@@ -220,7 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="flaky-"))
     out.mkdir(parents=True, exist_ok=True)
     print(f"results in {out}; seeds {seed}..{seed + args.repetitions - 1}", flush=True)
+    # SIGTERM ends the run as Ctrl-C does: the running session and the hog are stopped
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     reps: list[Repetition] = []
+    interrupted = False
     sampler = LoadSampler()
     start = time.monotonic()
     with Hog(args.hog):
@@ -232,7 +239,12 @@ def main(argv: list[str] | None = None) -> int:
                     if time.monotonic() - start + longest > args.budget:
                         print(f"--budget {args.budget:.0f}s: stopping after {len(reps)}")
                         break
-                rep = run_once(index, seed + index, out, args.timeout, args.pytest_args)
+                try:
+                    rep = run_once(index, seed + index, out, args.timeout, args.pytest_args)
+                except (KeyboardInterrupt, SystemExit):
+                    print(f"interrupted in repetition #{index}: it is not counted", flush=True)
+                    interrupted = True
+                    break
                 reps.append(rep)
                 print(
                     f"#{index} seed {rep.seed}: {rep.seconds:.0f}s, exit {rep.exit_status}, "
@@ -243,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             sampler.stop()
     print(summarize(out, reps, args.hog, sampler.samples), end="")
     failed = any(rep.exit_status != 0 for rep in reps)
-    return 1 if failed else 0
+    return 1 if failed or interrupted else 0
 
 
 if __name__ == "__main__":
