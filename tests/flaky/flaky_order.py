@@ -90,6 +90,15 @@ def _append(config: pytest.Config, record: dict) -> None:
             out.write(json.dumps(record) + "\n")
 
 
+def pytest_runtest_logstart(nodeid: str, location: object) -> None:
+    """The test running now, in ``<report>.running``: what a hung session was doing."""
+    config = _CONFIG.get("config")
+    path = None if config is None else config.getoption("flaky_report")
+    if path is not None:
+        with open(f"{path}.running", "w", encoding="utf-8") as out:
+            out.write(nodeid)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     config = _CONFIG.get("config")
     if config is None:

@@ -136,9 +136,11 @@ def run_once(index: int, seed: int, out: Path, timeout: float, extra: list[str])
             if "session" in record:
                 counts = record["counts"]
     if status is None:
+        running = Path(f"{report}.running")
+        test = running.read_text(encoding="utf-8") if running.exists() else "?"
         with open(report, "a", encoding="utf-8") as out_file:
             hang = {
-                "nodeid": f"(repetition {index}: killed after {timeout:.0f}s)",
+                "nodeid": f"{test} (repetition {index}: killed after {timeout:.0f}s in it)",
                 "when": "hang",
                 "seed": seed,
                 "failure": (out / f"rep-{index:03d}-seed-{seed}.log").read_text()[-20000:],
