@@ -526,22 +526,31 @@ def test_every_dashboard_query_returns_data_for_a_running_job(tmp_path: Path) ->
             return len(prom.query("megatron_straggler_score")) == 2 and prom.state() == "running"
 
         _wait(scored, 240, "straggler scores of two ranks", children["train"], children["watch"])
-        time.sleep(3)  # a few scrapes more, for the rates
         assert children["train"].poll() is None, "the job must still run"
         runs = json.loads(
             _get(f"{prom.base}/api/v1/label/run_id/values?match[]=megatron_job_state")
         )
         assert len(runs["data"]) == 1
         run_id = runs["data"][0]
-        values = {"$run_id": re.escape(run_id), "$rank": ".+", "$__rate_interval": "30s"}
-        empty = []
+        # as Grafana fills a regex matcher's variable: escaped for the regex, and its
+        # backslashes once more for the PromQL string (torchrun's run id is a uuid,
+        # and a bare `\-` in a PromQL string is an error: 400 Bad Request)
+        as_regex = re.escape(run_id).replace("\\", "\\\\")
+        values = {"$run_id": as_regex, "$rank": ".+", "$__rate_interval": "30s"}
+        filled = []
         for title, expr in queries:
             query = expr
             for name, value in values.items():
                 query = query.replace(name, value)
             assert "$" not in query, query
-            if not prom.query(query):
-                empty.append((title, query))
+            filled.append((title, query))
+        # the rates need a few scrapes past the scores: wait for them, not for a fixed
+        # time (a bad query raises here at once; the bound only ends a hang)
+        deadline = time.monotonic() + 120
+        while (empty := [(t, q) for t, q in filled if not prom.query(q)]) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.5)
         assert empty == []
         _stop(children["train"])  # torchrun passes SIGTERM on to both ranks
 
