@@ -35,10 +35,11 @@ from megatron.training.requirements import missing_for_trainer  # noqa: E402
 # Before the training loop's imports: without torch (an install without the `train`
 # extra), one line naming the extra, as the argument errors end (status 2).
 if (_missing := missing_for_trainer()) is not None:
-    print(f"megatron-pretrain: error: {_missing}", file=sys.stderr)
+    sys.stderr.write(f"megatron-pretrain: error: {_missing}\n")  # one write: see print_lines
     sys.exit(2)
 
 from megatron.core.telemetry import TelemetryConfigError  # noqa: E402
+from megatron.core.telemetry.logs import print_lines  # noqa: E402
 from megatron.training.arguments import PROG, parse_args  # noqa: E402
 from megatron.training.checkpointing import CheckpointError  # noqa: E402
 from megatron.training.training import pretrain  # noqa: E402
@@ -59,8 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         result = pretrain(config, program_start=PROGRAM_START, main_entry=main_entry)
     except (CheckpointError, TelemetryConfigError) as exc:
         # As the argument errors say it (arguments._Parser.error): one line, and the pointer.
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        print(f"See '{PROG} --help' for every flag.", file=sys.stderr, flush=True)
+        print_lines(f"{PROG}: error: {exc}\nSee '{PROG} --help' for every flag.", sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         # A second Ctrl-C from here on must not interrupt the line nor an atexit callback:
@@ -70,10 +70,9 @@ def main(argv: list[str] | None = None) -> None:
         # the telemetry's hook, which chains to it), which raises only once.
         _signal.signal(_signal.SIGINT, _ignore_sigint)
         _quiet_keyboard_interrupt()
-        print(
+        print_lines(
             f"{PROG}: interrupted (SIGINT); checkpoints and telemetry written so far are kept",
-            file=sys.stderr,
-            flush=True,
+            sys.stderr,
         )
         raise
     if replaced is not None:  # (a caller of main() in its own process gets its handler back)

@@ -25,7 +25,7 @@ import torch.distributed as torch_dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from megatron.core.telemetry.logs import console_logger
+from megatron.core.telemetry.logs import console_logger, print_lines
 from megatron.training.telemetry.grad_sync_spans import attach_grad_sync_spans, grad_sync_window
 
 __all__ = [
@@ -184,7 +184,7 @@ def print_rank_0(message: str) -> None:
     record is even created.
     """
     if not _distributed() or torch_dist.get_rank() == 0:
-        print(message, flush=True)
+        print_lines(message)
     _CONSOLE.info(message)
 
 

@@ -14,6 +14,9 @@
   startup phase, ``model_init``, ``load_checkpoint`` or ``dataloader``, so a
   test can land a signal (a Ctrl-C) while the job is still starting.
 
+A hang says so on stderr as it begins (``MEGATRON_TEST_HANG_AT_STARTUP=model_init:
+blocking here until a signal``): the line a test waits for before signalling.
+
 They are test hooks, but a typo in one is still bad input: the arguments
 check reads them at startup (exit 2, one line naming the variable), not the
 first iteration after the model is built.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -62,7 +66,7 @@ class FaultInjection:
     def at_startup(self, phase: str) -> None:
         """Called as each startup phase of :data:`STARTUP_PHASES` begins."""
         if phase == self.hang_at_startup:
-            _hang()
+            _hang(f"{STARTUP_HANG_ENV}={phase}")
 
     def before_forward(self, iteration: int) -> None:
         if self.sleep_s:
@@ -70,15 +74,20 @@ class FaultInjection:
         if iteration == self.fault_at_iteration:
             raise RuntimeError(f"injected fault at iteration {iteration}")
         if iteration == self.hang_at_iteration:
-            _hang()
+            _hang(f"{HANG_ENV}={iteration}")
 
 
-def _hang() -> None:
-    """Block until a signal ends the process or its handler raises.
+def _hang(cause: str) -> None:
+    """Say on stderr that ``cause`` blocks here, then block until a signal ends the
+    process or its handler raises.
 
-    ``time.sleep`` lets Python run signal handlers (the telemetry exit hook,
-    ``KeyboardInterrupt``) and, when one returns, sleeps on (PEP 475).
+    The line is what a test waits for before it signals the process in the hang
+    (a fixed wait could end before a busy machine gets there). ``time.sleep`` lets
+    Python run signal handlers (the telemetry exit hook, ``KeyboardInterrupt``)
+    and, when one returns, sleeps on (PEP 475).
     """
+    sys.stderr.write(f"{cause}: blocking here until a signal\n")  # one write: whole line
+    sys.stderr.flush()
     while True:
         time.sleep(_HANG_NAP_S)
 

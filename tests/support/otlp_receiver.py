@@ -39,7 +39,7 @@ class Running:
 
     def stop(self) -> tuple[int, str]:
         self.process.send_signal(signal.SIGTERM)
-        _, rest = self.process.communicate(timeout=30)
+        _, rest = self.process.communicate(timeout=120)  # a bound for a hang only
         return self.process.returncode, rest
 
 

@@ -44,6 +44,14 @@ TINY = (*TINY_MODEL, "--log-interval", "1")
 
 TELEMETRY_ON = ("--otel-enabled", "--otel-span-groups", "per_step")
 
+#: ``python`` arguments that start torchrun with two ranks on this node, before the
+#: script or ``-m module`` it launches. ``--standalone``: torchrun's agent binds its
+#: store on a port the kernel picks (port 0) and the ranks reach it through that
+#: store, so no test picks a free port, closes it and hopes no other process on the
+#: machine takes it in the seconds before torchrun binds it.
+TORCHRUN_2 = ("-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+              "--nproc-per-node", "2")  # fmt: skip
+
 _DROPPED_PREFIXES = ("MEGATRON_", "NEMO_LENS_", "OTEL_", "SLURM_")
 _DROPPED_NAMES = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"})
 
@@ -235,8 +243,8 @@ class Process:
             self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-        for reader in self._readers:
-            reader.join(timeout=5)
+        for reader in self._readers:  # the output's end (EOF) after the exit; 60 s: a hang
+            reader.join(timeout=60)
 
     def kill(self) -> None:
         if self.process.poll() is None:

@@ -8,13 +8,12 @@ tests check what a user's export of a real run looks like in Perfetto.
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from processes import TELEMETRY_ON, TINY_MODEL, finished_iteration, subprocess_env
+from processes import TELEMETRY_ON, TINY_MODEL, TORCHRUN_2, finished_iteration, subprocess_env
 
 TINY = (*TINY_MODEL, "--log-interval", "5", *TELEMETRY_ON)
 
@@ -40,13 +39,7 @@ def one_rank(cwd: Path) -> Path:
 
 def two_ranks(cwd: Path) -> Path:
     """The issue's run: torchrun, 2 ranks, ``all_ranks``, ``per_step``, 60 iterations."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    torchrun = (
-        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "megatron.training",
-    )  # fmt: skip
+    torchrun = (*TORCHRUN_2, "-m", "megatron.training")
     _run(cwd, (*torchrun, *TINY, "--global-batch-size", "8", "--train-iters", "60",
                "--save", "ck", "--save-interval", "20", "--eval-interval", "20",
                "--eval-iters", "1"),

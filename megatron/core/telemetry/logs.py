@@ -28,6 +28,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 from opentelemetry.sdk._logs import LoggerProvider, LoggingHandler, ReadableLogRecord
 from opentelemetry.sdk._logs.export import (
@@ -45,6 +46,7 @@ __all__ = [
     "LogBridge",
     "console_logger",
     "logs_file_for",
+    "print_lines",
 ]
 
 
@@ -55,6 +57,27 @@ CONSOLE_LOGGER_NAME = "megatron.console"
 BRIDGE_LEVEL = logging.INFO
 
 _SDK_LOGGER_PREFIX = "opentelemetry"
+
+
+def print_lines(text: str, file: TextIO | None = None) -> None:
+    """``print(text, file=file, flush=True)``, but each line with its newline in one write.
+
+    The ranks of a job write to one console: torchrun's workers inherit its
+    stdout and stderr, and a job's log is often read with ``PYTHONUNBUFFERED``
+    set. Unbuffered, ``print`` writes its text and then its newline as two
+    writes, so another rank's line can land between them: rank 0's last line
+    runs on into rank 1's, and no line of the log begins with rank 1's words.
+    Every line a rank prints for a user goes through here; a line written whole
+    (well under the pipe's atomic ``PIPE_BUF``) stays whole however the ranks'
+    writes interleave; a summary written in one long write would not be, as a
+    pipe may split a write longer than ``PIPE_BUF`` around another's.
+    (``logging``'s stream handler already writes a record and its newline in
+    one call.)
+    """
+    stream = sys.stdout if file is None else file
+    for line in text.split("\n"):
+        stream.write(line + "\n")
+        stream.flush()  # buffered too, each write one line: a long write to a pipe can be split
 
 
 def console_logger() -> logging.Logger:

@@ -56,7 +56,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 
 from megatron.core.telemetry._signals import start_daemon_thread
-from megatron.core.telemetry.logs import console_logger
+from megatron.core.telemetry.logs import console_logger, print_lines
 from megatron.trace_format.semconv import (
     HANG_FRAME,
     HANG_LAST_ITERATION,
@@ -259,7 +259,7 @@ class HangWatchdog:
             f"{', waiting for other ranks' if waiting else ''}; "
             f"every thread's stack is in the {HANG_SPAN} span"
         )
-        print(line, file=self._out or sys.stderr, flush=True)
+        print_lines(line, self._out or sys.stderr)
         self._emit(HANG_SPAN, innermost, now_ns, attributes, line)
         self.telemetry.force_flush(timeout_ms=_FLUSH_TIMEOUT_MS)
 
@@ -276,7 +276,7 @@ class HangWatchdog:
                 f"telemetry: rank {rank} progressing again: iteration {self._last_iteration} "
                 f"finished after {stalled:.1f} s without progress"
             )
-            print(line, file=self._out or sys.stderr, flush=True)
+            print_lines(line, self._out or sys.stderr)
             attributes = {HANG_STALLED_S: round(stalled, 3), ITERATION: self._last_iteration}
             parent = otel_trace.get_current_span()
             self._emit(HANG_RECOVERED_SPAN, parent, self._wall_ns(), attributes, None)

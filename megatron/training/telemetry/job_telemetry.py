@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from megatron.core.telemetry import TelemetryConfig, TelemetryHandle
+from megatron.core.telemetry.logs import print_lines
 from megatron.training.distributed import DistributedEnv
 from megatron.training.job_config import JobConfig
 from megatron.training.telemetry.trace_summary import rank_line, summarize
@@ -85,8 +86,10 @@ def print_telemetry_summary(telemetry: TelemetryHandle, config: TelemetryConfig)
     try:
         tally = telemetry.tally
         if tally is not None and telemetry.rank != 0:
-            print(rank_line(telemetry.rank, telemetry.trace_file, tally, config.exporter,
-                            telemetry.span_groups), flush=True)  # fmt: skip
+            line = rank_line(
+                telemetry.rank, telemetry.trace_file, tally, config.exporter, telemetry.span_groups
+            )
+            print_lines(line)
         elif tally is not None:
             summary = summarize(
                 telemetry.trace_file,
@@ -94,10 +97,10 @@ def print_telemetry_summary(telemetry: TelemetryHandle, config: TelemetryConfig)
                 exporter=config.exporter,
                 span_groups=telemetry.span_groups,
             )
-            print(summary, flush=True)
+            print_lines(summary)
         else:
-            print("telemetry: traces off, so no span summary and no goodput", flush=True)
+            print_lines("telemetry: traces off, so no span summary and no goodput")
         for report in telemetry.failure_reports():
-            print(f"telemetry: {report}", flush=True)
+            print_lines(f"telemetry: {report}")
     except Exception as exc:  # noqa: BLE001 -- the run succeeded; the summary is a bonus
         _log.warning("telemetry summary not printed: %s", exc)

@@ -434,12 +434,15 @@ def test_watch_serves_follows_and_stops_on_sigterm(tmp_path: Path) -> None:
         waiting = child.stderr.readline()  # type: ignore[union-attr]
         assert waiting == f"megatron-trace watch: waiting for {path} (not there yet)\n"
         up.killed_and_resumed(path)
-        deadline = time.monotonic() + 30
+        # until watch has read the whole file (the series appears with its first lines,
+        # at a smaller figure); the bound only ends a hang
+        served = 'megatron_training_goodput_seconds{rank="0",run_id="job-4711"} 4.0'
+        deadline = time.monotonic() + 120
         text = ""
-        while "megatron_training_goodput_seconds" not in text and time.monotonic() < deadline:
+        while served not in text and time.monotonic() < deadline:
             time.sleep(0.2)
             text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-        assert 'megatron_training_goodput_seconds{rank="0",run_id="job-4711"} 4.0' in text
+        assert served in text, text
         # a second watch on the same port: one line, exit 2
         other, line = _start(["--listen", f"127.0.0.1:{port}", str(path)])
         assert other.wait(timeout=60) == 2

@@ -260,40 +260,44 @@ def test_watch_receive_serves_what_report_reads_from_the_received_files(
         received = sorted(watching.out.glob("job-4711/*/traces.jsonl"))
         assert [p.parent.name for p in received] == ["rank0", "rank1"]
 
-        def both_ranks() -> dict:
-            scraped = watching.scrape()
-            states = {dict(k[1])["rank"] for k, v in scraped.items()
-                      if k[0] == "megatron_job_state" and v == 1}  # fmt: skip
-            return scraped if states == {"0", "1"} else {}
+        # The receiver writes a request before it answers it: the files are whole now.
+        # What report reads in each is what watch must come to serve.
+        run = "job-4711"
+        expected: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+        for path in received:
+            rank = path.parent.name.removeprefix("rank")
+            result = cli("report", "--json", path)
+            assert result.returncode == 0, result.stderr
+            report = json.loads(result.stdout.splitlines()[-1])
+            labels = frozenset({("run_id", run), ("rank", rank)})
+            expected[("megatron_training_goodput_seconds", labels)] = report["goodput_s"]
+            expected[("megatron_training_wall_clock_seconds", labels)] = report["wall_s"]
+            for category, seconds in report["badput_s"].items():
+                key = ("megatron_training_badput_seconds", labels | {("category", category)})
+                expected[key] = seconds or 0.0
+        expected_states = {"0": "finished", "1": "killed"}
 
-        deadline = time.monotonic() + 60
-        while not (scraped := both_ranks()):
-            assert time.monotonic() < deadline, "watch never served both ranks"
-            time.sleep(0.3)
-        time.sleep(1.5)  # a few polls more: every line read
-        scraped = watching.scrape()
+        def states(scraped: dict) -> dict[str, str]:
+            return {
+                dict(labels)["rank"]: dict(labels)["state"]
+                for (name, labels), value in scraped.items()
+                if name == "megatron_job_state" and value == 1
+            }
+
+        def served(scraped: dict) -> bool:
+            return states(scraped) == expected_states and all(
+                key in scraped and abs(scraped[key] - value) <= 1e-6
+                for key, value in expected.items()
+            )
+
+        # Wait for watch to have read every line (its polls take longer on a busy
+        # machine); the bound only ends a hang, and the asserts below say what differs.
+        deadline = time.monotonic() + 120
+        while not served(scraped := watching.scrape()) and time.monotonic() < deadline:
+            time.sleep(0.2)
     finally:
         status, said = watching.stop()
     assert status == 0, said
-    run = "job-4711"
-    for path in received:
-        rank = path.parent.name.removeprefix("rank")
-        result = cli("report", "--json", path)
-        assert result.returncode == 0, result.stderr
-        report = json.loads(result.stdout.splitlines()[-1])
-        labels = frozenset({("run_id", run), ("rank", rank)})
-        assert scraped[("megatron_training_goodput_seconds", labels)] == pytest.approx(
-            report["goodput_s"], abs=1e-6
-        )
-        assert scraped[("megatron_training_wall_clock_seconds", labels)] == pytest.approx(
-            report["wall_s"], abs=1e-6
-        )
-        for category, seconds in report["badput_s"].items():
-            key = ("megatron_training_badput_seconds", labels | {("category", category)})
-            assert scraped[key] == pytest.approx(seconds or 0.0, abs=1e-6), category
-    states = {
-        dict(labels)["rank"]: dict(labels)["state"]
-        for (name, labels), value in scraped.items()
-        if name == "megatron_job_state" and value == 1
-    }
-    assert states == {"0": "finished", "1": "killed"}
+    for key, value in expected.items():
+        assert scraped.get(key) == pytest.approx(value, abs=1e-6), key
+    assert states(scraped) == expected_states

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
+from processes import TORCHRUN_2
 from trace_helpers import incarnations
 
 from megatron.trace.otlp.reader import read_spans
@@ -64,22 +64,9 @@ def test_two_pretrain_calls_in_one_process(training_cli):
         assert not [s for s in spans if s["attributes"].get("megatron.span.cut_short")]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_torchrun_two_ranks_train_and_only_the_last_rank_exports(training_cli):
     cli = training_cli
-    torchrun = (
-        "-m", "torch.distributed.run",
-        "--nnodes", "1",
-        "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1",
-        "--master_port", str(_free_port()),
-        "-m", "megatron.training",
-    )  # fmt: skip
+    torchrun = (*TORCHRUN_2, "-m", "megatron.training")
     result = cli.run(
         *cli.TINY,
         *cli.TELEMETRY_ON,

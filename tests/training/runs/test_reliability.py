@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from processes import TORCHRUN_2
 from trace_helpers import incarnations
 
 from megatron.trace.otlp.reader import read_spans
@@ -408,8 +409,8 @@ def test_sigint_during_startup_keeps_a_trace_that_check_accepts(training_cli, ph
         load = ("--load", "ckpt")
     trainer = cli.start(*_long_run(cli, *cli.TELEMETRY_ON, *load), env={STARTUP_HANG_ENV: phase})
     path = cli.cwd / "traces.jsonl"
-    trainer.wait_until(path.exists)
-    time.sleep(1.0)  # into the phase: the hang comes milliseconds after the file opens
+    trainer.wait_until(lambda: f"{STARTUP_HANG_ENV}={phase}: blocking" in trainer.stderr)
+    assert path.exists()
     trainer.signal(signal.SIGINT)
     assert trainer.wait() == -signal.SIGINT
     assert "Traceback" not in trainer.stderr, trainer.stderr
@@ -557,16 +558,8 @@ def test_pretrain_returns_the_exit_reason_instead_of_exiting(training_cli):
 
 @pytest.mark.slow
 def test_torchrun_all_ranks_share_one_trace_file(training_cli):
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     cli = training_cli
-    torchrun = (
-        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "megatron.training",
-    )  # fmt: skip
+    torchrun = (*TORCHRUN_2, "-m", "megatron.training")
     result = cli.run(
         *cli.TINY,
         "--train-iters", "2",

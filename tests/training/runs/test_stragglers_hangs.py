@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from processes import TORCHRUN_2
 
 from megatron.trace.cli.main import main as trace_main
 from megatron.trace.otlp.reader import read_spans
@@ -28,12 +28,6 @@ pytestmark = pytest.mark.slow
 
 ITERATIONS = 60
 SLEEP_S = 0.03
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _torchrun(cli, rank1_env: dict[str, str], *args: str) -> list[str]:
@@ -47,9 +41,7 @@ def _torchrun(cli, rank1_env: dict[str, str], *args: str) -> list[str]:
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1", "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+        sys.executable, *TORCHRUN_2,
         "--no-python", str(script),
         *cli.TINY, *cli.TELEMETRY_ON,
         "--log-interval", "20",

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
+from processes import TORCHRUN_2
 
 from megatron.trace.otlp.reader import decode_any_value, iter_logs, read_spans
 from megatron.training.arguments import parse_args
@@ -103,12 +103,6 @@ def test_one_signal_off_writes_only_the_other(
         assert {"megatron.startup", "megatron.train", "megatron.train.iteration"} <= names
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "env",
@@ -122,12 +116,7 @@ def _free_port() -> int:
 def test_torchrun_rank_strategies_pick_rank_0(training_cli, env: dict[str, str]) -> None:
     # The default single_rank strategy would pick the last rank, rank 1.
     cli = training_cli
-    torchrun = (
-        "-m", "torch.distributed.run",
-        "--nnodes", "1", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-        "-m", "megatron.training",
-    )  # fmt: skip
+    torchrun = (*TORCHRUN_2, "-m", "megatron.training")
     result = cli.run(
         *cli.TINY, *cli.TELEMETRY_ON, "--train-iters", "2", "--save", "ckpt",
         module=torchrun,

@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from processes import REPO_ROOT, TELEMETRY_ON, TINY, subprocess_env
+from processes import REPO_ROOT, TELEMETRY_ON, TINY, TORCHRUN_2, subprocess_env
 from promtool import REQUIRED
 from upstream_traces import official_file_exporter
 
@@ -115,9 +115,7 @@ def our_job(tmp_path: Path, iters: int) -> Job:
 def two_rank_job(tmp_path: Path, iters: int) -> Job:
     """Our trainer on two torchrun ranks (gloo), every rank exporting the ``per_step``
     groups (so straggler scores and the rolling iteration time are served)."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-            "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-            "--master-port", str(_free_port()), "-m", "megatron.training", *TINY,
+    argv = [sys.executable, *TORCHRUN_2, "-m", "megatron.training", *TINY,
             *TELEMETRY_ON, "--global-batch-size", "4", "--save", "ckpt",
             "--save-interval", "50", "--train-iters", str(iters)]  # fmt: skip
     trace = tmp_path / "ckpt" / "telemetry" / "traces.jsonl"
@@ -380,14 +378,32 @@ def _count_spans(files: Sequence[Path]) -> int:
     return count
 
 
-def _finished(prom: Prom, children: Mapping[str, subprocess.Popen[Any]], job: str) -> None:
-    """Wait for the job's clean exit and for watch to show it ``finished``, then for two
-    more scrapes of the final figures."""
+def _finished(
+    prom: Prom, children: Mapping[str, subprocess.Popen[Any]], job: str, *files: Path
+) -> dict[str, Any]:
+    """Wait for the job's clean exit, then until Prometheus holds watch's final figures
+    (the job ``finished``, figures that agree with ``report`` on ``files``); return
+    that report. On a busy machine the last poll and scrape come late: the bound only
+    ends a hang, and the caller's asserts say what differs."""
     train = children[job]
     train.wait(timeout=240)
     assert train.returncode == 0, f"{job} exited with {train.returncode}"
-    _wait(lambda: prom.state() == "finished", 30, "state finished", children["watch"])
-    time.sleep(2.5)
+    report = _report(*files)
+
+    def final() -> bool:
+        if prom.state() != "finished":
+            return False
+        try:
+            _agrees_with_report(prom, report)
+        except AssertionError:
+            return False
+        return True
+
+    deadline = time.monotonic() + 120
+    while not final() and time.monotonic() < deadline:
+        assert children["watch"].poll() is None, "watch exited"
+        time.sleep(0.5)
+    return report
 
 
 def _agrees_with_report(prom: Prom, report: dict[str, Any]) -> None:
@@ -429,8 +445,9 @@ def test_prometheus_sees_a_running_job_then_reports_figures(tmp_path: Path, shap
         running = [goodput for state, goodput in seen if state == "running" and goodput]
         assert len(set(running)) >= 2 and running == sorted(running), seen
         assert running[-1] > running[0], seen
-        _finished(prom, children, "train")
-        _agrees_with_report(prom, _report(job.trace))
+        report = _finished(prom, children, "train", job.trace)
+        assert prom.state() == "finished"
+        _agrees_with_report(prom, report)
         run_id = (
             "job-4711"
             if shape == "megatron-lm"
@@ -576,9 +593,13 @@ def test_every_dashboard_query_returns_data_for_a_running_job(tmp_path: Path) ->
             return len(prom.query("megatron_straggler_score")) == 2 and prom.state() == "running"
 
         _wait(scored, 240, "straggler scores of two ranks", children["train"], children["watch"])
-        time.sleep(3)  # a few scrapes more, for the rates
         assert children["train"].poll() is None, "the job must still run"
-        assert _empty_panels(prom, queries) == []
+        # the rates need a few scrapes past the scores: wait for them, not for a fixed
+        # time (a bad query raises at once; the bound only ends a hang)
+        deadline = time.monotonic() + 120
+        while (empty := _empty_panels(prom, queries)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert empty == []
         _stop(children["train"])  # torchrun passes SIGTERM on to both ranks
 
 
@@ -685,10 +706,10 @@ def test_a_rotated_file_loses_no_span(tmp_path: Path) -> None:
     job = megatron_lm_job(tmp_path, 300, "--rotate-bytes", "16000")
     with _stack(tmp_path, (), {"train": job}) as stack:
         prom, children = stack.prom, stack.children
-        _finished(prom, children, "train")
+        children["train"].wait(timeout=240)  # (_finished checks the exit status)
         pieces = sorted(job.trace.parent.glob("traces.jsonl*"))
         assert len(pieces) >= 4, pieces  # the live file and at least three compressed copies
-        report = _report(*pieces)
+        report = _finished(prom, children, "train", *pieces)
         assert report["spans"] == _count_spans(pieces)
         assert prom.one("megatron_trace_watch_spans") == report["spans"]
         _agrees_with_report(prom, report)
