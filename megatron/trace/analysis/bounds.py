@@ -179,7 +179,7 @@ def _alive_text(incs: list[Incarnation], alive: int, open_end: bool) -> str:
         )
     last = incs[-1] if incs else None
     if open_end and last is not None:
-        if last.sighting is not None:
+        if _seen_beyond_spans(last):
             text += (
                 f"; the last one was alive at its last metric export, {_ago(last)}, and "
                 "ended some unknown time after"
@@ -199,6 +199,12 @@ def _last_span_end(inc: Incarnation) -> int:
     return worked["last_span_end"]
 
 
+def _seen_beyond_spans(inc: Incarnation) -> bool:
+    """Whether a killed incarnation's newest metric point is newer than its last exported
+    span (an older one says nothing the spans do not)."""
+    return inc.sighting is not None and inc.sighting.seen_ns > _last_span_end(inc)
+
+
 def _ago(inc: Incarnation) -> str:
     """When a killed incarnation's newest metric point was, said against its last span."""
     assert inc.sighting is not None
@@ -214,9 +220,13 @@ def _shown(
     it."""
     texts = []
     for position in positions:
-        if position >= len(incs) or incs[position].ended != "killed":
+        # the last one may have saved after its points (its lower bound is 0), and a point
+        # older than the spans shows nothing they do not
+        if position >= len(incs) - 1 or incs[position].ended != "killed":
             continue
         inc = incs[position]
+        if not _seen_beyond_spans(inc):
+            continue
         shown = completed(inc)
         horizon = accounting["per_incarnation"][position]["horizon"]
         if shown is None or horizon is None or shown[0] <= horizon:
@@ -265,7 +275,8 @@ def report_bounds(
         for prefix in prefixes:
             if open_end:
                 last = incs[-1]
-                source = f"its last metric export, {_ago(last)}" if last.sighting else None
+                narrows = _seen_beyond_spans(last)
+                source = f"its last metric export, {_ago(last)}" if narrows else None
                 bound(f"{prefix}wall_s", seconds(wall), None, unattributed, source)
                 bound(f"{prefix}goodput_fraction", None, None, unattributed)
             elif spare and wall:
@@ -450,8 +461,8 @@ def _exports_source(shown: list[str]) -> str | None:
 
 def _seen_source(incs: list[Incarnation], alive: int, open_end: bool) -> str | None:
     """Where a bound narrowed by the killed incarnations' metric points comes from, short."""
-    seen = [inc for inc in incs[:-1] if inc.ended == "killed" and inc.sighting is not None]
-    if open_end and incs[-1].sighting is not None:
+    seen = [inc for inc in incs[:-1] if inc.ended == "killed" and _seen_beyond_spans(inc)]
+    if open_end and _seen_beyond_spans(incs[-1]):
         seen.append(incs[-1])
     if not seen:
         return None

@@ -756,6 +756,28 @@ def test_a_final_killed_incarnation_lived_until_its_last_metric_point(tmp_path: 
                         wall["source"])  # fmt: skip
 
 
+def test_a_metric_point_older_than_the_last_span_is_not_cited(tmp_path: Path) -> None:
+    """With per-step spans exported as they end, a kill 8 s after the last metric export
+    leaves spans newer than that point: it narrows nothing, so no bound names it as its
+    source (it once read "the last metric export of incarnation 1, -7.9 s after its last
+    exported span") and no reason says the incarnation was alive at it."""
+    history = gt.History((gt.Plan(12), gt.Plan(37, "killed", into=0.5)), ranks=1,
+                         groups="per_step", metrics="trainer", save_interval=10,
+                         export_delay_s=(0.0,), metric_phase_s=(7.0,))  # fmt: skip
+    simulated, paths = _written(history, tmp_path)
+    trace = load_trace(paths, jobs=1)
+    killed = trace.ranks[next(iter(trace.ranks))][-1]
+    judge(trace, paths, Clock.at(float(NOW[1])))
+    assert killed.ended == "killed" and killed.sighting is not None
+    newest = max([end for _, end, _ in killed.extents()] + [killed.iterations.max_end() or 0])
+    assert killed.sighting.seen_ns < newest  # the case this test is about
+    report = _report(paths)
+    assert_within_truth(report, simulated)
+    for path, bound in report["bounds"].items():
+        assert "metric export" not in bound.get("source", ""), (path, bound)
+        assert "alive at its last metric export" not in bound["reason"], (path, bound)
+
+
 def test_the_text_and_the_json_say_where_a_bound_comes_from(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
