@@ -77,6 +77,7 @@ __all__ = [
     "MEGATRON_STRAGGLER_NAMED",
     "MEGATRON_STRAGGLER_SCORE",
     "MEGATRON_TRAINING_BADPUT_S",
+    "MEGATRON_TRAINING_CHECKPOINT_SAVE_START_TIME",
     "MEGATRON_TRAINING_GOODPUT_FRACTION",
     "MEGATRON_TRAINING_GOODPUT_S",
     "MEGATRON_TRAINING_GRAD_NORM",
@@ -102,6 +103,7 @@ __all__ = [
     "PROCESS_PID",
     "PROGRESS_COUNTER",
     "RUN_ID",
+    "SAVE_START_GAUGE",
     "SERVICE_INSTANCE_ID",
     "SERVICE_NAME",
     "SHUTDOWN_REASON",
@@ -298,6 +300,11 @@ MEGATRON_TRAINING_WALL_CLOCK_S = "megatron.training.wall_clock_s"
 MEGATRON_TRAINING_GOODPUT_FRACTION = "megatron.training.goodput_fraction"
 #: Gauge: iterations completed so far (the next one's number).
 MEGATRON_TRAINING_ITERATION = "megatron.training.iteration"
+#: Gauge: when the checkpoint save in flight began, Unix seconds (0: none is), as
+#: Prometheus's ``process_start_time_seconds`` says a start. This project's trainer exports
+#: it beside the goodput gauges; a killed run's last point then says whether, and since
+#: when, a save was in flight (:mod:`megatron.trace.analysis.sightings`).
+MEGATRON_TRAINING_CHECKPOINT_SAVE_START_TIME = "megatron.training.checkpoint_save_start_time"
 #: Metric attribute: the badput category of a ``badput_s`` point.
 BADPUT_CATEGORY_ATTRIBUTE = "megatron.badput.category"
 
@@ -352,6 +359,14 @@ GOODPUT_GAUGES: Mapping[str, Gauge] = MappingProxyType(
             ),
         )
     }
+)
+
+#: The trainer's gauge beside them (``watch`` cannot see a save in flight, so does not serve it).
+SAVE_START_GAUGE = Gauge(
+    MEGATRON_TRAINING_CHECKPOINT_SAVE_START_TIME,
+    "s",
+    "When the checkpoint save in flight began, Unix time (0: none is in flight)",
+    "megatron_training_checkpoint_save_start_time_seconds",
 )
 
 #: ``megatron-trace watch``'s counters beside the gauges (Prometheus names): time that made

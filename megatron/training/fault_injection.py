@@ -1,10 +1,12 @@
-"""Fault, delay and hang injection for tests, from four environment variables.
+"""Fault, delay and hang injection for tests, from five environment variables.
 
 * ``MEGATRON_TEST_FAULT_AT_ITERATION=N``: the forward step of iteration ``N``
   (the span with ``megatron.iteration == N``) raises
   ``RuntimeError("injected fault at iteration N")``.
 * ``MEGATRON_TEST_ITERATION_SLEEP=S``: sleep ``S`` seconds before each forward
   step, so a test can land a signal in the middle of an iteration.
+* ``MEGATRON_TEST_SAVE_SLEEP=S``: sleep ``S`` seconds in each checkpoint save,
+  before anything is written (slow storage), so a test can land a SIGKILL in a save.
 * ``MEGATRON_TEST_HANG_AT_ITERATION=N``: the forward step of iteration ``N``
   blocks until the process is signalled (a signal whose handler raises or
   ends the process; one that returns lets the block go on). Set on one rank
@@ -30,10 +32,18 @@ import sys
 import time
 from dataclasses import dataclass
 
-__all__ = ["FAULT_ENV", "HANG_ENV", "SLEEP_ENV", "STARTUP_HANG_ENV", "FaultInjection"]
+__all__ = [
+    "FAULT_ENV",
+    "HANG_ENV",
+    "SAVE_SLEEP_ENV",
+    "SLEEP_ENV",
+    "STARTUP_HANG_ENV",
+    "FaultInjection",
+]
 
 FAULT_ENV = "MEGATRON_TEST_FAULT_AT_ITERATION"
 SLEEP_ENV = "MEGATRON_TEST_ITERATION_SLEEP"
+SAVE_SLEEP_ENV = "MEGATRON_TEST_SAVE_SLEEP"
 HANG_ENV = "MEGATRON_TEST_HANG_AT_ITERATION"
 STARTUP_HANG_ENV = "MEGATRON_TEST_HANG_AT_STARTUP"
 #: The startup phases ``MEGATRON_TEST_HANG_AT_STARTUP`` may name, in the order they run.
@@ -46,12 +56,13 @@ _HANG_NAP_S = 3600.0
 
 @dataclass(frozen=True)
 class FaultInjection:
-    """What the three variables ask for; the default injects nothing."""
+    """What the variables ask for; the default injects nothing."""
 
     fault_at_iteration: int | None = None
     sleep_s: float = 0.0
     hang_at_iteration: int | None = None
     hang_at_startup: str | None = None
+    save_sleep_s: float = 0.0
 
     @classmethod
     def from_env(cls) -> FaultInjection:
@@ -61,12 +72,18 @@ class FaultInjection:
             sleep_s=_seconds(SLEEP_ENV),
             hang_at_iteration=_iteration(HANG_ENV),
             hang_at_startup=_startup_phase(STARTUP_HANG_ENV),
+            save_sleep_s=_seconds(SAVE_SLEEP_ENV),
         )
 
     def at_startup(self, phase: str) -> None:
         """Called as each startup phase of :data:`STARTUP_PHASES` begins."""
         if phase == self.hang_at_startup:
             _hang(f"{STARTUP_HANG_ENV}={phase}")
+
+    def in_save(self) -> None:
+        """Called in each checkpoint save, before it writes anything."""
+        if self.save_sleep_s:
+            time.sleep(self.save_sleep_s)
 
     def before_forward(self, iteration: int) -> None:
         if self.sleep_s:

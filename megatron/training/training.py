@@ -48,7 +48,8 @@ Two choices worth knowing:
 
 Test hooks (``MEGATRON_TEST_FAULT_AT_ITERATION``,
 ``MEGATRON_TEST_ITERATION_SLEEP``, ``MEGATRON_TEST_HANG_AT_ITERATION``,
-``MEGATRON_TEST_HANG_AT_STARTUP``): see :mod:`megatron.training.fault_injection`;
+``MEGATRON_TEST_HANG_AT_STARTUP``, ``MEGATRON_TEST_SAVE_SLEEP``): see
+:mod:`megatron.training.fault_injection`;
 checked at startup, read again when the job starts.
 """
 
@@ -108,6 +109,7 @@ from megatron.training.optimizer import build_optimizer
 from megatron.training.telemetry.goodput_metrics import (
     LiveGoodput,
     checkpoint_sidecar,
+    saving,
     start_live_goodput,
 )
 from megatron.training.telemetry.grad_sync_spans import wait_markers
@@ -331,13 +333,13 @@ def train(
             if evaluation.eval_interval and state.iteration % evaluation.eval_interval == 0:
                 evaluate_and_print(evaluation, training, env, state, valid_data)
             if checkpoint.is_save_iteration(state.iteration):
-                _save(config, env, state, goodput)
+                _save(config, env, state, goodput, hooks)
             exit_reason = exits.check(state.iteration)
             # A finished pass, its evaluation and save included: the heartbeat.
             watchdog.progress(state.iteration - 1)
 
     if checkpoint.save and not checkpoint.is_save_iteration(state.iteration):
-        _save(config, env, state, goodput)
+        _save(config, env, state, goodput, hooks)
     if exit_reason is not None:
         print_rank_0(f"exiting program at iteration {state.iteration}: {exit_reason}")
     return exit_reason
@@ -453,13 +455,18 @@ def _save(
     config: JobConfig,
     env: DistributedEnv,
     state: TrainState,
-    goodput: LiveGoodput | None = None,
+    goodput: LiveGoodput | None,
+    hooks: FaultInjection,
 ) -> None:
-    with managed_span(
-        SpanGroup.CHECKPOINT,
-        semconv.CHECKPOINT_SAVE_SPAN,
-        is_goodput_span=True,
-        **{semconv.ITERATION: state.iteration},
+    with (
+        managed_span(
+            SpanGroup.CHECKPOINT,
+            semconv.CHECKPOINT_SAVE_SPAN,
+            is_goodput_span=True,
+            **{semconv.ITERATION: state.iteration},
+        ),
+        saving(goodput),
     ):
+        hooks.in_save()
         sidecar = checkpoint_sidecar(goodput, state.iteration)
         save_checkpoint(config.checkpoint.save, state, config, env.is_rank_0, sidecar)

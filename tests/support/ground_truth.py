@@ -234,8 +234,9 @@ class Simulated:
     # in memory
     produced: list[list[tuple[Callable[[], list[_Span]], int, bool]]] = field(default_factory=list)
     # per incarnation: (its start, its startup's end, the checkpoint it resumed from, its
-    # phases: (kind, start, end, iteration), every rank living through them alike)
-    timelines: list[tuple[int, int, int, list[tuple[str, int, int, int]]]] = field(
+    # phases: (kind, start, end, iteration), every rank living through them alike, and the
+    # start of the save a kill struck, if one did)
+    timelines: list[tuple[int, int, int, list[tuple[str, int, int, int]], int | None]] = field(
         default_factory=list
     )
 
@@ -270,7 +271,7 @@ def simulate(history: History) -> Simulated:
     ends = [now] * ranks  # where each rank's previous incarnation died
     failures = counted = 0
     hangs: list[tuple[int, int, int]] = []
-    timelines: list[tuple[int, int, int, list[tuple[str, int, int, int]]]] = []
+    timelines: list[tuple[int, int, int, list[tuple[str, int, int, int]], int | None]] = []
 
     for index, plan in enumerate(history.incarnations):
         start, resumed_from = now, durable
@@ -306,7 +307,8 @@ def simulate(history: History) -> Simulated:
             death = t + round(plan.hang_s * NS)
             failures += 1
             hangs.append((index, plan.victim, death - t))
-        timelines.append((start, start + startup_ns, resumed_from, phases))
+        struck = in_flight[1] if killed and in_flight[0] == "save" else None
+        timelines.append((start, start + startup_ns, resumed_from, phases, struck))
         saves_done = [p[3] for p in phases if p[0] == "save"]
         if saves_done:
             durable = saves_done[-1]
@@ -598,7 +600,7 @@ def _metric_lines(simulated: Simulated, rank: int) -> Iterator[tuple[int, int, s
     history = simulated.history
     period = round(history.metric_period_s * NS)
     trainer = history.metrics == "trainer"
-    for index, ((_, dies, killed), (start, ready, resumed, phases)) in enumerate(
+    for index, ((_, dies, killed), (start, ready, resumed, phases, struck)) in enumerate(
         zip(simulated.produced[rank], simulated.timelines, strict=True)
     ):
         resource = resource_json(rank, history.ranks, 10_000 + rank * 1_000 + index, "truth")
@@ -613,6 +615,8 @@ def _metric_lines(simulated: Simulated, rank: int) -> Iterator[tuple[int, int, s
             itertools.accumulate((int((at + 1) % history.log_interval == 0) for _, at in ends),
                                  initial=0)
         )  # fmt: skip
+        saves = [(a, b) for kind, a, b, _ in phases if kind == "save"]
+        saves += [(struck, dies)] if struck is not None else []
         first = start + history.metric_phase_ns(rank)
         ticks = [(t, False) for t in range(first, dies, period)]
         for when, final in ticks + ([] if killed else [(dies, True)]):
@@ -624,6 +628,11 @@ def _metric_lines(simulated: Simulated, rank: int) -> Iterator[tuple[int, int, s
                 if when >= ready:
                     completed = ends[finished - 1][1] + 1 if finished else resumed
                     metrics.append(_gauge("megatron.training.iteration", when, completed))
+                # the save in flight then (its start, Unix seconds), as the trainer's gauge says
+                began = next((a for a, b in saves if a <= when < b), 0)
+                metrics.append(
+                    _gauge("megatron.training.checkpoint_save_start_time", when, began / NS)
+                )
             if logged:
                 metrics.append(
                     _histogram(

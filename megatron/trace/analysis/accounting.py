@@ -316,7 +316,9 @@ def worked_out(
             # what its metric points show it redone after its last span (a kill lost it)
             redone = known_wasted(inc, found[0], successor)
             if redone is not None:
-                segments.append((redone[0], redone[1], Category.WASTED_PROGRESS))
+                segments.append((redone.start, redone.end, Category.WASTED_PROGRESS))
+                if redone.save_end > redone.save_start:  # a save in flight at the kill
+                    segments.append((redone.save_start, redone.save_end, Category.CHECKPOINT_SAVE))
         wastes.append(found)
     return segments, wastes
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from megatron.trace.model.identity import process_of_resource, slot_of
 from megatron.trace.model.incarnation import Incarnation, Progress, Sighting, Trace
@@ -56,11 +56,13 @@ from megatron.trace.otlp.reader import (
 from megatron.trace_format.semconv import (
     ITERATION,
     LOG_INTERVAL,
+    MEGATRON_TRAINING_CHECKPOINT_SAVE_START_TIME,
     MEGATRON_TRAINING_ITERATION,
     MEGATRON_TRAINING_STEP_DURATION_MS,
 )
 
 __all__ = [
+    "Redone",
     "completed",
     "finished_shown",
     "known_wasted",
@@ -84,6 +86,7 @@ class _Seen:
         self.seen_ns = 0
         self.log_interval: int | None = None
         self.progress: dict[str, list[int | None]] = {}  # kind -> [top, top_ns, below, at]
+        self.save_start: tuple[int, int] | None = None  # (at, the save in flight's start)
 
     def note(self, kind: str, value: int, at: int) -> None:
         found = self.progress.get(kind)
@@ -95,6 +98,10 @@ class _Seen:
         elif value < found[0] and (found[3] is None or at > found[3]):
             found[2], found[3] = value, at
 
+    def note_save_start(self, started: int, at: int) -> None:
+        if self.save_start is None or at > self.save_start[0]:
+            self.save_start = (at, started)
+
     @property
     def settled(self) -> bool:
         return bool(self.seen_ns) and all(p[3] is not None for p in self.progress.values())
@@ -104,7 +111,13 @@ class _Seen:
             found = self.progress.get(kind)
             return None if found is None else Progress(*found)  # type: ignore[arg-type]
 
-        return Sighting(self.seen_ns, progress("iteration"), progress("steps"), self.log_interval)
+        return Sighting(
+            self.seen_ns,
+            progress("iteration"),
+            progress("steps"),
+            self.log_interval,
+            self.save_start,
+        )
 
 
 def read_sightings(trace: Trace, metrics_files: Iterable[Path]) -> int:
@@ -224,6 +237,12 @@ def _scan(
                             value = point.get("asInt", point.get("asDouble"))
                             if value is not None:
                                 seen.note("iteration", int(float(value)), at)
+                        elif name == MEGATRON_TRAINING_CHECKPOINT_SAVE_START_TIME and (
+                            kind == "gauge"
+                        ):
+                            value = point.get("asDouble", point.get("asInt"))
+                            if value is not None:
+                                seen.note_save_start(round(float(value) * 1e9), at)
                         elif (
                             name == MEGATRON_TRAINING_STEP_DURATION_MS
                             and kind == "histogram"
@@ -323,19 +342,34 @@ def _work_window_start(inc: Incarnation, horizon: int) -> int | None:
     return max(ends) if ends else None
 
 
-def known_wasted(
-    inc: Incarnation, horizon: int | None, until_ns: int
-) -> tuple[int, int, int] | None:
+class Redone(NamedTuple):
+    """What a killed incarnation's metric points show of its time after its last span
+    (:func:`known_wasted`)."""
+
+    start: int  # where the redone stretch begins
+    end: int  # where it ends: the newest point showing progress, or a save's start
+    doubt_from: int  # from here to ``end`` may instead be a save in flight (== end: none)
+    save_start: int  # a save in flight at the kill ran from here (== save_end: none seen)
+    save_end: int  # until here at least
+
+
+# A Unix time in seconds, as a double, is exact to about 0.24 us today: a save's start read
+# from its gauge may be this far either side of the truth.
+_CLOCK_SLACK_NS = 1_000
+
+
+def known_wasted(inc: Incarnation, horizon: int | None, until_ns: int) -> Redone | None:
     """The stretch of a killed incarnation its metric points show redone: from where
     iteration ``horizon`` began (the file must say it exactly) to its newest point showing
-    ``horizon`` or more iterations completed, at most ``until_ns`` (its successor's start);
-    and from when in it the time may instead be the save in flight at the kill (one
-    begins only after the iteration that point shows completed, so after the newest point
-    showing fewer): ``(start, end, doubt_from)``. None: the points show no such stretch.
+    ``horizon`` or more iterations completed, at most ``until_ns`` (its successor's start).
+    None: the points show no such stretch.
 
     Every iteration in it was past ``horizon``, so redone; a save that ended in it would
-    have been resumed from, but one in flight at the kill (not durable) may have begun
-    after ``doubt_from``."""
+    have been resumed from, but one in flight at the kill (not durable) may have begun in
+    it after the iteration that point shows completed, so after the newest point showing
+    fewer (``doubt_from``). This trainer's save-start gauge, read at that point or later,
+    settles it: 0 says no save was in flight then (no doubt); a start says the stretch
+    ended there and the save ran on to that point at least (``save_end``)."""
     if inc.ended != "killed" or horizon is None or inc.sighting is None:
         return None
     start = _window_start(inc, horizon)
@@ -346,17 +380,27 @@ def known_wasted(
         if top >= horizon and min(at, until_ns) > start:
             end = min(at, until_ns)
             doubt = max(start, min(below_ns, end)) if below_ns is not None else start
-            if best is None or end > best[1]:
-                best = (start, end, doubt)
-    return best
+            if best is None or end > best.end:
+                best = Redone(start, end, doubt, end, end)
+    saving = inc.sighting.save_start
+    if best is None or saving is None or not best.end <= saving[0] <= until_ns:
+        return best
+    at, began = saving
+    if not began or began > at:  # none in flight then (or one begun after it)
+        return best._replace(doubt_from=best.end)
+    if not start < began - _CLOCK_SLACK_NS < best.end:  # not within the stretch: unsettled
+        return best
+    # the stretch ends where the save began (the clock's slack either side in doubt)
+    end = began + _CLOCK_SLACK_NS
+    return Redone(start, end, began - _CLOCK_SLACK_NS, end, max(end, at))
 
 
 def unseen_from(inc: Incarnation, horizon: int | None, until_ns: int) -> tuple[int, int, int]:
     """(where a killed incarnation's unattributed time begins: its last span's end, or the
-    end of :func:`known_wasted`; until when it was seen alive, at least that; how much of
-    :func:`known_wasted`'s stretch may be a save in flight rather than wasted progress)."""
+    end of :func:`known_wasted`'s stretch and save; until when it was seen alive, at least
+    that; how much of the stretch may be a save in flight rather than wasted progress)."""
     stretch = known_wasted(inc, horizon, until_ns)
-    start = max(inc.end_ns, stretch[1] if stretch else 0)
+    start = max(inc.end_ns, max(stretch.end, stretch.save_end) if stretch else 0)
     seen = inc.sighting.seen_ns if inc.sighting is not None else 0
-    doubt = max(0, stretch[1] - max(stretch[2], inc.end_ns)) if stretch else 0
+    doubt = max(0, stretch.end - max(stretch.doubt_from, inc.end_ns)) if stretch else 0
     return start, max(start, min(seen, until_ns)), doubt

@@ -52,14 +52,18 @@ class Sighting:
     """What a killed incarnation's own metric points (``metrics.jsonl`` beside the trace,
     of its process and within its time) say: it was alive at ``seen_ns``, its newest point
     of any metric; ``iteration`` and ``steps`` are the progress its iteration gauge and
-    its step-duration histogram (cumulative, since its process started) show, and
-    ``log_interval`` what its resource says the histogram's log interval is.
+    its step-duration histogram (cumulative, since its process started) show,
+    ``log_interval`` what its resource says the histogram's log interval is, and
+    ``save_start`` whether a checkpoint save was in flight at its newest such point.
     :mod:`megatron.trace.analysis.sightings` reads them."""
 
     seen_ns: int
     iteration: Progress | None = None
     steps: Progress | None = None
     log_interval: int | None = None
+    #: its newest ``megatron.training.checkpoint_save_start_time`` point: (when, the save in
+    #: flight's start then, 0: none was in flight)
+    save_start: tuple[int, int] | None = None
     #: what the analyses worked out of it once (the report asks per figure, per rank)
     worked: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 

@@ -24,6 +24,11 @@ Metrics (all gauges; names in the ``megatron.training.*`` style):
 * ``megatron.training.goodput_fraction``: goodput over wall clock.
 * ``megatron.training.iteration``: iterations completed so far (the number
   of the next one, as Megatron counts).
+* ``megatron.training.checkpoint_save_start_time``: when the checkpoint save
+  in flight began, Unix seconds, 0 when none is (``time() - `` it is how long
+  the save has run). After a SIGKILL the last export says whether a save was in
+  flight, and since when, which the trace file cannot: ``megatron-trace report``
+  books the time before it as wasted progress and the rest as the save.
 
 The four goodput gauges carry ``megatron.goodput.scope``: ``job`` when they
 cover the whole job so far, ``incarnation`` when they cover only this run.
@@ -52,7 +57,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +75,7 @@ from megatron.trace_format.semconv import (
     MEGATRON_TRAINING_GOODPUT_S,
     MEGATRON_TRAINING_ITERATION,
     MEGATRON_TRAINING_WALL_CLOCK_S,
+    SAVE_START_GAUGE,
     Category,
 )
 from megatron.training.checkpointing import sidecar_path
@@ -87,6 +94,7 @@ __all__ = [
     "LiveGoodput",
     "checkpoint_sidecar",
     "record_file_name",
+    "saving",
     "start_live_goodput",
 ]
 
@@ -213,6 +221,7 @@ class LiveGoodput:
         self._added = 0  # how many of the tally's ended spans were added to it
         self._cached: tuple[int, bool, GoodputFigures] | None = None
         self._warned = False
+        self._save_started_ns = 0  # 0: no save in flight
 
     # -- what the trainer calls ------------------------------------------------
 
@@ -229,16 +238,27 @@ class LiveGoodput:
             MEGATRON_TRAINING_GOODPUT_FRACTION: self._observe_fraction,
             MEGATRON_TRAINING_ITERATION: self._observe_iteration,
         }
+        gauges = [(gauge, callbacks[name]) for name, gauge in GOODPUT_GAUGES.items()]
+        gauges.append((SAVE_START_GAUGE, self._observe_save_start))
         try:
-            for name, gauge in GOODPUT_GAUGES.items():
+            for gauge, callback in gauges:
                 meter.create_observable_gauge(
-                    name,
-                    callbacks=[callbacks[name]],
+                    gauge.name,
+                    callbacks=[callback],
                     unit=gauge.unit,
                     description=gauge.description,
                 )
         except Exception:
             _logger.warning("Could not create the goodput metric instruments", exc_info=True)
+
+    @contextmanager
+    def saving(self) -> Iterator[None]:
+        """A checkpoint save in flight, for ``megatron.training.checkpoint_save_start_time``."""
+        self._save_started_ns = self._clock()
+        try:
+            yield
+        finally:
+            self._save_started_ns = 0
 
     def checkpoint_record(self, iteration: int) -> CarriedGoodput | None:
         """The figures now, for the checkpoint of ``iteration`` about to be saved."""
@@ -327,6 +347,9 @@ class LiveGoodput:
         figures = self._safe_figures()
         return [self._scoped(figures.goodput_fraction)] if figures else []
 
+    def _observe_save_start(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(self._save_started_ns / 1e9)]
+
     def _observe_iteration(self, _options: CallbackOptions) -> Iterable[Observation]:
         source = self._iteration
         if source is None:
@@ -365,6 +388,11 @@ def start_live_goodput(
     )
     live.register(meter)
     return live
+
+
+def saving(live: LiveGoodput | None) -> AbstractContextManager[None]:
+    """Around a checkpoint save: ``live``'s save-start gauge says it is in flight."""
+    return nullcontext() if live is None else live.saving()
 
 
 def checkpoint_sidecar(live: LiveGoodput | None, iteration: int) -> tuple[str, bytes] | None:

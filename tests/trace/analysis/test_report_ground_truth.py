@@ -648,8 +648,8 @@ def test_the_stretch_the_metrics_show_redone_is_wasted_progress_not_restart_gap(
 ) -> None:
     """A kill long after the last save (here: the one it resumed from): what the gauge shows redone
     is booked wasted progress, and the restart gap's and wasted progress's bounds are at most
-    two export periods per kill (plus the restarts) wide: a kill came at most one after the
-    last point, and a save in flight at the kill may have begun up to one before it."""
+    one export period per kill (plus the restarts) wide: a kill came at most one after the
+    last point, and the save-start gauge says no save was in flight at it."""
     # (killed 8 iterations past its first save; then 55 past where it resumed)
     plans = (gt.Plan(108, "killed", gap_s=40), gt.Plan(55, "killed", gap_s=40), gt.Plan(13))
     history = gt.History(plans, ranks=1, groups="default", metrics="trainer", save_interval=100)
@@ -666,9 +666,36 @@ def test_the_stretch_the_metrics_show_redone_is_wasted_progress_not_restart_gap(
         width = narrowed["upper"] - narrowed["lower"]
         assert width < before["upper"] - before["lower"]
         kills = simulated.truth.failures
-        assert width <= 2 * period * kills + truth["restart_gap"] / NS + 1e-6, (category, narrowed)
+        assert width <= period * kills + truth["restart_gap"] / NS + 1e-6, (category, narrowed)
     source = report["bounds"]["badput_s.restart_gap"]["source"]
     assert source == "the last metric exports of incarnations [0, 1]"
+
+
+@pytest.mark.parametrize("into", [0.05, 0.5, 0.95])
+def test_a_kill_in_a_save_books_the_save_the_gauge_shows(tmp_path: Path, into: float) -> None:
+    """Saves of 25 s, exports every 10 s: the kill strikes a save after one export or two
+    made during it (or none). The save-start gauge says when the save began: the time
+    before it is wasted progress, from it to the export the save, exactly; the rest,
+    to the restart, is all the bounds leave open. Without the gauge (Megatron-LM's
+    metrics through nemo-lens) the export period before the newest point stays in doubt."""
+    plans = (gt.Plan(40, "killed", in_save=True, into=into, gap_s=40), gt.Plan(13))
+    widths = {}
+    for metrics in ("trainer", "nemo_lens"):
+        history = gt.History(plans, ranks=1, groups="default", metrics=metrics,
+                             save_interval=20, save_s=25.0, log_interval=1,
+                             log_interval_in_resource=True)  # fmt: skip
+        simulated, paths = _written(history, tmp_path)
+        report = _report(paths)
+        assert_within_truth(report, simulated)
+        bounds = report["bounds"]
+        widths[metrics] = max(
+            bounds[f"badput_s.{c}"]["upper"] - bounds[f"badput_s.{c}"]["lower"]
+            for c in ("wasted_progress", "checkpoint_save", "restart_gap")
+        )
+    truth = simulated.truth.job.accounting_ns
+    restart = truth["restart_gap"] / NS
+    assert widths["trainer"] <= history.metric_period_s + restart + 1e-5, widths
+    assert widths["trainer"] <= widths["nemo_lens"]
 
 
 def test_megatron_lm_s_step_duration_histogram_bounds_the_wasted_iterations(

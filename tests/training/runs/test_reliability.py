@@ -37,6 +37,7 @@ def clean_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("MEGATRON_TEST_ITERATION_SLEEP", raising=False)
     monkeypatch.delenv("MEGATRON_TEST_HANG_AT_ITERATION", raising=False)
+    monkeypatch.delenv("MEGATRON_TEST_SAVE_SLEEP", raising=False)
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -345,6 +346,7 @@ def test_data_path_directory_is_said_to_be_a_directory(tmp_path, capsys, clean_e
         ("MEGATRON_TEST_HANG_AT_ITERATION", "x"),
         ("MEGATRON_TEST_HANG_AT_ITERATION", "-2"),
         ("MEGATRON_TEST_HANG_AT_STARTUP", "model-init"),
+        ("MEGATRON_TEST_SAVE_SLEEP", "-0.5"),
     ],
 )
 def test_test_hook_variables_are_validated_at_startup(

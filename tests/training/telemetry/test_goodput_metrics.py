@@ -18,7 +18,10 @@ from megatron.core.telemetry.heartbeat import HEARTBEAT_METRIC
 from megatron.trace.analysis.goodput import report_files
 from megatron.trace.analysis.liveness import Clock
 from megatron.trace.otlp.reader import iter_requests
-from megatron.trace_format.semconv import BADPUT_CATEGORIES
+from megatron.trace_format.semconv import (
+    BADPUT_CATEGORIES,
+    MEGATRON_TRAINING_CHECKPOINT_SAVE_START_TIME,
+)
 from megatron.training.telemetry.goodput_metrics import (
     CATEGORY_ATTRIBUTE,
     MEGATRON_TRAINING_BADPUT_S,
@@ -31,6 +34,7 @@ from megatron.training.telemetry.goodput_metrics import (
     CarriedGoodput,
     LiveGoodput,
     checkpoint_sidecar,
+    saving,
     start_live_goodput,
 )
 from megatron.training.telemetry_spans import SpanPhases
@@ -128,6 +132,28 @@ def test_mid_run_figures_count_the_open_interval_as_goodput(tmp_path: Path) -> N
     assert (record.wall_start_ns, record.as_of_ns, record.iteration) == (T0, T0 + 12 * S, 40)
     assert record.totals_ns["goodput"] == 9 * S and record.scope == "job"
     c1.end()
+    handle.shutdown()
+
+
+def test_the_save_start_gauge_says_when_the_save_in_flight_began(tmp_path: Path) -> None:
+    """0 outside a save; inside, the save's start in Unix seconds (``report`` reads it after
+    a kill); 0 again once it ended, even by an exception. ``saving(None)``: telemetry off."""
+    reader = InMemoryMetricReader()
+    handle = setup_telemetry(TelemetryConfig(enabled=True, exporter="none"), metric_reader=reader)
+    now = [T0 + 9 * S]
+    live = LiveGoodput(handle.tally, clock=lambda: now[0])
+    live.register(handle.meter)
+    key = (MEGATRON_TRAINING_CHECKPOINT_SAVE_START_TIME, ())
+    assert values(reader)[key] == 0.0
+    with saving(live):
+        now[0] = T0 + 12 * S
+        assert values(reader)[key] == (T0 + 9 * S) / S
+    assert values(reader)[key] == 0.0
+    with pytest.raises(OSError), saving(live):
+        raise OSError("disk full")
+    assert values(reader)[key] == 0.0
+    with saving(None):
+        pass
     handle.shutdown()
 
 
@@ -253,7 +279,8 @@ def test_a_failing_accounting_is_one_warning_and_no_values(caplog) -> None:
     LiveGoodput(Broken()).register(handle.meter)
     names = {name for name, _ in values(reader)}
     values(reader)
-    assert names == {HEARTBEAT_METRIC}  # the heartbeat still beats
+    # the heartbeat still beats, and the save-start gauge needs no accounting
+    assert names == {HEARTBEAT_METRIC, MEGATRON_TRAINING_CHECKPOINT_SAVE_START_TIME}
     assert caplog.text.count("Could not compute the live goodput figures") == 1
     handle.shutdown()
 
