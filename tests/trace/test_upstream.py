@@ -248,6 +248,12 @@ def test_killed_and_resumed_with_the_default_groups(tmp_path, capsys) -> None:
     # The resumed incarnation's first interval holds only the save at 30; its start
     # (the checkpoint load's iteration) is not in upstream's spans.
     assert incarnations(report) == [("killed", 0, 19), ("shutdown", None, 39)]
+    # nor does any span say it resumed (upstream records no load): not a fresh start, but
+    # from the killed one's last durable save at least, its own first save at most
+    assert [inc["resumed_from"] for inc in report["incarnations"]] == [None, 20]
+    resumed = report["bounds"]["incarnations.1.resumed_from"]
+    assert (resumed["lower"], resumed["upper"]) == (20, 30)
+    assert "the file records no load (Megatron-LM's default span groups)" in resumed["reason"]
     reasons = [reason.split(":")[0] for reason in report["not_computed"]]
     assert reasons == ["iterations", "interval iteration ranges", "stragglers"]
     assert "incarnation 1 intervals [0]" in report["not_computed"][1]

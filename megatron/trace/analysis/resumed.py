@@ -3,7 +3,10 @@
 An incarnation's own spans say where it resumed: its ``megatron.checkpoint.load``
 (its ``megatron.iteration``), else its first iteration (a run that starts past
 iteration 0 loaded a checkpoint there: Megatron-LM's own load spans carry no
-iteration, the ``default`` groups record no load). ``null`` is a fresh start.
+iteration, the ``default`` groups record no load). ``null`` is a fresh start. Where the
+files record no load though one may have happened (several incarnations and no load, or
+none showing a first iteration: Megatron-LM's ``default`` groups), nothing says a run
+without one started afresh: each is bounded as below, the first from 0.
 
 One killed before its load span was exported (a SIGKILL during its startup, or in
 its first steps before the batch processor's next export) shows neither, and
@@ -45,6 +48,15 @@ def _shown(inc: Incarnation, loads_unrecorded: bool) -> int | None:
     return 0  # it wrote all it did, loads are recorded, and it has none: a fresh start
 
 
+def _no_load_recorded(incs: list[Incarnation]) -> bool:
+    """Whether the files record no load though one may have happened: no incarnation shows
+    a load or a first iteration, or several incarnations and not one load (Megatron-LM's
+    ``default`` groups record none; then nothing says a run without one started afresh)."""
+    if not any(inc.loads for inc in incs):
+        return len(incs) > 1 or all(inc.first_iteration is None for inc in incs)
+    return False
+
+
 def _saved(inc: Incarnation) -> list[int]:
     return [
         save["attributes"][ITERATION]
@@ -56,7 +68,9 @@ def _saved(inc: Incarnation) -> list[int]:
 def resume_ranges(incs: list[Incarnation]) -> list[Resumed]:
     """Per incarnation of one rank (in time order), the range the files put its resume
     point in (module doc)."""
-    loads_unrecorded = any(not inc.loads and (inc.first_iteration or 0) > 0 for inc in incs)
+    loads_unrecorded = _no_load_recorded(incs) or any(
+        not inc.loads and (inc.first_iteration or 0) > 0 for inc in incs
+    )
     shown = [_shown(inc, loads_unrecorded) for inc in incs]
     ranges: list[Resumed] = []
     latest = 0  # the latest checkpoint the incarnations so far resumed from or saved
@@ -105,10 +119,16 @@ def resumed_bounds(incs: list[Incarnation], ranges: list[Resumed]) -> dict[str, 
     """The ``bounds`` entries of the job rank's incarnations whose resume point the files
     only bound."""
     bounds = {}
+    unrecorded = _no_load_recorded(incs)
     for inc, (lower, upper) in zip(incs, ranges, strict=True):
         if lower == upper:
             continue
-        why = {
+        why = (
+            "shows no checkpoint load and no iteration of its own, and the file records no "
+            "load (Megatron-LM's default span groups)"
+            if unrecorded
+            else None
+        ) or {
             "killed": "was SIGKILLed before its checkpoint load and first iteration were exported",
             "running": "is running, its checkpoint load and first iteration not exported yet",
         }.get(inc.ended, "shows no checkpoint load with an iteration and no iteration of its own")
