@@ -69,7 +69,7 @@ from megatron.trace._store.record_log import extents
 from megatron.trace._store.stretches import Stretches
 from megatron.trace.analysis.hangs import find_hang
 from megatron.trace.analysis.sightings import known_wasted
-from megatron.trace.analysis.wasted import Waste, waste_of
+from megatron.trace.analysis.wasted import Waste, placed, waste_of
 from megatron.trace.model.incarnation import Incarnation
 from megatron.trace_format.errors import TraceInputError
 from megatron.trace_format.semconv import (
@@ -314,7 +314,7 @@ def worked_out(
             successor = incs[position + 1].start_ns
             segments.append((inc.end_ns, successor, Category.RESTART_GAP))
             # what its metric points show it redone after its last span (a kill lost it)
-            redone = known_wasted(inc, found[0], successor)
+            redone = known_wasted(inc, placed(inc, incs[position + 1 :], found[0]), successor)
             if redone is not None:
                 segments.append((redone.start, redone.end, Category.WASTED_PROGRESS))
                 if redone.save_end > redone.save_start:  # a save in flight at the kill

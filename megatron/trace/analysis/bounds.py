@@ -45,6 +45,7 @@ from typing import Any
 
 from megatron.trace.analysis.accounting import seconds
 from megatron.trace.analysis.sightings import completed, finished_shown, unseen_from
+from megatron.trace.analysis.wasted import placed
 from megatron.trace.model.identity import rank_value
 from megatron.trace.model.incarnation import Incarnation
 from megatron.trace_format.semconv import Category
@@ -147,7 +148,9 @@ def _unseen(
         if inc.ended != "killed":
             continue
         successor = incs[position + 1].start_ns
-        horizon = accounting["per_incarnation"][position]["horizon"]
+        horizon = placed(
+            inc, incs[position + 1 :], accounting["per_incarnation"][position]["horizon"]
+        )
         start, seen, doubt = unseen_from(inc, horizon, successor)
         found.append((inc, min(start, successor), min(seen, successor), successor, doubt))
     return found
@@ -167,6 +170,20 @@ def _rank_tail(
     killed = any(inc.ended == "killed" for inc in incs)
     other = accounting["totals_ns"][Category.OTHER] if killed else 0
     return gap, alive, doubt, gap + doubt + other, bool(incs) and incs[-1].ended == "killed"
+
+
+def _guessed(incs: list[Incarnation], accounting: dict[str, Any]) -> tuple[int, list[int]]:
+    """(the wasted progress booked for killed incarnations, but the last, whose horizon the
+    files do not place (:func:`~megatron.trace.analysis.wasted.placed`: 0 is a guess), which
+    ones): it may instead have been kept. The last one's is bounded as a final kill's."""
+    total, which = 0, []
+    for position, (inc, entry) in enumerate(zip(incs, accounting["per_incarnation"], strict=True)):
+        if position + 1 == len(incs) or inc.ended != "killed" or entry["horizon"] is None:
+            continue
+        if placed(inc, incs[position + 1 :], entry["horizon"]) is None:
+            total += entry["wasted_progress_ns"]
+            which.append(inc.index)
+    return total, which
 
 
 def _alive_text(incs: list[Incarnation], alive: int, open_end: bool) -> str:
@@ -228,7 +245,9 @@ def _shown(
         if not _seen_beyond_spans(inc):
             continue
         shown = completed(inc)
-        horizon = accounting["per_incarnation"][position]["horizon"]
+        horizon = placed(
+            inc, incs[position + 1 :], accounting["per_incarnation"][position]["horizon"]
+        )
         if shown is None or horizon is None or shown[0] <= horizon:
             continue
         top, at, name = shown
@@ -261,12 +280,19 @@ def report_bounds(
         if not killed:
             continue
         gap, alive, doubt, spare, open_end = _rank_tail(incs, acc)
+        guessed, unplaced = _guessed(incs, acc)
         totals, wall = acc["totals_ns"], acc["wall_ns"]
         where = f"rank {rank_value(rank)}: incarnations {killed} were SIGKILLed"
         unattributed = (
             f"{where}; {seconds(gap):.3f} s between their last records and the restart "
             "is unattributed (booked as restart_gap)"
         ) + _alive_text(incs, alive, open_end)
+        if unplaced:
+            unattributed += (
+                f"; incarnations {unplaced} show no checkpoint saved or resumed from: "
+                f"the {seconds(guessed):.3f} s booked as their wasted progress may have been "
+                "kept (goodput)"
+            )
         seen = _seen_source(incs, alive, open_end)
         prefixes = [f"ranks.{rank_value(rank)}."]
         if rank == job_rank:
@@ -279,11 +305,11 @@ def report_bounds(
                 source = f"its last metric export, {_ago(last)}" if narrows else None
                 bound(f"{prefix}wall_s", seconds(wall), None, unattributed, source)
                 bound(f"{prefix}goodput_fraction", None, None, unattributed)
-            elif spare and wall:
+            elif (spare or guessed) and wall:
                 bound(f"{prefix}goodput_fraction", _floor6(goodput / wall),
-                      _ceil6((goodput + spare) / wall), unattributed)  # fmt: skip
-            if spare or open_end:
-                upper = None if open_end else seconds(goodput + spare)
+                      _ceil6((goodput + spare + guessed) / wall), unattributed)  # fmt: skip
+            if spare or open_end or guessed:
+                upper = None if open_end else seconds(goodput + spare + guessed)
                 bound(f"{prefix}goodput_s", seconds(goodput), upper, unattributed)
         if rank != job_rank:
             continue
@@ -304,12 +330,14 @@ def report_bounds(
                         seconds(figure),
                         f"{where}: time nothing in the file covers may be a span the kill lost",
                     )
-            elif spare or open_end:
-                upper = None if open_end else seconds(figure + spare)
+            elif spare or open_end or guessed:
+                # (a guessed stretch may have held a save or an evaluation the kill lost)
+                upper = None if open_end else seconds(figure + spare + guessed)
                 lower = figure
                 if category == Category.WASTED_PROGRESS:
-                    # what the metric points show redone may end in a save in flight
-                    lower -= doubt
+                    # what the metric points show redone may end in a save in flight, and
+                    # what was booked past a guessed horizon may have been kept
+                    lower -= doubt + guessed
                     upper = None if open_end else seconds(figure + spare - doubt)
                 if open_end and category == Category.WASTED_PROGRESS:
                     # the last one may have saved after its last exported span
@@ -323,7 +351,7 @@ def report_bounds(
             wasted = entry["wasted_progress_ns"]
             bound(
                 f"incarnations.{inc.index}.wasted_s",
-                seconds(wasted) if rest is not None else 0.0,
+                seconds(wasted) if rest is not None and inc.index not in unplaced else 0.0,
                 None if rest is None else seconds(wasted + rest + spare - gap),
                 f"incarnation {inc.index} was SIGKILLed: what it did after its last exported "
                 "span is unknown",
@@ -456,7 +484,10 @@ def _exports_source(shown: list[str]) -> str | None:
             .split(":", 1)[0]
             .replace("its metric export", "the last metric export")
         )
-    return f"the last metric exports of {len(shown)} killed incarnations"
+    which = {text.split(":", 1)[0] for text in shown}  # "incarnation N", per rank
+    if len(which) == 1:
+        return f"the last metric exports of {which.pop()} on {len(shown)} ranks"
+    return f"the last metric exports of {len(which)} killed incarnations"
 
 
 def _seen_source(incs: list[Incarnation], alive: int, open_end: bool) -> str | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from megatron.trace.analysis.sightings import completed
 from megatron.trace.model.incarnation import Incarnation
 
-__all__ = ["Waste", "resumed_at", "waste_of"]
+__all__ = ["Waste", "placed", "resumed_at", "waste_of"]
 
 
 def resumed_at(later: list[Incarnation]) -> int | None:
@@ -41,8 +41,23 @@ def _horizon(inc: Incarnation, later: list[Incarnation]) -> int | None:
     return inc.first_iteration if inc.first_iteration is not None else 0
 
 
-def _wasted(inc: Incarnation, horizon: int | None) -> tuple[int | None, int | None, bool]:
-    """(window start ns, wasted iterations, exact?) for one incarnation."""
+def placed(inc: Incarnation, later: list[Incarnation], horizon: int | None) -> int | None:
+    """``horizon`` where the files place it (a successor shows where it resumed, or the
+    incarnation its durable saves or its first iteration), else None: then 0 is only a
+    guess (Megatron-LM's ``default`` groups record neither a load's iteration nor an
+    iteration, and a kill within the export delay of a save loses that save's spans), and
+    what a killed incarnation's metric points show past it would count iterations that
+    survived."""
+    if resumed_at(later) is not None or inc.durable_saves() or inc.first_iteration is not None:
+        return horizon
+    return None
+
+
+def _wasted(
+    inc: Incarnation, horizon: int | None, shown_past: int | None
+) -> tuple[int | None, int | None, bool]:
+    """(window start ns, wasted iterations, exact?) for one incarnation; its metric points
+    count past ``shown_past`` (:func:`placed`; None: they do not count)."""
     if horizon is None:
         return None, 0, True
     start = inc.iterations.start_of(horizon) if inc.iterations else None
@@ -70,8 +85,8 @@ def _wasted(inc: Incarnation, horizon: int | None) -> tuple[int | None, int | No
             if done is not None:
                 start = done if start is None else max(start, done)
     # a killed one's metric points may show it got further than its spans
-    shown = completed(inc) if inc.ended == "killed" else None
-    beyond = max(0, shown[0] - horizon) if shown is not None else 0
+    shown = completed(inc) if inc.ended == "killed" and shown_past is not None else None
+    beyond = max(0, shown[0] - shown_past) if shown is not None and shown_past is not None else 0
     if inc.iterations:
         # a kill loses the spans exported since the last batch: a lower bound then
         return start, max(beyond, inc.iterations.count_from(horizon)), inc.ended != "killed"
@@ -99,4 +114,4 @@ def waste_of(inc: Incarnation, later: list[Incarnation]) -> Waste:
     """The progress ``inc`` lost: its horizon (the incarnations ``later`` of its rank tell
     where the next resumed) and what :func:`_wasted` makes of it."""
     horizon = _horizon(inc, later)
-    return horizon, _wasted(inc, horizon)
+    return horizon, _wasted(inc, horizon, placed(inc, later, horizon))
