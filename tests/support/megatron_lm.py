@@ -14,7 +14,7 @@ directory first on ``PYTHONPATH`` and sets ``MEGATRON_LM_CPU_SHIMS=1``):
 ``typing.override`` on 3.11, ``torch.cuda`` answered on the CPU, and the
 spans of nemo-lens's ``console`` exporter written to a file rather than
 standard output. It also carries the test hooks a case asks for through
-variables (:data:`FAULT_AT`, :data:`SIGNAL_AT`, :data:`HIDE_PACKAGES`),
+variables (:data:`FAULT_AT`, :data:`SIGNAL_AT`, :data:`STEP_SLEEP`, :data:`HIDE_PACKAGES`),
 again without touching the tree.
 
 Telemetry is nemo-lens's, configured the way Megatron-LM reads it:
@@ -36,15 +36,18 @@ builds one).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 SITE_DIR = Path(__file__).resolve().parent / "megatron_lm_site"
 
@@ -52,6 +55,8 @@ SITE_DIR = Path(__file__).resolve().parent / "megatron_lm_site"
 FAULT_AT = "MEGATRON_LM_TEST_FAULT_AT_STEP"
 #: ``N:SIGNAME``: the process sends itself SIGNAME at the start of its N-th ``train_step``.
 SIGNAL_AT = "MEGATRON_LM_TEST_SIGNAL_AT_STEP"
+#: ``S``: every ``train_step`` sleeps ``S`` seconds first (a slower step).
+STEP_SLEEP = "MEGATRON_LM_TEST_STEP_SLEEP"
 #: Comma-separated top-level names (``opentelemetry,nemo.lens``) that fail to import,
 #: as if not installed.
 HIDE_PACKAGES = "MEGATRON_LM_TEST_HIDE_PACKAGES"
@@ -237,7 +242,7 @@ def read_spans(path: Path) -> list[dict]:
     return spans
 
 
-def run_pretrain_gpt(
+def pretrain_gpt_command(
     tree: Path | str,
     flags: Sequence[str] = (),
     *,
@@ -246,19 +251,11 @@ def run_pretrain_gpt(
     telemetry: bool = True,
     span_groups: str | None = None,
     env: Mapping[str, str] | None = None,
-    timeout: float = 300.0,
     nproc: int = 1,
-) -> MegatronRun:
-    """Run ``TREE/pretrain_gpt.py`` with :data:`CPU_FLAGS`, ``--train-iters`` and ``flags``.
-
-    ``work_dir`` (created if missing) holds the captured spans
-    (``spans.jsonl``, emptied first), the signal record (``signals.json``) and
-    is where checkpoint paths in ``flags`` usually point. With ``nproc`` > 1
-    the job is ``torchrun --nproc-per-node NPROC`` on one machine (rendezvous
-    on a free loopback port), each rank's files named by its rank
-    (``spans.0.jsonl``...). Returns when the process has ended, however it
-    ended (a signal's death is a negative ``returncode``).
-    """
+) -> tuple[Path, list[str], dict[str, str]]:
+    """(the tree, the command, its environment) that run ``TREE/pretrain_gpt.py`` with
+    :data:`CPU_FLAGS`, ``--train-iters`` and ``flags`` (:func:`run_pretrain_gpt` says how);
+    ``work_dir`` is created, its captured spans and signal records removed."""
     tree = Path(tree).resolve()
     work = Path(work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -289,6 +286,82 @@ def run_pretrain_gpt(
         str(train_iters),
         *flags,
     ]
+    return tree, argv, environment
+
+
+def start_pretrain_gpt(tree: Path | str, flags: Sequence[str] = (), *, log: Path,
+                       **options: Any) -> subprocess.Popen[bytes]:  # fmt: skip
+    """:func:`pretrain_gpt_command`'s job started in a session of its own, its output into
+    ``log`` (:func:`kill_job` ends it whole)."""
+    cwd, argv, environment = pretrain_gpt_command(tree, flags, **options)
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            argv, cwd=cwd, env=environment, stdin=subprocess.DEVNULL, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+
+def kill_job(job: subprocess.Popen) -> None:
+    """SIGKILL a job started by :func:`start_pretrain_gpt` and every process under it at
+    once, as a scheduler ends a job: torchrun starts its ranks in sessions of their own (its
+    process group is not enough), so the tree is read from ``/proc``, every process of it
+    stopped first (none can see another die and react, by an exception path that ends
+    and flushes its spans), then killed."""
+    stopped: set[int] = set()
+    for _ in range(10):  # until the tree holds no process that was not stopped
+        family = {job.pid, *_descendants(job.pid)} - stopped
+        if not family:
+            break
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        stopped |= family
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    job.wait()
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process whose parent chain leads to ``pid`` (from ``/proc``)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def run_pretrain_gpt(
+    tree: Path | str,
+    flags: Sequence[str] = (),
+    *,
+    work_dir: Path | str,
+    train_iters: int = 5,
+    telemetry: bool = True,
+    span_groups: str | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 300.0,
+    nproc: int = 1,
+) -> MegatronRun:
+    """Run ``TREE/pretrain_gpt.py`` with :data:`CPU_FLAGS`, ``--train-iters`` and ``flags``.
+
+    ``work_dir`` (created if missing) holds the captured spans
+    (``spans.jsonl``, emptied first), the signal record (``signals.json``) and
+    is where checkpoint paths in ``flags`` usually point. With ``nproc`` > 1
+    the job is ``torchrun --nproc-per-node NPROC`` on one machine (rendezvous
+    on a free loopback port), each rank's files named by its rank
+    (``spans.0.jsonl``...). Returns when the process has ended, however it
+    ended (a signal's death is a negative ``returncode``).
+    """
+    tree, argv, environment = pretrain_gpt_command(
+        tree, flags, work_dir=work_dir, train_iters=train_iters, telemetry=telemetry,
+        span_groups=span_groups, env=env, nproc=nproc,
+    )  # fmt: skip
     completed = subprocess.run(
         argv,
         cwd=tree,

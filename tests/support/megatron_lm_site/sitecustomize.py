@@ -16,8 +16,9 @@ touches the Megatron-LM tree:
   ``TorchFunctionMode`` that rewrites the ``device`` a factory or ``.to()`` is
   given);
 * test hooks, by variable: a ``RuntimeError`` or a signal to itself at the
-  N-th ``train_step`` call, packages that fail to import as if not installed,
-  and a record, at exit, of which signals have a Python handler;
+  N-th ``train_step`` call, a sleep before each (a slower step), packages
+  that fail to import as if not installed, and a record, at exit, of which
+  signals have a Python handler;
 * spans the OpenTelemetry SDK's ``ConsoleSpanExporter`` writes (nemo-lens's
   ``console`` exporter) go to the file ``MEGATRON_LM_SPANS_FILE`` names (``{rank}``
   in it made the process's ``RANK``, so torchrun's ranks write a file each), one
@@ -36,6 +37,7 @@ import typing
 # file runs before anything of the tests can be imported).
 FAULT_AT = "MEGATRON_LM_TEST_FAULT_AT_STEP"
 SIGNAL_AT = "MEGATRON_LM_TEST_SIGNAL_AT_STEP"
+STEP_SLEEP = "MEGATRON_LM_TEST_STEP_SLEEP"
 HIDE_PACKAGES = "MEGATRON_LM_TEST_HIDE_PACKAGES"
 SIGNALS_FILE = "MEGATRON_LM_TEST_SIGNALS_FILE"
 
@@ -219,7 +221,7 @@ def _hide_packages() -> None:
 
 
 def _step_hooks(module) -> None:
-    """Wrap ``module.train_step`` with the fault and signal a test asked for.
+    """Wrap ``module.train_step`` with the fault, signal and sleep a test asked for.
 
     ``train()`` looks ``train_step`` up in its module's globals at every pass,
     so replacing the attribute is enough. Calls are counted in this process,
@@ -227,7 +229,8 @@ def _step_hooks(module) -> None:
     """
     fault_at = os.environ.get(FAULT_AT)
     signal_at = os.environ.get(SIGNAL_AT)
-    if not (fault_at or signal_at):
+    sleep_s = float(os.environ.get(STEP_SLEEP) or 0)
+    if not (fault_at or signal_at or sleep_s):
         return
     original = module.train_step
     calls = [0]
@@ -235,6 +238,10 @@ def _step_hooks(module) -> None:
 
     def train_step(*args, **kwargs):
         calls[0] += 1
+        if sleep_s:
+            import time
+
+            time.sleep(sleep_s)
         if signal_at and calls[0] == int(signal_step):
             import signal
 
