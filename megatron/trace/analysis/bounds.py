@@ -28,7 +28,8 @@ runs to its newest point), the iterations they show finished raise the wasted it
 and ``iterations.count``'s lower bounds, and the stretch they show redone is booked as
 wasted progress (less what may be a save in flight, taken off its lower bound); such a
 bound also says its ``source`` (``the last metric export of incarnation 2, 8.0 s after
-its last exported span``).
+its last exported span and at most 31.5 s before the kill``: the successor's start bounds
+the kill's time, which no file holds).
 
 Each bound is ``{"lower": x or null, "upper": y or null, "reason": text}`` under the
 figure's path in the report (``wall_s``, ``badput_s.wasted_progress``,
@@ -222,11 +223,16 @@ def _seen_beyond_spans(inc: Incarnation) -> bool:
     return inc.sighting is not None and inc.sighting.seen_ns > _last_span_end(inc)
 
 
-def _ago(inc: Incarnation) -> str:
-    """When a killed incarnation's newest metric point was, said against its last span."""
+def _ago(inc: Incarnation, successor_ns: int | None = None, at: int | None = None) -> str:
+    """When a killed incarnation's newest metric point (or the one ``at``) was, said against
+    its last span and, where a successor started at ``successor_ns``, against the kill: the
+    kill came before that start, so at most that long after the point."""
     assert inc.sighting is not None
-    after = (inc.sighting.seen_ns - _last_span_end(inc)) / 1e9
-    return f"{after:.1f} s after its last exported span"
+    at = inc.sighting.seen_ns if at is None else at
+    text = f"{(at - _last_span_end(inc)) / 1e9:.1f} s after its last exported span"
+    if successor_ns is not None and successor_ns >= at:
+        text += f" and at most {(successor_ns - at) / 1e9:.1f} s before the kill"
+    return text
 
 
 def _shown(
@@ -251,11 +257,10 @@ def _shown(
         if shown is None or horizon is None or shown[0] <= horizon:
             continue
         top, at, name = shown
-        spans = _last_span_end(inc)
+        when = _ago(inc, incs[position + 1].start_ns, at)
         texts.append(
-            f"incarnation {inc.index}: ≥ {top - horizon} (its metric export "
-            f"{(at - spans) / 1e9:.1f} s after its last exported span: {name} says "
-            f"{top} iterations completed, its successor resumed from {horizon})"
+            f"incarnation {inc.index}: ≥ {top - horizon} (its metric export {when}: {name} "
+            f"says {top} iterations completed, its successor resumed from {horizon})"
         )
     return texts
 
@@ -498,7 +503,9 @@ def _seen_source(incs: list[Incarnation], alive: int, open_end: bool) -> str | N
     if not seen:
         return None
     if len(seen) == 1:
-        return f"the last metric export of incarnation {seen[0].index}, {_ago(seen[0])}"
+        inc = seen[0]
+        after = incs[inc.index + 1].start_ns if inc.index + 1 < len(incs) else None
+        return f"the last metric export of incarnation {inc.index}, {_ago(inc, after)}"
     return f"the last metric exports of incarnations {[inc.index for inc in seen]}"
 
 

@@ -46,7 +46,8 @@ Ended = Literal["shutdown", "failed", "interrupted", "cut_short", "killed", "run
 
 class _BoundSource(TypedDict, total=False):
     """Present when a bound was narrowed by more than the spans: where from, in a few words
-    (``the last metric export of incarnation 2, 8.0 s after its last exported span``)."""
+    (``the last metric export of incarnation 2, 8.0 s after its last exported span and at
+    most 31.5 s before the kill``)."""
 
     source: str
 

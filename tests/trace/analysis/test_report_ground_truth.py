@@ -815,7 +815,7 @@ def test_the_text_and_the_json_say_where_a_bound_comes_from(
     line = next(line for line in text.splitlines() if line.startswith("wasted iterations:"))
     assert re.fullmatch(
         r"wasted iterations: ≥ \d+ \(the last metric export \d+\.\d s after its last exported "
-        r"span\)",
+        r"span and at most \d+\.\d s before the kill\)",
         line,
     ), line
     assert main(["report", "--json", str(paths[0]), *NOW]) == 0
