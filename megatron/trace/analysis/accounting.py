@@ -69,7 +69,7 @@ from megatron.trace._store.record_log import extents
 from megatron.trace._store.stretches import Stretches
 from megatron.trace.analysis.hangs import find_hang
 from megatron.trace.analysis.sightings import known_wasted
-from megatron.trace.analysis.wasted import Waste, placed, waste_of
+from megatron.trace.analysis.wasted import Waste, waste_of
 from megatron.trace.model.incarnation import Incarnation
 from megatron.trace_format.errors import TraceInputError
 from megatron.trace_format.semconv import (
@@ -258,7 +258,8 @@ def rank_accounting(incs: list[Incarnation], window_ns: int | None = None) -> di
 
     Returns ``{"wall_ns", "start_ns", "totals_ns": {category: ns, "goodput": ns},
     "wasted_iterations": int, "wasted_exact": bool, "per_incarnation":
-    [{"horizon", "wasted_iterations", "wasted_window_ns"}]}``; with ``window_ns``
+    [{"horizon", "placed_horizon", "wasted_iterations", "wasted_window_ns"}]}``
+    (``placed_horizon``: the horizon where the files place it, else None); with ``window_ns``
     also ``"windows_ns"``: ``[(start, end, totals_ns)]``, the wall clock cut
     every ``window_ns`` from its start (the last window ends with it), whose
     totals add up to ``totals_ns`` exactly.
@@ -314,7 +315,7 @@ def worked_out(
             successor = incs[position + 1].start_ns
             segments.append((inc.end_ns, successor, Category.RESTART_GAP))
             # what its metric points show it redone after its last span (a kill lost it)
-            redone = known_wasted(inc, placed(inc, incs[position + 1 :], found[0]), successor)
+            redone = known_wasted(inc, found[2], successor)
             if redone is not None:
                 segments.append((redone.start, redone.end, Category.WASTED_PROGRESS))
                 if redone.save_end > redone.save_start:  # a save in flight at the kill
@@ -337,12 +338,15 @@ def accounting_of(
     each incarnation's waste."""
     per_incarnation = []
     wasted_total, exact = 0, True
-    for inc, (horizon, (window_start, count, count_exact)) in zip(incs, wastes, strict=True):
+    for inc, (horizon, (window_start, count, count_exact), placed) in zip(
+        incs, wastes, strict=True
+    ):
         wasted_total += count or 0
         exact = exact and count_exact
         per_incarnation.append(
             {
                 "horizon": horizon,
+                "placed_horizon": placed,
                 "wasted_iterations": count,
                 "wasted_exact": count_exact,
                 "wasted_window_ns": max(0, inc.end_ns - window_start)

@@ -46,7 +46,6 @@ from typing import Any
 
 from megatron.trace.analysis.accounting import seconds
 from megatron.trace.analysis.sightings import completed, finished_shown, unseen_from
-from megatron.trace.analysis.wasted import placed
 from megatron.trace.model.identity import rank_value
 from megatron.trace.model.incarnation import Incarnation
 from megatron.trace_format.semconv import Category
@@ -149,9 +148,7 @@ def _unseen(
         if inc.ended != "killed":
             continue
         successor = incs[position + 1].start_ns
-        horizon = placed(
-            inc, incs[position + 1 :], accounting["per_incarnation"][position]["horizon"]
-        )
+        horizon = accounting["per_incarnation"][position]["placed_horizon"]
         start, seen, doubt = unseen_from(inc, horizon, successor)
         found.append((inc, min(start, successor), min(seen, successor), successor, doubt))
     return found
@@ -175,13 +172,12 @@ def _rank_tail(
 
 def _guessed(incs: list[Incarnation], accounting: dict[str, Any]) -> tuple[int, list[int]]:
     """(the wasted progress booked for killed incarnations, but the last, whose horizon the
-    files do not place (:func:`~megatron.trace.analysis.wasted.placed`: 0 is a guess), which
-    ones): it may instead have been kept. The last one's is bounded as a final kill's."""
+    files do not place (its ``placed_horizon`` None: 0 is a guess), which ones): it may
+    instead have been kept. The last one's is bounded as a final kill's."""
     total, which = 0, []
-    for position, (inc, entry) in enumerate(zip(incs, accounting["per_incarnation"], strict=True)):
-        if position + 1 == len(incs) or inc.ended != "killed" or entry["horizon"] is None:
-            continue
-        if placed(inc, incs[position + 1 :], entry["horizon"]) is None:
+    for inc, entry in zip(incs[:-1], accounting["per_incarnation"], strict=False):
+        guessed = entry["horizon"] is not None and entry["placed_horizon"] is None
+        if inc.ended == "killed" and guessed:
             total += entry["wasted_progress_ns"]
             which.append(inc.index)
     return total, which
@@ -251,9 +247,7 @@ def _shown(
         if not _seen_beyond_spans(inc):
             continue
         shown = completed(inc)
-        horizon = placed(
-            inc, incs[position + 1 :], accounting["per_incarnation"][position]["horizon"]
-        )
+        horizon = accounting["per_incarnation"][position]["placed_horizon"]
         if shown is None or horizon is None or shown[0] <= horizon:
             continue
         top, at, name = shown

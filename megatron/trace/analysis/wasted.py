@@ -13,7 +13,7 @@ from __future__ import annotations
 from megatron.trace.analysis.sightings import completed
 from megatron.trace.model.incarnation import Incarnation
 
-__all__ = ["Waste", "placed", "resumed_at", "waste_of"]
+__all__ = ["Waste", "resumed_at", "waste_of"]
 
 
 def resumed_at(later: list[Incarnation]) -> int | None:
@@ -41,7 +41,7 @@ def _horizon(inc: Incarnation, later: list[Incarnation]) -> int | None:
     return inc.first_iteration if inc.first_iteration is not None else 0
 
 
-def placed(inc: Incarnation, later: list[Incarnation], horizon: int | None) -> int | None:
+def _placed(inc: Incarnation, later: list[Incarnation], horizon: int | None) -> int | None:
     """``horizon`` where the files place it (a successor shows where it resumed, or the
     incarnation its durable saves or its first iteration), else None: then 0 is only a
     guess (Megatron-LM's ``default`` groups record neither a load's iteration nor an
@@ -57,7 +57,7 @@ def _wasted(
     inc: Incarnation, horizon: int | None, shown_past: int | None
 ) -> tuple[int | None, int | None, bool]:
     """(window start ns, wasted iterations, exact?) for one incarnation; its metric points
-    count past ``shown_past`` (:func:`placed`; None: they do not count)."""
+    count past ``shown_past`` (:func:`_placed`; None: they do not count)."""
     if horizon is None:
         return None, 0, True
     start = inc.iterations.start_of(horizon) if inc.iterations else None
@@ -105,13 +105,16 @@ def _wasted(
     return start, max(count, beyond), inc.ended != "killed" and known and not closed_mid_pass
 
 
-# What waste_of gives of one incarnation: its horizon, and _wasted's (window start,
-# wasted iterations, exact?) at that horizon.
-Waste = tuple[int | None, tuple[int | None, int | None, bool]]
+# What waste_of gives of one incarnation: its horizon, _wasted's (window start, wasted
+# iterations, exact?) at that horizon, and the horizon where the files place it (None:
+# a guess, past which its metric points show nothing; _placed).
+Waste = tuple[int | None, tuple[int | None, int | None, bool], int | None]
 
 
 def waste_of(inc: Incarnation, later: list[Incarnation]) -> Waste:
     """The progress ``inc`` lost: its horizon (the incarnations ``later`` of its rank tell
-    where the next resumed) and what :func:`_wasted` makes of it."""
+    where the next resumed), what :func:`_wasted` makes of it, and that horizon where
+    the files place it (:func:`_placed`)."""
     horizon = _horizon(inc, later)
-    return horizon, _wasted(inc, horizon, placed(inc, later, horizon))
+    shown_past = _placed(inc, later, horizon)
+    return horizon, _wasted(inc, horizon, shown_past), shown_past
