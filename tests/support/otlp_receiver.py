@@ -99,7 +99,8 @@ class Watching(Running):
         self.metrics_port, self.grpc_port, self.http_port = map(int, match.groups())
 
     def scrape(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics") as answer:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=30) as answer:  # a bound for a hang only
             text = answer.read().decode()
         series = {}
         for name, labels, value in re.findall(r"^(\w+)\{(.*)\} (\S+)$", text, re.M):

@@ -16,32 +16,19 @@ iterations done) before the kill, less the checkpoint it resumed from.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from megatron_lm import kill_job, run_pretrain_gpt, start_pretrain_gpt
+from otlp_receiver import Running, cli
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-LISTENING = re.compile(r"listening on grpc 127\.0\.0\.1:(\d+)")
 RUN_ID = "lens-killed-7"
 SAVE_INTERVAL = 40
 EXPORT_MS = 2000
 PRINTED = re.compile(rb" iteration\s+(\d+)/")
 ELAPSED = re.compile(rb"elapsed time per iteration \(ms\): ([0-9.]+)")
-
-
-def _trace(*argv: str | Path, **kwargs):
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    command = [sys.executable, "-m", "megatron.trace", *map(str, argv)]
-    if kwargs.pop("background", False):
-        return subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env, **kwargs)
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
 
 
 def _exports(metrics: Path) -> list[tuple[int, int]]:
@@ -60,16 +47,11 @@ def test_a_megatron_lm_job_killed_between_metric_exports_is_bounded_by_them(
     trees, tmp_path: Path, nproc: int
 ) -> None:
     received = tmp_path / "received"
-    receiver = _trace(
-        "receive", "--out", received, "--grpc", "127.0.0.1:0", "--http", "off",
-        background=True, cwd=tmp_path,
-    )  # fmt: skip
+    receiver = Running(received)
     try:
-        match = LISTENING.search(receiver.stderr.readline())
-        assert match, "receive did not start"
         env = {
             "MEGATRON_OTEL_EXPORTER": "otlp",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{match.group(1)}",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.grpc_port}",
             "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
             "MEGATRON_OTEL_METRICS_ENABLED": "1",
             "MEGATRON_OTEL_RUN_ID": RUN_ID,
@@ -112,11 +94,10 @@ def test_a_megatron_lm_job_killed_between_metric_exports_is_bounded_by_them(
         )  # fmt: skip
         assert resumed.returncode == 0, resumed.describe()
     finally:
-        receiver.send_signal(signal.SIGTERM)
-        receiver.wait(timeout=60)
-    assert receiver.returncode == 0
+        status, said = receiver.stop()
+    assert status == 0, said
 
-    reported = _trace("report", "--json", received / RUN_ID)
+    reported = cli("report", "--json", received / RUN_ID)
     assert reported.returncode == 0, reported.stderr
     report = json.loads(reported.stdout.splitlines()[-1])
     exact = report["accounting_ns"]  # goodput + badput == wall, to the nanosecond

@@ -17,43 +17,16 @@ passes on it. Nothing here touches the checkout.
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from megatron_lm import MegatronRun, run_pretrain_gpt
+from otlp_receiver import Watching, cli
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SERVING = re.compile(
-    r"serving http://127\.0\.0\.1:(\d+)/metrics for .*received on grpc 127\.0\.0\.1:(\d+), "
-    r"http http://127\.0\.0\.1:(\d+)/v1/traces"
-)
 RUN_ID = "lens-run-41"
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def _trace(*argv: str | Path, **kwargs) -> subprocess.Popen[str] | subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    command = [sys.executable, "-m", "megatron.trace", *map(str, argv)]
-    if kwargs.pop("background", False):
-        return subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env, **kwargs)
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
-
-
-def _scrape(port: int) -> Series:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-        text = answer.read().decode()
-    return {
-        (name, frozenset(re.findall(r'(\w+)="([^"]*)"', labels))): float(value)
-        for name, labels, value in re.findall(r"^(\w+)\{(.*)\} (\S+)$", text, re.M)
-    }
 
 
 def _state(series: Series) -> str | None:
@@ -66,16 +39,9 @@ def test_a_megatron_lm_job_over_otlp_is_watched_live_then_reported(
     trees, tmp_path: Path, protocol: str
 ) -> None:
     received = tmp_path / "received"
-    watch = _trace(
-        "watch", "--receive", received, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0",
-        "--listen", "127.0.0.1:0", "--interval", "0.2", background=True, cwd=tmp_path,
-    )  # fmt: skip
-    assert isinstance(watch, subprocess.Popen) and watch.stderr is not None
+    watch = Watching(received)
     try:
-        match = SERVING.search(watch.stderr.readline())
-        assert match, "watch --receive did not start"
-        metrics_port, grpc_port, http_port = map(int, match.groups())
-        port = grpc_port if protocol == "grpc" else http_port
+        port = watch.grpc_port if protocol == "grpc" else watch.http_port
         done: list[MegatronRun] = []
         job = threading.Thread(
             target=lambda: done.append(
@@ -99,7 +65,7 @@ def test_a_megatron_lm_job_over_otlp_is_watched_live_then_reported(
         job.start()
         seen: list[str | None] = []
         while job.is_alive():
-            seen.append(_state(_scrape(metrics_port)))
+            seen.append(_state(watch.scrape()))
             time.sleep(0.3)
         job.join()
         (run,) = done
@@ -107,23 +73,22 @@ def test_a_megatron_lm_job_over_otlp_is_watched_live_then_reported(
         assert "running" in seen, seen  # watched live, not only read after
         # the job flushed at its shutdown: wait for watch to read that far
         deadline = time.monotonic() + 60
-        while _state(series := _scrape(metrics_port)) != "finished":
+        while _state(series := watch.scrape()) != "finished":
             assert time.monotonic() < deadline, series
             time.sleep(0.3)
         time.sleep(1.5)  # a few polls more: every received line read
-        series = _scrape(metrics_port)
+        series = watch.scrape()
     finally:
-        watch.send_signal(signal.SIGTERM)
-        watch.wait(timeout=30)
-    assert watch.returncode == 0
+        status, said = watch.stop()
+    assert status == 0, said
 
     files = sorted(received.glob("*/*/traces.jsonl"))
     assert [(f.parent.parent.name, f.parent.name) for f in files] == [(RUN_ID, "rank0")]
     metrics = received / RUN_ID / "rank0" / "metrics.jsonl"
     assert metrics.stat().st_size > 0  # nemo-lens's metrics too
-    checked = _trace("check", files[0])
+    checked = cli("check", files[0])
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    reported = _trace("report", "--json", files[0])
+    reported = cli("report", "--json", files[0])
     assert reported.returncode == 0, reported.stderr
     report = json.loads(reported.stdout.splitlines()[-1])
     assert report["incarnations"][-1]["ended"] == "shutdown"

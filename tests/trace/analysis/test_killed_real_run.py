@@ -41,6 +41,33 @@ def _gauge(metrics: Path) -> int:
     return int(values[-1]) if values else 0
 
 
+def _resumed_and_reported(
+    tmp_path: Path,
+    args: tuple[str, ...],
+    env: dict[str, str],
+    iterations: int,
+    capsys: pytest.CaptureFixture[str],
+) -> dict:
+    """Resume the killed run from ``ck`` to ``iterations``, then ``report --json`` on its
+    trace: whole (goodput + badput == wall, the schema), the kill read as one."""
+    resumed = subprocess.run(
+        [sys.executable, *args, "--train-iters", str(iterations), "--load", "ck"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    trace = tmp_path / "ck" / "telemetry" / "traces.jsonl"
+    assert main(["report", "--json", str(trace)]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out[out.index("\n{") + 1 :] if not out.startswith("{") else out)
+    assert_accounted(report)
+    assert [inc["ended"] for inc in report["incarnations"]] == ["killed", "shutdown"]
+    return report
+
+
 @pytest.mark.slow
 def test_a_killed_default_groups_run_is_bounded_by_its_metrics(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -72,18 +99,7 @@ def test_a_killed_default_groups_run_is_bounded_by_its_metrics(
         trainer.wait()
     printed = [int(n) for n in re.findall(r" iteration\s+(\d+)/", log.read_text())]
     assert printed and printed[-1] < 2 * SAVED, "the kill came after the second save"
-    resumed = subprocess.run(
-        [sys.executable, *args, "--train-iters", str(printed[-1] + 3), "--load", "ck"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-
-    trace = tmp_path / "ck" / "telemetry" / "traces.jsonl"
-    assert main(["report", "--json", str(trace)]) == 0
-    out = capsys.readouterr().out
-    report = json.loads(out[out.index("\n{") + 1 :] if not out.startswith("{") else out)
-    assert_accounted(report)
-    assert [inc["ended"] for inc in report["incarnations"]] == ["killed", "shutdown"]
+    report = _resumed_and_reported(tmp_path, args, env, printed[-1] + 3, capsys)
     bound = report["bounds"]["wasted_iterations"]
     # the truth: the iterations it finished past the save it was resumed from (the log
     # prints each as it completes; one more may have completed before its line)
@@ -157,18 +173,8 @@ def test_a_kill_during_a_save_is_booked_as_the_save_its_gauge_shows(
     exported_ns, began_s = point
     began_ns = round(began_s * 1e9)
     assert (tmp_path / "ck" / "latest_checkpointed_iteration.txt").read_text().strip() == "10"
-    resumed = subprocess.run(
-        [sys.executable, *args, "--train-iters", "22", "--load", "ck"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-
+    report = _resumed_and_reported(tmp_path, args, env, 22, capsys)
     trace = tmp_path / "ck" / "telemetry" / "traces.jsonl"
-    assert main(["report", "--json", str(trace)]) == 0
-    out = capsys.readouterr().out
-    report = json.loads(out[out.index("\n{") + 1 :] if not out.startswith("{") else out)
-    assert_accounted(report)
-    assert [inc["ended"] for inc in report["incarnations"]] == ["killed", "shutdown"]
     bounds = report["bounds"]
     spans = read_spans(trace)
     saves = [s for s in spans if s["name"] == "megatron.checkpoint.save"]
