@@ -123,15 +123,19 @@ def resumed_bounds(incs: list[Incarnation], ranges: list[Resumed]) -> dict[str, 
     for inc, (lower, upper) in zip(incs, ranges, strict=True):
         if lower == upper:
             continue
-        why = (
-            "shows no checkpoint load and no iteration of its own, and the file records no "
-            "load (Megatron-LM's default span groups)"
-            if unrecorded
-            else None
-        ) or {
-            "killed": "was SIGKILLed before its checkpoint load and first iteration were exported",
-            "running": "is running, its checkpoint load and first iteration not exported yet",
-        }.get(inc.ended, "shows no checkpoint load with an iteration and no iteration of its own")
+        if unrecorded:
+            why = (
+                "shows no checkpoint load and no iteration of its own, and the file records "
+                "no load (Megatron-LM's default span groups)"
+            )
+        else:
+            why = {
+                "killed": "was SIGKILLed before its checkpoint load and first iteration were "
+                "exported",
+                "running": "is running, its checkpoint load and first iteration not exported yet",
+            }.get(
+                inc.ended, "shows no checkpoint load with an iteration and no iteration of its own"
+            )
         bounds[f"incarnations.{inc.index}.resumed_from"] = {
             "lower": lower,
             "upper": upper,
