@@ -12,6 +12,8 @@ takes, in place of a file, one of these folders:
 
 Each rank's ``metrics.jsonl`` is found beside its trace, as for a file named.
 Several receivers' folders of one job (``report A/JOB B/JOB``) read as that job.
+A file named twice, by two paths or through a link (a shell glob that matches a
+folder and a symlink to it), is read once: read twice, every span would count twice.
 """
 
 from __future__ import annotations
@@ -59,8 +61,18 @@ def folder_files(folder: Path, command: str) -> list[Path]:
 
 
 def expand(paths: Sequence[Path], command: str) -> list[Path]:
-    """``paths`` with each folder among them replaced by its trace files; files as given."""
+    """``paths`` with each folder among them replaced by its trace files; files as given,
+    each file once (the first path that names it)."""
     found: list[Path] = []
+    seen: set[tuple[int, int]] = set()
     for path in paths:
-        found.extend(folder_files(path, command) if path.is_dir() else [path])
+        for file in folder_files(path, command) if path.is_dir() else [path]:
+            try:
+                info = file.stat()
+            except OSError:  # a missing file: the reader names it
+                found.append(file)
+                continue
+            if (info.st_dev, info.st_ino) not in seen:
+                seen.add((info.st_dev, info.st_ino))
+                found.append(file)
     return found

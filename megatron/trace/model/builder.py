@@ -43,6 +43,7 @@ from megatron.trace.otlp.reader import (
     paused_gc,
     span_fields,
 )
+from megatron.trace_format.errors import TraceInputError
 from megatron.trace_format.records import SpanRecord
 from megatron.trace_format.semconv import (
     CHECKPOINT_EXIT_FINALIZE_SPAN,
@@ -338,6 +339,17 @@ class TraceBuilder:
         ordered = dict(sorted(ranks.items(), key=lambda item: rank_sort_key(item[0])))
         return Trace(ordered, self.stats, self.span_count, processes)
 
+    def repeated_span(self) -> tuple[SpanRecord, SpanRecord] | None:
+        """Two reads of one span, as the last :meth:`finish` found them (None: none): a
+        process's ``megatron.startup`` twice, with the same start and end. A process starts
+        ``pretrain()`` once at a time, so it is one span read twice: one file named by two
+        paths, or a job's own file read with a receiver's copy of it."""
+        for split in self._splits.values():
+            if split.repeated is not None:
+                first, second = split.proc.records.records(split.repeated)
+                return first, second
+        return None
+
 
 def _killed_in_first_iteration(incs: list[Incarnation]) -> None:
     """Mark killed each of a rank's incarnations that wrote its startup and nothing of its
@@ -387,7 +399,24 @@ def load_trace(
 
     Several files are read in ``jobs`` parallel processes (default: one per
     file, up to the cores), or on ``executor``. Raises
-    :class:`~megatron.trace.otlp.reader.TraceFileDamaged` on damage; torn
-    writes are in ``trace.stats.torn``.
+    :class:`~megatron.trace.otlp.reader.TraceFileDamaged` on damage, and
+    :class:`~megatron.trace_format.errors.TraceInputError` when the files hold one
+    span twice (every figure would count it twice); torn writes are in
+    ``trace.stats.torn``.
     """
-    return scan(paths, jobs, executor).finish()
+    builder = scan(paths, jobs, executor)
+    trace = builder.finish()
+    repeated = builder.repeated_span()
+    if repeated is not None:
+        first, second = repeated
+        raise TraceInputError(
+            f"{_where(second)}: span {second['name']} {second['span_id']} was read already, "
+            f"at {_where(first)}: the files hold the same spans twice (a job's own file and "
+            f"a receiver's copy of it?), and every figure would count them twice; name one "
+            f"copy (megatron-trace check lists each span read twice)"
+        )
+    return trace
+
+
+def _where(record: SpanRecord) -> str:
+    return f"{record['file']}:{record['line']}"

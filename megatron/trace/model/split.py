@@ -112,6 +112,9 @@ class Split:
         # incarnation's slice of them with its (first, end) row
         self.cuts: dict[str, tuple[int, list[int]]] = {}
         self.parts: dict[str, list[tuple[Iterations, tuple[int, int]]]] = {}
+        # two startups of the one process with the same start and end: one span read twice
+        # (the log positions of the first such pair; None: none)
+        self.repeated: tuple[int, int] | None = None
 
     def update(self) -> None:
         """Place the records added since the last update."""
@@ -130,6 +133,15 @@ class Split:
         starts = log.starts
         order = sorted(range(count), key=starts.__getitem__)
         startups = [i for i in order if log.name(i) == STARTUP_SPAN]
+        ends = log.ends
+        self.repeated = next(
+            (
+                (a, b)
+                for a, b in itertools.pairwise(startups)
+                if starts[a] == starts[b] and ends[a] == ends[b]
+            ),
+            None,
+        )
         self.boundaries = [starts[i] for i in startups[1:]]
         self.slots = [_Slot() for _ in range(len(self.boundaries) + 1)]
         self.cuts, self.parts = {}, {}

@@ -52,6 +52,34 @@ def test_several_ranks_with_a_straggler(tmp_path: Path, capsys) -> None:
     assert report["stragglers"] is not None
 
 
+def test_a_file_named_twice_or_through_a_link_is_read_once(tmp_path: Path, capsys) -> None:
+    """A shell glob that matches a run's folder and a symlink to it (pytest's
+    ``*-current``, a ``latest`` link) names one file twice: its spans count once."""
+    killed, resumed = g.lifecycle(0, kill_after=1), g.lifecycle(20, first=6, load=6)
+    (tmp_path / "run").mkdir()
+    path = g.write(tmp_path / "run" / "t.jsonl", killed, resumed)
+    (tmp_path / "latest").symlink_to(tmp_path / "run")
+    once = _json_report(capsys, str(path), "--now", "1e9")
+    for twice in ([path, path], [path, tmp_path / "latest" / "t.jsonl"]):
+        assert _json_report(capsys, *map(str, twice), "--now", "1e9") == once
+
+
+def test_a_copy_of_a_file_read_with_it_is_one_clear_error(tmp_path: Path, capsys) -> None:
+    """A job's own file and a receiver's copy of it hold the same spans: read together,
+    each would count twice (a wall clock of decades, once); ``report`` names the two
+    places of a span read twice and exits 2, and ``check`` lists every such span."""
+    killed, resumed = g.lifecycle(0, kill_after=1), g.lifecycle(20, first=6, load=6)
+    path = g.write(tmp_path / "t.jsonl", killed, resumed)
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(path.read_bytes())
+    assert main(["report", str(path), str(copy)]) == 2
+    error = capsys.readouterr().err
+    assert f"{copy}:1: span megatron.startup " in error
+    assert f"was read already, at {path}:1: the files hold the same spans twice" in error
+    assert main(["check", str(path), str(copy)]) == 1
+    assert "duplicate-span-id" in capsys.readouterr().out
+
+
 def test_a_running_job_carries_its_age_and_the_liveness_rule(tmp_path: Path, capsys) -> None:
     spans = g.lifecycle(0, kill_after=1)
     newest = max(int(span["endTimeUnixNano"]) for span in spans)
