@@ -36,11 +36,9 @@ builds one).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -292,48 +290,13 @@ def pretrain_gpt_command(
 def start_pretrain_gpt(tree: Path | str, flags: Sequence[str] = (), *, log: Path,
                        **options: Any) -> subprocess.Popen[bytes]:  # fmt: skip
     """:func:`pretrain_gpt_command`'s job started in a session of its own, its output into
-    ``log`` (:func:`kill_job` ends it whole)."""
+    ``log`` (:func:`processes.kill_job` ends it whole)."""
     cwd, argv, environment = pretrain_gpt_command(tree, flags, **options)
     with log.open("wb") as out:
         return subprocess.Popen(
             argv, cwd=cwd, env=environment, stdin=subprocess.DEVNULL, stdout=out,
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-
-
-def kill_job(job: subprocess.Popen) -> None:
-    """SIGKILL a job started by :func:`start_pretrain_gpt` and every process under it at
-    once, as a scheduler ends a job: torchrun starts its ranks in sessions of their own (its
-    process group is not enough), so the tree is read from ``/proc``, every process of it
-    stopped first (none can see another die and react, by an exception path that ends
-    and flushes its spans), then killed."""
-    stopped: set[int] = set()
-    for _ in range(10):  # until the tree holds no process that was not stopped
-        family = {job.pid, *_descendants(job.pid)} - stopped
-        if not family:
-            break
-        for pid in family:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-        stopped |= family
-    for pid in stopped:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    job.wait()
-
-
-def _descendants(pid: int) -> set[int]:
-    """Every process whose parent chain leads to ``pid`` (from ``/proc``)."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parents[int(stat.parent.name)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
 
 
 def run_pretrain_gpt(

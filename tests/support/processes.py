@@ -17,6 +17,7 @@ which ``tests/conftest.py`` applies to the whole test session).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -135,6 +136,41 @@ IGNORING_THEN_EXEC = textwrap.dedent(
 def ignoring(signals: Iterable[str], argv: Sequence[str]) -> list[str]:
     """The command line that runs ``argv`` with ``signals`` (names) ignored from its start."""
     return [sys.executable, "-c", IGNORING_THEN_EXEC, ",".join(signals), *argv]
+
+
+def kill_job(job: subprocess.Popen) -> None:
+    """SIGKILL ``job`` (a trainer, or a torchrun job) and every process under it at
+    once, as a scheduler ends a job: torchrun starts its ranks in sessions of their own (its
+    process group is not enough), so the tree is read from ``/proc``, every process of it
+    stopped first (none can see another die and react, by an exception path that ends
+    and flushes its spans), then killed."""
+    stopped: set[int] = set()
+    for _ in range(10):  # until the tree holds no process that was not stopped
+        family = {job.pid, *_descendants(job.pid)} - stopped
+        if not family:
+            break
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        stopped |= family
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    job.wait()
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process whose parent chain leads to ``pid`` (from ``/proc``)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
 
 
 class Process:

@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 
 import pytest
-from megatron_lm import kill_job, run_pretrain_gpt, start_pretrain_gpt
+from megatron_lm import run_pretrain_gpt, start_pretrain_gpt
 from otlp_receiver import Running, cli
+from processes import kill_job
 
 RUN_ID = "lens-killed-7"
 SAVE_INTERVAL = 40

@@ -1,5 +1,6 @@
-"""A real run of this project's trainer, ``default`` span groups, SIGKILLed and resumed:
-the report's bounds are narrowed by the metrics it exported and still hold the truth.
+"""A real run of this project's trainer, ``default`` span groups, SIGKILLed and resumed (on
+one rank, and on two under torchrun): the report's bounds are narrowed by the metrics it
+exported and still hold the truth.
 
 With the ``default`` groups nothing is written while an interval is open, so the kill
 (past the save at iteration 100, before the next) loses its whole interval; the
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from processes import TINY_MODEL, subprocess_env
+from processes import TINY_MODEL, TORCHRUN_2, kill_job, subprocess_env
 from report_checks import assert_accounted
 
 from megatron.trace.cli.main import main
@@ -31,14 +32,27 @@ from megatron.trace_format.semconv import ITERATION
 SAVED = 100
 
 
+def _gauges(metrics: Path) -> dict[int, int]:
+    """The newest ``megatron.training.iteration`` value of each rank in ``metrics`` (by the
+    ``dl.rank`` of the export's resource; a rank with no export yet is left out)."""
+    newest: dict[int, int] = {}
+    if not metrics.exists():
+        return newest
+    for line in metrics.read_text().splitlines():
+        for batch in json.loads(line)["resourceMetrics"]:
+            resource = {a["key"]: a["value"] for a in batch["resource"]["attributes"]}
+            rank = int(resource.get("dl.rank", {}).get("intValue", 0))
+            for scope in batch["scopeMetrics"]:
+                for metric in scope["metrics"]:
+                    if metric["name"] == "megatron.training.iteration":
+                        points = metric["gauge"]["dataPoints"]
+                        newest[rank] = int(points[-1]["asInt"])
+    return newest
+
+
 def _gauge(metrics: Path) -> int:
     """The newest ``megatron.training.iteration`` value in ``metrics`` (0: none yet)."""
-    if not metrics.exists():
-        return 0
-    values = re.findall(
-        r'"megatron\.training\.iteration".*?"asInt":\s*"?(\d+)', metrics.read_text()
-    )
-    return int(values[-1]) if values else 0
+    return _gauges(metrics).get(0, 0)
 
 
 def _resumed_and_reported(
@@ -48,8 +62,9 @@ def _resumed_and_reported(
     iterations: int,
     capsys: pytest.CaptureFixture[str],
 ) -> dict:
-    """Resume the killed run from ``ck`` to ``iterations``, then ``report --json`` on its
-    trace: whole (goodput + badput == wall, the schema), the kill read as one."""
+    """Resume the killed run (``python`` arguments) from ``ck`` to ``iterations``, then
+    ``report --json`` on its trace: whole (goodput + badput == wall, the schema), the kill
+    read as one."""
     resumed = subprocess.run(
         [sys.executable, *args, "--train-iters", str(iterations), "--load", "ck"],
         cwd=tmp_path,
@@ -201,3 +216,61 @@ def test_a_kill_during_a_save_is_booked_as_the_save_its_gauge_shows(
                                                                   abs=1e-3)  # fmt: skip
     booked_save = report["badput_s"]["checkpoint_save"] - truth["checkpoint_save"]
     assert booked_save == pytest.approx((exported_ns - killed_ns) / 1e9, abs=1e-3)
+
+
+@pytest.mark.slow
+def test_a_killed_two_rank_job_is_bounded_by_each_ranks_metrics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two ranks under torchrun, both writing (``all_ranks``), ``default`` groups, the whole
+    job SIGKILLed as a scheduler kills it, between two metric exports past the save at 50:
+    each rank's iteration gauge bounds the iterations it redid, the job's figure is the
+    furthest rank's, and the time the kill lost is booked as wasted progress within its
+    bounds."""
+    saved = 50
+    args = (
+        *TORCHRUN_2, "-m", "megatron.training", *TINY_MODEL, "--log-interval", "1",
+        "--global-batch-size", "8", "--otel-enabled", "--otel-span-groups", "default",
+        "--save", "ck", "--save-interval", str(saved),
+    )  # fmt: skip
+    env = subprocess_env(
+        {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+         "MEGATRON_OTEL_RANK_STRATEGY": "all_ranks"}
+    )  # fmt: skip
+    metrics = tmp_path / "ck" / "telemetry" / "metrics.jsonl"
+    log = tmp_path / "killed.log"
+    with log.open("w") as out:
+        job = subprocess.Popen(
+            [sys.executable, *args, "--train-iters", "1000"], cwd=tmp_path, stdout=out,
+            stderr=subprocess.STDOUT, env={**env, "MEGATRON_TEST_ITERATION_SLEEP": "0.15"},
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        # both ranks past the save in an export, then a few seconds more: between two exports
+        while len(seen := _gauges(metrics)) < 2 or min(seen.values()) <= saved + 2:
+            assert job.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"no export of both ranks past the save: {seen}"
+            time.sleep(0.2)
+        time.sleep(3)
+    finally:
+        kill_job(job)
+        killed_ns = time.time_ns()
+    printed = [int(n) for n in re.findall(r" iteration\s+(\d+)/", log.read_text())]
+    assert printed and printed[-1] < 2 * saved, "the kill came after the second save"
+    report = _resumed_and_reported(tmp_path, args, env, printed[-1] + 3, capsys)
+    bound = report["bounds"]["wasted_iterations"]
+    # the truth: the iterations finished past the save the job was resumed from (rank 0
+    # prints each as it completes; in step with rank 1, one more may have completed on
+    # either before the line)
+    truth = printed[-1] - saved
+    assert max(seen.values()) - saved <= bound["lower"] <= truth + 1, (seen, bound, printed)
+    assert bound["source"].startswith("the last metric export"), bound
+    spans = read_spans(tmp_path / "ck" / "telemetry" / "traces.jsonl")
+    saves = [s for s in spans if s["name"] == "megatron.checkpoint.save"]
+    save_ends = [s["end_ns"] for s in saves if s["attributes"][ITERATION] == saved]
+    assert len(save_ends) == 2  # one per rank
+    # every rank trained from its save's end to the kill, and all of it was redone
+    wasted = report["bounds"]["badput_s.wasted_progress"]
+    for end_ns in save_ends:
+        real = (killed_ns - end_ns) / 1e9
+        assert wasted["lower"] <= real <= wasted["upper"] + 0.05, (real, wasted)
