@@ -388,7 +388,7 @@ def report_bounds(
     if len(seen_by) == 1:
         source = f"the last metric export of incarnation {seen_by[0]}"
     elif seen_by:
-        source = f"the last metric exports of incarnations {seen_by}"
+        source = f"the last metric exports of {_several(seen_by)}"
     if report.get("iterations") is None and job_killed:
         bound("iterations.count", beyond + _clean_counts(job_incs) if beyond else 0, None,
               "no megatron.train.iteration span was exported before the kill (or the "
@@ -500,7 +500,15 @@ def _seen_source(incs: list[Incarnation], alive: int, open_end: bool) -> str | N
         inc = seen[0]
         after = incs[inc.index + 1].start_ns if inc.index + 1 < len(incs) else None
         return f"the last metric export of incarnation {inc.index}, {_ago(inc, after)}"
-    return f"the last metric exports of incarnations {[inc.index for inc in seen]}"
+    return f"the last metric exports of {_several([inc.index for inc in seen])}"
+
+
+def _several(indices: list[int]) -> str:
+    """Some killed incarnations, for a bound's source (a line of the text report): named
+    while they are few, counted when a long history has many (its reasons name them)."""
+    if len(indices) <= 4:
+        return f"incarnations {indices}"
+    return f"{len(indices)} killed incarnations"
 
 
 def _wasted_reason(killed: list[int], shown: list[str] = ()) -> str:  # type: ignore[assignment]

@@ -671,6 +671,18 @@ def test_the_stretch_the_metrics_show_redone_is_wasted_progress_not_restart_gap(
     assert source == "the last metric exports of incarnations [0, 1]"
 
 
+def test_a_history_of_many_kills_counts_them_in_a_bounds_source(tmp_path: Path) -> None:
+    """A source is the few words after a figure in the text report: six killed incarnations
+    are counted there, not listed (a long history's list runs to hundreds)."""
+    plans = (*(gt.Plan(108, "killed", gap_s=40) for _ in range(6)), gt.Plan(13))
+    history = gt.History(plans, ranks=1, groups="default", metrics="trainer", save_interval=100)
+    simulated, paths = _written(history, tmp_path)
+    report = _report(paths)
+    assert_within_truth(report, simulated)
+    source = report["bounds"]["badput_s.restart_gap"]["source"]
+    assert source == "the last metric exports of 6 killed incarnations"
+
+
 @pytest.mark.parametrize("into", [0.05, 0.5, 0.95])
 def test_a_kill_in_a_save_books_the_save_the_gauge_shows(tmp_path: Path, into: float) -> None:
     """Saves of 25 s, exports every 10 s: the kill strikes a save after one export or two
