@@ -6,12 +6,20 @@ delays, the last batch of each kill lost), written as the sink would have. It ti
 ``report --json --jobs 2`` as a whole process against the floor (``json.loads`` of
 every line, a process of its own), records its peak RSS, and says how its goodput
 compares with the truth (inside its bounds).
+
+And the cost of the metrics beside a trace (issue 51): a week of a two-rank job with
+the ``default`` span groups, SIGKILLed 40 times, its ``metrics.jsonl`` written as this
+project's trainer writes it (every 10 s, about 320 MB); ``report`` reads the points
+near each kill from the file's end, so it is timed with that file beside the trace
+against the same trace without it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -89,4 +97,69 @@ def section_history(run: Run) -> None:
         peak["report"],
         f"{peak['report']:.1f} MB",
         f"the floor's {peak['floor']:.1f} MB",
+    )
+    section_metrics_week(run)
+
+
+def bench_metrics_week(repeats: int) -> dict[str, Any]:
+    """``report --json`` of a week's trace with its metrics beside it and without them,
+    interleaved; medians of wall time, and the wasted-iterations bound each gives."""
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "support"))
+    import ground_truth as gt
+
+    py = sys.executable
+    directory = Path(tempfile.mkdtemp(prefix="bench-metrics-"))
+    try:
+        history = dataclasses.replace(
+            gt.long_history(days=7, ranks=2, kills=40), groups="default", metrics="trainer"
+        )
+        simulated = gt.simulate(history)
+        beside, alone = directory / "beside", directory / "alone"
+        beside.mkdir()
+        alone.mkdir()
+        (path,) = gt.write(simulated, beside / "traces.jsonl")
+        shutil.copy(path, alone / "traces.jsonl")
+        metrics_mb = (beside / "metrics.jsonl").stat().st_size / 2**20
+        argv = {
+            name: [
+                py,
+                "-c",
+                TRACE_SCRIPT,
+                "msgspec",
+                "report",
+                "--json",
+                str(folder / "traces.jsonl"),
+            ]
+            for name, folder in (("beside", beside), ("alone", alone))
+        }
+        walls: dict[str, list[float]] = {name: [] for name in argv}
+        for _ in range(repeats):
+            for name, command in argv.items():
+                walls[name].append(measure_process(command)[0])
+        lower = {}
+        for name, command in argv.items():
+            out = subprocess.run(
+                command, capture_output=True, text=True, check=True,
+                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            ).stdout  # fmt: skip
+            lower[name] = json.loads(out.splitlines()[-1])["bounds"]["wasted_iterations"]["lower"]
+    finally:
+        shutil.rmtree(directory)
+    return {
+        "metrics_mb": metrics_mb,
+        "wall": {name: statistics.median(values) for name, values in walls.items()},
+        "wasted_lower": lower,
+        "true_wasted": simulated.truth.wasted_iterations,
+    }
+
+
+def section_metrics_week(run: Run) -> None:
+    figures = bench_metrics_week(3 if run.quick else 7)
+    wall, lower = figures["wall"], figures["wasted_lower"]
+    run.record(
+        "report_metrics_week_ratio",
+        wall["beside"] / wall["alone"],
+        f"{wall['beside']:.2f} s with its {figures['metrics_mb']:.0f} MB of metrics (wasted "
+        f"iterations ≥ {lower['beside']}, true {figures['true_wasted']})",
+        f"{wall['alone']:.2f} s without (≥ {lower['alone']})",
     )
