@@ -202,6 +202,7 @@ def _run_job(
     phases.record_phase(semconv.STARTUP_ARG_PARSE_SPAN, main_entry, pretrain_entry)
     phases.record_phase(semconv.STARTUP_INITIALIZE_SPAN, pretrain_entry, initialized)
     exit_reason = None
+    goodput: LiveGoodput | None = None
     hooks = FaultInjection.from_env()
     try:
         with managed_span(SpanGroup.JOB, semconv.STARTUP_MODEL_INIT_SPAN, is_goodput_span=True):
@@ -266,6 +267,9 @@ def _run_job(
             # (Ctrl-C, a handler's SystemExit) keeps what it wrote, as any ending does.
             footprint.undo()
         raise
+    finally:
+        if goodput is not None:  # its gauges outlive this call; the model must not
+            goodput.stop_following()
     _shutdown(phases)
 
     print_telemetry_summary(telemetry, config.telemetry)

@@ -229,6 +229,22 @@ class LiveGoodput:
         """Where ``megatron.training.iteration`` reads the completed-iteration count."""
         self._iteration = source
 
+    def stop_following(self) -> None:
+        """Read the completed-iteration count a last time and keep the number, not its
+        source. The gauges outlive ``pretrain()`` (the meter provider exports once more when
+        it shuts down, at exit), and a source reading the trainer's state would keep that
+        state alive until then: its model, its optimizer, and the process group its DDP
+        wrapper holds, destroyed only as the interpreter finalizes."""
+        source = self._iteration
+        if source is None:
+            return
+        try:
+            last = int(source())
+        except Exception:  # noqa: BLE001 -- a gauge never breaks training
+            self._iteration = None
+            return
+        self._iteration = lambda: last
+
     def register(self, meter: Any) -> None:
         """Create the observable gauges on ``meter`` (never raises)."""
         callbacks = {

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -553,6 +554,33 @@ def test_pretrain_returns_the_exit_reason_instead_of_exiting(training_cli):
     result = cli.run_script(script)
     assert result.returncode == 0, result.stderr
     assert "RESULT 3 --exit-interval 3" in result.stdout
+
+
+@pytest.mark.slow
+def test_pretrain_leaves_nothing_holding_its_model_and_the_gauge_its_last_iteration(
+    training_cli,
+):
+    """The live goodput gauges outlive ``pretrain()`` (the meter provider exports once more
+    at exit). Their iteration source once read the trainer's state, so the model, its
+    optimizer and (under torchrun) the process group DDP holds stayed alive until the
+    interpreter finalized: memory an in-process restart never got back, and a gloo group
+    destroyed during finalization. Now nothing holds the model once ``pretrain()`` returns,
+    and the exit's export still says the last iteration."""
+    cli = training_cli
+    script = (
+        "import gc\n"
+        "from megatron.training.model import GPTModel\n"
+        "from megatron.training.training import pretrain\n"
+        f"pretrain({[*cli.TINY, *cli.TELEMETRY_ON, '--train-iters', '3', '--save', 'ck']!r})\n"
+        "gc.collect()\n"
+        "print('MODELS', sum(isinstance(o, GPTModel) for o in gc.get_objects()))\n"
+    )
+    result = cli.run_script(script)
+    assert result.returncode == 0, result.stderr
+    assert "MODELS 0" in result.stdout
+    metrics = (cli.cwd / "ck" / "telemetry" / "metrics.jsonl").read_text()
+    values = re.findall(r'"megatron\.training\.iteration".*?"asInt":\s*"?(\d+)', metrics)
+    assert values and values[-1] == "3"
 
 
 # -- all_ranks under torchrun -----------------------------------------------
