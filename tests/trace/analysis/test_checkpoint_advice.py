@@ -101,6 +101,18 @@ def test_a_run_started_while_the_old_one_still_wrote_costs_its_startup_not_less(
             assert advice[name]["badput_per_day_s"] >= 0, name
 
 
+def test_the_text_says_one_save_and_one_failure_in_the_singular(tmp_path: Path, capsys) -> None:
+    # one save, in the first incarnation's one interval; the second saves nothing
+    killed = g.lifecycle(0, intervals=1, kill_after=1)
+    resumed = g.lifecycle(20, first=2, load=2, save=False)
+    path = g.write(tmp_path / "t.jsonl", killed, resumed)
+    assert main(["report", str(path)]) == 0
+    (line,) = [
+        x for x in capsys.readouterr().out.splitlines() if x.startswith("checkpoint interval:")
+    ]
+    assert " s (1 save), 1 failure in " in line, line
+
+
 def test_the_text_says_the_figures_and_each_interval(tmp_path: Path, capsys) -> None:
     path = g.write(tmp_path / "t.jsonl", *_killed_three_times())
     assert main(["report", str(path)]) == 0

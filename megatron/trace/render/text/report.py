@@ -303,9 +303,12 @@ def _advice_lines(report: dict[str, Any]) -> list[str]:
         return "?" if value is None else f"{value:{spec}} {unit}"
 
     source = {"observed": "observed", "option": "--mtbf"}.get(advice["mtbf_source"] or "", "")
+    saves, failures = advice["saves"], advice["failures"]
     lines = [
-        f"checkpoint interval: save {figure(advice['save_s'], 's')} ({advice['saves']} saves), "
-        f"{advice['failures']} failures in {advice['run_s']:.3f} s, mean time between failures "
+        f"checkpoint interval: save {figure(advice['save_s'], 's')} "
+        f"({saves} save{'' if saves == 1 else 's'}), "
+        f"{failures} failure{'' if failures == 1 else 's'} in {advice['run_s']:.3f} s, "
+        "mean time between failures "
         f"{figure(advice['mtbf_s'], 's')}{f' ({source})' if source else ''}, restart "
         f"{figure(advice['restart_s'], 's')}"
     ]
