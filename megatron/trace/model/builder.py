@@ -61,7 +61,7 @@ from megatron.trace_format.semconv import (
     STRUCTURAL_SPAN_NAMES,
 )
 
-__all__ = ["TraceBuilder", "load_trace", "scan", "scan_file"]
+__all__ = ["TraceBuilder", "load_trace", "refuse_spans_read_twice", "scan", "scan_file"]
 
 
 _FINALIZE_NAMES = frozenset({CHECKPOINT_FINALIZE_SPAN, CHECKPOINT_EXIT_FINALIZE_SPAN})
@@ -406,6 +406,14 @@ def load_trace(
     """
     builder = scan(paths, jobs, executor)
     trace = builder.finish()
+    refuse_spans_read_twice(builder)
+    return trace
+
+
+def refuse_spans_read_twice(builder: TraceBuilder) -> None:
+    """Raise :class:`~megatron.trace_format.errors.TraceInputError` when the finished
+    ``builder`` read one span twice (:meth:`TraceBuilder.repeated_span`): every figure
+    drawn from it would count that span's time twice."""
     repeated = builder.repeated_span()
     if repeated is not None:
         first, second = repeated
@@ -415,7 +423,6 @@ def load_trace(
             f"a receiver's copy of it?), and every figure would count them twice; name one "
             f"copy (megatron-trace check lists each span read twice)"
         )
-    return trace
 
 
 def _where(record: SpanRecord) -> str:

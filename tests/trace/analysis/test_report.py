@@ -78,6 +78,10 @@ def test_a_copy_of_a_file_read_with_it_is_one_clear_error(tmp_path: Path, capsys
     assert f"was read already, at {path}:1: the files hold the same spans twice" in error
     assert main(["check", str(path), str(copy)]) == 1
     assert "duplicate-span-id" in capsys.readouterr().out
+    out = tmp_path / "out.json"  # export reads the model too, and writes nothing
+    assert main(["export", str(path), str(copy), "-o", str(out)]) == 2
+    assert "the files hold the same spans twice" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_a_running_job_carries_its_age_and_the_liveness_rule(tmp_path: Path, capsys) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from megatron.trace.analysis.liveness import Clock, judge
-from megatron.trace.model.builder import TraceBuilder
+from megatron.trace.model.builder import TraceBuilder, refuse_spans_read_twice
 from megatron.trace.model.identity import process_key
 from megatron.trace.model.incarnation import Trace
 from megatron.trace.model.window import (
@@ -150,6 +150,7 @@ def _plan(
     if earliest is None:
         raise NoSpansError(paths)
     trace = builder.finish()
+    refuse_spans_read_twice(builder)
     judge(trace, paths, clock)  # which last incarnations are still running
     flows, fields = None, {}
     if fmt == "chrome":
