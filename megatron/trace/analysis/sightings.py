@@ -46,6 +46,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from megatron.trace.analysis.resumed import resume_ranges
 from megatron.trace.model.identity import process_of_resource, slot_of
 from megatron.trace.model.incarnation import Incarnation, Progress, Sighting, Trace
 from megatron.trace.otlp.reader import (
@@ -106,7 +107,7 @@ class _Seen:
     def settled(self) -> bool:
         return bool(self.seen_ns) and all(p[3] is not None for p in self.progress.values())
 
-    def sighting(self) -> Sighting:
+    def sighting(self, started_at: int | None) -> Sighting:
         def progress(kind: str) -> Progress | None:
             found = self.progress.get(kind)
             return None if found is None else Progress(*found)  # type: ignore[arg-type]
@@ -117,6 +118,7 @@ class _Seen:
             progress("steps"),
             self.log_interval,
             self.save_start,
+            started_at,
         )
 
 
@@ -158,9 +160,15 @@ def read_sightings(trace: Trace, metrics_files: Iterable[Path]) -> int:
                     newest and newest < inc.start_ns - _SCAN_SLACK_NS
                 ):
                     break
+    pinned: dict[Any, list[int | None]] = {}  # rank -> each incarnation's pinned start
     for key, seen in found.items():
         inc = wanted[key]
-        inc.sighting = seen.sighting()
+        if inc.rank not in pinned:
+            pinned[inc.rank] = [
+                lower if lower == upper else None
+                for lower, upper in resume_ranges(trace.ranks[inc.rank])
+            ]
+        inc.sighting = seen.sighting(pinned[inc.rank][inc.index])
         if inc is trace.ranks[inc.rank][-1]:
             inc.end_ns = max(inc.end_ns, seen.seen_ns)
     return len(found)
@@ -255,8 +263,13 @@ def _scan(
 
 def started_at(inc: Incarnation) -> int | None:
     """The iteration the incarnation started at: where its checkpoint load put it, else its
-    first iteration (None: neither is known)."""
-    return inc.resumed_from if inc.resumed_from is not None else inc.first_iteration
+    first iteration, else where the files pin it (:attr:`Sighting.started_at`; None:
+    nothing says)."""
+    if inc.resumed_from is not None:
+        return inc.resumed_from
+    if inc.first_iteration is not None:
+        return inc.first_iteration
+    return inc.sighting.started_at if inc.sighting is not None else None
 
 
 def finished_shown(inc: Incarnation) -> int | None:

@@ -64,6 +64,10 @@ class Sighting:
     #: its newest ``megatron.training.checkpoint_save_start_time`` point: (when, the save in
     #: flight's start then, 0: none was in flight)
     save_start: tuple[int, int] | None = None
+    #: the iteration it started at where the files pin it though its own spans show neither
+    #: a load nor an iteration (its resume range is one point: the first incarnation of a
+    #: rank whose next one started afresh, say); None: they do not
+    started_at: int | None = None
     #: what the analyses worked out of it once (the report asks per figure, per rank)
     worked: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 

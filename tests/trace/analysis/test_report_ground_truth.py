@@ -671,6 +671,31 @@ def test_the_stretch_the_metrics_show_redone_is_wasted_progress_not_restart_gap(
     assert source == "the last metric exports of incarnations [0, 1]"
 
 
+@pytest.mark.parametrize("metrics", ["trainer", "nemo_lens"])
+def test_a_kill_before_the_first_save_is_bounded_from_the_startups_end(
+    tmp_path: Path, metrics: str
+) -> None:
+    """Killed before its first save, so restarted afresh: nothing of it survived, its own
+    spans show no iteration (``default`` groups), and its successor's first iteration (0)
+    pins where it started. From its startup's end to the newest point showing progress
+    it trained, all of it redone: wasted progress, and the bounds of the time after are
+    the one period from that point to the kill (with the trainer's save-start gauge;
+    Megatron-LM's metrics leave one more in doubt) plus the restart."""
+    plans = (gt.Plan(60, "killed", gap_s=40), gt.Plan(13))
+    history = gt.History(plans, ranks=1, groups="default", metrics=metrics, save_interval=100)
+    simulated, paths = _written(history, tmp_path)
+    report = _report(paths)
+    assert_within_truth(report, simulated)
+    spans_only = _without_metrics(tmp_path, history)
+    truth = simulated.truth.job.accounting_ns
+    periods = 1 if metrics == "trainer" else 2
+    narrowed = report["bounds"]["badput_s.wasted_progress"]
+    before = spans_only["bounds"]["badput_s.wasted_progress"]
+    width = narrowed["upper"] - narrowed["lower"]
+    assert width < before["upper"] - before["lower"]
+    assert width <= periods * history.metric_period_s + truth["restart_gap"] / NS + 1e-6
+
+
 def test_a_history_of_many_kills_counts_them_in_a_bounds_source(tmp_path: Path) -> None:
     """A source is the few words after a figure in the text report: six killed incarnations
     are counted there, not listed (a long history's list runs to hundreds)."""
