@@ -300,18 +300,10 @@ def start_pretrain_gpt(tree: Path | str, flags: Sequence[str] = (), *, log: Path
 
 
 def run_pretrain_gpt(
-    tree: Path | str,
-    flags: Sequence[str] = (),
-    *,
-    work_dir: Path | str,
-    train_iters: int = 5,
-    telemetry: bool = True,
-    span_groups: str | None = None,
-    env: Mapping[str, str] | None = None,
-    timeout: float = 300.0,
-    nproc: int = 1,
+    tree: Path | str, flags: Sequence[str] = (), *, timeout: float = 300.0, **options: Any
 ) -> MegatronRun:
-    """Run ``TREE/pretrain_gpt.py`` with :data:`CPU_FLAGS`, ``--train-iters`` and ``flags``.
+    """Run ``TREE/pretrain_gpt.py`` with :data:`CPU_FLAGS`, ``--train-iters`` and ``flags``
+    (``options``: :func:`pretrain_gpt_command`'s).
 
     ``work_dir`` (created if missing) holds the captured spans
     (``spans.jsonl``, emptied first), the signal record (``signals.json``) and
@@ -321,10 +313,7 @@ def run_pretrain_gpt(
     (``spans.0.jsonl``...). Returns when the process has ended, however it
     ended (a signal's death is a negative ``returncode``).
     """
-    tree, argv, environment = pretrain_gpt_command(
-        tree, flags, work_dir=work_dir, train_iters=train_iters, telemetry=telemetry,
-        span_groups=span_groups, env=env, nproc=nproc,
-    )  # fmt: skip
+    tree, argv, environment = pretrain_gpt_command(tree, flags, **options)
     completed = subprocess.run(
         argv,
         cwd=tree,
@@ -336,7 +325,7 @@ def run_pretrain_gpt(
         check=False,
     )
     rank_spans, rank_signals = {}, {}
-    for rank in range(nproc):
+    for rank in range(options.get("nproc", 1)):
         spans_file = Path(environment[SPANS_FILE].replace(RANK_FIELD, str(rank)))
         signals_file = Path(environment[SIGNALS_FILE].replace(RANK_FIELD, str(rank)))
         rank_spans[rank] = read_spans(spans_file)
