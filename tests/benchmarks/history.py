@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import REPO_ROOT, Run
+from harness import REPO_ROOT, Run, interleaved
 from trace_commands import FLOOR_SCRIPT, TRACE_SCRIPT, measure_process
 
 
@@ -52,11 +52,7 @@ def bench_long_history(repeats: int) -> dict[str, Any]:
                 wall, _, peak = measure_process(argv)
                 walls[name].append(wall)
                 peaks[name].append(peak)
-        out = subprocess.run(
-            report_argv, capture_output=True, text=True, check=True,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        ).stdout  # fmt: skip
-        report = json.loads(out.splitlines()[-1])
+        report = _report_json(report_argv)
     finally:
         for child in directory.iterdir():
             child.unlink()
@@ -101,9 +97,19 @@ def section_history(run: Run) -> None:
     section_metrics_week(run)
 
 
+def _report_json(argv: list[str]) -> dict[str, Any]:
+    """What ``report --json`` (``argv``, run once more, untimed) printed."""
+    out = subprocess.run(
+        argv, capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    ).stdout  # fmt: skip
+    return json.loads(out.splitlines()[-1])
+
+
 def bench_metrics_week(repeats: int) -> dict[str, Any]:
-    """``report --json`` of a week's trace with its metrics beside it and without them,
-    interleaved; medians of wall time, and the wasted-iterations bound each gives."""
+    """``report --json`` of a week's trace with its metrics beside it over the same trace
+    without them (:func:`~harness.interleaved`: the median of the repetitions' ratios,
+    and each side's median wall time), and the wasted-iterations bound each gives."""
     sys.path.insert(0, str(REPO_ROOT / "tests" / "support"))
     import ground_truth as gt
 
@@ -120,34 +126,27 @@ def bench_metrics_week(repeats: int) -> dict[str, Any]:
         (path,) = gt.write(simulated, beside / "traces.jsonl")
         shutil.copy(path, alone / "traces.jsonl")
         metrics_mb = (beside / "metrics.jsonl").stat().st_size / 2**20
+        os.sync()  # the 320 MB written back before the timing, not during it
+        report = [py, "-c", TRACE_SCRIPT, "msgspec", "report", "--json"]
         argv = {
-            name: [
-                py,
-                "-c",
-                TRACE_SCRIPT,
-                "msgspec",
-                "report",
-                "--json",
-                str(folder / "traces.jsonl"),
-            ]
+            name: [*report, str(folder / "traces.jsonl")]
             for name, folder in (("beside", beside), ("alone", alone))
         }
-        walls: dict[str, list[float]] = {name: [] for name in argv}
-        for _ in range(repeats):
-            for name, command in argv.items():
-                walls[name].append(measure_process(command)[0])
-        lower = {}
-        for name, command in argv.items():
-            out = subprocess.run(
-                command, capture_output=True, text=True, check=True,
-                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-            ).stdout  # fmt: skip
-            lower[name] = json.loads(out.splitlines()[-1])["bounds"]["wasted_iterations"]["lower"]
+        ratio, with_metrics, without = interleaved(
+            lambda: measure_process(argv["beside"])[0],
+            lambda: measure_process(argv["alone"])[0],
+            repeats,
+        )
+        lower = {
+            name: _report_json(command)["bounds"]["wasted_iterations"]["lower"]
+            for name, command in argv.items()
+        }
     finally:
         shutil.rmtree(directory)
     return {
         "metrics_mb": metrics_mb,
-        "wall": {name: statistics.median(values) for name, values in walls.items()},
+        "ratio": ratio,
+        "wall": {"beside": with_metrics, "alone": without},
         "wasted_lower": lower,
         "true_wasted": simulated.truth.wasted_iterations,
     }
@@ -158,7 +157,7 @@ def section_metrics_week(run: Run) -> None:
     wall, lower = figures["wall"], figures["wasted_lower"]
     run.record(
         "report_metrics_week_ratio",
-        wall["beside"] / wall["alone"],
+        figures["ratio"],
         f"{wall['beside']:.2f} s with its {figures['metrics_mb']:.0f} MB of metrics (wasted "
         f"iterations ≥ {lower['beside']}, true {figures['true_wasted']})",
         f"{wall['alone']:.2f} s without (≥ {lower['alone']})",
