@@ -188,5 +188,5 @@ def add_listen_arguments(parser: argparse.ArgumentParser, when: str = "") -> Non
             type=listen_address(f"{flag} {port}"),
             default=default,
             metavar="HOST:PORT",
-            help=f"{when}{transport} listen address, or off (default {default})",
+            help=f"{when}the {transport} listen address, or off (default {default})",
         )

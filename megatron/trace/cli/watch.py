@@ -272,7 +272,7 @@ def add_parser(subparsers: Any) -> None:
         "'receive' extra): write what arrives to DIR/JOB/rank<N>/ and watch each job "
         "from when its first file appears, its series labelled run_id=JOB",
     )
-    add_listen_arguments(parser, when="with --receive: the ")
+    add_listen_arguments(parser, when="with --receive: ")
     parser.add_argument(
         "--listen",
         type=_listen,

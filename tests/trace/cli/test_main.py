@@ -7,6 +7,7 @@ would, in a fresh interpreter with ``-OO``.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -65,6 +66,8 @@ def test_help_is_plain_text_without_docstring_markup(
 ) -> None:
     text = _help_here([command], capsys)
     assert "``" not in text and ":func:" not in text and ":mod:" not in text
+    # help assembled from pieces ("with --receive: " + "the ...") says no word twice
+    assert not re.search(r"\b([a-z]+)\s+\1\b", text), text
     description = text.split("\n\n")[1]
     assert len(description.split()) > 8  # says what the command does
 
