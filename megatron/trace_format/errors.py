@@ -22,6 +22,7 @@ __all__ = [
     "CompressedTraceError",
     "MissingExtraError",
     "NoSpansError",
+    "SpansReadTwiceError",
     "SpillError",
     "TraceError",
     "TraceFileDamaged",
@@ -73,6 +74,11 @@ class CompressedTraceError(TraceInputError):
 
 class WindowError(TraceInputError):
     """A ``--since`` / ``--until`` / ``--ranks`` value that names nothing."""
+
+
+class SpansReadTwiceError(TraceInputError):
+    """The files hold one span twice (one file named twice, or a job's own file with a
+    receiver's copy of it): every figure would count its time twice."""
 
 
 class SpillError(TraceError, RuntimeError):

@@ -39,7 +39,7 @@ from megatron.trace.live.follow import Follower
 from megatron.trace.live.job import HANG_FACTOR, HANG_FLOOR_S, KILLED_AFTER_S, LiveJob
 from megatron.trace.render.metrics.otlp_push import OtlpPush
 from megatron.trace.render.metrics.prometheus import SnapshotCollector, prometheus_client
-from megatron.trace_format.errors import TraceError, TraceInputError
+from megatron.trace_format.errors import SpansReadTwiceError, TraceError, TraceInputError
 from megatron.trace_format.semconv import STALE_AFTER_S
 
 __all__ = ["add_parser", "run"]
@@ -87,6 +87,9 @@ class _Followed:
         self.cached_at = 0.0
         self.dirty = True
         self.failed = ""
+        # the files hold one span twice: every figure would count it twice, so none is served
+        self.refused: SpansReadTwiceError | None = None
+        self.refusal_said = False
 
     def add(self, path: Path) -> None:
         if self.follower.add(path):
@@ -99,6 +102,8 @@ class _Followed:
         if self.dirty or now - self.cached_at >= 1.0:
             try:
                 self.cached = self.job.snapshot(Clock.at(None, stale_after))
+            except SpansReadTwiceError as error:
+                self.cached, self.refused = None, error
             except TraceError as error:  # metrics.jsonl damaged, say: keep the last figures
                 if str(error) != self.failed:
                     _warn(str(error))
@@ -152,6 +157,17 @@ class _Watch:
         with self.lock:
             found = [f.snapshot(now, self.stale_after) for f in self.followed()]
         return [snapshot for snapshot in found if snapshot is not None]
+
+    def refuse(self) -> None:
+        """Raise the named files' refusal (exit 2: the user named one copy too many); warn,
+        once, of a received job's, whose series are withdrawn while the others stay."""
+        with self.lock:
+            if self.named is not None and self.named.refused is not None:
+                raise self.named.refused
+            for name, followed in self.jobs.items():
+                if followed.refused is not None and not followed.refusal_said:
+                    followed.refusal_said = True
+                    _warn(f"job {name}: {followed.refused}")
 
     def close(self) -> None:
         for followed in self.followed():
@@ -223,6 +239,7 @@ def _serve(args: argparse.Namespace) -> int:
         _say(f"serving http://{host}:{bound}/metrics for " + ", ".join(watched))
         while True:
             watch.poll()
+            watch.refuse()  # what the last scrape or push found
             time.sleep(args.interval)
     finally:
         if receiver is not None:

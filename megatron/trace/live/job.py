@@ -68,7 +68,7 @@ from megatron.trace.live.accounting import LiveAccounting
 from megatron.trace.live.facts import FactsCaches
 from megatron.trace.live.growing import GrowingTrace
 from megatron.trace.live.stragglers import LiveStragglers
-from megatron.trace.model.builder import TraceBuilder
+from megatron.trace.model.builder import TraceBuilder, refuse_spans_read_twice
 from megatron.trace.model.incarnation import Incarnation, Trace
 from megatron.trace.otlp.reader import decode_line
 from megatron.trace_format.errors import TraceFileDamaged
@@ -195,10 +195,13 @@ class LiveJob:
         return added
 
     def snapshot(self, clock: Clock) -> Snapshot | None:
-        """The figures as of ``clock``; ``None`` before the first span."""
+        """The figures as of ``clock``; ``None`` before the first span. Raises
+        :class:`~megatron.trace_format.errors.SpansReadTwiceError` once the files hold one
+        span twice (every figure would count it twice), and from then on."""
         if not self.builder.span_count:
             return None
         finish = self.growing.finish()
+        refuse_spans_read_twice(self.builder)
         trace = finish.trace
         self._facts.attach(finish)
         liveness = judge(trace, list(self.trace_files), clock)

@@ -43,7 +43,7 @@ from megatron.trace.otlp.reader import (
     paused_gc,
     span_fields,
 )
-from megatron.trace_format.errors import TraceInputError
+from megatron.trace_format.errors import SpansReadTwiceError
 from megatron.trace_format.records import SpanRecord
 from megatron.trace_format.semconv import (
     CHECKPOINT_EXIT_FINALIZE_SPAN,
@@ -400,7 +400,7 @@ def load_trace(
     Several files are read in ``jobs`` parallel processes (default: one per
     file, up to the cores), or on ``executor``. Raises
     :class:`~megatron.trace.otlp.reader.TraceFileDamaged` on damage, and
-    :class:`~megatron.trace_format.errors.TraceInputError` when the files hold one
+    :class:`~megatron.trace_format.errors.SpansReadTwiceError` when the files hold one
     span twice (every figure would count it twice); torn writes are in
     ``trace.stats.torn``.
     """
@@ -411,13 +411,13 @@ def load_trace(
 
 
 def refuse_spans_read_twice(builder: TraceBuilder) -> None:
-    """Raise :class:`~megatron.trace_format.errors.TraceInputError` when the finished
+    """Raise :class:`~megatron.trace_format.errors.SpansReadTwiceError` when the finished
     ``builder`` read one span twice (:meth:`TraceBuilder.repeated_span`): every figure
     drawn from it would count that span's time twice."""
     repeated = builder.repeated_span()
     if repeated is not None:
         first, second = repeated
-        raise TraceInputError(
+        raise SpansReadTwiceError(
             f"{_where(second)}: span {second['name']} {second['span_id']} was read already, "
             f"at {_where(first)}: the files hold the same spans twice (a job's own file and "
             f"a receiver's copy of it?), and every figure would count them twice; name one "

@@ -29,6 +29,7 @@ from megatron.trace.analysis.goodput import report_files
 from megatron.trace.analysis.liveness import Clock
 from megatron.trace.live.follow import Follower, is_rotated_copy
 from megatron.trace.live.job import LiveJob
+from megatron.trace_format.errors import SpansReadTwiceError
 
 LATER = up.T0 / 1e9 + 10**6  # long after any span of the upstream-shaped files
 
@@ -467,3 +468,78 @@ def test_a_sigterm_as_soon_as_it_serves_stops_it_cleanly(tmp_path: Path) -> None
         rest = child.stderr.read()  # type: ignore[union-attr]
         assert rest.endswith("megatron-trace watch: stopped\n"), rest
         assert "Traceback" not in rest
+
+
+def test_a_copy_read_with_its_file_gives_no_figures(tmp_path: Path) -> None:
+    """A job's own file and a receiver's copy of it hold the same spans: followed together,
+    each would count twice (a wall clock of decades). The job's snapshot refuses, naming
+    the two places of a span read twice, as ``report`` does, and keeps refusing."""
+    path = g.write(tmp_path / "t.jsonl", g.lifecycle(0, kill_after=1))
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(path.read_bytes())
+    follower = Follower([path, copy])
+    job = LiveJob([path, copy])
+    job.add_lines(follower.poll())
+    clock = Clock.at(LATER, 30.0)
+    for _ in range(2):
+        with pytest.raises(SpansReadTwiceError, match=re.escape(f"was read already, at {path}:1")):
+            job.snapshot(clock)
+    follower.close()
+
+
+@pytest.mark.needs_extras  # prometheus_client (the watch extra)
+def test_watch_of_a_file_and_its_copy_ends_with_one_error(tmp_path: Path) -> None:
+    """Named on the command line, the copy is the user's slip: the first scrape finds it,
+    serves no figure, and ``watch`` ends with one line naming both files and exit 2."""
+    path = tmp_path / "traces.jsonl"
+    up.killed_and_resumed(path)
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(path.read_bytes())
+    child, first = _start(["--listen", "127.0.0.1:0", str(path), str(copy)])
+    try:
+        port = int(re.search(r"127.0.0.1:(\d+)/metrics for ", first).group(1))  # type: ignore[union-attr]
+        # scrape until the files have been read (the bound only ends a hang)
+        deadline = time.monotonic() + 120
+        while child.poll() is None and time.monotonic() < deadline:
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+            except OSError:
+                break  # it stopped between two scrapes
+            assert "megatron_training_wall_clock_seconds{" not in text, text
+            time.sleep(0.2)
+        assert child.wait(timeout=60) == 2
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    rest = child.stderr.read()  # type: ignore[union-attr]
+    assert rest.startswith(f"megatron-trace watch: error: {copy}:"), rest
+    assert f"was read already, at {path}:" in rest and rest.count("\n") == 1, rest
+
+
+def test_a_received_job_holding_a_span_twice_loses_its_series_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With ``--receive``, one job's folder holding the same spans twice withdraws that job's
+    figures, said once; the receiver and the other jobs carry on."""
+    from megatron.trace.cli.main import build_parser
+    from megatron.trace.cli.watch import _Watch
+
+    spans = g.lifecycle(0, kill_after=1)
+    for job, ranks in (("good", ["rank0"]), ("twice", ["rank0", "rank1"])):
+        for rank in ranks:  # the same process's spans in two ranks' files
+            (tmp_path / job / rank).mkdir(parents=True)
+            g.write(tmp_path / job / rank / "traces.jsonl", spans)
+    args = build_parser("watch").parse_args(["watch", "--receive", str(tmp_path)])
+    watch = _Watch(args)
+    try:
+        for _ in range(3):
+            watch.poll()
+            served = {snapshot.run_id for snapshot in watch.snapshot()}
+            watch.refuse()  # raises only for files named on the command line
+            assert served == {"good"}
+    finally:
+        watch.close()
+    said = capsys.readouterr().err
+    assert said.count("megatron-trace watch: warning: job twice: ") == 1, said
+    assert f"was read already, at {tmp_path / 'twice' / 'rank0' / 'traces.jsonl'}:1" in said
