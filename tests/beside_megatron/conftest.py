@@ -149,7 +149,7 @@ class Beside:
         incarnation of 6 one-second iterations after a 2 s startup) correctly."""
         assert self.script.is_file(), self.script
         checked = self.ok([self.script, "check", trace], pythonpath)
-        assert checked.startswith("ok: 14 spans, 1 incarnations on 1 ranks, 0 violations")
+        assert checked.startswith("ok: 14 spans, 1 incarnation on 1 rank, 0 violations")
         reported = self.ok([self.script, "report", "--json", trace], pythonpath)
         report = json.loads(reported.splitlines()[-1])  # the text, then the JSON, last
         assert report["goodput_s"] == 6.0

@@ -107,7 +107,7 @@ def test_a_clean_run_checks_and_accounts(tmp_path, capsys, groups) -> None:
     chosen = up.PER_STEP_GROUPS if groups == "per_step" else up.DEFAULT_GROUPS
     read = read_all(tmp_path, capsys, up.clean_run(tmp_path / "traces.jsonl", groups=chosen))
     assert read.check_status == 0, read.check_lines
-    summary = f"ok: {len(read.spans)} spans, 1 incarnations on 1 ranks, 0 violations"
+    summary = f"ok: {len(read.spans)} spans, 1 incarnation on 1 rank, 0 violations"
     assert read.check_lines == [summary]
     report = read.report
     assert incarnations(report) == [("shutdown", 0, 29)]
@@ -151,7 +151,7 @@ def test_a_run_without_checkpointing_is_goodput_not_other(tmp_path, capsys) -> N
     assert not [s for s in read.spans if s["name"] == "megatron.train"]
     assert {s["parent_id"] for s in read.spans if s["name"] == "megatron.train.iteration"} == {None}
     assert read.check_status == 0, read.check_lines
-    summary = f"ok: {len(read.spans)} spans, 1 incarnations on 1 ranks, 0 violations"
+    summary = f"ok: {len(read.spans)} spans, 1 incarnation on 1 rank, 0 violations"
     assert read.check_lines == [summary]
     report = read.report
     assert incarnations(report) == [("shutdown", 0, 29)]
@@ -220,7 +220,7 @@ def test_killed_in_iteration_25_then_resumed_from_20(tmp_path, capsys, shape) ->
     read = read_all(tmp_path, capsys, RESTARTS[shape](tmp_path / "traces.jsonl"))
     assert read.check_status == 0, read.check_lines
     assert read.check_lines[0].startswith(KILLED)
-    assert read.check_lines[-1].endswith(" 2 incarnations on 1 ranks, 0 violations")
+    assert read.check_lines[-1].endswith(" 2 incarnations on 1 rank, 0 violations")
     report = read.report
     assert incarnations(report) == [("killed", 0, 24), ("shutdown", 20, 39)]
     assert report["wasted_iterations"] == 5

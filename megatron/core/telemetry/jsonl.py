@@ -55,6 +55,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from megatron.core.telemetry._otlp_json import encode_metrics, encode_spans
 from megatron.trace_format.files import metrics_file_for
+from megatron.trace_format.words import counted
 
 try:
     import fcntl
@@ -342,7 +343,7 @@ class ExportFailures:
         """One line with the totals, or None when nothing failed."""
         if not self.exports:
             return None
-        line = f"{self.exports} {self.kind} export{'s' if self.exports != 1 else ''} failed"
+        line = f"{counted(self.exports, self.kind + ' export')} failed"
         if self.kind != "metric":  # a metric export carries totals the next one repeats
             line += f", {self.items} {self.kind}s lost"
         return f"{line} (first cause: {self.first_cause})"

@@ -49,6 +49,7 @@ from megatron.trace.analysis.sightings import completed, finished_shown, unseen_
 from megatron.trace.model.identity import rank_value
 from megatron.trace.model.incarnation import Incarnation
 from megatron.trace_format.semconv import Category
+from megatron.trace_format.words import counted
 
 __all__ = ["HIDDEN", "furthest_waste", "report_bounds", "window_bounds"]
 
@@ -254,7 +255,7 @@ def _shown(
         when = _ago(inc, incs[position + 1].start_ns, at)
         texts.append(
             f"incarnation {inc.index}: ≥ {top - horizon} (its metric export {when}: {name} "
-            f"says {top} iterations completed, its successor resumed from {horizon})"
+            f"says {counted(top, 'iteration')} completed, its successor resumed from {horizon})"
         )
     return texts
 

@@ -79,6 +79,7 @@ from megatron.trace.analysis.hangs import find_hang
 from megatron.trace.analysis.report import CheckpointAdvice, IntervalChoice
 from megatron.trace.model.incarnation import Incarnation
 from megatron.trace_format.semconv import ITERATION
+from megatron.trace_format.words import counted
 
 __all__ = [
     "ADVICE_RULE",
@@ -282,7 +283,7 @@ def checkpoint_advice(
         )
     if mtbf_s is None:
         not_computed.append(
-            f"{failures} failure{'s' if failures != 1 else ''} (kills, "
+            f"{counted(failures, 'failure')} (kills, "
             f"crashes, hangs) in {run_s:.3f} s of running, under the {MIN_FAILURES} a mean "
             "time between failures needs: give it with --mtbf DURATION"
         )

@@ -12,6 +12,7 @@ from typing import Any
 from megatron.trace.analysis.check import check_files
 from megatron.trace.cli.options import add_command, clock, reading_on
 from megatron.trace_format.errors import NoSpansError
+from megatron.trace_format.words import counted
 
 __all__ = ["add_parser", "run"]
 
@@ -28,9 +29,9 @@ def run(args: argparse.Namespace) -> int:
     for line in result.violations:
         print(line)
     print(
-        f"{'FAILED' if result.violations else 'ok'}: {trace.span_count} spans, "
-        f"{len(trace.incarnations)} incarnations on {len(trace.ranks)} ranks, "
-        f"{len(result.violations)} violations"
+        f"{'FAILED' if result.violations else 'ok'}: {counted(trace.span_count, 'span')}, "
+        f"{counted(len(trace.incarnations), 'incarnation')} on "
+        f"{counted(len(trace.ranks), 'rank')}, {counted(len(result.violations), 'violation')}"
     )
     return 1 if result.violations else 0
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from megatron.trace.cli.options import exit_statuses, say
 from megatron.trace_format.errors import TraceInputError, TraceOutputError
+from megatron.trace_format.words import counted
 
 __all__ = [
     "DEFAULT_GRPC",
@@ -112,9 +113,9 @@ def run(args: argparse.Namespace) -> int:
     jobs = len({path.parent.parent for path in files})
     refused = receiver.files.refused
     _say(
-        f"stopped: {receiver.requests} export requests, "
-        f"{sum(receiver.files.lines.values())} lines in {len(files)} files of {jobs} "
-        f"job{'' if jobs == 1 else 's'} under {args.out}"
+        f"stopped: {counted(receiver.requests, 'export request')}, "
+        f"{counted(sum(receiver.files.lines.values()), 'line')} in "
+        f"{counted(len(files), 'file')} of {counted(jobs, 'job')} under {args.out}"
         + (f"; {refused} resource entries refused (--max-folders)" if refused else "")
         + (
             f"; {receiver.files.duplicates} resent lines written once"

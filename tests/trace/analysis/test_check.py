@@ -27,7 +27,7 @@ def test_clean_file_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     path = g.write(tmp_path / "t.jsonl", g.lifecycle(0))
     status, lines = run_check(capsys, path)
     assert status == 0
-    assert lines == ["ok: 14 spans, 1 incarnations on 1 ranks, 0 violations"]
+    assert lines == ["ok: 14 spans, 1 incarnation on 1 rank, 0 violations"]
 
 
 def _break_index(spans: Spans) -> None:
@@ -132,7 +132,7 @@ def test_killed_then_resumed_is_reported_not_a_violation(
         "2 finished spans have no parent in the file (an export that failed, e.g. on a full "
         "disk, looks the same)"
     )
-    assert lines[-1] == "ok: 32 spans, 2 incarnations on 1 ranks, 0 violations"
+    assert lines[-1] == "ok: 32 spans, 2 incarnations on 1 rank, 0 violations"
 
 
 def test_killed_right_after_a_reroot_is_reported(
@@ -164,7 +164,7 @@ def test_killed_without_an_interval_names_the_iteration_in_flight(
     assert lines[0].startswith(
         "killed: rank 0 incarnation 0: its in-flight iteration is missing (SIGKILL); 1 finished"
     )
-    assert lines[-1] == "ok: 5 spans, 1 incarnations on 1 ranks, 0 violations"
+    assert lines[-1] == "ok: 5 spans, 1 incarnation on 1 rank, 0 violations"
 
 
 def test_killed_during_startup_is_reported(
@@ -269,4 +269,4 @@ def test_several_ranks_each_checked(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert status == 1
     (violation,) = [line for line in lines if line.startswith("interval-index:")]
     assert "rank 1 incarnation 0" in violation and str(one) in violation
-    assert lines[-1] == "FAILED: 28 spans, 2 incarnations on 2 ranks, 1 violations"
+    assert lines[-1] == "FAILED: 28 spans, 2 incarnations on 2 ranks, 1 violation"

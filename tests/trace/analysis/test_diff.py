@@ -122,8 +122,9 @@ def test_the_gate_on_runs_without_iteration_spans_is_not_a_pass(tmp_path: Path, 
 def test_runs_of_different_lengths_compare_per_iteration(tmp_path: Path, capsys) -> None:
     a = g.write(tmp_path / "a.jsonl", g.lifecycle(0, intervals=2))
     b = g.write(tmp_path / "b.jsonl", g.lifecycle(0, intervals=8))
-    result, _ = _diff(capsys, str(a), str(b))
+    result, text = _diff(capsys, str(a), str(b))
     assert result["progress_iterations"] == {"a": 4, "b": 16, "delta": 12, "delta_pct": 300.0}
+    assert f"A: {a}  (rank 0, 1 incarnation, 4 iterations, " in text  # one, in the singular
     for share in (result["goodput"], result["badput"]["checkpoint_save"]):
         assert share["delta"]["per_iteration_s"] == 0  # the same rate
         assert share["delta"]["s"] > 0  # a longer run

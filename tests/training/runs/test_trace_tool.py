@@ -51,7 +51,7 @@ def test_clean_run_checks_and_wastes_nothing(training_cli):
     check = _trace_tool(cli, "check", TRACE)
     assert check.returncode == 0, check.stdout + check.stderr
     (line,) = check.stdout.splitlines()  # nothing killed, nothing torn
-    assert line.startswith("ok: ") and line.endswith(" 1 incarnations on 1 ranks, 0 violations")
+    assert line.startswith("ok: ") and line.endswith(" 1 incarnation on 1 rank, 0 violations")
 
     report = _report(cli)
     assert report["wasted_iterations"] == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from megatron.trace_format.semconv import BADPUT_CATEGORIES, STARTUP_PHASE_PREFIX, Category
+from megatron.trace_format.words import counted
 
 __all__ = ["format_diff"]
 
@@ -22,10 +23,12 @@ def _num(value: float | None, spec: str, signed: bool = False) -> str:
 def _side_line(name: str, side: dict[str, Any]) -> str:
     files = side["files"]
     shown = ", ".join(files[:3]) + (f", … ({len(files)} files)" if len(files) > 3 else "")
-    iterations = "?" if side["iterations"] is None else side["iterations"]
+    iterations = (
+        "? iterations" if side["iterations"] is None else counted(side["iterations"], "iteration")
+    )
     return (
-        f"{name}: {shown}  (rank {side['rank']}, {side['incarnations']} incarnations, "
-        f"{iterations} iterations, {side['spans']} spans"
+        f"{name}: {shown}  (rank {side['rank']}, {counted(side['incarnations'], 'incarnation')}, "
+        f"{iterations}, {counted(side['spans'], 'span')}"
         + (", running" if side["running"] else "")
         + ")"
     )

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from megatron.trace_format.words import counted
+
 __all__ = ["bound_text", "duration_label", "format_report"]
 
 _PRINTED_ANOMALIES = 5  # the slowest iterations the text names (the JSON lists 20)
@@ -82,7 +84,8 @@ def format_report(report: dict[str, Any]) -> str:
         )
     lines += [
         f"{'wall clock':<17}{share('wall clock')}"
-        f"   (rank {report['rank']}, {report['spans']} spans)" + _source(bounds.get("wall_s")),
+        f"   (rank {report['rank']}, {counted(report['spans'], 'span')})"
+        + _source(bounds.get("wall_s")),
         f"{'goodput':<17}{share('goodput')}",
         "badput:",
     ]
@@ -306,8 +309,8 @@ def _advice_lines(report: dict[str, Any]) -> list[str]:
     saves, failures = advice["saves"], advice["failures"]
     lines = [
         f"checkpoint interval: save {figure(advice['save_s'], 's')} "
-        f"({saves} save{'' if saves == 1 else 's'}), "
-        f"{failures} failure{'' if failures == 1 else 's'} in {advice['run_s']:.3f} s, "
+        f"({counted(saves, 'save')}), "
+        f"{counted(failures, 'failure')} in {advice['run_s']:.3f} s, "
         "mean time between failures "
         f"{figure(advice['mtbf_s'], 's')}{f' ({source})' if source else ''}, restart "
         f"{figure(advice['restart_s'], 's')}"
@@ -317,9 +320,13 @@ def _advice_lines(report: dict[str, Any]) -> list[str]:
         if choice is None:
             lines.append(f"  {name:<12} ?")
             continue
-        every = "?" if choice["iterations"] is None else choice["iterations"]
+        every = (
+            "? iterations"
+            if choice["iterations"] is None
+            else counted(choice["iterations"], "iteration")
+        )
         lines.append(
-            f"  {name:<12} every {every} iterations ({choice['interval_s']:.3f} s of training): "
+            f"  {name:<12} every {every} ({choice['interval_s']:.3f} s of training): "
             f"badput {figure(choice['badput_per_day_s'], 's', '.1f')} a day"
         )
     model = advice.get("badput_model")

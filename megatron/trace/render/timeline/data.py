@@ -47,6 +47,7 @@ from megatron.trace_format.semconv import (
     STARTUP_SPAN,
     Category,
 )
+from megatron.trace_format.words import counted
 
 __all__ = [
     "BAR_INTERVAL",
@@ -394,7 +395,7 @@ def _wasted_bar(lane: Lane, inc: Incarnation, waste: dict[str, Any]) -> Bar:
     horizon, count = waste["horizon"], waste["wasted_iterations"]
     last = inc.last_iteration
     numbers = f"{horizon}–{last}" if last is not None and last >= horizon else f"{horizon}–"
-    details = [f"{count} iterations ({numbers}) whose results were lost"]
+    details = [f"{counted(count, 'iteration')} ({numbers}) whose results were lost"]
     if inc.ended == "killed":
         details.append("killed: its interval in flight was never written (SIGKILL)")
     if waste["resumed"]:

@@ -45,6 +45,7 @@ from megatron.trace_format.semconv import (
     GRAD_SYNC_FINISH_SPAN,
     Category,
 )
+from megatron.trace_format.words import counted
 
 __all__ = [
     "CATEGORIES",
@@ -362,7 +363,9 @@ def _window_hover(window: GoodputWindow) -> str:
         seconds = entry["accounting_ns"][category] / 1e9
         lines.append(f"{category.replace('_', ' ')} {duration_text(seconds)}")
     if entry.get("iterations"):
-        lines.append(f"{entry['iterations']} iterations, mean {entry['iteration_mean_ms']} ms")
+        lines.append(
+            f"{counted(entry['iterations'], 'iteration')}, mean {entry['iteration_mean_ms']} ms"
+        )
     return "<br>".join(lines)
 
 
