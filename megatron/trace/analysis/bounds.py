@@ -16,6 +16,9 @@ process really died. So:
   unattributed time; each category whose spans a kill can take with it
   (:data:`HIDDEN`) at least its figure and at most that plus the unattributed time
   (and any ``other`` of the rank: a lost span's time the file shows no cover for);
+  goodput only the unattributed time whose progress may have survived
+  (:func:`_may_have_kept`: not when the successor resumed from the last checkpoint the
+  files show, or afresh);
 * a final killed incarnation (no successor) ended some unknown time after its last
   span: the wall clock is a lower bound, and those categories have no upper bound;
 * ``report --window``: a window holding unattributed time, or the last window when
@@ -42,9 +45,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from megatron.trace.analysis.accounting import seconds
+from megatron.trace.analysis.resumed import resume_ranges
 from megatron.trace.analysis.sightings import completed, finished_shown, unseen_from
 from megatron.trace.model.identity import rank_value
 from megatron.trace.model.incarnation import Incarnation
@@ -136,39 +140,74 @@ def _ceil6(value: float) -> float:
     return min(1.0, math.ceil(value * 1e6) / 1e6)
 
 
-def _unseen(
-    incs: list[Incarnation], accounting: dict[str, Any]
-) -> list[tuple[Incarnation, int, int, int, int]]:
-    """(incarnation, where its unattributed time begins, until when its metric points show
-    it alive, its successor's start, the ns of what its metric points show redone that may
-    be a save in flight instead) of each killed incarnation followed by another: from its
-    last span (or the end of what its metric points show redone) to the successor nothing
-    says what the time was (:func:`~megatron.trace.analysis.sightings.unseen_from`)."""
+class _Unseen(NamedTuple):
+    """A killed incarnation followed by another, and its unattributed time: from its last
+    span (or the end of what its metric points show redone) to the successor nothing says
+    what the time was (:func:`~megatron.trace.analysis.sightings.unseen_from`)."""
+
+    inc: Incarnation
+    start: int  # where its unattributed time begins
+    seen: int  # until when its metric points show it alive
+    successor: int  # its successor's start
+    doubt: int  # the ns of what its metric points show redone that may be a save in flight
+    #: whether progress made in that time may have survived it (:func:`_may_have_kept`)
+    kept: bool
+
+
+def _unseen(incs: list[Incarnation], accounting: dict[str, Any]) -> list[_Unseen]:
+    """Each killed incarnation's unattributed time (:class:`_Unseen`), in order."""
     found = []
+    resumed = resume_ranges(incs)
     for position, inc in enumerate(incs[:-1]):
         if inc.ended != "killed":
             continue
         successor = incs[position + 1].start_ns
         horizon = accounting["per_incarnation"][position]["placed_horizon"]
         start, seen, doubt = unseen_from(inc, horizon, successor)
-        found.append((inc, min(start, successor), min(seen, successor), successor, doubt))
+        kept = _may_have_kept(inc, resumed[position][0], horizon)
+        found.append(
+            _Unseen(inc, min(start, successor), min(seen, successor), successor, doubt, kept)
+        )
     return found
 
 
-def _rank_tail(
-    incs: list[Incarnation], accounting: dict[str, Any]
-) -> tuple[int, int, int, int, bool]:
-    """(the unattributed ns between killed incarnations' last records and their successors'
-    starts, the part of it their metric points show them alive, the ns booked as wasted
-    progress from their metric points that may be a save in flight instead, the ns a
-    category may hold beyond its figure, whether the last incarnation was killed)."""
+def _may_have_kept(inc: Incarnation, resumed: int, horizon: int | None) -> bool:
+    """Whether the progress a killed incarnation made after its last record may have
+    survived it, so that its unattributed time may be goodput.
+
+    It survived only if the successor resumed (at ``horizon``) from a checkpoint saved in
+    that time: past every iteration the files show durable before it, its durable saves
+    and where it resumed itself (at least ``resumed``). A successor that resumed from one
+    of those (saved 200, killed, resumed from 200; or killed before its first save and
+    restarted afresh) kept nothing of that time. Where the files do not place the
+    successor's resume point (``horizon`` None), it may have."""
+    if horizon is None:
+        return True
+    return horizon > max([*inc.durable_saves(), resumed])
+
+
+class _Tail(NamedTuple):
+    """What a rank's killed incarnations leave unattributed, in ns."""
+
+    gap: int  # between their last records and their successors' starts
+    alive: int  # the part of it their metric points show them alive
+    doubt: int  # booked as wasted progress from their metric points: a save in flight?
+    spare: int  # what a category may hold beyond its figure
+    kept: int  # what goodput may hold beyond its figure (:func:`_may_have_kept`)
+    open_end: bool  # whether the last incarnation was killed
+
+
+def _rank_tail(incs: list[Incarnation], accounting: dict[str, Any]) -> _Tail:
+    """The rank's :class:`_Tail`."""
     unseen = _unseen(incs, accounting)
-    gap = sum(successor - start for _, start, _, successor, _ in unseen)
-    alive = sum(seen - start for _, start, seen, _, _ in unseen)
-    doubt = sum(entry[4] for entry in unseen)
+    gap = sum(u.successor - u.start for u in unseen)
+    alive = sum(u.seen - u.start for u in unseen)
+    doubt = sum(u.doubt for u in unseen)
+    kept = sum(u.successor - u.start + u.doubt for u in unseen if u.kept)
     killed = any(inc.ended == "killed" for inc in incs)
     other = accounting["totals_ns"][Category.OTHER] if killed else 0
-    return gap, alive, doubt, gap + doubt + other, bool(incs) and incs[-1].ended == "killed"
+    open_end = bool(incs) and incs[-1].ended == "killed"
+    return _Tail(gap, alive, doubt, gap + doubt + other, kept + other, open_end)
 
 
 def _guessed(incs: list[Incarnation], accounting: dict[str, Any]) -> tuple[int, list[int]]:
@@ -279,7 +318,7 @@ def report_bounds(
         killed = _killed(incs)
         if not killed:
             continue
-        gap, alive, doubt, spare, open_end = _rank_tail(incs, acc)
+        gap, alive, doubt, spare, kept, open_end = _rank_tail(incs, acc)
         guessed, unplaced = _guessed(incs, acc)
         totals, wall = acc["totals_ns"], acc["wall_ns"]
         where = f"rank {rank_value(rank)}: incarnations {killed} were SIGKILLed"
@@ -305,11 +344,11 @@ def report_bounds(
                 source = f"its last metric export, {_ago(last)}" if narrows else None
                 bound(f"{prefix}wall_s", seconds(wall), None, unattributed, source)
                 bound(f"{prefix}goodput_fraction", None, None, unattributed)
-            elif (spare or guessed) and wall:
+            elif (kept or guessed) and wall:
                 bound(f"{prefix}goodput_fraction", _floor6(goodput / wall),
-                      _ceil6((goodput + spare + guessed) / wall), unattributed)  # fmt: skip
-            if spare or open_end or guessed:
-                upper = None if open_end else seconds(goodput + spare + guessed)
+                      _ceil6((goodput + kept + guessed) / wall), unattributed)  # fmt: skip
+            if kept or open_end or guessed:
+                upper = None if open_end else seconds(goodput + kept + guessed)
                 bound(f"{prefix}goodput_s", seconds(goodput), upper, unattributed)
         if rank != job_rank:
             continue
@@ -343,7 +382,7 @@ def report_bounds(
                     # the last one may have saved after its last exported span
                     lower -= acc["per_incarnation"][-1]["wasted_progress_ns"]
                 bound(path, seconds(lower), upper, unattributed)
-        unseen = {id(e[0]): e[3] - e[1] for e in _unseen(incs, acc)}
+        unseen = {id(u.inc): u.successor - u.start for u in _unseen(incs, acc)}
         for inc, entry in zip(incs, acc["per_incarnation"], strict=True):
             if inc.ended != "killed":
                 continue
@@ -380,7 +419,7 @@ def report_bounds(
                   _wasted_reason(_killed(incs), texts), _exports_source(texts))  # fmt: skip
     job_incs = ranks[job_rank][0]
     beyond, seen_by = _finished_beyond_spans(job_incs)
-    counted = (
+    more = (
         f"; their metric points show {beyond} more finished (incarnations {seen_by})"
         if beyond
         else ""
@@ -393,10 +432,10 @@ def report_bounds(
     if report.get("iterations") is None and job_killed:
         bound("iterations.count", beyond + _clean_counts(job_incs) if beyond else 0, None,
               "no megatron.train.iteration span was exported before the kill (or the "
-              "per_step span groups are off)" + counted, source)  # fmt: skip
+              "per_step span groups are off)" + more, source)  # fmt: skip
     if report.get("iterations") and _killed(job_incs):
         bound("iterations.count", report["iterations"]["count"] + beyond, None,
-              _LOWER_COUNT.format(killed=_killed(job_incs)) + counted, source)  # fmt: skip
+              _LOWER_COUNT.format(killed=_killed(job_incs)) + more, source)  # fmt: skip
     if report.get("stragglers") is not None and job_killed:
         reason = "a lower bound: the iterations a kill kept from the file are not compared"
         bound("straggler_s", report["straggler_s"], None, reason)
@@ -410,7 +449,7 @@ def window_bounds(
     killed = _killed(incs)
     if not killed:
         return {}
-    stretches = [(entry[1], entry[3]) for entry in _unseen(incs, accounting)]
+    stretches = [(u.start, u.successor, u.kept) for u in _unseen(incs, accounting)]
     open_end = incs[-1].ended == "killed"
     reason = (
         f"incarnations {killed} were SIGKILLed: this window holds time between a killed "
@@ -421,23 +460,26 @@ def window_bounds(
     for entry in entries:
         lo = first + round(entry["start_s"] * 1e9)
         hi = first + round(entry["end_s"] * 1e9)
-        unknown = sum(max(0, min(hi, end) - max(lo, start)) for start, end in stretches)
+        overlaps = [(max(0, min(hi, end) - max(lo, start)), kept) for start, end, kept in stretches]
+        unknown = sum(overlap for overlap, _ in overlaps)
         open_here = open_end and entry is entries[-1]
         if not unknown and not open_here:
             continue
         why = reason if not open_here else f"{reason}; the last one ended after this window"
         totals = entry["accounting_ns"]
         good, wall = totals[Category.GOODPUT], totals["wall"]
-        spare = unknown + totals[Category.OTHER]
+        # goodput holds only the unknown time whose progress may have survived
+        spare = sum(overlap for overlap, kept in overlaps if kept) + totals[Category.OTHER]
         at = f"windows.entries.{entry['index']}."
 
         def bound(path: str, lower: Any, upper: Any, at: str = at, why: str = why) -> None:
             bounds[at + path] = {"lower": lower, "upper": upper, "reason": why}
 
-        bound("goodput_s", seconds(good), None if open_here else seconds(good + spare))
+        if spare or open_here:
+            bound("goodput_s", seconds(good), None if open_here else seconds(good + spare))
         if open_here:
             bound("goodput_fraction", None, None)
-        elif wall:
+        elif wall and spare:
             bound("goodput_fraction", _floor6(good / wall), _ceil6((good + spare) / wall))
         if unknown:
             gap = totals[Category.RESTART_GAP]

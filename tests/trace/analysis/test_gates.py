@@ -109,26 +109,27 @@ def test_every_help_lists_the_exit_statuses(command: str | None, capsys) -> None
 
 
 @pytest.fixture
-def killed_before_the_first_checkpoint(tmp_path: Path) -> list[Path]:
-    """Two ranks killed at iteration 7 before the first checkpoint (save interval 50, the
-    SDK's 5 s export delay), then resumed: the kill's last seconds are not in the files."""
+def killed_just_after_a_save(tmp_path: Path) -> list[Path]:
+    """Two ranks killed 1.5 s after the save of iteration 5 ended (the SDK's 5 s export
+    delay: the save's spans never reached the files), then resumed from that save: the
+    killed incarnation's last seconds may have been progress that survived."""
     import ground_truth as gt
 
     history = gt.History(
-        (gt.Plan(7, "killed", into=0.5, gap_s=40), gt.Plan(13)),
+        (gt.Plan(6, "killed", into=0.5, gap_s=40), gt.Plan(13)),
         ranks=2,
-        save_interval=50,
+        save_interval=5,
         export_delay_s=(5.0, 3.0),
     )
     return gt.write(gt.simulate(history), tmp_path / "traces.jsonl")
 
 
 def test_a_gate_on_a_bounded_goodput_judges_the_bounds(
-    killed_before_the_first_checkpoint: list[Path], capsys
+    killed_just_after_a_save: list[Path], capsys
 ) -> None:
     """Exit 0 when even the lower bound reaches the threshold, 1 when even the upper one is
     under it, 2 (one line giving both) only when they straddle it."""
-    files = [str(path) for path in killed_before_the_first_checkpoint]
+    files = [str(path) for path in killed_just_after_a_save]
     assert main(["report", "--json", *files]) == 0
     report = json.loads(capsys.readouterr().out.splitlines()[-1])
     bound = report["bounds"]["goodput_s"]

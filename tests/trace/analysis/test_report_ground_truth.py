@@ -482,6 +482,37 @@ def test_a_kill_before_the_first_checkpoint_leaves_goodput_computed(tmp_path, hi
     assert_within_truth(report, simulated)
 
 
+@pytest.mark.parametrize("metrics", ["none", "trainer"])
+@pytest.mark.parametrize("groups", ["per_step", "default"])
+@pytest.mark.parametrize(
+    ("iterations", "save_interval", "kept"),
+    [(7, 50, False), (17, 10, False), (6, 5, True)],
+    ids=["before_the_first_save", "well_after_a_save", "within_the_export_delay_of_a_save"],
+)
+def test_goodput_is_bounded_only_when_a_kill_may_have_hidden_progress_that_survived(
+    tmp_path: Path, metrics: str, groups: str, iterations: int, save_interval: int, kept: bool
+) -> None:
+    """A killed incarnation's time after its last record is goodput only if the successor
+    resumed from a checkpoint saved in it. Resumed from the last save the files show, or
+    afresh, nothing of it survived: goodput is exact (and true) where every category the
+    kill may have hidden is a bound. Only a save whose spans the kill lost (1.5 s before
+    it, within the 5 s export delay), resumed from, leaves goodput a bound."""
+    history = gt.History(
+        (gt.Plan(iterations, "killed", into=0.5, gap_s=40), gt.Plan(13)),
+        ranks=2,
+        save_interval=save_interval,
+        export_delay_s=(5.0, 3.0),
+        groups=groups,
+        metrics=metrics,
+    )
+    simulated, paths = _written(history, tmp_path)
+    report = _report(paths)
+    assert_within_truth(report, simulated)
+    assert "badput_s.restart_gap" in report["bounds"]  # the kill left time unattributed
+    assert ("goodput_s" in report["bounds"]) is kept
+    assert ("goodput_fraction" in report["bounds"]) is kept
+
+
 def test_a_kill_in_the_first_iteration_is_a_failure(tmp_path: Path) -> None:
     history = gt.History((gt.Plan(0, "killed", into=0.5, gap_s=40), gt.Plan(13)), ranks=1,
                          export_delay_s=(0.0,))  # fmt: skip

@@ -160,31 +160,39 @@ def test_window_labels_are_whole_units_never_a_fraction_of_a_minute(
     assert duration_label(seconds) == label
 
 
+@pytest.mark.parametrize("resumed_from", [6, 8], ids=["its_last_save", "a_save_the_kill_lost"])
 @pytest.mark.parametrize("window_s", [0.3, 1, 2.5, 7, 1000])
 def test_a_window_holding_what_a_kill_left_unattributed_is_bounded_as_the_whole(
-    tmp_path: Path, window_s: float
+    tmp_path: Path, window_s: float, resumed_from: int
 ) -> None:
     """Killed and resumed: the windows over the time between the killed run's last
-    exported span and the restart say their goodput and restart_gap are bounds, each
-    bound holding the booked figure; the windows before and after it are exact; the
-    last window of a job whose last run was killed has no upper bound."""
-    report = _windowed(tmp_path, RUNS["killed and resumed"](), window_s)
+    exported span and the restart say their restart_gap is a bound, and their goodput
+    too where the lost seconds may have made progress that survived (resumed from a save
+    the kill lost, not from the last one the file shows), each bound holding the booked
+    figure; the windows before and after it are exact; the last window of a job whose
+    last run was killed has no upper bound."""
+    runs = [g.lifecycle(0, kill_after=1), g.lifecycle(20, first=resumed_from, load=resumed_from)]
+    report = _windowed(tmp_path, runs, window_s)
     bounds, entries = report["bounds"], report["windows"]["entries"]
     incs = report["incarnations"]
     gap_start = incs[0]["start_s"] + incs[0]["duration_s"]
     gap_end = incs[1]["start_s"]
     assert gap_end > gap_start
+    kept = resumed_from > 6  # the killed run's last save the file shows: 6
+    assert ("goodput_s" in bounds) is kept
     for entry in entries:
         at = f"windows.entries.{entry['index']}."
         holds_gap = entry["start_s"] < gap_end and entry["end_s"] > gap_start
-        assert (at + "goodput_s" in bounds) is holds_gap, entry
+        assert (at + "badput_s.restart_gap" in bounds) is holds_gap, entry
+        assert (at + "goodput_s" in bounds) is (holds_gap and kept), entry
         if not holds_gap:
             continue
-        good = bounds[at + "goodput_s"]
-        assert good["lower"] == entry["goodput_s"] <= good["upper"] <= entry["wall_s"]
         gap = bounds[at + "badput_s.restart_gap"]
         assert gap["lower"] < gap["upper"] == entry["badput_s"]["restart_gap"]
-        assert "SIGKILLed" in good["reason"]
+        assert "SIGKILLed" in gap["reason"]
+        if kept:
+            good = bounds[at + "goodput_s"]
+            assert good["lower"] == entry["goodput_s"] < good["upper"] <= entry["wall_s"]
     (tmp_path / "clean").mkdir()
     clean = _windowed(tmp_path / "clean", RUNS["clean"](), window_s)
     assert not [path for path in clean["bounds"] if path.startswith("windows.")]
@@ -198,7 +206,9 @@ def test_a_window_holding_what_a_kill_left_unattributed_is_bounded_as_the_whole(
 
 
 def test_the_text_prints_a_bounded_window_as_a_range_in_its_columns(tmp_path: Path, capsys):
-    path = g.write(tmp_path / "t.jsonl", *RUNS["killed and resumed"]())
+    # resumed from a save the kill lost: the lost seconds' goodput is a range
+    runs = [g.lifecycle(0, kill_after=1), g.lifecycle(20, first=8, load=8)]
+    path = g.write(tmp_path / "t.jsonl", *runs)
     assert main(["report", str(path), "--window", "2s"]) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = [line for line in lines if line.startswith("  ") and "goodput" in line and "+" in line]
