@@ -16,9 +16,9 @@ process really died. So:
   unattributed time; each category whose spans a kill can take with it
   (:data:`HIDDEN`) at least its figure and at most that plus the unattributed time
   (and any ``other`` of the rank: a lost span's time the file shows no cover for);
-  goodput only the unattributed time whose progress may have survived
-  (:func:`_may_have_kept`: not when the successor resumed from the last checkpoint the
-  files show, or afresh);
+  but only the unattributed time the category may hold (:func:`_may_hold`): goodput
+  not when the successor resumed from the last checkpoint the files show, or afresh;
+  startup and checkpoint load not once the incarnation's startup is in the file;
 * a final killed incarnation (no successor) ended some unknown time after its last
   span: the wall clock is a lower bound, and those categories have no upper bound;
 * ``report --window``: a window holding unattributed time, or the last window when
@@ -150,8 +150,8 @@ class _Unseen(NamedTuple):
     seen: int  # until when its metric points show it alive
     successor: int  # its successor's start
     doubt: int  # the ns of what its metric points show redone that may be a save in flight
-    #: whether progress made in that time may have survived it (:func:`_may_have_kept`)
-    kept: bool
+    #: the categories that time may hold (:func:`_may_hold`)
+    hidden: frozenset[str]
 
 
 def _unseen(incs: list[Incarnation], accounting: dict[str, Any]) -> list[_Unseen]:
@@ -164,26 +164,33 @@ def _unseen(incs: list[Incarnation], accounting: dict[str, Any]) -> list[_Unseen
         successor = incs[position + 1].start_ns
         horizon = accounting["per_incarnation"][position]["placed_horizon"]
         start, seen, doubt = unseen_from(inc, horizon, successor)
-        kept = _may_have_kept(inc, resumed[position][0], horizon)
+        hidden = _may_hold(inc, resumed[position][0], horizon)
         found.append(
-            _Unseen(inc, min(start, successor), min(seen, successor), successor, doubt, kept)
+            _Unseen(inc, min(start, successor), min(seen, successor), successor, doubt, hidden)
         )
     return found
 
 
-def _may_have_kept(inc: Incarnation, resumed: int, horizon: int | None) -> bool:
-    """Whether the progress a killed incarnation made after its last record may have
-    survived it, so that its unattributed time may be goodput.
+def _may_hold(inc: Incarnation, resumed: int, horizon: int | None) -> frozenset[str]:
+    """The categories of :data:`HIDDEN` a killed incarnation's unattributed time (after its
+    last record, before its successor) may hold.
 
-    It survived only if the successor resumed (at ``horizon``) from a checkpoint saved in
-    that time: past every iteration the files show durable before it, its durable saves
-    and where it resumed itself (at least ``resumed``). A successor that resumed from one
-    of those (saved 200, killed, resumed from 200; or killed before its first save and
-    restarted afresh) kept nothing of that time. Where the files do not place the
-    successor's resume point (``horizon`` None), it may have."""
-    if horizon is None:
-        return True
-    return horizon > max([*inc.durable_saves(), resumed])
+    Training redone, a save and an evaluation, always. Its startup and checkpoint load
+    (which runs in the startup) only if the file lacks its ``megatron.startup``: once
+    that ended, every later record is past it. Goodput only if progress made in that
+    time may have survived: the successor resumed (at ``horizon``) from a checkpoint saved
+    in it, past every iteration the files show durable before it, its durable saves and
+    where it resumed itself (at least ``resumed``). A successor that resumed from one of
+    those (saved 200, killed, resumed from 200; or killed before its first save and
+    restarted afresh) kept nothing of that time; where the files do not place the
+    successor's resume point (``horizon`` None), it may have. (An incarnation that left
+    nothing in the files, killed before its first export, is not seen at all.)"""
+    hidden = {Category.WASTED_PROGRESS, Category.CHECKPOINT_SAVE, Category.EVALUATION}
+    if inc.startup is None:
+        hidden |= {Category.STARTUP, Category.CHECKPOINT_LOAD}
+    if horizon is None or horizon > max([*inc.durable_saves(), resumed]):
+        hidden.add(Category.GOODPUT)
+    return frozenset(hidden)
 
 
 class _Tail(NamedTuple):
@@ -192,8 +199,9 @@ class _Tail(NamedTuple):
     gap: int  # between their last records and their successors' starts
     alive: int  # the part of it their metric points show them alive
     doubt: int  # booked as wasted progress from their metric points: a save in flight?
-    spare: int  # what a category may hold beyond its figure
-    kept: int  # what goodput may hold beyond its figure (:func:`_may_have_kept`)
+    spare: int  # what a category may hold beyond its figure, at most
+    #: per category of :data:`HIDDEN`, what it may hold beyond its figure (:func:`_may_hold`)
+    spare_of: dict[str, int]
     open_end: bool  # whether the last incarnation was killed
 
 
@@ -203,11 +211,15 @@ def _rank_tail(incs: list[Incarnation], accounting: dict[str, Any]) -> _Tail:
     gap = sum(u.successor - u.start for u in unseen)
     alive = sum(u.seen - u.start for u in unseen)
     doubt = sum(u.doubt for u in unseen)
-    kept = sum(u.successor - u.start + u.doubt for u in unseen if u.kept)
     killed = any(inc.ended == "killed" for inc in incs)
     other = accounting["totals_ns"][Category.OTHER] if killed else 0
+    spare_of = {
+        category: other
+        + sum(u.successor - u.start + u.doubt for u in unseen if category in u.hidden)
+        for category in HIDDEN
+    }
     open_end = bool(incs) and incs[-1].ended == "killed"
-    return _Tail(gap, alive, doubt, gap + doubt + other, kept + other, open_end)
+    return _Tail(gap, alive, doubt, gap + doubt + other, spare_of, open_end)
 
 
 def _guessed(incs: list[Incarnation], accounting: dict[str, Any]) -> tuple[int, list[int]]:
@@ -318,7 +330,8 @@ def report_bounds(
         killed = _killed(incs)
         if not killed:
             continue
-        gap, alive, doubt, spare, kept, open_end = _rank_tail(incs, acc)
+        gap, alive, doubt, spare, spare_of, open_end = _rank_tail(incs, acc)
+        kept = spare_of[Category.GOODPUT]
         guessed, unplaced = _guessed(incs, acc)
         totals, wall = acc["totals_ns"], acc["wall_ns"]
         where = f"rank {rank_value(rank)}: incarnations {killed} were SIGKILLed"
@@ -369,15 +382,15 @@ def report_bounds(
                         seconds(figure),
                         f"{where}: time nothing in the file covers may be a span the kill lost",
                     )
-            elif spare or open_end or guessed:
+            elif spare_of[category] or open_end or guessed:
                 # (a guessed stretch may have held a save or an evaluation the kill lost)
-                upper = None if open_end else seconds(figure + spare + guessed)
+                upper = None if open_end else seconds(figure + spare_of[category] + guessed)
                 lower = figure
                 if category == Category.WASTED_PROGRESS:
                     # what the metric points show redone may end in a save in flight, and
                     # what was booked past a guessed horizon may have been kept
                     lower -= doubt + guessed
-                    upper = None if open_end else seconds(figure + spare - doubt)
+                    upper = None if open_end else seconds(figure + spare_of[category] - doubt)
                 if open_end and category == Category.WASTED_PROGRESS:
                     # the last one may have saved after its last exported span
                     lower -= acc["per_incarnation"][-1]["wasted_progress_ns"]
@@ -449,7 +462,9 @@ def window_bounds(
     killed = _killed(incs)
     if not killed:
         return {}
-    stretches = [(u.start, u.successor, u.kept) for u in _unseen(incs, accounting)]
+    stretches = [
+        (u.start, u.successor, Category.GOODPUT in u.hidden) for u in _unseen(incs, accounting)
+    ]
     open_end = incs[-1].ended == "killed"
     reason = (
         f"incarnations {killed} were SIGKILLed: this window holds time between a killed "

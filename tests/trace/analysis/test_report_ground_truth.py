@@ -511,6 +511,18 @@ def test_goodput_is_bounded_only_when_a_kill_may_have_hidden_progress_that_survi
     assert "badput_s.restart_gap" in report["bounds"]  # the kill left time unattributed
     assert ("goodput_s" in report["bounds"]) is kept
     assert ("goodput_fraction" in report["bounds"]) is kept
+    # its startup is in the files: the lost seconds came after it
+    assert "badput_s.startup" not in report["bounds"]
+
+
+def test_a_startup_the_kill_lost_keeps_startup_a_bound(tmp_path: Path) -> None:
+    """Killed 0.25 s into its first iteration, within the 1 s export delay of its startup's
+    end: the file lacks that startup, and the lost seconds may have been startup."""
+    simulated, paths = _written(KILLED_IN_STARTUP, tmp_path)
+    report = _report(paths)
+    assert_within_truth(report, simulated)
+    startup = report["bounds"]["badput_s.startup"]
+    assert startup["lower"] < startup["upper"]
 
 
 def test_a_kill_in_the_first_iteration_is_a_failure(tmp_path: Path) -> None:
