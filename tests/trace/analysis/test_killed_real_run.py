@@ -24,7 +24,7 @@ from processes import TINY_MODEL, TORCHRUN_2, kill_job, subprocess_env
 from report_checks import assert_accounted
 
 from megatron.trace.cli.main import main
-from megatron.trace.otlp.reader import read_spans
+from megatron.trace.otlp.reader import iter_requests, read_spans
 from megatron.trace_format.semconv import ITERATION
 
 # the save the resumed run loads: every 100 (iterations of about 0.17 s, metric exports
@@ -34,12 +34,14 @@ SAVED = 100
 
 def _gauges(metrics: Path) -> dict[int, int]:
     """The newest ``megatron.training.iteration`` value of each rank in ``metrics`` (by the
-    ``dl.rank`` of the export's resource; a rank with no export yet is left out)."""
+    ``dl.rank`` of the export's resource; a rank with no export yet is left out). Read
+    while the job writes: a line still being appended is a torn write, which the reader
+    skips (a read once cut a 4 KB export at its first page)."""
     newest: dict[int, int] = {}
     if not metrics.exists():
         return newest
-    for line in metrics.read_text().splitlines():
-        for batch in json.loads(line)["resourceMetrics"]:
+    for _, _, request in iter_requests(metrics):
+        for batch in request["resourceMetrics"]:
             resource = {a["key"]: a["value"] for a in batch["resource"]["attributes"]}
             rank = int(resource.get("dl.rank", {}).get("intValue", 0))
             for scope in batch["scopeMetrics"]:
