@@ -55,7 +55,7 @@ from megatron.trace.model.incarnation import Incarnation
 from megatron.trace_format.semconv import Category
 from megatron.trace_format.words import counted
 
-__all__ = ["HIDDEN", "furthest_waste", "report_bounds", "window_bounds"]
+__all__ = ["HIDDEN", "furthest_waste", "reasons_once", "report_bounds", "window_bounds"]
 
 #: The categories whose spans a kill can lose (their time then unattributed).
 HIDDEN = (
@@ -66,6 +66,8 @@ HIDDEN = (
     Category.STARTUP,
     Category.CHECKPOINT_LOAD,
 )
+
+_SHOWN = "; their metric points show more: "
 
 _LOWER_COUNT = (
     "a lower bound: incarnations {killed} were SIGKILLed, and the spans of their last "
@@ -284,11 +286,15 @@ def _ago(inc: Incarnation, successor_ns: int | None = None, at: int | None = Non
 
 
 def _shown(
-    incs: list[Incarnation], accounting: dict[str, Any], positions: Iterable[int]
+    incs: list[Incarnation],
+    accounting: dict[str, Any],
+    positions: Iterable[int],
+    rank: str | None = None,
 ) -> list[str]:
     """Per killed incarnation at ``positions`` whose metric points show more progress than
     its spans: where its wasted iterations' lower bound comes from, said as a person reads
-    it."""
+    it (naming its ``rank``, where given: the job has several)."""
+    on = "" if rank is None else f" on rank {rank_value(rank)}"
     texts = []
     for position in positions:
         # the last one may have saved after its points (its lower bound is 0), and a point
@@ -305,7 +311,7 @@ def _shown(
         top, at, name = shown
         when = _ago(inc, incs[position + 1].start_ns, at)
         texts.append(
-            f"incarnation {inc.index}: ≥ {top - horizon} (its metric export {when}: {name} "
+            f"incarnation {inc.index}{on}: ≥ {top - horizon} (its metric export {when}: {name} "
             f"says {counted(top, 'iteration')} completed, its successor resumed from {horizon})"
         )
     return texts
@@ -411,8 +417,15 @@ def report_bounds(
 
     job_killed = sorted({i for incs, _ in ranks.values() for i in _killed(incs)})
 
+    def named(rank: str) -> str | None:
+        return rank if len(ranks) > 1 else None
+
     def shown(positions: Iterable[int]) -> list[str]:
-        return [t for incs, acc in ranks.values() for t in _shown(incs, acc, positions)]
+        return [
+            text
+            for rank, (incs, acc) in ranks.items()
+            for text in _shown(incs, acc, positions, named(rank))
+        ]
 
     for position, exact in enumerate(furthest["incarnations_exact"]):
         lower = furthest["incarnations_lower"][position]
@@ -427,7 +440,7 @@ def report_bounds(
               _wasted_reason(job_killed, texts), _exports_source(texts))  # fmt: skip
     for rank, (incs, acc) in ranks.items():
         if not acc["wasted_exact"]:
-            texts = _shown(incs, acc, range(len(incs)))
+            texts = _shown(incs, acc, range(len(incs)), named(rank))
             bound(f"ranks.{rank_value(rank)}.wasted_iterations", _rank_lower(incs, acc), None,
                   _wasted_reason(_killed(incs), texts), _exports_source(texts))  # fmt: skip
     job_incs = ranks[job_rank][0]
@@ -541,7 +554,7 @@ def _exports_source(shown: list[str]) -> str | None:
             .split(":", 1)[0]
             .replace("its metric export", "the last metric export")
         )
-    which = {text.split(":", 1)[0] for text in shown}  # "incarnation N", per rank
+    which = {text.split(":", 1)[0].split(" on rank ")[0] for text in shown}  # "incarnation N"
     if len(which) == 1:
         return f"the last metric exports of {which.pop()} on {len(shown)} ranks"
     return f"the last metric exports of {len(which)} killed incarnations"
@@ -573,10 +586,32 @@ def _wasted_reason(killed: list[int], shown: list[str] = ()) -> str:  # type: ig
     if killed:
         text = _LOWER_COUNT.format(killed=killed)
         if shown:
-            text += "; their metric points show more: " + "; ".join(dict.fromkeys(shown))
+            text += _SHOWN + "; ".join(dict.fromkeys(shown))
         return text
     return (
         "a lower bound: an interval closed at an exception or signal counts the iteration in "
         "flight (which may not have finished), or an interval's iteration range is not known "
         "(no per-iteration spans or interval attributes to derive it from)"
     )
+
+
+def reasons_once(bounds: dict[str, dict[str, Any]]) -> list[str]:
+    """The bounds' reasons as a reader wants them: each once, in order, less one that
+    another says whole. A rank's (or an incarnation's) wasted-iterations reason names the
+    metric exports of some of the kills the job's reason names, and would repeat them."""
+
+    def parts(reason: str) -> tuple[str, set[str]]:
+        head, said, shown = reason.partition(_SHOWN)
+        return head, set(shown.split("; ")) if said else set()
+
+    reasons = list(dict.fromkeys(bound["reason"] for bound in bounds.values()))
+    split = [parts(reason) for reason in reasons]
+    return [
+        reason
+        for reason, (head, shown) in zip(reasons, split, strict=True)
+        if not shown
+        or not any(
+            other != reason and other_head == head and shown <= other_shown
+            for other, (other_head, other_shown) in zip(reasons, split, strict=True)
+        )
+    ]

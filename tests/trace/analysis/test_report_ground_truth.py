@@ -515,6 +515,30 @@ def test_goodput_is_bounded_only_when_a_kill_may_have_hidden_progress_that_survi
     assert "badput_s.startup" not in report["bounds"]
 
 
+def test_the_wasted_iterations_reason_is_said_once_naming_each_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two ranks' gauges each show more than their spans: the job's, the incarnation's and
+    each rank's bound share one reason, printed once, each rank's export named in it."""
+    history = gt.History(
+        (gt.Plan(17, "killed", into=0.5, gap_s=40), gt.Plan(13)),
+        ranks=2,
+        groups="default",
+        metrics="trainer",
+    )
+    simulated, paths = _written(history, tmp_path)
+    report = _report(paths)
+    assert_within_truth(report, simulated)
+    assert {"wasted_iterations", "ranks.0.wasted_iterations", "ranks.1.wasted_iterations"} <= set(
+        report["bounds"]
+    )
+    assert main(["report", *map(str, paths)]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("bounded: ")]
+    (lower,) = [line for line in said if line.startswith("bounded: a lower bound: ")]
+    assert "incarnation 0 on rank 0: ≥ " in lower and "incarnation 0 on rank 1: ≥ " in lower
+    assert len(said) == len(set(said))
+
+
 def test_a_startup_the_kill_lost_keeps_startup_a_bound(tmp_path: Path) -> None:
     """Killed 0.25 s into its first iteration, within the 1 s export delay of its startup's
     end: the file lacks that startup, and the lost seconds may have been startup."""

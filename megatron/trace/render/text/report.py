@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from megatron.trace.analysis.bounds import reasons_once
 from megatron.trace_format.words import counted
 
 __all__ = ["bound_text", "duration_label", "format_report"]
@@ -152,7 +153,7 @@ def format_report(report: dict[str, Any]) -> str:
     if report["torn_lines"]:
         lines.append(f"torn lines skipped: {report['torn_lines']}")
     lines += [f"not computed: {reason}" for reason in report["not_computed"]]
-    reasons = dict.fromkeys(bound["reason"] for bound in bounds.values())
+    reasons = reasons_once(bounds)
     lines += [f"bounded: {reason}" for reason in reasons]
     liveness = report.get("liveness")
     if liveness is not None and (report.get("running") or liveness["notes"]):
