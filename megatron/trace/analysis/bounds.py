@@ -205,6 +205,7 @@ class _Tail(NamedTuple):
     #: per category of :data:`HIDDEN`, what it may hold beyond its figure (:func:`_may_hold`)
     spare_of: dict[str, int]
     open_end: bool  # whether the last incarnation was killed
+    unseen: list[_Unseen]  # each killed incarnation's, that these sum
 
 
 def _rank_tail(incs: list[Incarnation], accounting: dict[str, Any]) -> _Tail:
@@ -221,7 +222,7 @@ def _rank_tail(incs: list[Incarnation], accounting: dict[str, Any]) -> _Tail:
         for category in HIDDEN
     }
     open_end = bool(incs) and incs[-1].ended == "killed"
-    return _Tail(gap, alive, doubt, gap + doubt + other, spare_of, open_end)
+    return _Tail(gap, alive, doubt, gap + doubt + other, spare_of, open_end, unseen)
 
 
 def _guessed(incs: list[Incarnation], accounting: dict[str, Any]) -> tuple[int, list[int]]:
@@ -336,7 +337,7 @@ def report_bounds(
         killed = _killed(incs)
         if not killed:
             continue
-        gap, alive, doubt, spare, spare_of, open_end = _rank_tail(incs, acc)
+        gap, alive, doubt, spare, spare_of, open_end, unseen_list = _rank_tail(incs, acc)
         kept = spare_of[Category.GOODPUT]
         guessed, unplaced = _guessed(incs, acc)
         totals, wall = acc["totals_ns"], acc["wall_ns"]
@@ -401,7 +402,7 @@ def report_bounds(
                     # the last one may have saved after its last exported span
                     lower -= acc["per_incarnation"][-1]["wasted_progress_ns"]
                 bound(path, seconds(lower), upper, unattributed)
-        unseen = {id(u.inc): u.successor - u.start for u in _unseen(incs, acc)}
+        unseen = {id(u.inc): u.successor - u.start for u in unseen_list}
         for inc, entry in zip(incs, acc["per_incarnation"], strict=True):
             if inc.ended != "killed":
                 continue
