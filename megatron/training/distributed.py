@@ -10,11 +10,22 @@ The graceful-exit signal handler lives here too because, as in Megatron-LM's
 ``DistributedSignalHandler``, "a signal arrived" is a cross-rank decision: one
 rank's SIGTERM must make every rank save and stop at the same iteration, or the
 others would hang in the next collective.
+
+``teardown_distributed`` must really end the group: ``destroy_process_group``
+drops the registry's references, and the group's C++ object (gloo's worker
+threads with it) lives on while anything else holds one. Importing
+``torch.distributed.nn`` after the group exists (DDP's constructor does) gives
+its functions ``group.WORLD`` as a default argument, a reference held until the
+interpreter finalizes. A gloo worker still running then is ended by
+``pthread_exit``, which C++ turns into "terminate called without an active
+exception", a SIGABRT at the end of a finished run. So that module is imported
+before the group is made.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import signal
 from contextlib import AbstractContextManager, nullcontext
@@ -84,6 +95,10 @@ def initialize_distributed(seed: int) -> DistributedEnv:
     else:
         device = torch.device("cpu")
     if world_size > 1 and not torch_dist.is_initialized():
+        # Imported before the group exists, not later by DDP's constructor: its
+        # functions' ``group=group.WORLD`` defaults would hold the default group, and
+        # teardown_distributed could not destroy it (module doc).
+        importlib.import_module("torch.distributed.nn")
         backend = "nccl" if device.type == "cuda" else "gloo"
         torch_dist.init_process_group(
             backend=backend, rank=rank, world_size=world_size, device_id=_device_id(device)
