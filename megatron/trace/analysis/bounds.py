@@ -286,17 +286,26 @@ def _ago(inc: Incarnation, successor_ns: int | None = None, at: int | None = Non
     return text
 
 
+class _Shown(NamedTuple):
+    """A killed incarnation whose metric points show more progress than its spans: the
+    source of a wasted-iterations lower bound."""
+
+    incarnation: int
+    text: str  # as a person reads it (naming the rank where the job has several)
+    export: str  # "its metric export 3.0 s after ...": when that export was
+
+
 def _shown(
     incs: list[Incarnation],
     accounting: dict[str, Any],
     positions: Iterable[int],
     rank: str | None = None,
-) -> list[str]:
+) -> list[_Shown]:
     """Per killed incarnation at ``positions`` whose metric points show more progress than
-    its spans: where its wasted iterations' lower bound comes from, said as a person reads
-    it (naming its ``rank``, where given: the job has several)."""
+    its spans: where its wasted iterations' lower bound comes from (naming its ``rank``,
+    where given: the job has several)."""
     on = "" if rank is None else f" on rank {rank_value(rank)}"
-    texts = []
+    found = []
     for position in positions:
         # the last one may have saved after its points (its lower bound is 0), and a point
         # older than the spans shows nothing they do not
@@ -310,12 +319,13 @@ def _shown(
         if shown is None or horizon is None or shown[0] <= horizon:
             continue
         top, at, name = shown
-        when = _ago(inc, incs[position + 1].start_ns, at)
-        texts.append(
-            f"incarnation {inc.index}{on}: ≥ {top - horizon} (its metric export {when}: {name} "
+        export = f"its metric export {_ago(inc, incs[position + 1].start_ns, at)}"
+        text = (
+            f"incarnation {inc.index}{on}: ≥ {top - horizon} ({export}: {name} "
             f"says {counted(top, 'iteration')} completed, its successor resumed from {horizon})"
         )
-    return texts
+        found.append(_Shown(inc.index, text, export))
+    return found
 
 
 def report_bounds(
@@ -421,11 +431,11 @@ def report_bounds(
     def named(rank: str) -> str | None:
         return rank if len(ranks) > 1 else None
 
-    def shown(positions: Iterable[int]) -> list[str]:
+    def shown(positions: Iterable[int]) -> list[_Shown]:
         return [
-            text
+            one
             for rank, (incs, acc) in ranks.items()
-            for text in _shown(incs, acc, positions, named(rank))
+            for one in _shown(incs, acc, positions, named(rank))
         ]
 
     for position, exact in enumerate(furthest["incarnations_exact"]):
@@ -541,23 +551,17 @@ def _clean_counts(incs: list[Incarnation]) -> int:
     return total
 
 
-def _exports_source(shown: list[str]) -> str | None:
-    """Where a wasted-iterations bound comes from, short (:func:`_shown`'s texts): the metric
-    export of the one incarnation whose points showed more than its spans, or of several."""
+def _exports_source(shown: list[_Shown]) -> str | None:
+    """Where a wasted-iterations bound comes from, short: the metric export of the one
+    incarnation whose points showed more than its spans, or of several."""
     shown = list(dict.fromkeys(shown))
     if not shown:
         return None
     if len(shown) == 1:
-        return (
-            shown[0]
-            .split(" (", 1)[1]
-            .rstrip(")")
-            .split(":", 1)[0]
-            .replace("its metric export", "the last metric export")
-        )
-    which = {text.split(":", 1)[0].split(" on rank ")[0] for text in shown}  # "incarnation N"
+        return shown[0].export.replace("its metric export", "the last metric export", 1)
+    which = {one.incarnation for one in shown}
     if len(which) == 1:
-        return f"the last metric exports of {which.pop()} on {len(shown)} ranks"
+        return f"the last metric exports of incarnation {which.pop()} on {len(shown)} ranks"
     return f"the last metric exports of {len(which)} killed incarnations"
 
 
@@ -583,11 +587,11 @@ def _several(indices: list[int]) -> str:
     return f"{len(indices)} killed incarnations"
 
 
-def _wasted_reason(killed: list[int], shown: list[str] = ()) -> str:  # type: ignore[assignment]
+def _wasted_reason(killed: list[int], shown: Iterable[_Shown] = ()) -> str:
     if killed:
         text = _LOWER_COUNT.format(killed=killed)
         if shown:
-            text += _SHOWN + "; ".join(dict.fromkeys(shown))
+            text += _SHOWN + "; ".join(dict.fromkeys(one.text for one in shown))
         return text
     return (
         "a lower bound: an interval closed at an exception or signal counts the iteration in "
