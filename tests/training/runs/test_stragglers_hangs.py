@@ -192,6 +192,7 @@ def test_a_hung_rank_is_caught_named_and_accounted(training_cli, capsys):
         terminated_ns = time.time_ns()
         job.send_signal(signal.SIGTERM)
         job.wait(timeout=60)  # SIGTERM ends the job
+        ended_ns = time.time_ns()
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
@@ -213,11 +214,14 @@ def test_a_hung_rank_is_caught_named_and_accounted(training_cli, capsys):
     assert entries[0]["span"] == "megatron.grad_sync.finish"  # rank 0 waited for it
     assert {e["last_iteration"] for e in entries.values()} == {4}
     assert {e["iteration"] for e in entries.values()} == {5}
-    # hang badput: from the last progress to the SIGTERM, as the job lived it
+    # hang badput: from the last progress to the SIGTERM's shutdown, as the job lived it. The
+    # shutdown came after the signal was sent and before the job was seen to end (how long
+    # after depends on the scheduler alone: a loaded machine delivers it late).
     last_progress = hangs[0]["attributes"]["megatron.hang.last_progress_unix_nano"]
-    stalled_s = (terminated_ns - last_progress) / 1e9
-    assert stalled_s > 1.5
-    assert report["badput_s"]["hang"] == pytest.approx(stalled_s, abs=0.5)
-    assert entries[0]["stalled_s"] == pytest.approx(stalled_s, abs=0.5)
+    at_least_s = (terminated_ns - last_progress) / 1e9
+    at_most_s = (ended_ns - last_progress) / 1e9
+    assert at_least_s > 1.5
+    assert at_least_s <= report["badput_s"]["hang"] <= at_most_s
+    assert at_least_s - 0.0005 <= entries[0]["stalled_s"] <= at_most_s + 0.0005  # 3 decimals
     assert "(culprit, stopped in its own work; ended cut_short)" in text
     assert [inc["ended"] for inc in report["incarnations"]] == ["cut_short"]
