@@ -71,26 +71,30 @@ def test_a_megatron_lm_job_over_otlp_is_watched_live_then_reported(
         (run,) = done
         assert run.returncode == 0, run.describe()
         assert "running" in seen, seen  # watched live, not only read after
-        # the job flushed at its shutdown: wait for watch to read that far
+        files = sorted(received.glob("*/*/traces.jsonl"))
+        assert [(f.parent.parent.name, f.parent.name) for f in files] == [(RUN_ID, "rank0")]
+        reported = cli("report", "--json", files[0])
+        assert reported.returncode == 0, reported.stderr
+        report = json.loads(reported.stdout.splitlines()[-1])
+        # The job flushed at its shutdown and the receiver writes a request before it
+        # answers, so the file holds every span: wait for watch to have read them all.
+        read = ("megatron_trace_watch_spans", frozenset({("run_id", RUN_ID)}))
+
+        def read_all(series: Series) -> bool:
+            return _state(series) == "finished" and series.get(read) == report["spans"]
+
         deadline = time.monotonic() + 60
-        while _state(series := watch.scrape()) != "finished":
-            assert time.monotonic() < deadline, series
+        while not read_all(series := watch.scrape()):
+            assert time.monotonic() < deadline, f"{report['spans']} spans received: {series}"
             time.sleep(0.3)
-        time.sleep(1.5)  # a few polls more: every received line read
-        series = watch.scrape()
     finally:
         status, said = watch.stop()
     assert status == 0, said
 
-    files = sorted(received.glob("*/*/traces.jsonl"))
-    assert [(f.parent.parent.name, f.parent.name) for f in files] == [(RUN_ID, "rank0")]
     metrics = received / RUN_ID / "rank0" / "metrics.jsonl"
     assert metrics.stat().st_size > 0  # nemo-lens's metrics too
     checked = cli("check", files[0])
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    reported = cli("report", "--json", files[0])
-    assert reported.returncode == 0, reported.stderr
-    report = json.loads(reported.stdout.splitlines()[-1])
     assert report["incarnations"][-1]["ended"] == "shutdown"
     assert report["goodput_s"] > 0 and report["badput_s"]["checkpoint_save"] > 0
     rank = frozenset({("run_id", RUN_ID), ("rank", "0")})
@@ -104,6 +108,3 @@ def test_a_megatron_lm_job_over_otlp_is_watched_live_then_reported(
         scraped = series[("megatron_training_badput_seconds", rank | {("category", category)})]
         assert scraped == pytest.approx(seconds or 0.0, abs=1e-6), category
     assert series[("megatron_training_iteration", rank)] == 30
-    assert (
-        series[("megatron_trace_watch_spans", frozenset({("run_id", RUN_ID)}))] == report["spans"]
-    )

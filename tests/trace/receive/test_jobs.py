@@ -293,12 +293,22 @@ def _states(scraped: dict) -> dict[tuple[str, str], str]:
 
 
 def _settled(watching: Watching, want: set[tuple[str, str]]) -> dict:
+    """The endpoint once it serves ``want``'s states and has read every received span.
+
+    The senders have flushed, and the receiver writes a request before it answers,
+    so the files hold every span: watch has read them all when its span count per
+    job is the files'.
+    """
     deadline = time.monotonic() + 90
     while set(_states(scraped := watching.scrape())) != want:
         assert time.monotonic() < deadline, f"watch never served {want}: {_states(scraped)}"
         time.sleep(0.3)
-    time.sleep(1.5)  # a few polls more: every line read
-    return watching.scrape()
+    received = {job: report(watching.out / job)["spans"] for job in {job for job, _ in want}}
+    while (read := _by_run_only(scraped, "megatron_trace_watch_spans")) != received:
+        assert time.monotonic() < deadline, f"watch read {read} of the received spans {received}"
+        time.sleep(0.3)
+        scraped = watching.scrape()
+    return scraped
 
 
 def test_watch_receive_serves_each_job_apart(tmp_path: Path) -> None:
