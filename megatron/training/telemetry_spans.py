@@ -23,8 +23,9 @@ of caller fire triggers:
 * the exit paths (the atexit fallback and the SIGTERM handler of
   :class:`ExitHooks`) arrive wherever the training path happens to be, also
   after its own ``shutdown``: they fire ``flush`` and ``terminate``, whose rows
-  are legal in every state, and never raise. A process that outlives a
-  ``terminate`` (its previous SIGTERM handler returned) trains on in
+  are legal in every state, and never raise. They act between two transitions
+  and outside telemetry code, whose locks the exit path needs. A process that
+  outlives a ``terminate`` (its previous SIGTERM handler returned) trains on in
   ``terminated``, where every trigger records nothing.
 
 With telemetry off (no handle, a handle that does not export, or the ``job``
@@ -40,6 +41,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -434,7 +437,20 @@ class ExitHooks:
     exported); either way the signal is then passed on to the previous handler
     or, where that was the default action, raised again so the process still
     dies of it. A later SIGTERM is only passed on.
+
+    A signal that lands while the main thread runs telemetry code is not acted
+    on there (see :class:`_Redelivery`): it comes back once that code is left.
     """
+
+    #: Where the main thread may hold a lock the exit path needs: the OpenTelemetry
+    #: SDK's (a span's, a metric instrument's), the telemetry base layer's (its span
+    #: processors'; nemo-lens in Megatron-LM) and this module.
+    TELEMETRY_PACKAGES: tuple[str, ...] = (
+        "opentelemetry",
+        "nemo.lens",
+        "megatron.core.telemetry",
+        __name__,
+    )
 
     STATES: tuple[str, ...] = ("uninstalled", "installed", "signalled")
 
@@ -455,6 +471,7 @@ class ExitHooks:
         self.target: SpanPhases | None = None
         self.graceful, self.signals = False, (signal.SIGTERM,)
         self.previous_handlers: dict[int, Any] = {}  # each hooked signal's, by number
+        self.redelivery = _Redelivery(self.handle_sigterm)
         self.machine = Machine(
             self, self.STATES, "uninstalled", self.TRANSITIONS, False, False, name="exit_hooks"
         )
@@ -470,7 +487,11 @@ class ExitHooks:
             self.install()
 
     def handle_sigterm(self, signum: int, frame: Any) -> None:
-        """The handler of the hooked signals: act between two transitions, then pass it on."""
+        """The handler of the hooked signals: act outside telemetry code and between two
+        transitions, then pass it on."""
+        inside = in_packages(frame, self.TELEMETRY_PACKAGES)
+        if self.redelivery.later(signum, inside, self.target.timeout_ms / 1000):
+            return
         self.target.between_transitions(lambda: self._on_signal(signum, frame))
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -496,6 +517,65 @@ class ExitHooks:
 
     def _terminate_target(self, signum: int | None = None, *_: Any) -> None:
         self.target.terminate(cause=signum)
+
+
+def in_packages(frame: Any, packages: tuple[str, ...]) -> bool:
+    """Whether ``frame`` runs code of ``packages``, or standard-library code they called.
+
+    The innermost frame outside the standard library decides (a ``Counter`` or a
+    ``threading`` call made under a telemetry lock is still inside it), so a function
+    a telemetry decorator wraps runs outside: its own frame is innermost.
+    """
+    prefixes = tuple(f"{package}." for package in packages)
+    while frame is not None:
+        module = frame.f_globals.get("__name__") or ""
+        if module.partition(".")[0] not in sys.stdlib_module_names:
+            return module in packages or module.startswith(prefixes)
+        frame = frame.f_back
+    return False
+
+
+class _Redelivery:
+    """Hands a signal back to the main thread a moment later, while it runs telemetry code.
+
+    CPython runs a signal handler on the main thread between two bytecodes, also in
+    the middle of telemetry code that holds a lock: a span processor's around its
+    bookkeeping, the SDK's around a metric measurement. The exit path needs those
+    locks (ending a span runs the processors, a flush collects the metrics), and the
+    thread holding one cannot wait for it: a hard signal would hang the process for
+    good, a flush on a helper thread would stall until its timeout. So the handler
+    returns at once, and a helper thread sends the signal to the main thread again
+    every ``every_s`` until a handler acts on it. After ``give_up_s`` the main thread
+    is stuck there, not busy, and the handler acts anyway.
+    """
+
+    def __init__(self, handler: Callable[[int, Any], None], every_s: float = 0.002) -> None:
+        self.handler, self.every_s = handler, every_s
+        self._pending: dict[int, tuple[float, threading.Event]] = {}  # by signal: since, acted
+
+    def later(self, signum: int, inside: bool, give_up_s: float) -> bool:
+        """Whether ``signum``'s handler returns now, to run again later (``inside``: the
+        signal landed in telemetry code). False ends the signal's wait: the handler acts."""
+        since, acted = self._pending.get(signum, (time.monotonic(), None))
+        if inside and hasattr(signal, "pthread_kill") and time.monotonic() - since < give_up_s:
+            if acted is None:
+                acted = threading.Event()
+                self._pending[signum] = since, acted
+                main = threading.main_thread().ident
+                args = (signum, main, acted)
+                threading.Thread(target=self._resend, args=args, daemon=True).start()
+            return True
+        if acted is not None:
+            acted.set()
+            del self._pending[signum]
+        return False
+
+    def _resend(self, signum: int, main: int, acted: threading.Event) -> None:
+        # Signals sent to the process go to the main thread, not here. Stops once acted
+        # on, or once another handler replaced this one.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+        while not acted.wait(self.every_s) and signal.getsignal(signum) == self.handler:
+            signal.pthread_kill(main, signum)
 
 
 EXIT_HOOKS = ExitHooks()

@@ -17,10 +17,13 @@ atexit and signal hooks), which never raise, and telemetry off.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
 import signal
+import sys
+import time
 
 import pytest
 from opentelemetry import trace
@@ -32,6 +35,7 @@ from megatron.training.telemetry_spans import (
     ExitHooks,
     SpanPhaseError,
     SpanPhases,
+    in_packages,
     install_exit_hooks,
     mark_goodput,
 )
@@ -508,6 +512,68 @@ def test_a_graceful_sigterm_flushes_once_and_leaves_the_spans_open(telemetry, ex
     phases.shutdown()
     assert len(telemetry.spans("megatron.train")) == 1
     assert telemetry.shutdowns == 1
+
+
+def _called_through(*modules, then):
+    """``then(frame)`` at the innermost of nested calls through functions of ``modules``
+    (outermost first), as if a signal landed there."""
+    call = then
+    for depth, module in enumerate(reversed(modules)):
+        namespace = {"__name__": module, "sys": sys}
+        body = "return inner(sys._getframe())" if depth == 0 else "return inner()"
+        exec(f"def level(inner):\n    {body}", namespace)
+        call = functools.partial(namespace["level"], call)
+    return call()
+
+
+@pytest.mark.parametrize(
+    ("modules", "inside"),
+    [
+        (("opentelemetry.sdk.trace",), True),
+        (("nemo.lens.providers",), True),  # Megatron-LM's telemetry base layer
+        (("megatron.training.telemetry_spans",), True),
+        # the standard library called under a telemetry lock: still inside
+        (("opentelemetry.sdk.metrics._internal", "collections", "threading"), True),
+        # a function a telemetry decorator wraps: its body is the trainer's
+        (("opentelemetry.util._decorator", "megatron.training.training"), False),
+        (("nemo.lensing",), False),
+        (("collections",), False),  # called from this test
+    ],
+)
+def test_a_signal_lands_inside_telemetry_where_its_code_runs(modules, inside):
+    packages = ExitHooks.TELEMETRY_PACKAGES
+    assert _called_through(*modules, then=lambda f: in_packages(f, packages)) is inside
+
+
+def test_a_sigterm_inside_telemetry_code_is_acted_on_once_it_is_left(telemetry, exit_hooks):
+    """Telemetry code may hold a lock the exit path needs (a span processor's, the SDK's
+    around a metric): the handler waits until the main thread is out, then acts."""
+    passed_on = []
+    phases = _in_state("interval", telemetry)
+    hooks, _ = exit_hooks(phases, previous_handler=lambda signum, frame: passed_on.append(frame))
+    _called_through(
+        "opentelemetry.sdk.trace", then=lambda frame: hooks.handle_sigterm(signal.SIGTERM, frame)
+    )
+    assert (phases.state, passed_on) == ("interval", [])  # nothing done in there
+    deadline = time.monotonic() + 60  # only ends a wait that never ends
+    while not passed_on:  # the signal comes back to this test's code
+        assert time.monotonic() < deadline, "the signal was not delivered again"
+        time.sleep(0.01)
+    assert phases.state == "terminated"
+    assert only(telemetry, "megatron.train").attributes["error.type"] == "SIGTERM"
+    assert passed_on[0].f_globals["__name__"] == __name__
+    assert telemetry.shutdowns == 1
+
+
+def test_a_main_thread_stuck_in_telemetry_code_is_acted_on_after_the_timeout(telemetry, exit_hooks):
+    passed_on = []
+    phases = _in_state("interval", telemetry)
+    phases.timeout_ms = 0  # what a flush may take: stuck there longer, not busy
+    hooks, _ = exit_hooks(phases, previous_handler=lambda signum, frame: passed_on.append(signum))
+    _called_through(
+        "opentelemetry.sdk.trace", then=lambda frame: hooks.handle_sigterm(signal.SIGTERM, frame)
+    )
+    assert (phases.state, passed_on) == ("terminated", [signal.SIGTERM])
 
 
 def test_the_atexit_fallback_terminates_and_is_harmless_after_shutdown(telemetry, exit_hooks):

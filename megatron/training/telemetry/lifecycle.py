@@ -66,6 +66,10 @@ class TrainerExitHooks(ExitHooks):
 
     STATES: tuple[str, ...] = ("uninstalled", "installed", "terminating")
 
+    #: The shared ones, and this trainer's live goodput figures (a lock the metric
+    #: reader takes, and the main thread when it saves a checkpoint's record).
+    TELEMETRY_PACKAGES = (*ExitHooks.TELEMETRY_PACKAGES, "megatron.training.telemetry")
+
     TRANSITIONS: tuple[dict[str, Any], ...] = (
         {"trigger": "install", "source": "uninstalled", "dest": "installed", "after": "_register"},
         # A later pretrain() only rebinds the lifecycle (done before firing).

@@ -457,6 +457,88 @@ def test_a_second_ctrl_c_adds_no_traceback(training_cli, second):
     assert stderr.count("interrupted (SIGINT)") == 1, stderr
 
 
+# A signal that lands while the main thread holds a telemetry lock: the span tally's, in
+# SpanTally.on_end. The exit path needs that lock too (ending a span, collecting the live
+# goodput gauges), so acting there hung a hard SIGTERM for good and stalled a Ctrl-C's
+# flush 5 s, then printed the SDK's traceback (run_flaky seed 10003). CPython runs a
+# handler by calling it with the interrupted frame; this does the same, in there.
+SIGNAL_UNDER_THE_TALLY_LOCK = """
+import signal, sys, threading
+import megatron.training.__main__ as entry
+from megatron.core.telemetry.tally import SpanTally
+
+SIGNUM, AT = signal.{signame}, 40
+main_thread = threading.main_thread()
+
+
+class LandsASignal:
+    def __init__(self):
+        self._lock, self.ends = threading.Lock(), 0
+
+    def __enter__(self):
+        self._lock.acquire()
+        holder = sys._getframe(1)
+        if threading.current_thread() is main_thread and holder.f_code.co_name == "on_end":
+            self.ends += 1
+            if self.ends == AT:
+                print("landing inside SpanTally.on_end", file=sys.stderr, flush=True)
+                try:
+                    signal.getsignal(SIGNUM)(SIGNUM, holder)
+                except BaseException:  # raised inside the with block: it releases
+                    self._lock.release()
+                    raise
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
+init = SpanTally.__init__
+
+
+def init_landing(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    self._lock = LandsASignal()
+
+
+SpanTally.__init__ = init_landing
+entry.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("signame", "extra", "status", "ended"),
+    [
+        pytest.param("SIGTERM", (), -signal.SIGTERM, "cut_short", id="hard-sigterm"),
+        pytest.param("SIGTERM", ("--exit-signal-handler",), 0, "shutdown", id="graceful-sigterm"),
+        pytest.param("SIGINT", (), -signal.SIGINT, "interrupted", id="ctrl-c"),
+    ],
+)
+def test_a_signal_under_a_telemetry_lock_is_acted_on_once_it_is_released(
+    training_cli, signame, extra, status, ended
+):
+    cli = training_cli
+    run = cli.run(
+        *_long_run(cli, *cli.TELEMETRY_ON, "--save", "ckpt", *extra),
+        module=("-c", SIGNAL_UNDER_THE_TALLY_LOCK.format(signame=signame)),
+        # Iterations longer than the live goodput figures are reused, so a flush's
+        # metric collection reads the tally again.
+        env={"MEGATRON_TEST_ITERATION_SLEEP": "0.6"},
+        timeout=300,  # only ends a hang
+    )
+    assert "landing inside SpanTally.on_end" in run.stderr, run.stderr
+    assert run.returncode == status, run.stderr
+    assert "did not finish within" not in run.stderr, run.stderr  # no flush gave up
+    assert "Traceback" not in run.stderr, run.stderr
+    path = cli.cwd / "traces.jsonl"
+    check = cli.run("check", str(path), module=("-m", "megatron.trace"))
+    assert check.returncode == 0, check.stdout + check.stderr
+    report = cli.run("report", str(path), "--json", module=("-m", "megatron.trace"))
+    assert report.returncode == 0, report.stderr
+    (incarnation,) = json.loads(report.stdout.splitlines()[-1])["incarnations"]
+    assert incarnation["ended"] == ended
+
+
 # main() as the console script runs it, its pretrain() a stand-in that takes a Ctrl-C,
 # and a second Ctrl-C landing at the worst moment: when main, having caught the first,
 # calls signal.signal to stop any more (which runs a pending handler first). CI once
