@@ -14,8 +14,8 @@ directory first on ``PYTHONPATH`` and sets ``MEGATRON_LM_CPU_SHIMS=1``):
 ``typing.override`` on 3.11, ``torch.cuda`` answered on the CPU, and the
 spans of nemo-lens's ``console`` exporter written to a file rather than
 standard output. It also carries the test hooks a case asks for through
-variables (:data:`FAULT_AT`, :data:`SIGNAL_AT`, :data:`STEP_SLEEP`, :data:`HIDE_PACKAGES`),
-again without touching the tree.
+variables (:data:`FAULT_AT`, :data:`SIGNAL_AT`, :data:`SIGNAL_IN_LOCK`, :data:`STEP_SLEEP`,
+:data:`HIDE_PACKAGES`), again without touching the tree.
 
 Telemetry is nemo-lens's, configured the way Megatron-LM reads it:
 ``telemetry=True`` sets ``MEGATRON_OTEL_ENABLED=1`` and, unless the caller's
@@ -53,6 +53,9 @@ SITE_DIR = Path(__file__).resolve().parent / "megatron_lm_site"
 FAULT_AT = "MEGATRON_LM_TEST_FAULT_AT_STEP"
 #: ``N:SIGNAME``: the process sends itself SIGNAME at the start of its N-th ``train_step``.
 SIGNAL_AT = "MEGATRON_LM_TEST_SIGNAL_AT_STEP"
+#: ``SIGNAME:N``: the N-th span end on the main thread lands SIGNAME inside nemo-lens's
+#: ``_OpenSpanCloser.on_end`` while it holds its lock (the handler called with that frame).
+SIGNAL_IN_LOCK = "MEGATRON_LM_TEST_SIGNAL_IN_SPAN_CLOSER"
 #: ``S``: every ``train_step`` sleeps ``S`` seconds first (a slower step).
 STEP_SLEEP = "MEGATRON_LM_TEST_STEP_SLEEP"
 #: Comma-separated top-level names (``opentelemetry,nemo.lens``) that fail to import,

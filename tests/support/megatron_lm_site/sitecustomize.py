@@ -16,9 +16,10 @@ touches the Megatron-LM tree:
   ``TorchFunctionMode`` that rewrites the ``device`` a factory or ``.to()`` is
   given);
 * test hooks, by variable: a ``RuntimeError`` or a signal to itself at the
-  N-th ``train_step`` call, a sleep before each (a slower step), packages
-  that fail to import as if not installed, and a record, at exit, of which
-  signals have a Python handler;
+  N-th ``train_step`` call, a sleep before each (a slower step), a signal
+  landing inside nemo-lens's open-span closer while it holds its lock,
+  packages that fail to import as if not installed, and a record, at exit, of
+  which signals have a Python handler;
 * spans the OpenTelemetry SDK's ``ConsoleSpanExporter`` writes (nemo-lens's
   ``console`` exporter) go to the file ``MEGATRON_LM_SPANS_FILE`` names (``{rank}``
   in it made the process's ``RANK``, so torchrun's ranks write a file each), one
@@ -40,6 +41,7 @@ SIGNAL_AT = "MEGATRON_LM_TEST_SIGNAL_AT_STEP"
 STEP_SLEEP = "MEGATRON_LM_TEST_STEP_SLEEP"
 HIDE_PACKAGES = "MEGATRON_LM_TEST_HIDE_PACKAGES"
 SIGNALS_FILE = "MEGATRON_LM_TEST_SIGNALS_FILE"
+SIGNAL_IN_LOCK = "MEGATRON_LM_TEST_SIGNAL_IN_SPAN_CLOSER"
 
 
 def _backport_override() -> None:
@@ -253,6 +255,51 @@ def _step_hooks(module) -> None:
     module.train_step = train_step
 
 
+def _signal_in_the_span_closer(module) -> None:
+    """``SIGNAME:N``: the N-th span end on the main thread lands SIGNAME inside nemo-lens's
+    ``_OpenSpanCloser.on_end``, while it holds its lock, as CPython runs a handler there:
+    called with that frame."""
+    landing = os.environ.get(SIGNAL_IN_LOCK)
+    if not landing:
+        return
+    import signal
+    import threading
+
+    name, at = landing.split(":")
+    signum, main = getattr(signal, name), threading.main_thread()
+
+    class LandsASignal:
+        ends = 0
+
+        def __init__(self) -> None:
+            self._lock = threading.Lock()
+
+        def __enter__(self) -> None:
+            self._lock.acquire()
+            holder = sys._getframe(1)
+            if threading.current_thread() is main and holder.f_code.co_name == "on_end":
+                LandsASignal.ends += 1
+                if LandsASignal.ends == int(at):
+                    print(f"landing {name} inside _OpenSpanCloser.on_end", file=sys.stderr)
+                    try:
+                        signal.getsignal(signum)(signum, holder)
+                    except BaseException:  # raised inside the with block: it releases
+                        self._lock.release()
+                        raise
+
+        def __exit__(self, *exc) -> None:
+            self._lock.release()
+
+    closer = module._OpenSpanCloser
+    init = closer.__init__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._lock = LandsASignal()
+
+    closer.__init__ = __init__
+
+
 class _AfterImport:
     """A meta-path finder that runs ``hook(module)`` once ``name`` has been executed."""
 
@@ -315,6 +362,7 @@ def _install() -> None:
     _record_signal_handlers()
     _hide_packages()
     sys.meta_path.insert(0, _AfterImport("megatron.training.training", _step_hooks))
+    sys.meta_path.insert(0, _AfterImport("nemo.lens.providers", _signal_in_the_span_closer))
     _backport_override()
     _answer_cuda_on_cpu()
     with contextlib.suppress(ImportError):  # no OpenTelemetry SDK: nothing to capture
