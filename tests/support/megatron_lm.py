@@ -122,9 +122,15 @@ class MegatronRun:
         return [span["name"] for span in self.spans]
 
     def describe(self) -> str:
-        """The command and the end of its output, for an assertion message."""
-        tail = "\n".join((self.stdout + self.stderr).splitlines()[-40:])
-        return f"$ {' '.join(self.argv)}\nexit {self.returncode}\n{tail}"
+        """The command, the first traceback it printed and the end of its output, for an
+        assertion message. Under torchrun a rank's traceback comes before the launcher's
+        own summary of the failure, which alone would fill the end."""
+        lines = [*self.stdout.splitlines(), *self.stderr.splitlines()]
+        tail = len(lines) - 40
+        first = next((i for i, line in enumerate(lines) if "Traceback (most" in line), tail)
+        cause = lines[first : min(first + 60, tail)] if first < tail else []
+        shown = "\n".join([*cause, *(["..."] if cause else []), *lines[-40:]])
+        return f"$ {' '.join(self.argv)}\nexit {self.returncode}\n{shown}"
 
 
 def python_for_megatron() -> str:
