@@ -39,6 +39,9 @@ WAITING_PATHS = (
     "tests/trace/render/metrics/test_otlp_push.py",
     "tests/trace/render/metrics/test_prometheus.py",
     "tests/trace/otlp/test_parallel_cluster.py",
+    # Megatron-LM's pretrain_gpt.py on one rank and two: outside the default collection
+    # (norecursedirs), so only when named, in the upstream environment (tests/README.md)
+    "tests/upstream/",
 )
 
 
