@@ -26,6 +26,7 @@ WAITING_PATHS = (
     "tests/training/test_distributed.py",
     # the shipped lifecycle tests, in a pytest of their own: one waits for a signal sent again
     "tests/training/test_port_upstream.py",
+    "tests/training/telemetry/test_trainer_signals.py",
     "tests/core/telemetry/test_signals.py",
     "tests/core/telemetry/test_signal_switches.py",
     "tests/core/telemetry/test_watchdog.py",
@@ -33,6 +34,10 @@ WAITING_PATHS = (
     "tests/core/telemetry/test_fork.py",
     "tests/core/telemetry/test_fallbacks.py",
     "tests/core/telemetry/test_jsonl_robustness.py",
+    # exporter and pipeline threads: started, flushed, stopped, waited for
+    "tests/core/telemetry/test_setup.py",
+    "tests/core/telemetry/test_processors.py",
+    "tests/trace/cli/test_main.py",
     "tests/trace/cli/test_watch.py",
     "tests/trace/receive/",
     "tests/trace/live/",
