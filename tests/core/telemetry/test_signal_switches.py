@@ -71,7 +71,7 @@ def test_every_signal_off_exports_nothing(tmp_path: Path) -> None:
     before = set(threading.enumerate())
     handle = setup_telemetry(jsonl(tmp_path, traces_enabled=False, metrics_enabled=False))
     assert not handle.is_exporting
-    assert set(threading.enumerate()) == before
+    assert set(threading.enumerate()) - before == set()  # no thread started (one may end)
     assert list(tmp_path.iterdir()) == []
 
 
