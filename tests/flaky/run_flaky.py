@@ -99,6 +99,15 @@ class Repetition:
     counts: dict[str, int] = field(default_factory=dict)
 
 
+def _pytest_command() -> list[str]:
+    """The environment's ``pytest`` script, as tox runs it: ``python -m pytest`` would put
+    the checkout first on ``sys.path``, so the tests would import the package from the
+    source tree while the processes they start import the installed one (the upstream
+    environment installs a wheel)."""
+    script = Path(sys.executable).with_name("pytest")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "pytest"]
+
+
 def run_once(index: int, seed: int, out: Path, timeout: float, extra: list[str]) -> Repetition:
     """One pytest session over the selected tests in seed ``seed``'s order."""
     report = out / "failures.jsonl"
@@ -106,7 +115,7 @@ def run_once(index: int, seed: int, out: Path, timeout: float, extra: list[str])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
     argv = [
-        sys.executable, "-m", "pytest", f"--rootdir={ROOT}", "-p", "flaky_order",
+        *_pytest_command(), f"--rootdir={ROOT}", "-p", "flaky_order",
         "--flaky-only", f"--flaky-seed={seed}", f"--flaky-report={report}",
         "-p", "no:cacheprovider", "-q", "-rfE", *extra,
     ]  # fmt: skip
