@@ -41,6 +41,15 @@ def thread_ids() -> set[int]:
     return {thread.ident for thread in threading.enumerate() if thread.ident is not None}
 
 
+def assert_threads_end(before: set[int]) -> None:
+    """Every thread started since ``before`` ends (a stopped thread can stay listed a
+    moment; the 60 s bound only ends a hang)."""
+    deadline = time.monotonic() + 60
+    while thread_ids() - before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert thread_ids() - before == set()
+
+
 @pytest.mark.parametrize(
     ("config_kwargs", "rank", "world_size"),
     [
@@ -205,10 +214,7 @@ def test_shutdown_is_idempotent_and_stops_threads(make_handle: Make, tmp_path: P
     handle = make_handle(enabled_config(tmp_path))
     assert thread_ids() - before, "the jsonl pipeline runs worker threads"
     assert handle.shutdown(timeout_ms=5000) is True
-    deadline = time.monotonic() + 60  # a joined thread can stay listed a moment; 60 s: a hang
-    while thread_ids() - before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert thread_ids() - before == set()
+    assert_threads_end(before)
     size = handle.trace_file.stat().st_size
     assert handle.shutdown() is True
     assert handle.force_flush() is True
@@ -321,10 +327,7 @@ def test_shutdown_is_bounded_when_the_otlp_endpoint_is_down(
     # the shutdown returned within its bound while an export still retried; that thread
     # ends (the shutdown aborts its retry) and takes its last warning with it, rather than
     # logging into whichever test runs next
-    deadline = time.monotonic() + 60
-    while thread_ids() - before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert thread_ids() - before == set()
+    assert_threads_end(before)
 
 
 def test_console_exporter_writes_spans(
