@@ -89,11 +89,12 @@ DESCRIPTIONS = {
     "method call",
     "step_ratio_on": "`SpanPhases.step()` on a non-boundary pass, telemetry on, over an empty "
     "method call",
-    "reroot_ratio": "one `reroot`, over the raw SDK calls for the same two spans, link and "
-    "attributes",
+    "reroot_ratio": "one boundary `step()` (its `reroot`), over the raw SDK calls for the same "
+    "two spans, link and attributes",
     "lifecycle_ratio": "`start_job` … `shutdown`, 10,000 passes, `save_interval` 100, over "
     "hand-written raw SDK calls",
-    "reroot_ratio_vs_upstream": "one `reroot`, over Megatron-LM's flag-based helper for it "
+    "reroot_ratio_vs_upstream": "one boundary `step()` (its `reroot`), over Megatron-LM's "
+    "flag-based helper for it "
     "(re-enacted in `tests/benchmarks/upstream_helpers.py`)",
     "lifecycle_ratio_vs_upstream": "`start_job`, 4 `record_phase`, … `shutdown`, 10,000 passes, "
     "`save_interval` 100, over Megatron-LM's flag-based helpers for the same spans",
