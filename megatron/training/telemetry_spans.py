@@ -3,10 +3,10 @@
 An incarnation of a training job emits several separate traces, never one
 run-long root span (which a SIGKILL would lose whole):
 
-* ``pre_startup``: the time the job sat in the scheduler queue, backdated, only
-  when it is known;
-* ``megatron.startup``: launch, imports, model build, data, checkpoint load, up
-  to the first training step;
+* ``pre_startup``: from the Slurm job's start to the launch script's first
+  line, backdated, when both are known;
+* ``megatron.startup``: launch, imports, model build, data, checkpoint load,
+  up to the training loop;
 * ``megatron.train``: one trace per checkpoint interval, each linked to the one
   before it (the first to ``megatron.startup``), so a SIGKILL loses at most the
   interval in flight.
@@ -14,23 +14,13 @@ run-long root span (which a SIGKILL would lose whole):
 Each state of :class:`SpanPhases` owns the spans open while it is current:
 entering ``startup`` opens ``megatron.startup``, leaving it ends it; entering
 ``interval`` opens a ``megatron.train``, leaving it ends it. What may happen in
-which order is the transition table, :attr:`SpanPhases.TRANSITIONS`. Two kinds
-of caller fire triggers:
+which order is the transition table, :attr:`SpanPhases.TRANSITIONS`. A trigger
+the table does not list for the current state changes nothing: it raises
+:class:`SpanPhaseError` where the caller asked for strictness (the tests), and
+is logged once otherwise, so telemetry never ends a training run.
 
-* the training path (``pretrain()`` and ``train()``) is held to the table: a
-  double close or an out-of-order step is a trigger the table does not list for
-  the current state, and raises :class:`SpanPhaseError`;
-* the exit paths (the atexit fallback and the SIGTERM handler of
-  :class:`ExitHooks`) arrive wherever the training path happens to be, also
-  after its own ``shutdown``: they fire ``flush`` and ``terminate``, whose rows
-  are legal in every state, and never raise. They act between two transitions
-  and outside telemetry code, whose locks the exit path needs. A process that
-  outlives a ``terminate`` (its previous SIGTERM handler returned) trains on in
-  ``terminated``, where every trigger records nothing.
-
-With telemetry off (no handle, a handle that does not export, or the ``job``
-span group off) the machine still runs and still rejects illegal orders, but
-no callback touches OpenTelemetry.
+``transitions`` (the ``otel`` extra) and OpenTelemetry are needed only where
+telemetry is on: without ``transitions`` the lifecycle does nothing at all.
 """
 
 from __future__ import annotations
@@ -43,10 +33,14 @@ import signal
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from transitions import Machine, MachineError
+try:
+    from transitions import Machine, MachineError
+except ImportError:  # telemetry off needs no state machine
+    Machine, MachineError = None, Exception
 
 PRE_STARTUP_SPAN = "pre_startup"
 STARTUP_SPAN = "megatron.startup"
@@ -70,18 +64,7 @@ LIVE = ("job", "startup", "train", "interval", "ended")
 #: The training path's triggers (``step()`` fires ``reroot`` on a boundary).
 TRAINING_TRIGGERS = ("start_job", "record_phase", "start_train", "reroot", "end_train", "shutdown")
 
-_log = logging.getLogger(__name__)
-
-
-def _drop_own_chatter(record: logging.LogRecord) -> bool:
-    """``transitions`` logs every transition at INFO, prefixed by its machine's name:
-    a line per checkpoint interval in the training log. Only this module's are dropped."""
-    args = record.args if isinstance(record.args, tuple) else ()
-    own = bool(args) and str(args[0]).startswith(("span_phases: ", "exit_hooks: "))
-    return record.levelno >= logging.WARNING or not own
-
-
-logging.getLogger("transitions.core").addFilter(_drop_own_chatter)
+logger = logging.getLogger(__name__)
 
 
 class SpanPhaseError(MachineError):
@@ -98,28 +81,37 @@ def mark_goodput(span: Any) -> None:
         span.set_attribute(IS_GOODPUT_SPAN, True)
 
 
+def _drop_own_chatter(record: logging.LogRecord) -> bool:
+    """``transitions`` logs every transition at INFO, prefixed by its machine's name:
+    a line per checkpoint interval in the training log. Only this module's are dropped."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    own = bool(args) and str(args[0]).startswith(("span_phases: ", "exit_hooks: "))
+    return record.levelno >= logging.WARNING or not own
+
+
 def _guarded(callback: Callable) -> Callable:
-    """Telemetry must never break training: an SDK failure is logged once, not raised."""
+    """Telemetry must never break training: an SDK or exporter failure is logged (once
+    per lifecycle), not raised."""
 
     def guarded(self: SpanPhases, *args: Any, **kwargs: Any) -> None:
         try:
             callback(self, *args, **kwargs)
-        except Exception:  # noqa: BLE001 -- any exporter or SDK failure is non-fatal
+        except Exception:  # any exporter or SDK failure is non-fatal
             self._failures += 1
             if self._failures == 1:
-                _log.warning(
-                    "telemetry %s failed; training goes on", callback.__name__, exc_info=True
-                )
+                logger.warning("telemetry %s failed; training goes on", callback.__name__,
+                               exc_info=True)  # fmt: skip
 
     guarded.__name__, guarded.__doc__ = callback.__name__, callback.__doc__
     return guarded
 
 
-class _Phase:
-    """The model the machine drives, so its generated trigger, ``is_*`` and
-    ``may_*`` methods never collide with the typed triggers of SpanPhases."""
-
-    state: str
+def _machine(model: Any, name: str, states: Any, initial: str, rows: Any) -> Any:
+    """A ``transitions`` machine driving ``model``: no event objects passed to the
+    callbacks, no ``to_<state>()`` shortcuts."""
+    logging.getLogger("transitions.core").addFilter(_drop_own_chatter)  # once: a set
+    options = {"send_event": False, "auto_transitions": False, "name": name}
+    return Machine(model, list(states), initial, list(rows), **options)
 
 
 class SpanPhases:
@@ -128,29 +120,34 @@ class SpanPhases:
     The training path fires, in the order a job lives: ``start_job``,
     ``record_phase`` for each startup phase measured before telemetry was up,
     ``start_train``, ``step`` at the top of every loop pass, ``end_train`` when
-    the loop is over, and ``shutdown`` on the way out of ``pretrain()``.
+    the loop is over, and ``shutdown`` on the way out of ``pretrain()``. The
+    exit paths (the atexit fallback and the SIGTERM handler of :class:`ExitHooks`)
+    arrive wherever the training path happens to be, also after its own
+    ``shutdown``: they fire ``flush`` and ``terminate``, whose rows are legal in
+    every state. A process that outlives a ``terminate`` (its previous SIGTERM
+    handler returned) trains on in ``terminated``, where every trigger records
+    nothing.
     """
 
-    _latest: ClassVar[SpanPhases | None] = None  # the latest pretrain()'s (see current())
-    timeout_ms = 5000  # what a flush or the handle's shutdown may take
+    _latest: ClassVar[SpanPhases | None] = None  # see current() and ExitHooks
+    flush_timeout_ms = 5000  # what a graceful SIGTERM's flush may take
 
     STATES: tuple[dict[str, Any], ...] = (
         {"name": "job"},
         {"name": "startup", "on_enter": "_open_startup", "on_exit": "_close_startup"},
         {"name": "train"},
-        {"name": "interval", "on_enter": "_open_interval", "on_exit": "_finish_interval"},
+        {"name": "interval", "on_enter": "_open_interval", "on_exit": "_close_interval"},
         {"name": "ended"},
         {"name": "shutdown", "on_enter": "_shutdown_telemetry", "final": True},
         {"name": "terminated", "on_enter": "_shutdown_telemetry", "final": True},
     )
 
-    # A trigger not listed for the current state raises SpanPhaseError.
     # ``dest: None`` is an internal transition: callbacks run, nothing opens or closes.
     TRANSITIONS: tuple[dict[str, Any], ...] = (
-        # The training path.
         {"trigger": "start_job", "source": "job", "dest": "startup"},
         {"trigger": "record_phase", "source": "startup", "dest": None, "after": "_emit_phase"},
-        {"trigger": "start_train", "source": "startup", "dest": "train"},
+        # From job: train() called without pretrain().
+        {"trigger": "start_train", "source": ["job", "startup"], "dest": "train"},
         {"trigger": "reroot", "source": "train", "dest": "interval"},
         {"trigger": "reroot", "source": "interval", "dest": None, "after": "_next_interval"},
         # From train: the loop ran no pass (a resume with nothing left to train).
@@ -163,57 +160,61 @@ class SpanPhases:
         {"trigger": "terminate", "source": ["shutdown", "terminated"], "dest": None},
         # A process that outlives a terminate trains on, recording nothing.
         *({"trigger": t, "source": "terminated", "dest": None} for t in TRAINING_TRIGGERS),
-    )
+    )  # fmt: skip
 
-    def __init__(
-        self, telemetry: Any, save_interval: int | None = 0, *, is_span_group_enabled: Any = None
-    ) -> None:
+    def __init__(self, telemetry: Any, save_interval: Any = 0, *, is_span_group_enabled=None,
+                 strict: bool = False) -> None:  # fmt: skip
         """Spans are recorded when ``telemetry`` (a handle with ``tracer``,
-        ``is_exporting``, ``shutdown(timeout_ms=)`` and optionally
-        ``force_flush(timeout_ms=)``) exports and ``is_span_group_enabled`` (the
-        gate the call sites use; None: every group on) lets the ``job`` group."""
-        self.telemetry = telemetry
+        ``is_exporting`` and ``shutdown()``) exports and ``is_span_group_enabled``
+        (None: every group on) lets the ``job`` group. ``strict``: an order the
+        table does not list raises :class:`SpanPhaseError` (else it is logged)."""
+        self.telemetry, self.strict = telemetry, strict
         gate = is_span_group_enabled or (lambda group: True)
+        # Whether it records spans: the handle exports and the job group is on.
         self.enabled = bool(getattr(telemetry, "is_exporting", False) and gate(JOB_GROUP))
-        # With telemetry off the tracer stays None and no callback imports OpenTelemetry.
-        self._tracer = telemetry.tracer if self.enabled else None
-        if self._tracer is not None:
+        self._tracer = None  # None: no callback touches OpenTelemetry
+        if self.enabled and Machine is None:
+            logger.error("job spans are not recorded: telemetry_spans needs `transitions`")
+        elif self.enabled:
             from opentelemetry import context, trace
 
-            self._otel_context, self._otel_trace = context, trace
-        self._startup = self._interval = self._token = self._link_to = self._first = None
-        self._index = self._failures = self._in_transition = 0
-        self._deferred: list[Callable[[], None]] = []  # see between_transitions()
-        # Loop passes left until the next interval boundary; 1: the next pass is one.
+            self._tracer, self._otel_context, self._otel_trace = telemetry.tracer, context, trace
+        self._startup = self._interval = self._token = self._startup_link = self._first = None
+        self._index = 0  # of the next interval
+        self._in_transition, self._deferred, self._rejected, self._failures = 0, [], set(), 0
+        # Loop passes left until the next interval boundary (1: the next pass is one).
         # A save_interval <= 0 means no checkpoints: one interval covers the loop.
         self._left, self._period = 1, save_interval if (save_interval or 0) > 0 else sys.maxsize
-        states = [self._bind(row, "on_enter", "on_exit") for row in self.STATES]
-        rows = [self._bind(row, "after") for row in self.TRANSITIONS]
-        self._phase = _Phase()
-        # Positional: no event objects for the callbacks, no auto transitions (to_<state>()).
-        self.machine = Machine(self._phase, states, "job", rows, False, False, name="span_phases")
+        # The model the machine drives, so its generated trigger and ``is_*`` methods never
+        # collide with the typed triggers below (``job`` until it has a machine).
+        self._phase, self.machine = types.SimpleNamespace(state="job"), None
+        if Machine is not None:
+            states = [self._bind(row, "on_enter", "on_exit") for row in self.STATES]
+            rows = [self._bind(row, "after") for row in self.TRANSITIONS]
+            self.machine = _machine(self._phase, "span_phases", states, "job", rows)
         SpanPhases._latest = self
 
     def _bind(self, row: Mapping[str, Any], *keys: str) -> dict[str, Any]:
         return {k: getattr(self, v) if k in keys else v for k, v in row.items()}
 
     @classmethod
-    def current(cls) -> SpanPhases:
-        """The lifecycle ``train()`` drives: the latest ``pretrain()``'s, awaiting its loop.
-
-        ``train()`` called without ``pretrain()`` (or again) gets a lifecycle of
-        its own with telemetry off, already in ``startup``.
-        """
-        if cls._latest is None or cls._latest.state != "startup":
-            cls(None).start_job()
-        return cls._latest
+    def current(cls, telemetry: Any = None, save_interval: Any = 0, **kwargs: Any) -> SpanPhases:
+        """The lifecycle ``train()`` drives: the latest ``pretrain()``'s, while its loop
+        has not started (or an exit path ended it); otherwise (``train()`` alone, or
+        again) a new one."""
+        latest = cls._latest
+        if latest is None or latest.state not in ("job", "startup", "terminated"):
+            link = latest and latest._startup_link  # a train() again: after that startup
+            latest = cls(telemetry, save_interval, **kwargs)
+            latest._startup_link = link
+        return latest
 
     @property
     def state(self) -> str:
         """The current state: one of the names in :attr:`STATES`."""
         return self._phase.state
 
-    # -- the training path --------------------------------------------------
+    # -- the triggers ---------------------------------------------------------
 
     def start_job(self, model_type: Any = None, timestamps: Mapping | None = None) -> None:
         """Emit ``pre_startup`` if due; open ``megatron.startup`` and its launch children."""
@@ -227,24 +228,35 @@ class SpanPhases:
         """End ``megatron.startup``; the next ``step()`` opens the first interval."""
         self._fire("start_train")
 
+    def step(self, iteration: int | None = None) -> None:
+        """Count one loop pass, at its top (``iteration``: the one it runs); a pass that
+        starts a checkpoint interval ends the open ``megatron.train`` and opens the
+        next. Passes are counted, not iterations compared, so a resumed run reroots at
+        the same passes. Off a boundary: one decrement, one test."""
+        self._left -= 1
+        if not self._left:
+            self._left = 1  # until the reroot opens an interval: the next pass is one too
+            self._fire("reroot", iteration, said="step")
+
     def end_train(self) -> None:
         """The loop is over: end the open interval."""
         self._fire("end_train")
 
-    def shutdown(self, cause: BaseException | int | None = None) -> None:
+    def shutdown(self, cause: BaseException | None = None) -> None:
         """End what is open, innermost first, then shut telemetry down; ``cause`` (the
         exception unwinding through ``pretrain()``) is recorded on the spans this ends."""
-        self._fire("shutdown", cause=cause)
+        self._fire("shutdown", cause)
 
     # -- the exit paths -----------------------------------------------------
 
     def flush(self) -> None:
-        """Force-flush the exporters, changing no span (a graceful SIGTERM's drain)."""
+        """Force-flush the tracer provider, changing no span (a graceful SIGTERM's drain)."""
         self._fire("flush")
 
     def terminate(self, cause: int | None = None) -> None:
-        """End what is open and shut telemetry down, recording the signal ``cause``."""
-        self._fire("terminate", cause=cause)
+        """End what is open and shut telemetry down, wherever the training path is,
+        recording the signal ``cause`` (None: the atexit fallback)."""
+        self._fire("terminate", cause)
 
     def between_transitions(self, work: Callable[[], None]) -> None:
         """Run ``work`` now, or right after the transition a signal handler interrupted
@@ -255,29 +267,19 @@ class SpanPhases:
         else:
             work()
 
-    def step(self, iteration: int | None = None) -> None:
-        """Count one loop pass, at its top; a pass that starts a checkpoint interval
-        ends the open ``megatron.train`` and opens the next. Passes are counted, not
-        iterations compared, so a resumed run (whose iterations carry the checkpoint's
-        offset) reroots at the same passes. Off a boundary: one decrement, one test."""
-        self._left -= 1
-        if self._left:
+    def _fire(self, trigger: str, *args: Any, said: str = "") -> None:
+        if self.machine is None:
             return
-        # step() is legal where reroot is; the error names step. A boundary that did
-        # not reroot leaves the next pass a boundary again.
-        try:
-            self._fire("reroot", iteration)
-        except SpanPhaseError as err:
-            raise SpanPhaseError("step", err.state) from None
-        finally:
-            self._left = max(self._left, 1)
-
-    def _fire(self, trigger: str, *args: Any, **kwargs: Any) -> None:
         self._in_transition += 1
         try:
-            getattr(self._phase, trigger)(*args, **kwargs)
+            getattr(self._phase, trigger)(*args)
         except MachineError:  # a trigger the table does not list: nothing ran
-            raise SpanPhaseError(trigger, self._phase.state) from None
+            rejected = (said or trigger, self._phase.state)
+            if self.strict:
+                raise SpanPhaseError(*rejected) from None
+            if rejected not in self._rejected:  # logged once
+                self._rejected.add(rejected)
+                logger.error("telemetry: '%s' in state '%s' ignored", *rejected)
         finally:
             self._in_transition -= 1
             while self._deferred and not self._in_transition:
@@ -285,25 +287,31 @@ class SpanPhases:
 
     # -- state callbacks: where each span is opened and ended ---------------
 
-    def _span(
-        self, name: str, parent: Any = None, start: float | None = None, **kwargs: Any
-    ) -> Any:
-        """Start a span under ``parent``; without one, the root of a new trace."""
+    def _span(self, name: str, parent: Any = None, start: Any = None, **kwargs: Any) -> Any:
+        """Start ``name`` under ``parent`` (None: the root of a new trace, whatever is
+        current), at ``start`` (epoch seconds; else now), marked as goodput."""
         context = self._otel_context.Context()  # empty: nothing ambient is inherited
         if parent is not None:
             context = self._otel_trace.set_span_in_context(parent, context)
-        start_time = None if start is None else int(start * 1e9)
-        return self._tracer.start_span(name, context=context, start_time=start_time, **kwargs)
+        time = None if start is None else int(start * 1e9)
+        span = self._tracer.start_span(name, context=context, start_time=time, **kwargs)
+        span.set_attribute(IS_GOODPUT_SPAN, True)
+        return span
 
+    @_guarded
     def _backdated(self, name: str, start: Any, end: Any, parent: Any = None) -> None:
         """A span for time already elapsed; one whose start or end is unknown is skipped."""
-        if start is not None and end is not None:
-            span = self._span(name, parent, start, attributes={IS_GOODPUT_SPAN: True})
-            span.end(end_time=int(end * 1e9))
+        if self._tracer is not None and start is not None and end is not None:
+            self._span(name, parent, start).end(end_time=int(end * 1e9))
+
+    def _emit_phase(self, name: str, start: Any, end: Any) -> None:
+        """``record_phase``: a backdated child of ``megatron.startup``."""
+        self._backdated(name, start, end, self._startup)
 
     @_guarded
     def _open_startup(self, model_type: Any, timestamps: Mapping[str, float | None]) -> None:
-        """Entering ``startup``: ``pre_startup`` if due, then ``megatron.startup``.
+        """Entering ``startup``: ``pre_startup`` if due, then ``megatron.startup``, the
+        root of a trace of its own.
 
         The launch window is folded into ``megatron.startup`` (which then opens
         at the launch script's start) when its three times are known and in order.
@@ -316,87 +324,81 @@ class SpanPhases:
         if slurm is not None and launch is not None and slurm < launch:
             self._backdated(PRE_STARTUP_SPAN, slurm, launch)
         folded = None not in (launch, presrun, program) and launch <= presrun <= program
-        attributes = {IS_GOODPUT_SPAN: True, MODEL_TYPE: str(model_type)}
-        span = self._span(STARTUP_SPAN, None, launch if folded else program, attributes=attributes)
-        self._startup, self._link_to = span, span.get_span_context()
+        span = self._startup = self._span(STARTUP_SPAN, None, launch if folded else program)
+        span.set_attribute(MODEL_TYPE, str(model_type))
+        self._startup_link = span.get_span_context()
         self._token = self._otel_context.attach(self._otel_trace.set_span_in_context(span))
         if folded:
             self._backdated(LAUNCH_SCRIPT_SPAN, launch, presrun, span)
             self._backdated(CONTAINER_LOAD_SPAN, presrun, program, span)
 
-    @_guarded
-    def _emit_phase(self, name: str, start: float | None, end: float | None) -> None:
-        if self._tracer is not None:
-            self._backdated(name, start, end, self._startup)
-
-    @_guarded
-    def _close_startup(self, *_: Any, cause: BaseException | int | None = None) -> None:
+    def _close_startup(self, cause: Any = None) -> None:
         """Leaving ``startup``: end ``megatron.startup``, whose context the first
         interval links to; a ``cause`` (the start failed) is recorded on it."""
         span, self._startup = self._startup, None
-        if span is not None:
-            self._otel_context.detach(self._token)
-            self._mark_ending(span, cause)
-            span.end()
+        self._end(span, cause)
 
-    @_guarded
     def _open_interval(self, iteration: int | None = None) -> None:
-        """Entering ``interval``: open a ``megatron.train`` in a new trace, linked to
-        the interval before it (the first, to ``megatron.startup``)."""
-        self._left, self._first = self._period, iteration
-        if self._tracer is None:
-            return
-        attributes = {IS_GOODPUT_SPAN: True, INTERVAL_INDEX: self._index}
-        if iteration is not None:
-            attributes[INTERVAL_FIRST_ITERATION] = iteration
-        links = None if self._link_to is None else (self._otel_trace.Link(self._link_to),)
-        span = self._interval = self._span(INTERVAL_SPAN, links=links, attributes=attributes)
-        self._token = self._otel_context.attach(self._otel_trace.set_span_in_context(span))
+        """Entering ``interval``: the loop's first ``megatron.train``, linked to
+        ``megatron.startup``."""
+        self._open(self._startup_link, iteration)
 
     def _next_interval(self, iteration: int | None = None) -> None:
-        """``reroot`` inside ``interval``: end this interval, open the next."""
-        self._finish_interval(iteration, rerooted=True)
-        self._open_interval(iteration)
+        """``reroot`` inside ``interval``: end this interval, open the next, linked to it."""
+        link = self._interval.get_span_context() if self._interval else self._startup_link
+        self._finish(iteration, rerooted=True)
+        self._open(link, iteration)
 
     @_guarded
-    def _finish_interval(self, iteration: Any = None, cause: Any = None, rerooted=False) -> None:
-        """Leaving ``interval`` (``end_train``, ``shutdown``, ``terminate``) or a
-        reroot: detach and end the interval, keeping its context for the next's link.
+    def _open(self, link: Any, iteration: int | None) -> None:
+        """A ``megatron.train`` in a new trace, linked to ``link``, made current; its
+        index and (when known) first iteration are recorded on it."""
+        self._left, self._first = self._period, iteration
+        if self._tracer is not None:
+            links = [] if link is None else [self._otel_trace.Link(link)]
+            span = self._interval = self._span(INTERVAL_SPAN, links=links)
+            span.set_attribute(INTERVAL_INDEX, self._index)
+            if iteration is not None:
+                span.set_attribute(INTERVAL_FIRST_ITERATION, iteration)
+            self._token = self._otel_context.attach(self._otel_trace.set_span_in_context(span))
 
-        Its last iteration is counted, not stored: on a boundary, the one before
-        the new pass; otherwise the first plus the passes counted since.
-        """
-        first, left = self._first, self._left
-        self._left, self._index = 1, self._index + 1
-        span, self._interval = self._interval, None
+    def _close_interval(self, cause: Any = None) -> None:
+        """Leaving ``interval`` (``end_train``, ``shutdown``, ``terminate``)."""
+        self._finish(None, rerooted=False, cause=cause)
+
+    @_guarded
+    def _finish(self, iteration: int | None, rerooted: bool, cause: Any = None) -> None:
+        """End the open ``megatron.train``, recording whether a reroot ended it and the
+        last iteration it covered: on a boundary, the one before ``iteration``;
+        otherwise its first plus the passes counted since, which is not stored."""
+        span, self._interval, self._index = self._interval, None, self._index + 1
+        # Passes counted since the first; a later step() is a boundary again (after
+        # end_train, one the table rejects at once).
+        passes, self._left = self._period - self._left, 1
+        if span is not None:
+            span.set_attribute(INTERVAL_REROOTED, rerooted)
+            if self._first is not None:
+                last = iteration - 1 if iteration is not None else self._first + passes
+                span.set_attribute(INTERVAL_LAST_ITERATION, last)
+            self._end(span, cause)
+
+    @_guarded
+    def _end(self, span: Any, cause: Any = None) -> None:
+        """Detach ``span``'s context, current since it opened, and end it, recording why
+        the run ends on it: the reason, ``error.type``, ERROR status and, for an
+        exception, OpenTelemetry's ``exception`` event."""
         if span is None:
             return
         self._otel_context.detach(self._token)
-        self._link_to = span.get_span_context()
-        span.set_attribute(INTERVAL_REROOTED, rerooted)
-        if first is not None:
-            last = iteration - 1 if iteration is not None else first + self._period - left
-            span.set_attribute(INTERVAL_LAST_ITERATION, last)
-        self._mark_ending(span, cause)
+        if (ending := self.ending(cause)) is not None:
+            description = f"ended by {ending[1]}"
+            if isinstance(cause, BaseException):
+                span.record_exception(cause, escaped=True)
+                description = f"{type(cause).__name__}: {cause}"
+            status = self._otel_trace.Status(self._otel_trace.StatusCode.ERROR, description)
+            span.set_status(status)
+            span.set_attributes({SHUTDOWN_REASON: ending[0], ERROR_TYPE: ending[1]})
         span.end()
-
-    @_guarded
-    def _flush_telemetry(self) -> None:
-        """``flush``: push finished spans out, through the handle's ``force_flush``
-        where it has one, else the global tracer provider's (nemo-lens installs one)."""
-        if self._tracer is None:
-            return
-        if callable(flush := getattr(self.telemetry, "force_flush", None)):
-            flush(timeout_ms=self.timeout_ms)
-        elif callable(flush := getattr(self._otel_trace.get_tracer_provider(), "force_flush", 0)):
-            flush(timeout_millis=self.timeout_ms)
-
-    @_guarded
-    def _shutdown_telemetry(self, *_: Any, **__: Any) -> None:
-        """Entering ``shutdown`` or ``terminated`` (both final, so this runs once):
-        the exit callbacks ended every span; shut the handle down."""
-        if self.telemetry is not None:
-            self.telemetry.shutdown(timeout_ms=self.timeout_ms)
 
     def ending(self, cause: BaseException | int | None) -> tuple[str, str] | None:
         """How ``cause`` ends the run: (``megatron.shutdown.reason``, ``error.type``).
@@ -408,22 +410,29 @@ class SpanPhases:
             kind = type(cause)
             module = "" if kind.__module__ == "builtins" else f"{kind.__module__}."
             return "exception", module + kind.__qualname__
-        if cause is not None:
-            known = cause in signal.Signals._value2member_map_
-            return "signal", signal.Signals(cause).name if known else f"signal {cause}"
-        return None
+        if cause is None:
+            return None
+        try:
+            return "signal", signal.Signals(cause).name
+        except ValueError:  # a number this platform gives no name
+            return "signal", f"signal {cause}"
 
-    def _mark_ending(self, span: Any, cause: BaseException | int | None) -> None:
-        """Record why the run ends on ``span``: the reason, ``error.type``, ERROR status
-        and, for an exception, OpenTelemetry's ``exception`` event."""
-        if (ending := self.ending(cause)) is None:
-            return
-        description = f"ended by {ending[1]}"
-        if isinstance(cause, BaseException):
-            span.record_exception(cause, escaped=True)
-            description = f"{type(cause).__name__}: {cause}"
-        span.set_status(self._otel_trace.Status(self._otel_trace.StatusCode.ERROR, description))
-        span.set_attributes({SHUTDOWN_REASON: ending[0], ERROR_TYPE: ending[1]})
+    @_guarded
+    def _flush_telemetry(self) -> None:
+        """``flush``: push finished spans out through the tracer provider, within
+        :attr:`flush_timeout_ms` (a drain that must save a checkpoint next)."""
+        from opentelemetry import trace
+
+        provider = trace.get_tracer_provider()
+        if hasattr(provider, "force_flush"):
+            provider.force_flush(timeout_millis=self.flush_timeout_ms)
+
+    @_guarded
+    def _shutdown_telemetry(self, *_: Any) -> None:
+        """Entering ``shutdown`` or ``terminated`` (both final, so this runs once per
+        lifecycle): the exit callbacks ended every span; shut the handle down."""
+        if self.telemetry is not None:
+            self.telemetry.shutdown()
 
 
 class ExitHooks:
@@ -431,20 +440,20 @@ class ExitHooks:
 
     They exist only to get telemetry out of a dying process, so they are
     installed only for a lifecycle whose handle exports, once per process, and
-    act on the lifecycle of the latest ``pretrain()``. The first SIGTERM
-    flushes (graceful, under ``--exit-signal-handler``: the trainer drains and
-    shuts down itself) or terminates the lifecycle (hard: every span ended and
-    exported); either way the signal is then passed on to the previous handler
-    or, where that was the default action, raised again so the process still
-    dies of it. A later SIGTERM is only passed on.
+    act on the latest lifecycle. The first SIGTERM flushes (graceful, under
+    ``--exit-signal-handler``: the trainer drains and shuts down itself) or
+    terminates the lifecycle (hard: every span ended and exported); either way the
+    signal is then passed on to the previous handler or, where that was the
+    default action, raised again so the process still dies of it. A later
+    SIGTERM is only passed on.
 
     A signal that lands while the main thread runs telemetry code is not acted
     on there (see :class:`_Redelivery`): it comes back once that code is left.
     """
 
     #: Where the main thread may hold a lock the exit path needs: the OpenTelemetry
-    #: SDK's (a span's, a metric instrument's), the telemetry base layer's (its span
-    #: processors'; nemo-lens in Megatron-LM) and this module.
+    #: SDK's (a span's, a metric instrument's), the telemetry library's (nemo-lens's span
+    #: processors), Megatron-LM's telemetry base layer and this module.
     TELEMETRY_PACKAGES: tuple[str, ...] = (
         "opentelemetry",
         "nemo.lens",
@@ -452,11 +461,12 @@ class ExitHooks:
         __name__,
     )
 
+    process: ClassVar[ExitHooks | None] = None  # the process's (install_exit_hooks())
+    SIGNALS: tuple[int, ...] = (signal.SIGTERM,)  # the signals hooked
     STATES: tuple[str, ...] = ("uninstalled", "installed", "signalled")
 
     TRANSITIONS: tuple[dict[str, Any], ...] = (
         {"trigger": "install", "source": "uninstalled", "dest": "installed", "after": "_register"},
-        # A later pretrain() only rebinds the lifecycle (done before firing).
         {"trigger": "install", "source": ["installed", "signalled"], "dest": None},
         {"trigger": "sigterm", "source": "installed", "dest": "signalled",
          "conditions": "graceful", "after": "_flush_target"},
@@ -468,55 +478,47 @@ class ExitHooks:
     )  # fmt: skip
 
     def __init__(self) -> None:
-        self.target: SpanPhases | None = None
-        self.graceful, self.signals = False, (signal.SIGTERM,)
-        self.previous_handlers: dict[int, Any] = {}  # each hooked signal's, by number
+        self.graceful, self.previous_handlers = False, {}  # each hooked signal's, by number
         self.redelivery = _Redelivery(self.handle_sigterm)
-        self.machine = Machine(
-            self, self.STATES, "uninstalled", self.TRANSITIONS, False, False, name="exit_hooks"
-        )
+        self.machine = _machine(self, "exit_hooks", self.STATES, "uninstalled", self.TRANSITIONS)
 
-    def attach(self, phases: SpanPhases, graceful: bool = False, signals: Any = None) -> None:
-        """Act on ``phases`` from now on, installing the hooks (for ``signals``,
-        default SIGTERM) the first time. A lifecycle whose handle does not export
-        changes nothing: the process keeps its signal and exit behaviour."""
+    def attach(self, phases: SpanPhases, graceful: bool = False) -> None:
+        """Install the hooks the first time a lifecycle's telemetry exports; they act on
+        the latest lifecycle, as its ``pretrain()`` says (``graceful``: a SIGTERM only
+        flushes)."""
         if getattr(phases.telemetry, "is_exporting", False):
-            self.target, self.graceful = phases, bool(graceful)
-            if self.state == "uninstalled" and signals is not None:
-                self.signals = tuple(signals)
+            self.graceful = bool(graceful)
             self.install()
 
     def handle_sigterm(self, signum: int, frame: Any) -> None:
         """The handler of the hooked signals: act outside telemetry code and between two
         transitions, then pass it on."""
-        inside = in_packages(frame, self.TELEMETRY_PACKAGES)
-        if self.redelivery.later(signum, inside, self.target.timeout_ms / 1000):
+        if self.redelivery.later(signum, in_packages(frame, self.TELEMETRY_PACKAGES)):
             return
-        self.target.between_transitions(lambda: self._on_signal(signum, frame))
+        SpanPhases._latest.between_transitions(lambda: self._on_signal(signum, frame))
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self.sigterm(signum)  # never raises: its rows cover every state, its callbacks are guarded
+        with contextlib.suppress(Exception):  # telemetry must never break training
+            self.sigterm(signum)
         previous = self.previous_handlers.get(signum, signal.SIG_DFL)
         if callable(previous):
             previous(signum, frame)
-        elif previous in (signal.SIG_DFL, None):  # die of it, as without the hook
+        elif previous == signal.SIG_DFL:  # die of it, as without the hook
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
 
     def _register(self) -> None:
         atexit.register(self.process_exit)  # the fallback: end and export what is open
-        try:
-            for signum in self.signals:
+        with contextlib.suppress(ValueError, OSError):  # not the main thread: atexit remains
+            for signum in self.SIGNALS:
                 self.previous_handlers[signum] = signal.getsignal(signum)
                 signal.signal(signum, self.handle_sigterm)
-        except (ValueError, OSError):  # not the main thread: the atexit fallback remains
-            _log.info("signal hooks not installed: not in the main thread")
 
     def _flush_target(self, *_: Any) -> None:
-        self.target.flush()
+        SpanPhases._latest.flush()
 
     def _terminate_target(self, signum: int | None = None, *_: Any) -> None:
-        self.target.terminate(cause=signum)
+        SpanPhases._latest.terminate(signum)
 
 
 def in_packages(frame: Any, packages: tuple[str, ...]) -> bool:
@@ -541,29 +543,30 @@ class _Redelivery:
     CPython runs a signal handler on the main thread between two bytecodes, also in
     the middle of telemetry code that holds a lock: a span processor's around its
     bookkeeping, the SDK's around a metric measurement. The exit path needs those
-    locks (ending a span runs the processors, a flush collects the metrics), and the
-    thread holding one cannot wait for it: a hard signal would hang the process for
-    good, a flush on a helper thread would stall until its timeout. So the handler
-    returns at once, and a helper thread sends the signal to the main thread again
-    every ``every_s`` until a handler acts on it. After ``give_up_s`` the main thread
-    is stuck there, not busy, and the handler acts anyway.
+    locks (ending a span runs the processors), and the thread holding one cannot wait
+    for it: the process would hang for good. So the handler returns at once, and a
+    helper thread sends the signal to the main thread again every ``every_s`` until a
+    handler acts on it. After ``give_up_s`` the main thread is stuck there, not busy,
+    and the handler acts anyway.
     """
 
-    def __init__(self, handler: Callable[[int, Any], None], every_s: float = 0.002) -> None:
-        self.handler, self.every_s = handler, every_s
+    def __init__(self, handler: Callable[[int, Any], None], every_s=0.002, give_up_s=5.0) -> None:
+        self.handler, self.every_s, self.give_up_s = handler, every_s, give_up_s
+        self.send = signal.pthread_kill if hasattr(signal, "pthread_kill") else None
+        self.thread: threading.Thread | None = None  # the latest helper
         self._pending: dict[int, tuple[float, threading.Event]] = {}  # by signal: since, acted
 
-    def later(self, signum: int, inside: bool, give_up_s: float) -> bool:
+    def later(self, signum: int, inside: bool) -> bool:
         """Whether ``signum``'s handler returns now, to run again later (``inside``: the
         signal landed in telemetry code). False ends the signal's wait: the handler acts."""
         since, acted = self._pending.get(signum, (time.monotonic(), None))
-        if inside and hasattr(signal, "pthread_kill") and time.monotonic() - since < give_up_s:
+        if inside and self.send and time.monotonic() - since < self.give_up_s:
             if acted is None:
                 acted = threading.Event()
                 self._pending[signum] = since, acted
-                main = threading.main_thread().ident
-                args = (signum, main, acted)
-                threading.Thread(target=self._resend, args=args, daemon=True).start()
+                args = (signum, threading.main_thread().ident, acted)
+                self.thread = threading.Thread(target=self._resend, args=args, daemon=True)
+                self.thread.start()
             return True
         if acted is not None:
             acted.set()
@@ -575,13 +578,12 @@ class _Redelivery:
         # on, or once another handler replaced this one.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
         while not acted.wait(self.every_s) and signal.getsignal(signum) == self.handler:
-            signal.pthread_kill(main, signum)
+            self.send(main, signum)
 
 
-EXIT_HOOKS = ExitHooks()
-
-
-def install_exit_hooks(phases: SpanPhases, graceful=False, signals: Any = None) -> ExitHooks:
-    """Point the process-wide exit hooks at ``phases``, installing them once."""
-    EXIT_HOOKS.attach(phases, graceful=graceful, signals=signals)
-    return EXIT_HOOKS
+def install_exit_hooks(phases: SpanPhases, graceful: bool = False) -> ExitHooks | None:
+    """The process's exit hooks (none without ``transitions``), attached to ``phases``."""
+    if Machine is not None:
+        ExitHooks.process = ExitHooks.process or ExitHooks()
+        ExitHooks.process.attach(phases, graceful)
+    return ExitHooks.process

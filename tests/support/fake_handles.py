@@ -274,3 +274,18 @@ def forbid_otel_api(monkeypatch: pytest.MonkeyPatch, module) -> list[str]:
             if value is original:
                 monkeypatch.setattr(module, name, replacement)
     return calls
+
+
+class RecordingProvider:
+    """The global tracer provider as ``opentelemetry.trace.get_tracer_provider()`` returns
+    it (nemo-lens installs the SDK's): the shared lifecycle's ``flush`` goes there."""
+
+    def __init__(self) -> None:
+        self.flushes: list[int] = []  # each flush's timeout_millis
+        self.raises = False  # an exporter that fails
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        self.flushes.append(timeout_millis)
+        if self.raises:
+            raise RuntimeError("force_flush exploded")
+        return True

@@ -41,6 +41,8 @@ SPEC_TABLE: dict[tuple[str, str], str] = {
     ("job", "start_job"): "startup",
     ("startup", "record_phase"): "startup",
     ("startup", "start_train"): "train",
+    # train() without pretrain(): a lifecycle of its own, no startup to end
+    ("job", "start_train"): "train",
     ("train", "reroot"): "interval",
     ("interval", "reroot"): "interval",
     ("interval", "end_train"): "ended",

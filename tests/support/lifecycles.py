@@ -17,6 +17,7 @@ class Lifecycles:
     def __init__(self) -> None:
         self.created: list[Any] = []
         self._token = None
+        self.cls: type | None = None  # what new() makes (None: the shared SpanPhases)
 
     def __enter__(self) -> Lifecycles:
         self._token = _attach(_Context())
@@ -36,10 +37,12 @@ class Lifecycles:
     ):
         """A lifecycle to test; ``enabled`` (when given) is the answer of its
         ``is_span_group_enabled`` gate for the ``job`` group. ``cls`` picks the class
-        (default: the shared module's ``SpanPhases``)."""
+        (default: ``self.cls``, else the shared module's ``SpanPhases``). Strict unless
+        ``strict=False``: an order the table does not list raises (a run only logs it)."""
         from megatron.training.telemetry_spans import SpanPhases
 
-        cls = kwargs.pop("cls", SpanPhases)
+        cls = kwargs.pop("cls", self.cls or SpanPhases)
+        kwargs.setdefault("strict", True)
         if enabled is not None and "is_span_group_enabled" not in kwargs:
             kwargs["is_span_group_enabled"] = lambda group, on=bool(enabled): on
         phases = cls(telemetry, save_interval=save_interval, **kwargs)

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fake_handles import RecordingProvider
 from fake_process import FakeProcess
 from lifecycles import Lifecycles
 from processes import TrainingCLI
@@ -40,6 +41,16 @@ def lifecycles() -> Iterator[Lifecycles]:
     """A factory of ``SpanPhases``, from an empty context, all shut down afterwards."""
     with Lifecycles() as made:
         yield made
+
+
+@pytest.fixture
+def tracer_provider(monkeypatch: pytest.MonkeyPatch) -> RecordingProvider:
+    """The global tracer provider, recording the shared lifecycle's flushes."""
+    from opentelemetry import trace
+
+    provider = RecordingProvider()
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    return provider
 
 
 def _tmpfs(tmp_path, name: str, options: str, otherwise: str):

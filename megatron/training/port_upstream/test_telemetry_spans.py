@@ -5,28 +5,29 @@ SDK, so these tests need only ``opentelemetry-api`` (which Megatron-LM's ``dev``
 extra brings) and ``transitions``; they run the same with the SDK installed.
 The fake records every span it starts: name, parent, trace, links, start and
 end times, attributes and status, so each test asserts the spans a trace
-backend would receive.
+backend would receive. No test sends a signal: the exit hooks' handler is
+called as the interpreter would call it, and ``os.kill`` is recorded.
 
-What they cover: the startup trace (its backdated phases, the ``pre_startup``
-trace of the time in the scheduler queue, the launch window folded into it),
-one ``megatron.train`` trace per checkpoint interval linked to the one before,
-the causes recorded when a run fails or is signalled, the orders the
-transition table rejects, the exit paths (``flush``, ``terminate``, the
-atexit and signal hooks), which never raise, and telemetry off.
+What they cover: the startup trace (its backdated phases, ``pre_startup``, the
+launch window folded into it), one ``megatron.train`` trace per checkpoint
+interval linked to the one before, the causes recorded when a run fails or is
+signalled, the orders the transition table rejects
+(raised where asked for, else logged once), the exit paths (``flush``,
+``terminate``, the atexit and SIGTERM hooks, a signal landing inside telemetry
+code), which never raise, telemetry off, and ``transitions`` not installed.
 """
-
-from __future__ import annotations
 
 import functools
 import itertools
-import os
+import logging
 import re
 import signal
+import subprocess
 import sys
-import time
+import threading
 
 import pytest
-from opentelemetry import trace
+from opentelemetry import context, trace
 from opentelemetry.trace import StatusCode
 from transitions import MachineError
 
@@ -88,13 +89,16 @@ class FakeSpan(trace.Span):
         self.ends += 1
         self.end_time = end_time if end_time is not None else "now"
         self.tracer.finished.append(self)
+        self.tracer.on_end(self)
 
 
 class FakeTracer:
-    """Starts FakeSpans; the parent is the span in the context it is given."""
+    """Starts FakeSpans; the parent is the span in the context it is given (or the
+    current one)."""
 
     def __init__(self):
         self.finished = []
+        self.on_end = lambda span: None  # what a test makes happen as a span ends
 
     def start_span(self, name, context=None, links=None, attributes=None, start_time=None, **_):
         parent = trace.get_current_span(context)
@@ -103,16 +107,13 @@ class FakeTracer:
 
 
 class FakeTelemetry:
-    """A telemetry handle as the lifecycle needs one: tracer, is_exporting, flush, shutdown."""
+    """A telemetry handle as Megatron-LM's ``get_telemetry()`` returns one: a tracer,
+    whether it exports, and ``shutdown()``."""
 
     def __init__(self, exporting=True):
         self.tracer = FakeTracer()
         self.is_exporting = exporting
-        self.flushes = 0
         self.shutdowns = 0
-
-    def force_flush(self, timeout_ms=5000):
-        self.flushes += 1
 
     def shutdown(self, timeout_ms=5000):
         self.shutdowns += 1
@@ -120,6 +121,17 @@ class FakeTelemetry:
     def spans(self, name=None):
         """Finished spans (of ``name``), in the order they ended."""
         return [s for s in self.tracer.finished if name in (None, s.name)]
+
+
+class FakeProvider:
+    """The global tracer provider nemo-lens installs; the lifecycle flushes it."""
+
+    def __init__(self):
+        self.flushes = []
+
+    def force_flush(self, timeout_millis=30000):
+        self.flushes.append(timeout_millis)
+        return True
 
 
 def only(telemetry, name):
@@ -135,10 +147,23 @@ def seconds(ns):
     return ns / 1e9
 
 
+def covered(interval):
+    """What an interval says it covered: index, first and last iteration, and whether a
+    reroot ended it."""
+    keys = ("index", "first_iteration", "last_iteration", "rerooted")
+    return tuple(interval.attributes[f"megatron.interval.{key}"] for key in keys)
+
+
 @pytest.fixture(autouse=True)
 def no_lifecycle_left_behind(monkeypatch):
-    """Each test starts with no latest lifecycle and leaves none behind."""
+    """Each test starts with no latest lifecycle, no exit hooks and no current span,
+    and leaves none of them behind (a lifecycle a test leaves open keeps its span
+    current)."""
     monkeypatch.setattr(SpanPhases, "_latest", None)
+    monkeypatch.setattr(ExitHooks, "process", None)
+    token = context.attach(context.Context())
+    yield
+    context.detach(token)
 
 
 @pytest.fixture
@@ -146,14 +171,24 @@ def telemetry():
     return FakeTelemetry()
 
 
-def lifecycle(telemetry, save_interval=0, gate=job_on):
-    return SpanPhases(telemetry, save_interval=save_interval, is_span_group_enabled=gate)
+@pytest.fixture
+def provider(monkeypatch):
+    """A fake global tracer provider, as ``trace.get_tracer_provider()`` returns it."""
+    fake = FakeProvider()
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: fake)
+    return fake
 
 
-def run_loop(phases, iterations):
+def lifecycle(telemetry, save_interval=0, gate=job_on, strict=True):
+    return SpanPhases(
+        telemetry, save_interval=save_interval, is_span_group_enabled=gate, strict=strict
+    )
+
+
+def run_loop(phases, passes):
     phases.start_train()
-    for iteration in iterations:
-        phases.step(iteration)
+    for _ in range(passes):
+        phases.step()
     phases.end_train()
 
 
@@ -166,7 +201,9 @@ def test_startup_opens_at_program_start_holds_its_phases_and_closes_at_start_tra
     phases.record_phase("megatron.startup.imports", 100.0, 101.5)
     phases.record_phase("megatron.startup.unknown_end", 101.5, None)  # skipped, not faked
     assert telemetry.spans("megatron.startup") == []  # open until training starts
+    assert trace.get_current_span().name == "megatron.startup"  # what runs now nests in it
     phases.start_train()
+    assert trace.get_current_span() is trace.INVALID_SPAN
     startup = only(telemetry, "megatron.startup")
     assert startup.parent is None and startup.links == []
     assert seconds(startup.start_time) == 100.0
@@ -230,17 +267,43 @@ def test_the_launch_window_folds_into_startup_when_its_times_are_in_order(teleme
         {"launch_script_start": 90.0, "launch_script_presrun": 101.0, "program_start": 100.0},
         {"launch_script_start": 95.0, "launch_script_presrun": 94.0, "program_start": 100.0},
         {"launch_script_start": 90.0, "program_start": 100.0},
+        {},
     ],
-    ids=["presrun_after_program", "presrun_before_start", "no_presrun"],
+    ids=["presrun_after_program", "presrun_before_start", "no_presrun", "nothing_known"],
 )
 def test_the_launch_window_stays_out_of_order_or_unknown(telemetry, timestamps):
     phases = lifecycle(telemetry)
     phases.start_job(timestamps=timestamps)
     phases.start_train()
     startup = only(telemetry, "megatron.startup")
-    assert seconds(startup.start_time) == 100.0  # opened at program_start
+    start = timestamps.get("program_start")
+    assert startup.start_time == (None if start is None else int(start * 1e9))  # else: now
     assert telemetry.spans("megatron.startup.launch_script") == []
     assert telemetry.spans("megatron.startup.container_load") == []
+
+
+def test_the_lifecycle_names_its_parents_whatever_is_current(telemetry):
+    """A caller's span around pretrain() (or one left current): pre_startup and
+    megatron.startup still root traces of their own, and the phases nest in startup."""
+    outer = telemetry.tracer.start_span("the caller's own")
+    token = context.attach(trace.set_span_in_context(outer))
+    try:
+        phases = lifecycle(telemetry)
+        phases.start_job(
+            timestamps={"slurm_job_start_time": 50.0, "launch_script_start": 60.0,
+                        "launch_script_presrun": 70.0, "program_start": 80.0}
+        )  # fmt: skip
+        inner = telemetry.tracer.start_span("something current inside startup")
+        inner_token = context.attach(trace.set_span_in_context(inner))
+        phases.record_phase("megatron.startup.imports", 80.0, 90.0)
+        context.detach(inner_token)
+        phases.start_train()
+    finally:
+        context.detach(token)
+    startup = only(telemetry, "megatron.startup")
+    assert only(telemetry, "pre_startup").parent is None and startup.parent is None
+    for name in ("launch_script", "container_load", "imports"):
+        assert only(telemetry, f"megatron.startup.{name}").parent is startup
 
 
 # -- one trace per checkpoint interval ---------------------------------------------
@@ -249,21 +312,20 @@ def test_the_launch_window_stays_out_of_order_or_unknown(telemetry, timestamps):
 def test_an_interval_per_save_interval_each_a_trace_linked_to_the_one_before(telemetry):
     phases = lifecycle(telemetry, save_interval=3)
     phases.start_job(timestamps={"program_start": 100.0})
+    phases.start_train()
     # A resumed run: the passes counted, not the iteration numbers, place the boundaries.
-    run_loop(phases, range(100, 107))
+    for iteration in range(100, 107):
+        phases.step(iteration)
+        assert trace.get_current_span().name == "megatron.train"  # the pass nests in it
+    phases.end_train()
     phases.shutdown()
     startup = only(telemetry, "megatron.startup")
     intervals = telemetry.spans("megatron.train")
-    attributes = [
-        (
-            s.attributes["megatron.interval.index"],
-            s.attributes["megatron.interval.first_iteration"],
-            s.attributes["megatron.interval.last_iteration"],
-            s.attributes["megatron.interval.rerooted"],
-        )
-        for s in intervals
+    assert [covered(s) for s in intervals] == [
+        (0, 100, 102, True),
+        (1, 103, 105, True),
+        (2, 106, 106, False),
     ]
-    assert attributes == [(0, 100, 102, True), (1, 103, 105, True), (2, 106, 106, False)]
     assert all(s.parent is None and s.attributes["is_goodput_span"] for s in intervals)
     traces = {s.context.trace_id for s in [startup, *intervals]}
     assert len(traces) == 4
@@ -274,17 +336,45 @@ def test_an_interval_per_save_interval_each_a_trace_linked_to_the_one_before(tel
         [intervals[1].context],
     ]
     assert all(s.ends == 1 for s in intervals)
+    assert trace.get_current_span() is trace.INVALID_SPAN
 
 
 @pytest.mark.parametrize("save_interval", [0, -1, None])
 def test_without_a_save_interval_one_interval_covers_the_loop(telemetry, save_interval):
+    """No checkpoints: the loop's spans nest in one megatron.train, linked to startup."""
     phases = lifecycle(telemetry, save_interval=save_interval)
     phases.start_job()
-    run_loop(phases, range(50))
+    phases.start_train()
+    for iteration in range(50):
+        phases.step(iteration)
+    phases.end_train()
     phases.shutdown()
     (interval,) = telemetry.spans("megatron.train")
-    assert interval.attributes["megatron.interval.first_iteration"] == 0
-    assert interval.attributes["megatron.interval.last_iteration"] == 49
+    assert covered(interval) == (0, 0, 49, False)
+    assert interval.links == [only(telemetry, "megatron.startup").context]
+
+
+@pytest.mark.parametrize("end", ["shutdown", "terminate"])
+def test_an_interval_cut_short_covers_the_pass_in_flight(telemetry, end):
+    phases = lifecycle(telemetry, save_interval=4)
+    phases.start_job()
+    phases.start_train()
+    for iteration in range(10, 16):  # an exception, or a signal, in the pass of 15
+        phases.step(iteration)
+    getattr(phases, end)()
+    intervals = telemetry.spans("megatron.train")
+    assert [covered(s) for s in intervals] == [(0, 10, 13, True), (1, 14, 15, False)]
+
+
+def test_without_iteration_numbers_an_interval_records_its_index_alone(telemetry):
+    phases = _in_state("interval", telemetry)
+    phases.end_train()
+    (interval,) = telemetry.spans("megatron.train")
+    assert interval.attributes == {
+        "is_goodput_span": True,
+        "megatron.interval.index": 0,
+        "megatron.interval.rerooted": False,
+    }
 
 
 def test_the_loop_with_no_pass_opens_no_interval(telemetry):
@@ -303,14 +393,12 @@ def test_the_loop_with_no_pass_opens_no_interval(telemetry):
 
 
 def test_an_exception_is_recorded_on_the_interval_it_ends(telemetry):
-    phases = lifecycle(telemetry, save_interval=2)
-    phases.start_job()
-    phases.start_train()
-    phases.step(0)
+    phases = _in_state("interval", telemetry)
     error = RuntimeError("boom")
     phases.shutdown(cause=error)
     interval = only(telemetry, "megatron.train")
     assert interval.status.status_code is StatusCode.ERROR
+    assert interval.status.description == "RuntimeError: boom"
     assert interval.attributes["megatron.shutdown.reason"] == "exception"
     assert interval.attributes["error.type"] == "RuntimeError"
     assert interval.exceptions == [error]
@@ -319,38 +407,115 @@ def test_an_exception_is_recorded_on_the_interval_it_ends(telemetry):
 
 
 def test_a_failed_start_is_recorded_on_startup(telemetry):
-    phases = lifecycle(telemetry)
-    phases.start_job()
-    phases.shutdown(cause=ValueError("bad flag"))
+    class ConfigError(ValueError):
+        pass
+
+    phases = _in_state("startup", telemetry)
+    phases.shutdown(cause=ConfigError("bad flag"))
     startup = only(telemetry, "megatron.startup")
     assert startup.status.status_code is StatusCode.ERROR
-    assert startup.attributes["error.type"] == "ValueError"
+    assert startup.attributes["error.type"] == (
+        f"{__name__}.test_a_failed_start_is_recorded_on_startup.<locals>.ConfigError"
+    )
 
 
-def test_a_signal_is_recorded_by_name(telemetry):
-    phases = lifecycle(telemetry, save_interval=2)
-    phases.start_job()
-    phases.start_train()
-    phases.step(0)
-    phases.shutdown(cause=signal.SIGTERM)
+def test_a_signal_is_recorded_by_name_and_a_clean_end_records_nothing(telemetry):
+    phases = _in_state("interval", telemetry)
+    phases.terminate(cause=signal.SIGTERM)
     interval = only(telemetry, "megatron.train")
     assert interval.status.status_code is StatusCode.ERROR
     assert interval.attributes["megatron.shutdown.reason"] == "signal"
     assert interval.attributes["error.type"] == "SIGTERM"
+    clean = FakeTelemetry()
+    phases = _in_state("interval", clean)
+    phases.shutdown()
+    interval = only(clean, "megatron.train")
+    assert interval.status is None and "megatron.shutdown.reason" not in interval.attributes
+
+
+def test_the_ending_of_a_number_no_signal_has(telemetry):
+    assert lifecycle(telemetry).ending(250) == ("signal", "signal 250")
+
+
+# -- shutdown, and the exit paths' terminate ---------------------------------------------
+
+
+@pytest.mark.parametrize("trigger", ["shutdown", "terminate"])
+@pytest.mark.parametrize(
+    ("state", "open_spans"),
+    [
+        ("job", []),
+        ("startup", ["megatron.startup"]),
+        ("train", []),
+        ("interval", ["megatron.train"]),
+        ("ended", []),
+    ],
+)
+def test_the_end_ends_what_is_open_then_shuts_telemetry_down(telemetry, state, open_spans, trigger):
+    phases = _in_state(state, telemetry)
+    finished = list(telemetry.spans())
+    getattr(phases, trigger)()
+    assert [s.name for s in telemetry.spans()[len(finished) :]] == open_spans
+    assert phases.state == {"shutdown": "shutdown", "terminate": "terminated"}[trigger]
+    assert telemetry.shutdowns == 1
+    assert trace.get_current_span() is trace.INVALID_SPAN
+
+
+def test_terminate_ends_what_is_open_then_every_trainer_trigger_records_nothing(telemetry):
+    """A SIGTERM handler that returns: the loop goes on after the lifecycle ended."""
+    phases = _in_state("interval", telemetry)
+    phases.terminate()
+    assert phases.state == "terminated"
+    finished = list(telemetry.spans())
+    for _ in range(4):
+        phases.step()
+    phases.end_train()
+    phases.record_phase("megatron.startup.x", 1.0, 2.0)
+    phases.start_train()
+    phases.start_job()
+    phases.shutdown()
+    phases.flush()
+    phases.terminate()
+    assert phases.state == "terminated"
+    assert telemetry.spans() == finished
+    assert telemetry.shutdowns == 1
+
+
+def test_terminate_after_the_trainers_shutdown_does_nothing(telemetry):
+    """The atexit fallback after pretrain() shut down: no second shutdown, no error."""
+    phases = _in_state("shutdown", telemetry)
+    phases.terminate()
+    assert phases.state == "shutdown"
+    assert telemetry.shutdowns == 1
+
+
+def test_each_pretrain_shuts_its_own_telemetry_down(telemetry):
+    """A second pretrain() in the process (its own lifecycle) shuts its own handle down."""
+    first = lifecycle(telemetry, save_interval=2)
+    first.start_job()
+    run_loop(first, 2)
+    first.shutdown()
+    second_telemetry = FakeTelemetry()
+    second = lifecycle(second_telemetry, save_interval=2)
+    second.start_job()
+    run_loop(second, 2)
+    second.shutdown()
+    assert len(second_telemetry.spans("megatron.train")) == 1
+    assert (telemetry.shutdowns, second_telemetry.shutdowns) == (1, 1)
 
 
 # -- the orders the table rejects --------------------------------------------------
 
 
-def _in_state(state, telemetry):
+def _in_state(state, telemetry, strict=True, gate=job_on):
     """A lifecycle brought to ``state`` by the trainer's own triggers."""
-    phases = lifecycle(telemetry, save_interval=2)
+    phases = lifecycle(telemetry, save_interval=2, gate=gate, strict=strict)
     steps = {
         "job": [],
         "startup": [phases.start_job],
         "train": [phases.start_job, phases.start_train],
-        "interval": [phases.start_job, phases.start_train, lambda: phases.step(0)],
-        "ended": [phases.start_job, phases.start_train, lambda: phases.step(0), phases.end_train],
+        "interval": [phases.start_job, phases.start_train, phases.step],
+        "ended": [phases.start_job, phases.start_train, phases.step, phases.end_train],
         "shutdown": [phases.start_job, phases.shutdown],
     }[state]
     for fire in steps:
@@ -360,17 +525,21 @@ def _in_state(state, telemetry):
 
 ILLEGAL = [
     ("startup", "start_job", lambda p: p.start_job()),
-    ("job", "step", lambda p: p.step(0)),
-    ("startup", "step", lambda p: p.step(0)),
+    ("train", "start_job", lambda p: p.start_job()),
+    ("interval", "start_train", lambda p: p.start_train()),
+    ("job", "step", lambda p: p.step()),
+    ("startup", "step", lambda p: p.step()),
+    ("ended", "step", lambda p: p.step()),
+    ("job", "end_train", lambda p: p.end_train()),
+    ("startup", "end_train", lambda p: p.end_train()),
     ("ended", "end_train", lambda p: p.end_train()),
-    ("ended", "step", lambda p: p.step(5)),
     ("job", "record_phase", lambda p: p.record_phase("megatron.startup.x", 1.0, 2.0)),
     ("train", "record_phase", lambda p: p.record_phase("megatron.startup.x", 1.0, 2.0)),
     ("interval", "record_phase", lambda p: p.record_phase("megatron.startup.x", 1.0, 2.0)),
     ("shutdown", "shutdown", lambda p: p.shutdown()),
     ("shutdown", "start_job", lambda p: p.start_job()),
     ("shutdown", "start_train", lambda p: p.start_train()),
-    ("shutdown", "step", lambda p: p.step(0)),
+    ("shutdown", "step", lambda p: p.step()),
     ("shutdown", "end_train", lambda p: p.end_train()),
     ("shutdown", "record_phase", lambda p: p.record_phase("megatron.startup.x", 1.0, 2.0)),
 ]
@@ -393,6 +562,26 @@ def test_an_illegal_order_raises_naming_trigger_and_state(state, trigger, fire, 
     assert telemetry.shutdowns == (1 if state == "shutdown" else 0)
 
 
+@pytest.mark.parametrize(
+    ("state", "trigger", "fire"), ILLEGAL, ids=[f"{t}_in_{s}" for s, t, _ in ILLEGAL]
+)
+def test_an_illegal_order_never_ends_a_run_it_is_logged_once(state, trigger, fire, caplog):
+    """Not strict (a training run): the table still rejects it, nothing changes, and
+    one error names trigger and state, however often it happens."""
+    telemetry = FakeTelemetry()
+    phases = _in_state(state, telemetry, strict=False)
+    finished = list(telemetry.spans())
+    with caplog.at_level(logging.ERROR, logger=telemetry_spans.__name__):
+        fire(phases)
+        fire(phases)
+    assert phases.state == state
+    assert telemetry.spans() == finished
+    ours = [r for r in caplog.records if r.name == telemetry_spans.__name__]
+    assert [(r.levelno, r.getMessage()) for r in ours] == [
+        (logging.ERROR, f"telemetry: '{trigger}' in state '{state}' ignored")
+    ]
+
+
 def test_span_phase_error_is_a_machine_error_with_its_trigger_and_state(telemetry):
     phases = _in_state("ended", telemetry)
     with pytest.raises(MachineError) as caught:
@@ -401,116 +590,190 @@ def test_span_phase_error_is_a_machine_error_with_its_trigger_and_state(telemetr
     assert (caught.value.trigger, caught.value.state) == ("end_train", "ended")
 
 
-# -- the exit paths never raise ------------------------------------------------------
+# -- flush -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("state", ["job", "startup", "train", "interval", "ended", "shutdown"])
-def test_flush_never_raises_and_changes_nothing(telemetry, state):
-    phases = _in_state(state, telemetry)
-    flushes = telemetry.flushes
+@pytest.mark.parametrize("gate", [job_on, lambda group: False], ids=["job_on", "job_off"])
+def test_flush_flushes_the_tracer_provider_and_changes_nothing(provider, state, gate):
+    """Whatever the span groups: other spans, metrics and logs need the flush too; once
+    the lifecycle has shut telemetry down, there is nothing left to flush."""
+    telemetry = FakeTelemetry()
+    phases = _in_state(state, telemetry, gate=gate)
+    finished = list(telemetry.spans())
     phases.flush()
     assert phases.state == state
-    assert telemetry.flushes == flushes + (0 if state == "shutdown" else 1)
+    assert provider.flushes == ([] if state == "shutdown" else [5000])
+    assert telemetry.spans() == finished
 
 
-def test_terminate_ends_what_is_open_then_every_trainer_trigger_records_nothing(telemetry):
-    phases = _in_state("interval", telemetry)
-    phases.terminate(cause=signal.SIGTERM)
-    assert phases.state == "terminated"
-    interval = only(telemetry, "megatron.train")
-    assert interval.attributes["error.type"] == "SIGTERM"
-    assert telemetry.shutdowns == 1
-    # The process outlived the signal: the loop goes on, nothing is recorded or raised.
-    phases.step(1)
-    phases.step(2)
-    phases.end_train()
-    phases.record_phase("megatron.startup.x", 1.0, 2.0)
-    phases.start_train()
-    phases.start_job()
-    phases.shutdown()
-    phases.flush()
-    phases.terminate()
-    assert phases.state == "terminated"
-    assert telemetry.spans() == [only(telemetry, "megatron.startup"), interval]
-    assert telemetry.shutdowns == 1
+# -- the atexit and SIGTERM hooks ----------------------------------------------------
 
 
-def test_terminate_after_the_trainers_shutdown_does_nothing(telemetry):
-    """The atexit fallback after pretrain() shut down: no second shutdown, no error."""
-    phases = _in_state("shutdown", telemetry)
-    phases.terminate()
-    assert phases.state == "shutdown"
-    assert telemetry.shutdowns == 1
+class Hooks:
+    """What installing the exit hooks did: atexit registrations and ``os.kill`` calls,
+    recorded rather than made."""
 
+    def __init__(self):
+        self.registered, self.killed = [], []
 
-# -- the atexit and signal hooks ----------------------------------------------------
+    def install(self, phases, graceful=False, previous_handler=signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, previous_handler)
+        return install_exit_hooks(phases, graceful=graceful)
 
 
 @pytest.fixture
-def exit_hooks(monkeypatch):
-    """``install_exit_hooks`` on hooks of this test's own (the process-wide ones are
-    installed once per process), atexit registrations recorded rather than made, and
-    the SIGTERM disposition put back afterwards."""
-    registered = []
-    monkeypatch.setattr(telemetry_spans.atexit, "register", registered.append)
-    monkeypatch.setattr(telemetry_spans, "EXIT_HOOKS", ExitHooks())
+def hooks(monkeypatch):
+    """Exit hooks installed with atexit and ``os.kill`` recorded, and SIGTERM's
+    disposition put back afterwards. No signal is sent: a test calls the installed
+    handler as the interpreter would."""
+    recorder = Hooks()
+    monkeypatch.setattr(telemetry_spans.atexit, "register", recorder.registered.append)
+    monkeypatch.setattr(
+        telemetry_spans.os, "kill", lambda pid, signum: recorder.killed.append(signum)
+    )
     previous = signal.getsignal(signal.SIGTERM)
-
-    def install(phases, graceful=False, previous_handler=signal.SIG_DFL):
-        signal.signal(signal.SIGTERM, previous_handler)
-        hooks = install_exit_hooks(phases, graceful=graceful, signals=(signal.SIGTERM,))
-        assert hooks is telemetry_spans.EXIT_HOOKS
-        return hooks, registered
-
-    yield install
+    yield recorder
     signal.signal(signal.SIGTERM, previous)
 
 
-def _sigterm():
-    os.kill(os.getpid(), signal.SIGTERM)
+def _sigterm(frame=None):
+    """What the interpreter does when SIGTERM arrives: call its Python handler, with the
+    frame the main thread was running (the caller's)."""
+    signal.getsignal(signal.SIGTERM)(signal.SIGTERM, frame or sys._getframe(1))
 
 
-def test_a_hard_sigterm_ends_the_spans_then_passes_the_signal_on(telemetry, exit_hooks):
-    passed_on = []
+def test_a_hard_sigterm_ends_the_spans_then_dies_of_the_signal(telemetry, hooks):
     phases = _in_state("interval", telemetry)
-    exit_hooks(phases, previous_handler=lambda signum, frame: passed_on.append(signum))
+    hooks.install(phases)
     _sigterm()
-    assert passed_on == [signal.SIGTERM]
+    assert hooks.killed == [signal.SIGTERM]
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # so the process dies of it
     assert phases.state == "terminated"
     assert only(telemetry, "megatron.train").attributes["error.type"] == "SIGTERM"
+    assert len(telemetry.spans("megatron.train")) == 1
     assert telemetry.shutdowns == 1
+
+
+def test_a_hard_sigterm_is_passed_on_to_the_previous_handler(telemetry, hooks):
+    passed_on = []
+    phases = _in_state("interval", telemetry)
+    hooks.install(phases, previous_handler=lambda signum, frame: passed_on.append(signum))
+    _sigterm()
+    assert passed_on == [signal.SIGTERM] and hooks.killed == []
+    assert len(telemetry.spans("megatron.train")) == 1 and telemetry.shutdowns == 1
     _sigterm()  # a later one is only passed on
     assert passed_on == [signal.SIGTERM, signal.SIGTERM]
     assert telemetry.shutdowns == 1
 
 
-def test_a_process_that_ignores_sigterm_trains_on_recording_nothing(telemetry, exit_hooks):
+def test_a_process_that_ignores_sigterm_trains_on_recording_nothing(telemetry, hooks):
     phases = _in_state("interval", telemetry)
-    exit_hooks(phases, previous_handler=signal.SIG_IGN)
+    hooks.install(phases, previous_handler=signal.SIG_IGN)
     _sigterm()
-    assert phases.state == "terminated"
-    phases.step(1)
-    phases.step(2)
+    assert hooks.killed == [] and phases.state == "terminated"
+    assert signal.getsignal(signal.SIGTERM) != signal.SIG_IGN  # the hook stays in place
+    phases.step()
+    phases.step()
     phases.end_train()
     phases.shutdown()  # pretrain()'s own shutdown, after the loop
     assert len(telemetry.spans("megatron.train")) == 1
     assert telemetry.shutdowns == 1
 
 
-def test_a_graceful_sigterm_flushes_once_and_leaves_the_spans_open(telemetry, exit_hooks):
+@pytest.mark.parametrize("gate", [job_on, lambda group: False], ids=["job_on", "job_off"])
+def test_a_graceful_sigterm_flushes_once_and_leaves_the_spans_open(provider, hooks, gate):
     """--exit-signal-handler: the trainer drains and shuts down itself."""
     drained = []
-    phases = _in_state("interval", telemetry)
-    exit_hooks(phases, graceful=True, previous_handler=lambda s, f: drained.append(s))
+    telemetry = FakeTelemetry()
+    phases = _in_state("interval", telemetry, gate=gate)
+    hooks.install(phases, graceful=True, previous_handler=lambda s, f: drained.append(s))
     _sigterm()
     _sigterm()
     assert drained == [signal.SIGTERM, signal.SIGTERM]
-    assert telemetry.flushes == 1  # the first signal flushes, later ones only chain
+    assert provider.flushes == [5000]  # the first signal flushes, later ones only chain
     assert phases.state == "interval"
     assert telemetry.spans("megatron.train") == []
     phases.end_train()
     phases.shutdown()
-    assert len(telemetry.spans("megatron.train")) == 1
+    assert len(telemetry.spans("megatron.train")) == (1 if gate is job_on else 0)
+    assert telemetry.shutdowns == 1
+
+
+def test_the_atexit_fallback_terminates_and_is_harmless_after_shutdown(telemetry, hooks):
+    phases = _in_state("interval", telemetry)
+    hooks.install(phases)
+    assert len(hooks.registered) == 1
+    hooks.registered[0]()
+    assert phases.state == "terminated" and telemetry.shutdowns == 1
+    assert only(telemetry, "megatron.train").status is None  # no cause known
+    finished = _in_state("shutdown", FakeTelemetry())
+    hooks.registered[0]()
+    assert finished.state == "shutdown" and finished.telemetry.shutdowns == 1
+
+
+def test_hooks_are_installed_once_and_act_on_the_latest_lifecycle(telemetry, hooks):
+    first = _in_state("ended", telemetry)
+    installed = hooks.install(first)
+    assert signal.getsignal(signal.SIGTERM) == installed.handle_sigterm
+    second = _in_state("interval", FakeTelemetry())
+    assert install_exit_hooks(second) is installed
+    assert len(hooks.registered) == 1
+    hooks.registered[0]()
+    assert second.state == "terminated" and first.state == "ended"
+    assert len(second.telemetry.spans("megatron.train")) == 1
+
+
+def test_the_latest_pretrain_says_whether_a_sigterm_is_graceful(telemetry, hooks, provider):
+    """Each pretrain() attaches its own lifecycle with its own --exit-signal-handler."""
+    hooks.install(_in_state("interval", telemetry), graceful=True)
+    second = _in_state("interval", FakeTelemetry())
+    assert not install_exit_hooks(second, graceful=False).graceful
+    _sigterm()
+    assert second.state == "terminated" and provider.flushes == []
+
+
+def test_no_hook_for_a_lifecycle_whose_telemetry_does_not_export(hooks):
+    phases = _in_state("startup", FakeTelemetry(exporting=False))
+    assert hooks.install(phases).state == "uninstalled" and hooks.registered == []
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+@pytest.mark.parametrize("error", [ValueError("not the main thread"), OSError("no signals")])
+def test_installing_where_signals_cannot_be_hooked_does_not_raise(
+    telemetry, hooks, monkeypatch, error
+):
+    def refuse(*_):
+        raise error
+
+    phases = _in_state("interval", telemetry)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with monkeypatch.context() as patch:
+        patch.setattr(telemetry_spans.signal, "signal", refuse)
+        install_exit_hooks(phases)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    hooks.registered[0]()  # the atexit fallback remains
+    assert phases.state == "terminated"
+
+
+def test_a_signal_during_a_transition_is_acted_on_once_it_is_done(telemetry, hooks):
+    """Python runs a handler between two bytecodes: one interval ended, the next not yet
+    open. The hook waits for the reroot to finish, then ends whole spans."""
+    phases = _in_state("interval", telemetry)
+    hooks.install(phases, previous_handler=signal.SIG_IGN)
+    signalled = []
+
+    def signal_once(span):
+        if not signalled:  # lands between the old interval's end and the next's start
+            signalled.append(span.name)
+            _sigterm()
+
+    telemetry.tracer.on_end = signal_once
+    phases.step()
+    phases.step()  # save_interval 2: the boundary
+    assert phases.state == "terminated"
+    assert [s.name for s in telemetry.spans("megatron.train")] == ["megatron.train"] * 2
+    assert trace.get_current_span() is trace.INVALID_SPAN
     assert telemetry.shutdowns == 1
 
 
@@ -530,7 +793,8 @@ def _called_through(*modules, then):
     ("modules", "inside"),
     [
         (("opentelemetry.sdk.trace",), True),
-        (("nemo.lens.providers",), True),  # Megatron-LM's telemetry base layer
+        (("nemo.lens.providers",), True),  # the telemetry library's span processors
+        (("megatron.core.telemetry.helpers",), True),
         (("megatron.training.telemetry_spans",), True),
         # the standard library called under a telemetry lock: still inside
         (("opentelemetry.sdk.metrics._internal", "collections", "threading"), True),
@@ -545,92 +809,33 @@ def test_a_signal_lands_inside_telemetry_where_its_code_runs(modules, inside):
     assert _called_through(*modules, then=lambda f: in_packages(f, packages)) is inside
 
 
-def test_a_sigterm_inside_telemetry_code_is_acted_on_once_it_is_left(telemetry, exit_hooks):
-    """Telemetry code may hold a lock the exit path needs (a span processor's, the SDK's
-    around a metric): the handler waits until the main thread is out, then acts."""
-    passed_on = []
+def test_a_sigterm_inside_telemetry_code_is_acted_on_once_it_is_left(telemetry, hooks):
+    """Telemetry code may hold a lock the exit path needs (a span processor's): the
+    handler returns at once, and a helper thread sends the signal to the main thread
+    again until a handler acts on it, outside that code."""
     phases = _in_state("interval", telemetry)
-    hooks, _ = exit_hooks(phases, previous_handler=lambda signum, frame: passed_on.append(frame))
-    _called_through(
-        "opentelemetry.sdk.trace", then=lambda frame: hooks.handle_sigterm(signal.SIGTERM, frame)
-    )
-    assert (phases.state, passed_on) == ("interval", [])  # nothing done in there
-    deadline = time.monotonic() + 60  # only ends a wait that never ends
-    while not passed_on:  # the signal comes back to this test's code
-        assert time.monotonic() < deadline, "the signal was not delivered again"
-        time.sleep(0.01)
-    assert phases.state == "terminated"
-    assert only(telemetry, "megatron.train").attributes["error.type"] == "SIGTERM"
-    assert passed_on[0].f_globals["__name__"] == __name__
-    assert telemetry.shutdowns == 1
-
-
-def test_a_main_thread_stuck_in_telemetry_code_is_acted_on_after_the_timeout(telemetry, exit_hooks):
-    passed_on = []
-    phases = _in_state("interval", telemetry)
-    phases.timeout_ms = 0  # what a flush may take: stuck there longer, not busy
-    hooks, _ = exit_hooks(phases, previous_handler=lambda signum, frame: passed_on.append(signum))
-    _called_through(
-        "opentelemetry.sdk.trace", then=lambda frame: hooks.handle_sigterm(signal.SIGTERM, frame)
-    )
-    assert (phases.state, passed_on) == ("terminated", [signal.SIGTERM])
-
-
-def test_the_atexit_fallback_terminates_and_is_harmless_after_shutdown(telemetry, exit_hooks):
-    phases = _in_state("interval", telemetry)
-    _, registered = exit_hooks(phases)
-    assert len(registered) >= 1
-    for hook in registered:
-        hook()
+    installed = hooks.install(phases, previous_handler=signal.SIG_IGN)
+    sent = threading.Event()
+    installed.redelivery.send = lambda thread, signum: sent.set()  # recorded, not sent
+    _called_through("nemo.lens.providers", then=lambda frame: _sigterm(frame))
+    assert phases.state == "interval"  # nothing done in there
+    assert sent.wait(60), "the signal was not sent again"  # 60 s only ends a hang
+    _sigterm()  # the interpreter delivers it again, back in this test's code
     assert phases.state == "terminated"
     assert telemetry.shutdowns == 1
-    finished = _in_state("shutdown", FakeTelemetry())
-    _, registered = exit_hooks(finished)
-    for hook in registered:
-        hook()
-    assert finished.state == "shutdown"
-    assert finished.telemetry.shutdowns == 1
+    installed.redelivery.thread.join(60)
+    assert not installed.redelivery.thread.is_alive()  # no signal after this test
 
 
-def test_hooks_are_installed_once_and_act_on_the_latest_lifecycle(telemetry, exit_hooks):
-    first = _in_state("shutdown", telemetry)
-    hooks, registered = exit_hooks(first)
-    assert signal.getsignal(signal.SIGTERM) == hooks.handle_sigterm
-    second_telemetry = FakeTelemetry()
-    second = _in_state("interval", second_telemetry)
-    install_exit_hooks(second, signals=(signal.SIGTERM,))
-    assert len(registered) == 1 and hooks.target is second
-    registered[0]()
-    assert second.state == "terminated" and first.state == "shutdown"
-    assert (telemetry.shutdowns, second_telemetry.shutdowns) == (1, 1)
-
-
-def test_no_hook_for_a_lifecycle_whose_telemetry_does_not_export(exit_hooks):
-    phases = _in_state("startup", FakeTelemetry(exporting=False))
-    _, registered = exit_hooks(phases)
-    assert registered == []
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-
-
-@pytest.mark.parametrize("error", [ValueError("not the main thread"), OSError("no signals")])
-def test_installing_where_signals_cannot_be_hooked_does_not_raise(
-    telemetry, exit_hooks, monkeypatch, error
-):
-    def refuse(*_):
-        raise error
-
+def test_a_main_thread_stuck_in_telemetry_code_is_acted_on_after_a_while(telemetry, hooks):
     phases = _in_state("interval", telemetry)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    with monkeypatch.context() as patch:
-        patch.setattr(telemetry_spans.signal, "signal", refuse)
-        install_exit_hooks(phases, signals=(signal.SIGTERM,))
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-    # The atexit fallback remains.
-    telemetry_spans.EXIT_HOOKS.process_exit()
-    assert phases.state == "terminated"
+    installed = hooks.install(phases, previous_handler=signal.SIG_IGN)
+    installed.redelivery.give_up_s = 0  # stuck there longer, not busy
+    _called_through("opentelemetry.sdk.trace", then=lambda frame: _sigterm(frame))
+    assert phases.state == "terminated" and installed.redelivery.thread is None
 
 
-# -- telemetry off, and a train() without pretrain() --------------------------------
+# -- telemetry off ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -638,54 +843,85 @@ def test_installing_where_signals_cannot_be_hooked_does_not_raise(
     [
         lambda: (FakeTelemetry(exporting=False), job_on),
         lambda: (FakeTelemetry(), lambda group: False),
+        lambda: (None, job_on),
     ],
-    ids=["not_exporting", "job_group_off"],
+    ids=["not_exporting", "job_group_off", "no_telemetry"],
 )
 def test_telemetry_off_records_nothing(make):
     telemetry, gate = make()
     phases = lifecycle(telemetry, save_interval=1, gate=gate)
     phases.start_job(timestamps={"slurm_job_start_time": 1.0, "launch_script_start": 2.0})
     phases.record_phase("megatron.startup.imports", 2.0, 3.0)
-    run_loop(phases, range(3))
-    phases.shutdown()
-    assert telemetry.spans() == []
-
-
-def test_train_without_pretrain_gets_a_lifecycle_in_startup():
-    """Megatron-LM's train() asks SpanPhases.current(); with no pretrain() before it,
-    it gets a telemetry-off lifecycle already in startup, and trains."""
-    phases = SpanPhases.current()
-    assert phases is not None and phases.state == "startup"
-    run_loop(phases, range(4))
+    run_loop(phases, 3)
     phases.shutdown()
     assert phases.state == "shutdown"
+    if telemetry is not None:
+        assert telemetry.spans() == []
+        assert telemetry.shutdowns == 1  # the handle is shut down all the same
+
+
+def test_train_without_pretrain_records_on_the_telemetry_it_is_given(telemetry):
+    """Megatron-LM's train() asks SpanPhases.current(); with no pretrain() before it,
+    it gets a lifecycle of its own that records the loop's intervals."""
+    phases = SpanPhases.current(telemetry, 2, is_span_group_enabled=job_on)
+    assert phases.state == "job"
+    run_loop(phases, 5)
+    intervals = telemetry.spans("megatron.train")
+    assert len(intervals) == 3 and intervals[0].links == []
+    assert telemetry.spans("megatron.startup") == []
 
 
 def test_train_finds_the_lifecycle_of_the_latest_pretrain(telemetry):
     first = lifecycle(telemetry)
     first.start_job()
     assert SpanPhases.current() is first
-    second = lifecycle(FakeTelemetry())
+    second = lifecycle(telemetry, save_interval=2)
     second.start_job()
     assert SpanPhases.current() is second
-    second.start_train()
-    # train() called again after its loop: a telemetry-off lifecycle of its own.
-    again = SpanPhases.current()
-    assert again is not second and again.state == "startup" and not again.enabled
+    run_loop(second, 1)
+    # train() called again after that loop: a lifecycle of its own, whose first
+    # interval follows the same startup.
+    again = SpanPhases.current(telemetry, 2, is_span_group_enabled=job_on)
+    assert again is not second and again.state == "job"
+    run_loop(again, 1)
+    startup = telemetry.spans("megatron.startup")[-1]
+    assert telemetry.spans("megatron.train")[-1].links == [startup.context]
 
 
-def test_a_failing_tracer_never_breaks_training(telemetry):
+def test_a_failing_tracer_never_breaks_training_it_is_logged_once(telemetry, caplog):
+    """Opening or ending any span, or shutting the handle down, may fail (an exporter
+    gone, an SDK error): training goes on, and one warning says so."""
+
     def broken(*_, **__):
         raise RuntimeError("exporter gone")
 
     telemetry.tracer.start_span = broken
+    telemetry.shutdown = broken
     phases = lifecycle(telemetry, save_interval=1)
-    phases.start_job(timestamps={"program_start": 1.0})
-    phases.record_phase("megatron.startup.imports", 1.0, 2.0)
-    run_loop(phases, range(3))
-    phases.shutdown()
+    with caplog.at_level(logging.WARNING, logger=telemetry_spans.__name__):
+        phases.start_job(timestamps={"slurm_job_start_time": 1.0, "launch_script_start": 2.0})
+        phases.record_phase("megatron.startup.imports", 1.0, 2.0)
+        run_loop(phases, 3)
+        phases.shutdown()
     assert phases.state == "shutdown"
-    assert telemetry.shutdowns == 1
+    ours = [r for r in caplog.records if r.name == telemetry_spans.__name__]
+    assert [(r.levelno, r.getMessage()) for r in ours] == [
+        (logging.WARNING, "telemetry _backdated failed; training goes on")
+    ]
+
+
+def test_a_span_that_fails_to_end_never_breaks_the_loop(telemetry):
+    def broken(*_, **__):
+        raise RuntimeError("exporter gone")
+
+    phases = _in_state("interval", telemetry)
+    telemetry.tracer.on_end = broken
+    phases.step()
+    phases.step()
+    phases.end_train()
+    phases.shutdown()
+    assert phases.state == "shutdown" and telemetry.shutdowns == 1
+    assert len(telemetry.spans("megatron.train")) == 2  # each ended once, then it failed
 
 
 def test_mark_goodput_marks_a_span_and_never_raises(telemetry):
@@ -699,3 +935,45 @@ def test_mark_goodput_marks_a_span_and_never_raises(telemetry):
             raise RuntimeError("ended")
 
     mark_goodput(Broken())
+
+
+# -- without transitions --------------------------------------------------------------
+
+
+def test_without_transitions_the_module_imports_and_the_lifecycle_does_nothing(tmp_path):
+    """``transitions`` (and OpenTelemetry) absent, as in a megatron-core install without
+    the ``otel`` extra: the module imports, a lifecycle with telemetry off takes every
+    trigger and does nothing, one with telemetry on says in one line what is missing."""
+    program = f"""
+import importlib.util, logging, sys
+sys.modules["transitions"] = None  # import fails, as when not installed
+sys.modules["opentelemetry"] = None
+logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(message)s")
+spec = importlib.util.spec_from_file_location("telemetry_spans", {telemetry_spans.__file__!r})
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+
+class Handle:
+    tracer, is_exporting = None, True
+    def shutdown(self): print("shut down")
+
+for telemetry in (None, Handle()):
+    phases = module.SpanPhases(telemetry, 2)
+    phases.start_job()
+    phases.record_phase("megatron.startup.imports", 1.0, 2.0)
+    phases.start_train()
+    for _ in range(5):
+        phases.step()
+    phases.end_train()
+    phases.shutdown()
+    phases.flush()
+    print(phases.state, module.install_exit_hooks(phases))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["job None", "job None"]
+    assert done.stderr.splitlines() == [
+        "ERROR job spans are not recorded: telemetry_spans needs `transitions`"
+    ]

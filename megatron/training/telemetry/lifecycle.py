@@ -16,6 +16,10 @@ the shared module rather than inside it:
   own handler, which unwinds into ``pretrain()``'s shutdown, so the hook only
   flushes. A SIGHUP or SIGINT the process ignores (``nohup``, a background
   job) stays ignored and unhooked.
+* **A flush of everything it exports.** A graceful signal's flush goes through
+  the telemetry handle (spans, metrics and logs, within the flush's bound),
+  where Megatron-LM's goes through the global tracer provider nemo-lens
+  installs, which this trainer's base layer does not replace.
 * **Graceful only where the process outlives the signal.** Under
   ``--exit-signal-handler`` a SIGTERM is only flushed, since the trainer's own
   handler drains and shuts down; but where the previous disposition is the
@@ -43,7 +47,8 @@ HOOKED_SIGNALS: tuple[signal.Signals, ...] = tuple(
 
 
 class TrainerSpanPhases(SpanPhases):
-    """The shared lifecycle, recording a Ctrl-C as an interrupt and a clean exit as none."""
+    """The shared lifecycle, recording a Ctrl-C as an interrupt and a clean exit as none,
+    and flushing through the telemetry handle."""
 
     def ending(self, cause: BaseException | int | None) -> tuple[str, str] | None:
         """The shared rule, but ``interrupt`` for a ``KeyboardInterrupt`` and None for a
@@ -54,6 +59,13 @@ class TrainerSpanPhases(SpanPhases):
         if isinstance(cause, KeyboardInterrupt):
             return "interrupt", ending[1]
         return ending
+
+    def _flush_telemetry(self) -> None:
+        """``flush``: the handle's spans, metrics and logs, within the flush's bound (the
+        handle's force_flush runs them on helper threads it abandons at the deadline, and
+        never raises)."""
+        if self.telemetry is not None:
+            self.telemetry.force_flush(timeout_ms=self.flush_timeout_ms)
 
 
 class TrainerExitHooks(ExitHooks):
@@ -86,9 +98,7 @@ class TrainerExitHooks(ExitHooks):
          "after": "_terminate_target"},
     )  # fmt: skip
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.signals = HOOKED_SIGNALS
+    SIGNALS = HOOKED_SIGNALS
 
     def graceful_drain(self, signum: int = signal.SIGTERM, *_: Any) -> bool:
         """Whether the process outlives ``signum``, so a flush is all it needs.
@@ -103,15 +113,15 @@ class TrainerExitHooks(ExitHooks):
 
     def _register(self) -> None:
         # A SIGHUP or SIGINT the process ignores (nohup) stays ignored and unhooked.
-        self.signals = tuple(
+        self.SIGNALS = tuple(
             signum
-            for signum in self.signals
+            for signum in self.SIGNALS
             if signum == signal.SIGTERM or signal.getsignal(signum) not in (signal.SIG_IGN, None)
         )
         super()._register()
 
 
-#: The trainer's process-wide exit hooks (the shared module's ``EXIT_HOOKS`` stays unused).
+#: The trainer's process-wide exit hooks (the shared module's ``ExitHooks.process`` stays unused).
 TRAINER_EXIT_HOOKS = TrainerExitHooks()
 
 

@@ -78,7 +78,9 @@ def test_every_signal_off_exports_nothing(tmp_path: Path) -> None:
 def test_lifecycle_with_traces_off_runs_and_rejects(make_handle: Make, tmp_path: Path) -> None:
     handle = make_handle(jsonl(tmp_path, traces_enabled=False))
     # The gate the trainer's call sites use: with traces off, no span group is on.
-    phases = SpanPhases(handle, save_interval=2, is_span_group_enabled=is_span_group_enabled)
+    phases = SpanPhases(
+        handle, save_interval=2, is_span_group_enabled=is_span_group_enabled, strict=True
+    )
     assert phases.enabled is False  # no spans to open: the job group is off
     phases.start_job(model_type="GPT")
     with pytest.raises(SpanPhaseError):

@@ -91,7 +91,9 @@ def test_the_process_that_survives_a_hard_sigterm_trains_on_recording_nothing(
     assert len(handle.shutdown_calls) == 1
 
 
-def test_a_graceful_sigterm_flushes_once_and_the_trainer_shuts_down(fake_process, lifecycles):
+def test_a_graceful_sigterm_flushes_once_and_the_trainer_shuts_down(
+    fake_process, lifecycles, tracer_provider
+):
     handle = FakeHandle()
     phases = in_interval(lifecycles, handle)
     drain = PreviousHandler(lambda: phases)
@@ -101,7 +103,7 @@ def test_a_graceful_sigterm_flushes_once_and_the_trainer_shuts_down(fake_process
 
     hooks.handle_sigterm(signal.SIGTERM, None)
     hooks.handle_sigterm(signal.SIGTERM, None)
-    assert len(handle.flush_calls) == 1, "Megatron-LM flushes at the first SIGTERM only"
+    assert tracer_provider.flushes == [5000], "Megatron-LM flushes at the first SIGTERM only"
     assert phases.state == "interval"
     assert [call[2] for call in drain.calls] == ["interval", "interval"]
     phases.end_train()
@@ -111,7 +113,7 @@ def test_a_graceful_sigterm_flushes_once_and_the_trainer_shuts_down(fake_process
     assert len(handle.shutdown_calls) == 1
 
 
-def test_graceful_is_the_flag_alone(fake_process, lifecycles):
+def test_graceful_is_the_flag_alone(fake_process, lifecycles, tracer_provider):
     """As in Megatron-LM: under --exit-signal-handler the hook flushes whatever the
     previous disposition (Megatron-LM installs its drain handler before)."""
     fake_process.previous = signal.SIG_DFL
@@ -119,7 +121,7 @@ def test_graceful_is_the_flag_alone(fake_process, lifecycles):
     hooks = ExitHooks()
     hooks.attach(in_interval(lifecycles, handle), graceful=True)
     hooks.handle_sigterm(signal.SIGTERM, None)
-    assert len(handle.flush_calls) == 1
+    assert len(tracer_provider.flushes) == 1
     assert handle.shutdown_calls == []
     assert fake_process.resends() == [("kill", os.getpid(), signal.SIGTERM)]
 

@@ -59,7 +59,7 @@ def test_off_lifecycle_touches_no_otel_api_and_still_checks_order(monkeypatch, l
     api_calls = forbid_otel_api(monkeypatch, telemetry_spans)
 
     expect_rejected(phases, "step", 0)
-    expect_rejected(phases, "start_train")
+    expect_rejected(phases, "end_train")
     phases.start_job(model_type="gpt", timestamps=launch_timestamps())
     expect_rejected(phases, "start_job")
     ts = launch_timestamps()
