@@ -48,7 +48,7 @@ def _checkout(tmp_path: Path, training: str) -> Path:
     (root / "megatron" / "training" / "training.py").write_text(training)
     (root / "pyproject.toml").write_text(
         '[project]\ndependencies = ["torch>=2.6.0"]\n\n'
-        '[project.optional-dependencies]\ntraining = ["wandb"]\n'
+        '[project.optional-dependencies]\notel = ["nemo-lens[sdk]"]\n'
     )
     return root
 
@@ -91,21 +91,21 @@ CORE = '[project]\ndependencies = ["torch>=2.6.0", "numpy"]\n\n[project.optional
     ("before", "after"),
     [
         (
-            CORE
-            + 'training = [\n    "wandb",\n    "x[y]>=1"\n]\nmlm = ["wandb"]\ndev = ["tqdm"]\n',
-            CORE + f'training = [\n    "wandb",\n    "x[y]>=1",\n    {DEP},\n]\n'
-            f'mlm = ["wandb", {DEP}]\ndev = ["tqdm"]\n',
+            CORE + 'otel = [\n    "nemo-lens[sdk]",\n]\ntraining = ["wandb"]\ndev = ["tqdm"]\n',
+            CORE + f'otel = [\n    "nemo-lens[sdk]",\n    {DEP},\n]\ntraining = ["wandb"]\n'
+            f'dev = ["tqdm", {DEP}]\n',
         ),
         (
-            CORE + 'training = [\n    "wandb",\n]\n\n[tool.x]\nmlm = ["y"]\n',
-            CORE + f'training = [\n    "wandb",\n    {DEP},\n]\n\n[tool.x]\nmlm = ["y"]\n',
+            CORE + 'otel = ["nemo-lens[sdk]"]\n\n[tool.x]\ndev = ["y"]\n',
+            CORE + f'otel = ["nemo-lens[sdk]", {DEP}]\n\n[tool.x]\ndev = ["y"]\n',
         ),
-        (CORE + 'training = ["transitions>=0.9"]\nmlm = ["transitions"]\n', None),
-        (CORE + "training = []\n", CORE + f"training = [{DEP}]\n"),
+        (CORE + 'otel = ["transitions>=0.9"]\ndev = ["transitions"]\n', None),
+        (CORE + "otel = []\n", CORE + f"otel = [{DEP}]\n"),
     ],
-    ids=["training_and_mlm", "training_only_mlm_elsewhere", "already_there", "empty"],
+    ids=["otel_and_dev", "otel_only_dev_elsewhere", "already_there", "empty"],
 )
-def test_transitions_joins_the_training_extras_not_megatron_cores_own(before, after):
+def test_transitions_joins_the_telemetry_extras_not_megatron_cores_own(before, after):
+    """Where Megatron-LM's telemetry users get nemo-lens and its SDK, and its tests'."""
     assert port_upstream.add_dependency(before) == (before if after is None else after)
 
 
@@ -113,10 +113,10 @@ def test_transitions_joins_the_training_extras_not_megatron_cores_own(before, af
     ("text", "named"),
     [
         ('[project]\ndependencies = ["torch"]\n', "`[project.optional-dependencies]`"),
-        (CORE + 'dev = ["tqdm"]\n', "`training = [...]` in [project.optional-dependencies]"),
-        (CORE + 'training = [\n    "wandb"  # why\n]\n', "does not parse after adding"),
+        (CORE + 'dev = ["tqdm"]\n', "`otel = [...]` in [project.optional-dependencies]"),
+        (CORE + 'otel = [\n    "nemo-lens"  # why\n]\n', "does not parse after adding"),
     ],
-    ids=["no_extras", "no_training_extra", "trailing_comment"],
+    ids=["no_extras", "no_otel_extra", "trailing_comment"],
 )
 def test_a_pyproject_it_cannot_edit_is_named(text, named):
     with pytest.raises(port_upstream.NotRecognised, match=re.escape(named)):

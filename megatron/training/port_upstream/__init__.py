@@ -1,586 +1,86 @@
-"""Apply this project's span-lifecycle extraction to a Megatron-LM checkout, in place.
+"""Move Megatron-LM's job-level span lifecycle into ``telemetry_spans.py``.
 
+    python -m megatron.training.port_upstream --series OUT MEGATRON_LM_DIR
     python -m megatron.training.port_upstream MEGATRON_LM_DIR
 
 Megatron-LM's ``megatron/training/training.py`` keeps its job-level span
-lifecycle as module globals and a dozen ``_otel`` functions, plus an exit-hook
-installer (an ``atexit`` hook and a SIGTERM handler with their flush helpers)
+lifecycle as module globals and eleven ``_otel`` functions, plus an exit-hook
+installer (an ``atexit`` hook and a SIGTERM handler with their flush helper)
 written inline in ``pretrain()``. This program turns that into the pull
-request the upstream issue asks for, so that ``git diff`` in the checkout *is*
-the change:
+requests a Megatron-LM maintainer merges (``series.py``):
 
-* ``megatron/training/telemetry_spans.py``: Megatron-LM's copyright line
-  (:data:`HEADER`), then this project's module byte for byte;
-* ``megatron/training/training.py``: the lifecycle functions, their globals,
-  the installer and the comments about them deleted; each call site rewritten
-  to one ``SpanPhases`` trigger (``start_job``, ``record_phase``,
-  ``start_train``, ``step``, ``end_train``, ``shutdown``) or to
-  ``install_exit_hooks``; the comments it writes speak of Megatron-LM and
-  OpenTelemetry only;
-* ``tests/unit_tests/training/test_telemetry_spans.py``: the copyright line,
-  then ``test_telemetry_spans.py`` of this package (the lifecycle's tests on
-  fake spans, so they run in Megatron-LM's CI with ``opentelemetry-api`` and
-  no SDK, and with the SDK too);
-* ``pyproject.toml``: ``transitions`` added to the ``training`` extra (and to
-  its deprecated alias ``mlm``), where Megatron-LM keeps the packages only its
-  training scripts need; megatron-core's own dependencies stay as they are.
+* ``--series OUT`` writes them as ``git format-patch`` files in ``OUT``, each
+  applying with ``git am`` on the one before, the first on the checkout, which
+  stays as it is. The first moves the lifecycle into
+  ``megatron/training/telemetry_spans.py`` as a state machine, with its tests,
+  and changes no behaviour; each later one makes one change, stated and
+  tested in its description;
+* without it, the whole series is applied in place in one step, so that
+  ``git diff`` in the checkout is its sum.
 
-It edits text by recognised anchors: the definitions (found with ``ast``) and
-the known call-site lines. Every anchor is looked for before anything is
-written; a ``training.py`` it does not recognise gets one line naming what it
-could not find, and nothing in the checkout changes. A second run finds the
-call sites already rewritten, says so and changes nothing. Exit status: 0
-applied or already applied, 1 not recognised, 2 bad usage.
+Either way ``training.py`` keeps only call sites (``training_py.py``): the
+lifecycle functions, their globals, the installer and the comments about them
+are deleted, and each call site becomes one ``SpanPhases`` trigger or
+``install_exit_hooks``; ``pyproject.toml`` gets ``transitions`` in its ``otel``
+and ``dev`` extras (``pyproject_toml.py``). The added files are Megatron-LM's
+copyright line, then this project's ``telemetry_spans.py`` and
+``test_telemetry_spans.py`` (the tests run on a fake tracer, with
+``opentelemetry-api`` and no SDK, in Megatron-LM's CI).
+
+Every anchor is looked for before anything is written: a ``training.py`` it
+does not recognise gets one line naming what it could not find, and nothing
+changes. In place, a second run finds the call sites already rewritten, says
+so and changes nothing. Exit status: 0 written (or already applied), 1 not
+recognised, 2 bad usage.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import re
 import sys
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    tomllib = None
+from .pyproject_toml import DEPENDENCY, PYPROJECT, add_dependency
+from .series import HEADER, MODULE, MODULE_DEST, SITES, TESTS, TESTS_DEST, write_series
+from .training_py import DELETED, TRAINING, NotRecognised, is_ported, port_training
 
-HERE = Path(__file__).resolve().parent
-#: What the port ships: the lifecycle module (the trainer's own) and its tests (this package's).
-MODULE = HERE.parent / "telemetry_spans.py"
-TESTS = HERE / "test_telemetry_spans.py"
-#: The first line of every file the port adds to Megatron-LM, as its own files begin.
-HEADER = b"# Copyright (c) 2026, NVIDIA CORPORATION & AFFILIATES. All rights reserved.\n"
-
-TRAINING = Path("megatron/training/training.py")
-MODULE_DEST = Path("megatron/training/telemetry_spans.py")
-TESTS_DEST = Path("tests/unit_tests/training/test_telemetry_spans.py")
-PYPROJECT = Path("pyproject.toml")
-DEPENDENCY = "transitions>=0.9.2,<0.10"
-#: The extras of Megatron-LM's pyproject.toml that get DEPENDENCY: ``training`` (its
-#: training scripts' packages) and ``mlm``, the deprecated alias kept in step with it.
-EXTRAS = ("training", "mlm")
-#: The extras the port cannot do without (``mlm`` may be gone from a newer checkout).
-REQUIRED_EXTRAS = ("training",)
-
-#: The lifecycle functions ``telemetry_spans.py`` replaces.
-LIFECYCLE_FUNCTIONS = (
-    "_otel_telemetry_active",
-    "_start_otel_job_spans",
-    "_otel_mark_goodput",
-    "_backdated_otel_span",
-    "_end_otel_startup_span",
-    "_start_otel_train_span",
-    "_reroot_otel_interval",
-    "_maybe_reroot_otel_interval",
-    "_end_otel_interval_span",
-    "_end_otel_train_span",
-    "_end_otel_job_spans",
-)
-#: Their module-level state.
-LIFECYCLE_GLOBALS = (
-    "_otel_startup_span",
-    "_otel_startup_span_ctx",
-    "_otel_ctx_module",
-    "_otel_startup_ctx_token",
-    "_otel_shutdown_done",
-    "_otel_interval_span",
-    "_otel_interval_ctx_token",
-    "_otel_trace_interval_step",
-    "_otel_exit_hooks_installed",
-)
-DELETED = LIFECYCLE_FUNCTIONS + LIFECYCLE_GLOBALS
-_DELETED_NAME = re.compile(r"\b(" + "|".join(map(re.escape, DELETED)) + r")\b")
-
-IMPORT_LINES = (
-    "",
-    "# OTel: the job-level span lifecycle (megatron.startup, one megatron.train per",
-    "# checkpoint interval) and its exit hooks, as a state machine: telemetry_spans.py.",
-    "import signal",
-    "",
-    "from megatron.training.telemetry_spans import SpanPhases, install_exit_hooks, mark_goodput",
-)
+__all__ = [
+    "DELETED",
+    "DEPENDENCY",
+    "HEADER",
+    "MODULE",
+    "MODULE_DEST",
+    "PYPROJECT",
+    "TESTS",
+    "TESTS_DEST",
+    "TRAINING",
+    "NotRecognised",
+    "add_dependency",
+    "main",
+    "plan",
+]
 
 
-class NotRecognised(Exception):
-    """An anchor the port needs is missing: names it."""
-
-
-@dataclass
-class _Edit:
-    """Replace lines ``start``..``end`` (1-based, inclusive) by ``lines``."""
-
-    start: int
-    end: int
-    lines: list[str] = field(default_factory=list)
-
-
-def _indent(line: str) -> str:
-    return line[: len(line) - len(line.lstrip())]
-
-
-class _TrainingPy:
-    """``training.py``'s text, its syntax tree, and the edits planned on it."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.lines = text.splitlines()
-        try:
-            self.tree = ast.parse(text)
-        except SyntaxError as err:
-            raise NotRecognised(f"{TRAINING} does not parse: {err}") from None
-        self.edits: list[_Edit] = []
-        self.replaced: set[int] = set()
-
-    # -- finding ---------------------------------------------------------
-
-    def function(self, name: str, scope: Iterable[ast.stmt] | None = None) -> ast.FunctionDef:
-        for node in self.tree.body if scope is None else scope:
-            if isinstance(node, ast.FunctionDef) and node.name == name:
-                return node
-        raise NotRecognised(f"{TRAINING}: could not find `def {name}(`")
-
-    def line_of(self, node: ast.AST) -> str:
-        return self.lines[node.lineno - 1]
-
-    def call_lines(self, function: ast.FunctionDef, callee: str) -> list[int]:
-        """Line numbers of the statements in ``function`` that are a bare ``callee(...)``."""
-        found = []
-        for node in ast.walk(function):
-            if (
-                isinstance(node, ast.Expr)
-                and isinstance(node.value, ast.Call)
-                and isinstance(node.value.func, ast.Name)
-                and node.value.func.id == callee
-            ):
-                found.append(node)
-        return sorted(found, key=lambda n: n.lineno)
-
-    def comment_block_above(self, lineno: int) -> int:
-        """The first line of the comment lines directly above ``lineno`` (or ``lineno``)."""
-        first = lineno
-        while first > 1 and self.lines[first - 2].lstrip().startswith("#"):
-            first -= 1
-        return first
-
-    # -- planning --------------------------------------------------------
-
-    def plan(self, start: int, end: int, lines: list[str]) -> None:
-        span = set(range(start, end + 1))
-        if span & self.replaced:
-            raise NotRecognised(f"{TRAINING}: overlapping anchors at line {start}")
-        self.replaced |= span
-        self.edits.append(_Edit(start, end, lines))
-
-    def delete_node(self, node: ast.stmt, with_comments: bool = True) -> None:
-        first = node.lineno
-        if getattr(node, "decorator_list", None):
-            first = min(d.lineno for d in node.decorator_list)
-        if with_comments:
-            first = self.comment_block_above(first)
-        self.plan(first, node.end_lineno, [])
-
-    def replace_call(self, node: ast.stmt, new: list[str]) -> None:
-        """``node`` (a statement) by ``new``, at its indentation; the comment block
-        directly above it goes too when it is about telemetry (``# OTel``) or
-        speaks of the deleted functions: ``new`` brings its own."""
-        indent = _indent(self.line_of(node))
-        first = self.comment_block_above(node.lineno)
-        block = "\n".join(self.lines[first - 1 : node.lineno - 1])
-        if not (block.lstrip().startswith("# OTel") or _DELETED_NAME.search(block)):
-            first = node.lineno
-        self.plan(first, node.end_lineno, [indent + line if line else "" for line in new])
-
-    def apply(self) -> str:
-        lines = list(self.lines)
-        for edit in sorted(self.edits, key=lambda e: e.start, reverse=True):
-            end = edit.end
-            # A block deleted from between two blank lines takes one of them along.
-            between_blanks = (
-                not edit.lines
-                and edit.start > 1
-                and end < len(lines)
-                and not lines[edit.start - 2].strip()
-                and not lines[end].strip()
-            )
-            if between_blanks:
-                end += 1
-            lines[edit.start - 1 : end] = edit.lines
-        text = "\n".join(lines) + "\n"
-        # A deletion between two blank-line-separated blocks leaves a run of blanks.
-        return re.sub(r"\n{4,}", "\n\n\n", text)
-
-
-def _one(found: list, what: str, where: str) -> ast.stmt:
-    if len(found) != 1:
-        raise NotRecognised(
-            f"{TRAINING}: could not find exactly one `{what}` in {where}() (found {len(found)})"
-        )
-    return found[0]
-
-
-def _plan_module_scope(py: _TrainingPy) -> None:
-    """Delete the lifecycle functions and globals; import telemetry_spans in their place."""
-    for name in LIFECYCLE_FUNCTIONS:
-        py.delete_node(py.function(name))
-    seen = set()
-    for node in py.tree.body:
-        targets = []
-        if isinstance(node, ast.Assign):
-            targets = [t.id for t in node.targets if isinstance(t, ast.Name)]
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            targets = [node.target.id]
-        if targets and set(targets) <= set(LIFECYCLE_GLOBALS):
-            py.delete_node(node)
-            seen.update(targets)
-    missing = [name for name in LIFECYCLE_GLOBALS if name not in seen]
-    if missing:
-        raise NotRecognised(f"{TRAINING}: could not find the module global `{missing[0]} = ...`")
-    # After the block that imports nemo-lens's helpers (or the fallbacks) as _otel_*.
-    for node in py.tree.body:
-        if isinstance(node, ast.Try) and "_otel_sg_enabled" in ast.unparse(node):
-            py.plan(node.end_lineno + 1, node.end_lineno, list(IMPORT_LINES))
-            return
-    raise NotRecognised(
-        f"{TRAINING}: could not find the `try: from nemo.lens.state import "
-        "is_span_group_enabled as _otel_sg_enabled` block"
+def _read(checkout: Path) -> tuple[str, str]:
+    """The checkout's training.py and pyproject.toml (raises NotRecognised)."""
+    for relative in (TRAINING, PYPROJECT):
+        if not (checkout / relative).is_file():
+            raise NotRecognised(f"{checkout}: could not find {relative}")
+    return (
+        (checkout / TRAINING).read_text(encoding="utf-8"),
+        (checkout / PYPROJECT).read_text(encoding="utf-8"),
     )
-
-
-def _plan_pretrain(py: _TrainingPy) -> None:
-    pretrain = py.function("pretrain")
-    start = _one(
-        py.call_lines(pretrain, "_start_otel_job_spans"), "_start_otel_job_spans(", "pretrain"
-    )
-    py.replace_call(
-        start,
-        [
-            "# OTel: this pretrain()'s span lifecycle: pre_startup (when due), then the",
-            "# megatron.startup trace, which the megatron.startup.* phases below nest in.",
-            "_otel_phases = SpanPhases(",
-            "    get_telemetry(),",
-            "    save_interval=getattr(args, 'save_interval', None) or 0,",
-            "    is_span_group_enabled=_otel_sg_enabled,",
-            ")",
-            "_otel_phases.start_job(",
-            "    model_type, timestamps={**_STARTUP_TIMESTAMPS, 'program_start': program_start}",
-            ")",
-        ],
-    )
-    phases = py.call_lines(pretrain, "_backdated_otel_span")
-    if not phases:
-        raise NotRecognised(f"{TRAINING}: could not find `_backdated_otel_span(` in pretrain()")
-    for node in phases:
-        line = py.line_of(node)
-        py.plan(
-            node.lineno,
-            node.lineno,
-            [line.replace("_backdated_otel_span(", "_otel_phases.record_phase(", 1)],
-        )
-        for lineno in range(node.lineno + 1, node.end_lineno + 1):
-            py.plan(lineno, lineno, [py.lines[lineno - 1]])
-
-    # The inline installer: `global _otel_exit_hooks_installed` and the `if` it guards.
-    declaration = [
-        node
-        for node in ast.walk(pretrain)
-        if isinstance(node, ast.Global) and "_otel_exit_hooks_installed" in node.names
-    ]
-    declaration = _one(declaration, "global _otel_exit_hooks_installed", "pretrain")
-    installer = [
-        node
-        for node in ast.walk(pretrain)
-        if isinstance(node, ast.If) and "_otel_telemetry_active()" in ast.unparse(node.test)
-    ]
-    installer = _one(installer, "if _otel_telemetry_active() ...:", "pretrain")
-    indent = _indent(py.line_of(declaration))
-    py.plan(
-        py.comment_block_above(declaration.lineno),
-        installer.end_lineno,
-        [
-            indent + line
-            for line in (
-                "# OTel: the exit hooks exist only to flush telemetry, so they are installed",
-                "# only while it exports, once per process: an atexit fallback and a SIGTERM",
-                "# handler (flush only under --exit-signal-handler, else end and export what",
-                "# is open, then pass the signal on). No other signal is hooked.",
-                "install_exit_hooks(",
-                "    _otel_phases,",
-                "    graceful=bool(getattr(args, 'exit_signal_handler', False)),",
-                "    signals=(signal.SIGTERM,),",
-                ")",
-            )
-        ],
-    )
-
-    # The exception path: `except Exception: _end_otel_job_spans(); raise`. (The
-    # installer's own signal handler, deleted above, calls it too.)
-    inside = range(installer.lineno, installer.end_lineno + 1)
-    ends = [n for n in py.call_lines(pretrain, "_end_otel_job_spans") if n.lineno not in inside]
-    handlers = [
-        node
-        for node in ast.walk(pretrain)
-        if isinstance(node, ast.ExceptHandler)
-        and any(stmt in ends for stmt in node.body)
-        and node.name is None
-    ]
-    handler = _one(handlers, "except Exception: ... _end_otel_job_spans()", "pretrain")
-    header = py.line_of(handler)
-    if not re.match(r"\s*except Exception\s*:", header):
-        raise NotRecognised(f"{TRAINING}: could not find `except Exception:` in pretrain()")
-    py.plan(
-        handler.lineno,
-        handler.lineno,
-        [header.replace("except Exception", "except Exception as _otel_exc", 1)],
-    )
-    in_handler = handler.body[0]
-    if in_handler not in ends:
-        raise NotRecognised(
-            f"{TRAINING}: could not find `_end_otel_job_spans()` first in pretrain()'s "
-            "`except Exception:`"
-        )
-    first = handler.lineno + 1  # the handler's own comment goes with the call it explains
-    py.plan(
-        first,
-        in_handler.end_lineno,
-        [
-            _indent(py.line_of(in_handler)) + line
-            for line in (
-                "# OTel: end what is open, recording the exception on it, and flush;",
-                "# the process still dies of the exception, as before.",
-                "_otel_phases.shutdown(cause=_otel_exc)",
-            )
-        ],
-    )
-    rest = [node for node in ends if node is not in_handler]
-    py.replace_call(
-        _one(rest, "_end_otel_job_spans()", "pretrain"),
-        ["# OTel: end what is still open and shut telemetry down.", "_otel_phases.shutdown()"],
-    )
-
-
-def _plan_train(py: _TrainingPy) -> None:
-    train = py.function("train")
-    end_startup = _one(
-        py.call_lines(train, "_end_otel_startup_span"), "_end_otel_startup_span()", "train"
-    )
-    start_train = _one(
-        py.call_lines(train, "_start_otel_train_span"), "_start_otel_train_span()", "train"
-    )
-    if start_train.lineno != end_startup.end_lineno + 1:
-        raise NotRecognised(
-            f"{TRAINING}: could not find `_start_otel_train_span()` right after "
-            "`_end_otel_startup_span()` in train()"
-        )
-    py.replace_call(
-        end_startup,
-        [
-            "# OTel: the preamble above was init and nested in megatron.startup; close it.",
-            "# The loop's first pass opens the first megatron.train interval.",
-            "_otel_phases = SpanPhases.current()",
-        ],
-    )
-    py.plan(
-        start_train.lineno,
-        start_train.end_lineno,
-        [_indent(py.line_of(start_train)) + "_otel_phases.start_train()"],
-    )
-    reroot = _one(
-        py.call_lines(train, "_maybe_reroot_otel_interval"),
-        "_maybe_reroot_otel_interval()",
-        "train",
-    )
-    py.plan(
-        reroot.lineno,
-        reroot.end_lineno,
-        [_indent(py.line_of(reroot)) + "_otel_phases.step(iteration)"],
-    )
-    py.replace_call(
-        _one(py.call_lines(train, "_end_otel_job_spans"), "_end_otel_job_spans()", "train"),
-        [
-            "# OTel: this sys.exit() skips the rest of pretrain(): end the open interval",
-            "# and shut telemetry down here, before it.",
-            "_otel_phases.shutdown()",
-        ],
-    )
-    py.replace_call(
-        _one(py.call_lines(train, "_end_otel_train_span"), "_end_otel_train_span()", "train"),
-        [
-            "# OTel: the loop is over: end the last megatron.train interval.",
-            "_otel_phases.end_train()",
-        ],
-    )
-
-
-def _plan_mark_goodput(py: _TrainingPy) -> None:
-    """Other spans Megatron-LM opens by hand mark themselves through telemetry_spans."""
-    for node in ast.walk(py.tree):
-        if (
-            isinstance(node, ast.Expr)
-            and isinstance(node.value, ast.Call)
-            and isinstance(node.value.func, ast.Name)
-            and node.value.func.id == "_otel_mark_goodput"
-            and node.lineno not in py.replaced
-        ):
-            line = py.line_of(node)
-            py.plan(
-                node.lineno, node.lineno, [line.replace("_otel_mark_goodput(", "mark_goodput(", 1)]
-            )
-
-
-def _drop_stale_comments(py: _TrainingPy) -> None:
-    """Comment blocks left speaking of the deleted functions go with them."""
-    lineno = 1
-    while lineno <= len(py.lines):
-        if py.lines[lineno - 1].lstrip().startswith("#") and lineno not in py.replaced:
-            end = lineno
-            while end < len(py.lines) and py.lines[end].lstrip().startswith("#"):
-                end += 1
-            block = range(lineno, end + 1)
-            text = "\n".join(py.lines[i - 1] for i in block)
-            if _DELETED_NAME.search(text) and not (set(block) & py.replaced):
-                py.plan(lineno, end, [])
-            lineno = end + 1
-        else:
-            lineno += 1
-
-
-def port_training(text: str) -> str:
-    """``training.py``'s text with the extraction applied (raises NotRecognised)."""
-    py = _TrainingPy(text)
-    _plan_module_scope(py)
-    _plan_pretrain(py)
-    _plan_train(py)
-    _plan_mark_goodput(py)
-    _drop_stale_comments(py)
-    ported = py.apply()
-    try:
-        tree = ast.parse(ported)
-    except SyntaxError as err:  # a layout the anchors did not foresee
-        raise NotRecognised(f"{TRAINING}: the rewritten file does not parse ({err})") from None
-    left = sorted(
-        {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id in DELETED}
-    )
-    if left:
-        raise NotRecognised(f"{TRAINING}: could not find every use of `{left[0]}`")
-    return ported
-
-
-def is_ported(text: str) -> bool:
-    """Whether ``training.py`` already drives the lifecycle through telemetry_spans."""
-    return "from megatron.training.telemetry_spans import" in text and not re.search(
-        r"^def (" + "|".join(LIFECYCLE_FUNCTIONS) + r")\(", text, re.M
-    )
-
-
-def _list_end(text: str, opening: int) -> int:
-    """The index of the ``]`` closing the TOML array whose ``[`` is at ``opening``."""
-    depth, quote, index = 0, "", opening
-    while index < len(text):
-        char = text[index]
-        if quote:
-            if char == "\\" and quote == '"':
-                index += 1
-            elif char == quote:
-                quote = ""
-        elif char in "\"'":
-            quote = char
-        elif char == "#":
-            newline = text.find("\n", index)
-            index = len(text) if newline < 0 else newline
-        elif char == "[":
-            depth += 1
-        elif char == "]":
-            depth -= 1
-            if depth == 0:
-                return index
-        index += 1
-    raise NotRecognised(f"{PYPROJECT}: an array opened at offset {opening} is never closed")
-
-
-def _extras_table(text: str) -> tuple[int, int]:
-    """Where ``[project.optional-dependencies]``'s body begins and ends in ``text``."""
-    header = re.search(r"^\[project\.optional-dependencies\]\s*$", text, re.M)
-    if header is None:
-        raise NotRecognised(f"{PYPROJECT}: could not find `[project.optional-dependencies]`")
-    following = re.search(r"^\[", text[header.end() :], re.M)
-    return header.end(), len(text) if following is None else header.end() + following.start()
-
-
-def add_dependency(text: str) -> str:
-    """``pyproject.toml`` with ``transitions`` in the ``training`` and ``mlm`` extras.
-
-    An extra that already names ``transitions`` is left as it is; ``mlm`` may be
-    missing, ``training`` may not. Nothing else in the file changes.
-    """
-    original = text
-    for extra in EXTRAS:
-        begin, end = _extras_table(text)
-        match = re.compile(rf"^{extra}\s*=\s*\[", re.M).search(text, begin, end)
-        if match is None:
-            if extra in REQUIRED_EXTRAS:
-                raise NotRecognised(
-                    f"{PYPROJECT}: could not find `{extra} = [...]` in "
-                    "[project.optional-dependencies]"
-                )
-            continue
-        opening = match.end() - 1
-        closing = _list_end(text, opening)
-        body = text[opening + 1 : closing]
-        if re.search(r"""["']transitions\b""", body):
-            continue
-        if "\n" in body:
-            stripped = body.rstrip()
-            comma = "" if stripped.endswith((",", "[")) or not stripped.strip() else ","
-            new_body = f'{stripped}{comma}\n    "{DEPENDENCY}",\n'
-        elif body.strip():
-            new_body = f'{body.rstrip().rstrip(",")}, "{DEPENDENCY}"'
-        else:
-            new_body = f'"{DEPENDENCY}"'
-        text = text[: opening + 1] + new_body + text[closing:]
-    _check_only_extras_grew(original, text)
-    return text
-
-
-def _check_only_extras_grew(before: str, after: str) -> None:
-    """Raise NotRecognised unless ``after`` parses as ``before`` plus DEPENDENCY in
-    the extras (a layout the text edit did not foresee, such as a trailing comment)."""
-    if tomllib is None or before == after:  # Python 3.10: no TOML reader to check with
-        return
-    try:
-        old, new = tomllib.loads(before), tomllib.loads(after)
-    except tomllib.TOMLDecodeError as err:
-        raise NotRecognised(
-            f"{PYPROJECT}: does not parse after adding {DEPENDENCY} ({err})"
-        ) from None
-    extras = old.get("project", {}).get("optional-dependencies", {})
-    for extra in EXTRAS:
-        if extra in extras and not any(d.startswith("transitions") for d in extras[extra]):
-            extras[extra] = [*extras[extra], DEPENDENCY]
-    if new != old:
-        raise NotRecognised(f"{PYPROJECT}: adding {DEPENDENCY} changed more than the extras")
 
 
 def plan(checkout: Path) -> tuple[dict[Path, bytes], bool]:
-    """Every file the port writes (path -> new bytes), and whether training.py was ported before."""
-    training_path = checkout / TRAINING
-    if not training_path.is_file():
-        raise NotRecognised(f"{checkout}: could not find {TRAINING}")
-    pyproject_path = checkout / PYPROJECT
-    if not pyproject_path.is_file():
-        raise NotRecognised(f"{checkout}: could not find {PYPROJECT}")
-    training = training_path.read_text(encoding="utf-8")
+    """Every file the whole series changes (path -> new bytes), and whether
+    training.py was ported before."""
+    training, pyproject = _read(checkout)
     already = is_ported(training)
-    files = {
-        MODULE_DEST: HEADER + MODULE.read_bytes(),
-        TESTS_DEST: HEADER + TESTS.read_bytes(),
-        PYPROJECT: add_dependency(pyproject_path.read_text(encoding="utf-8")).encode(),
-    }
-    if not already:
-        files[TRAINING] = port_training(training).encode()
+    files = {} if already else {TRAINING: port_training(training, SITES[-1]).encode()}
+    files[MODULE_DEST] = HEADER + MODULE.read_bytes()
+    files[TESTS_DEST] = HEADER + TESTS.read_bytes()
+    files[PYPROJECT] = add_dependency(pyproject).encode()
     changed = {}
     for relative, data in files.items():
         path = checkout / relative
@@ -589,25 +89,8 @@ def plan(checkout: Path) -> tuple[dict[Path, bytes], bool]:
     return changed, already
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m megatron.training.port_upstream",
-        description="Move Megatron-LM's span lifecycle into telemetry_spans.py, in place.",
-    )
-    parser.add_argument("checkout", type=Path, help="a Megatron-LM checkout (its top folder)")
-    args = parser.parse_args(argv)
-    checkout = args.checkout
-    try:
-        changed, already = plan(checkout)
-    except NotRecognised as err:
-        print(f"port_upstream: {err}; nothing changed", file=sys.stderr)
-        return 1
-    except OSError as err:
-        print(
-            f"port_upstream: {checkout}: {err.strerror}: {err.filename}; nothing changed",
-            file=sys.stderr,
-        )
-        return 1
+def _in_place(checkout: Path) -> int:
+    changed, already = plan(checkout)
     if already and not changed:
         print(f"port_upstream: {checkout}: already applied; nothing changed")
         return 0
@@ -618,3 +101,46 @@ def main(argv: list[str] | None = None) -> int:
     verb = "refreshed" if already else "applied"
     print(f"port_upstream: {checkout}: {verb}; wrote {', '.join(str(p) for p in changed)}")
     return 0
+
+
+def _series(checkout: Path, out: Path) -> int:
+    training, _ = _read(checkout)
+    if is_ported(training):
+        raise NotRecognised(f"{TRAINING} is ported already: the series applies to the original")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise NotRecognised(f"--series {out}: not an empty folder; give an empty or a new one")
+    written = write_series(checkout, out)
+    print(f"port_upstream: {checkout}: {len(written)} patches in {out}:")
+    for path in written:
+        print(f"  {path.name}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m megatron.training.port_upstream",
+        description="Move Megatron-LM's span lifecycle into telemetry_spans.py.",
+    )
+    parser.add_argument("checkout", type=Path, help="a Megatron-LM checkout (its top folder)")
+    parser.add_argument(
+        "--series",
+        type=Path,
+        metavar="OUT",
+        help="write the pull requests as git format-patch files in OUT "
+        "(the checkout is left as it is); without it, apply them all in place",
+    )
+    args = parser.parse_args(argv)
+    checkout = args.checkout
+    try:
+        if args.series is not None:
+            return _series(checkout, args.series)
+        return _in_place(checkout)
+    except (NotRecognised, RuntimeError) as err:  # RuntimeError: git refused
+        print(f"port_upstream: {err}; nothing changed", file=sys.stderr)
+        return 1
+    except OSError as err:
+        print(
+            f"port_upstream: {checkout}: {err.strerror}: {err.filename}; nothing changed",
+            file=sys.stderr,
+        )
+        return 1
