@@ -447,16 +447,33 @@ def forest_differences(upstream: list[SpanNode], ours: list[SpanNode]) -> list[s
     return differences
 
 
-def port_checkout(checkout: Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m megatron.training.port_upstream CHECKOUT`` as a user does.
+def port_checkout(
+    checkout: Path, cwd: Path | None = None, series: Path | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``python -m megatron.training.port_upstream CHECKOUT`` as a user does: in place,
+    or (``series``, a folder) writing the pull requests there.
 
     ``cwd`` (default: this repository) must let this interpreter import the
     project (installed, or the repository on ``PYTHONPATH``).
     """
+    options = [] if series is None else ["--series", str(series)]
     return subprocess.run(
-        [sys.executable, "-m", "megatron.training.port_upstream", str(checkout)],
+        [sys.executable, "-m", "megatron.training.port_upstream", *options, str(checkout)],
         capture_output=True,
         text=True,
         check=False,
         cwd=cwd or Path(__file__).resolve().parents[2],
     )
+
+
+def apply_series(tree: Path, series: Path) -> Path:
+    """``tree`` made a git repository, its files the first commit, then every patch in
+    ``series`` applied with ``git am``, one commit each, as a maintainer applies them."""
+    identity = ["-c", "user.name=Reviewer", "-c", "user.email=reviewer@localhost"]
+    for command in (["init", "-q"], ["add", "-A"], [*identity, "commit", "-q", "-m", "pristine"]):
+        subprocess.run(["git", *command], cwd=tree, check=True, capture_output=True)
+    patches = sorted(str(path) for path in series.glob("*.patch"))
+    done = subprocess.run(["git", *identity, "am", "-q", *patches], cwd=tree,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return tree

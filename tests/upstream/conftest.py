@@ -1,11 +1,13 @@
 """``tox -e upstream``: this project's lifecycle inside Megatron-LM's own ``pretrain()``.
 
 ``MEGATRON_LM_DIR`` names a Megatron-LM checkout (``.ci/run``: the pinned one in
-``../shared/upstream/``); it is never written to. The session copies it twice,
-applies ``python -m megatron.training.port_upstream`` to one copy, and the
-tests run Megatron-LM's own ``pretrain_gpt.py`` in both (``megatron_lm``, the
-harness in ``tests/support``), with nemo-lens's telemetry, which the tox
-environment installs from ``NEMO_LENS_DIR``.
+``../shared/upstream/``); it is never written to. The session copies it: one
+copy stays pristine; for another, ``python -m megatron.training.port_upstream
+--series`` writes the pull requests and ``git am`` applies them all (the
+ported tree, which the tests run Megatron-LM's own ``pretrain_gpt.py`` in,
+beside the pristine one, with nemo-lens's telemetry, which the tox environment
+installs from ``NEMO_LENS_DIR``); a third is a git repository the series is
+applied to as well, whose commits ``test_series.py`` checks out one by one.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from megatron_lm import copy_tree, port_checkout
+from megatron_lm import apply_series, copy_tree, port_checkout
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,9 @@ class Trees:
     source: Path
     pristine: Path
     ported: Path
-    port_output: str
+    port_output: str  # what --series printed
+    series_dir: Path  # the patches it wrote
+    series_repo: Path  # a git repository of the checkout, the series applied commit by commit
 
 
 def _checkout_from_env() -> Path:
@@ -58,7 +62,9 @@ def trees(tmp_path_factory) -> Trees:
     source = _checkout_from_env()
     root = tmp_path_factory.mktemp("megatron-lm")
     pristine = copy_tree(source, root / "pristine")
-    ported = copy_tree(source, root / "ported")
-    result = port_checkout(ported)
+    series_dir = root / "series"
+    result = port_checkout(pristine, series=series_dir)
     assert result.returncode == 0, result.stdout + result.stderr
-    return Trees(source, pristine, ported, result.stdout)
+    ported = apply_series(copy_tree(source, root / "ported"), series_dir)
+    series_repo = apply_series(copy_tree(source, root / "series_repo"), series_dir)
+    return Trees(source, pristine, ported, result.stdout, series_dir, series_repo)
