@@ -66,10 +66,14 @@ def test_the_top_level_readme_stays_a_guide():
         assert (MEGATRON.parent / link).exists(), link
 
 
-def test_the_ports_differences_from_megatron_lm_are_a_table_with_reasons():
+def test_the_ports_changes_to_megatron_lm_are_a_table_of_its_patches_with_reasons():
+    """A row for each patch after the first (which changes no behaviour), in order."""
+    from megatron.training.port_upstream import series
+
     section = ROOT_README.split("## Moving it into Megatron-LM", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| ")]
-    assert rows[0] == "| behaviour | Megatron-LM today | ported | why |"
-    body = rows[1:]
-    assert all(len(row.strip("|").split(" | ")) == 4 for row in body), body
-    assert any("once per process" in row and "once per `pretrain()`" in row for row in body)
+    assert rows[0] == "| patch | behaviour change | why |"
+    body = [row.strip("|").split(" | ") for row in rows[1:]]
+    assert all(len(cells) == 3 and cells[2].strip() for cells in body), body
+    assert [int(cells[0]) for cells in body] == [p.number for p in series.patches()[1:]]
+    assert any("once per `pretrain()`" in cells[1] for cells in body)
