@@ -11,6 +11,10 @@ run-long root span (which a SIGKILL would lose whole):
   before it (the first to ``megatron.startup``), so a SIGKILL loses at most the
   interval in flight.
 
+No span covers the whole run: the run's envelope is Slurm's own accounting, and
+the run identity every span carries on its resource attributes (``run_uuid``,
+``slurm.sluid``, ``nvrx.cycle``) ties the traces together.
+
 Each state of :class:`SpanPhases` owns the spans open while it is current:
 entering ``startup`` opens ``megatron.startup``, leaving it ends it; entering
 ``interval`` opens a ``megatron.train``, leaving it ends it. What may happen in
@@ -313,8 +317,18 @@ class SpanPhases:
         """Entering ``startup``: ``pre_startup`` if due, then ``megatron.startup``, the
         root of a trace of its own.
 
-        The launch window is folded into ``megatron.startup`` (which then opens
-        at the launch script's start) when its three times are known and in order.
+        ``pre_startup`` covers the Slurm job's start to the launch script's first
+        line (the tail of the queue, prolog scripts, node setup): a coarse stand-in
+        where no out-of-band Slurm accounting reconstructs that window. It ends where
+        the NVRx agent's ``nvrx.cold_start`` begins, so the two tile; a restart
+        cohort has no ``slurm_job_start_time`` (pretrain_hybrid.py leaves it out), so
+        none is emitted there.
+
+        The launch window (launch script to interpreter) is folded into
+        ``megatron.startup``, which then opens at the launch script's start, only
+        when its three times are known and in order: the plain-srun path. Under
+        NVRx the agent's spans describe that window, and pretrain_hybrid.py leaves
+        ``launch_script_presrun`` out.
         """
         if self._tracer is None:
             return
