@@ -339,7 +339,8 @@ def simulate(history: History) -> Simulated:
             if killed:
                 kind, a, _ = in_flight
                 acc["checkpoint_save" if kind == "save" else "wasted_progress"] += dies - a
-                wasted_ns += dies - a
+                if kind != "save":  # a save in flight is checkpoint_save, not wasted progress
+                    wasted_ns += dies - a
             if hung:  # from the last progress to the end: the hang (it wins over the rest)
                 acc["hang"] += dies - in_flight[1]
             ended = "killed" if killed else "cut_short" if hung else "shutdown"

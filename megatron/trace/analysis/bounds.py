@@ -412,15 +412,19 @@ def report_bounds(
                     # the last one may have saved after its last exported span
                     lower -= acc["per_incarnation"][-1]["wasted_progress_ns"]
                 bound(path, seconds(lower), upper, unattributed)
-        unseen = {id(u.inc): u.successor - u.start for u in unseen_list}
+        unseen = {id(u.inc): u for u in unseen_list}
         for inc, entry in zip(incs, acc["per_incarnation"], strict=True):
             if inc.ended != "killed":
                 continue
-            rest = unseen.get(id(inc))
+            after = unseen.get(id(inc))
+            rest = None if after is None else after.successor - after.start
             wasted = entry["wasted_progress_ns"]
+            # what its metric points show redone may end in a save in flight (the job's
+            # lower bound takes the same off)
+            shown = 0 if after is None else after.doubt
             bound(
                 f"incarnations.{inc.index}.wasted_s",
-                seconds(wasted) if rest is not None and inc.index not in unplaced else 0.0,
+                seconds(wasted - shown) if rest is not None and inc.index not in unplaced else 0.0,
                 None if rest is None else seconds(wasted + rest + spare - gap),
                 f"incarnation {inc.index} was SIGKILLed: what it did after its last exported "
                 "span is unknown",
