@@ -24,6 +24,13 @@ How the job behaves, so the truth can be worked out without the reader:
 * A SIGKILL strikes ``victim`` at a point of the phase in flight; the other
   ranks block in the collective of that phase and are SIGKILLed by the agent
   ``teardown_s`` later (they lose their own unexported tail too).
+* A SIGKILL may also strike in the startup (its imports, the checkpoint
+  load of a resumed one, the rest of the model's initialization): the other
+  ranks block in that phase until the agent kills them. The startup's spans
+  that ended before it are all it leaves; one killed before the rank's first
+  export leaves nothing (:attr:`IncarnationTruth.exported`), an incarnation
+  in the truth and in no file. A rank's truth covers its record
+  (:class:`RankTruth`): from its first incarnation that exported anything.
 * A save is durable once it ended before the kill; the next incarnation
   resumes from the latest durable save (a ``megatron.checkpoint.load`` in its
   startup), or from iteration 0 when there is none.
@@ -87,18 +94,22 @@ class Plan:
 
     ``killed``: a SIGKILL ``into`` (0..1) of the way through the phase after
     them: the next iteration, or the save when ``in_save`` (only where a save
-    falls due). ``hang``: rank ``victim`` stops in its own work in the next
-    iteration, the others wait for it in the all-reduce; each rank's watchdog
-    reports the stall ``hang_timeout_s`` after the last progress, and the
-    operator's SIGTERM ends every rank ``hang_s`` after it (the spans in
-    flight written cut short). ``shutdown``: a clean exit. ``gap_s``: the
-    restart gap after it.
+    falls due); or, with ``in_startup``, through that phase of the startup
+    (``imports``, the ``load`` of a resumed one, the rest of ``model_init``),
+    ``iterations`` then unused. A kill before the rank's first export leaves
+    nothing in its file (:attr:`IncarnationTruth.exported`). ``hang``: rank
+    ``victim`` stops in its own work in the next iteration, the others wait
+    for it in the all-reduce; each rank's watchdog reports the stall
+    ``hang_timeout_s`` after the last progress, and the operator's SIGTERM
+    ends every rank ``hang_s`` after it (the spans in flight written cut
+    short). ``shutdown``: a clean exit. ``gap_s``: the restart gap after it.
     """
 
     iterations: int
     ending: Literal["shutdown", "killed", "hang"] = "shutdown"
     into: float = 0.5
     in_save: bool = False
+    in_startup: Literal["", "imports", "load", "model_init"] = ""
     victim: int = 0
     gap_s: float = 30.0
     hang_s: float = 60.0
@@ -165,14 +176,25 @@ class IncarnationTruth:
     horizon: int | None  # iterations from this number on were redone (None: none were)
     wasted_iterations: int
     wasted_ns: int
+    # whether the rank's file holds anything of it (a kill before the first export: nothing)
+    exported: bool = True
+    # its share of the rank's wall clock by category (the restart gap before it included)
+    accounting_ns: dict[str, int] = field(default_factory=dict, repr=False)
 
 
 @dataclass
 class RankTruth:
+    """One rank's truth over what its files can cover: from its first incarnation that
+    exported anything to its end, or, when its last such incarnation ended cleanly (shut
+    down, or a hang's SIGTERM: everything exported), to that one's end. Launches before
+    the first record or after a clean last one that left nothing are outside every file;
+    those between records are inside (``incarnations`` holds them all, ``exported`` says
+    which the file shows)."""
+
     rank: int
     wall_ns: int
     accounting_ns: dict[str, int]  # "goodput" and every badput category
-    incarnations: list[IncarnationTruth]
+    incarnations: list[IncarnationTruth]  # those in the rank's record, in order
     iterations: int  # finished iterations, over the incarnations
     work_ns: int  # per iteration
     wait_ns: int
@@ -185,13 +207,18 @@ class RankTruth:
     def wasted_iterations(self) -> int:
         return sum(inc.wasted_iterations for inc in self.incarnations)
 
+    @property
+    def seen(self) -> list[IncarnationTruth]:
+        """The incarnations the rank's file shows, as the reader numbers them."""
+        return [inc for inc in self.incarnations if inc.exported]
+
 
 @dataclass
 class Truth:
     """What really happened, per rank and for the job."""
 
     ranks: list[RankTruth]
-    failures: int  # incarnations ended by a kill or a hang
+    failures: int  # the job rank's incarnations ended by a kill or a hang (unseen ones too)
     restarts: int
     straggler_ranks: list[int]  # work over 1/0.9 times the fastest's (every iteration's alike)
     straggler_ns: int  # per counted iteration, slowest straggler's - slowest other's work
@@ -239,6 +266,8 @@ class Simulated:
     timelines: list[tuple[int, int, int, list[tuple[str, int, int, int]], int | None]] = field(
         default_factory=list
     )
+    # per rank, per incarnation: whether the rank's file holds anything of it
+    exported: list[list[bool]] = field(default_factory=list)
 
 
 class _Ids:
@@ -263,49 +292,46 @@ def simulate(history: History) -> Simulated:
     )
     teardown_ns = round(history.teardown_s * NS)
     per_step = history.groups == "per_step"
-    accounting = [dict.fromkeys(("goodput", *CATEGORIES), 0) for _ in range(ranks)]
     incs: list[list[IncarnationTruth]] = [[] for _ in range(ranks)]
     produced: list[list[tuple[Callable[[], list[_Span]], int, bool]]] = [[] for _ in range(ranks)]
     durable = 0  # the latest durable checkpoint's iteration
     now = history.t0_ns
     ends = [now] * ranks  # where each rank's previous incarnation died
-    failures = counted = 0
     hangs: list[tuple[int, int, int]] = []
     timelines: list[tuple[int, int, int, list[tuple[str, int, int, int]], int | None]] = []
 
     for index, plan in enumerate(history.incarnations):
         start, resumed_from = now, durable
-        for r in range(ranks):
-            if index:
-                accounting[r]["restart_gap"] += start - ends[r]
         # the timeline every rank lives through: (kind, start, end, iteration)
         phases: list[tuple[str, int, int, int]] = []
         t, iteration = start + startup_ns, resumed_from
-        for _ in range(plan.iterations):
+        killed = plan.ending == "killed"
+        hung = plan.ending == "hang"
+        startup_kill = _startup_phase(plan, start, startup_ns, load_ns, resumed_from)
+        for _ in range(plan.iterations if startup_kill is None else 0):
             phases.append(("iteration", t, t + step_ns, iteration))
             t += step_ns
             iteration += 1
             if iteration % history.save_interval == 0:
                 phases.append(("save", t, t + save_ns, iteration))
                 t += save_ns
-        killed = plan.ending == "killed"
-        hung = plan.ending == "hang"
         if plan.ending == "shutdown" and (not phases or phases[-1][0] != "save"):
             phases.append(("save", t, t + save_ns, iteration))  # the save at the end
             t += save_ns
         death = t
         if killed:
-            if plan.in_save and phases and phases[-1][0] == "save":
+            if startup_kill is not None:
+                kind, a, b = startup_kill
+                at = iteration
+            elif plan.in_save and phases and phases[-1][0] == "save":
                 kind, a, b, at = phases.pop()  # the kill strikes during this save
             else:  # (in_save where no save falls due, resumed off the cadence: in the step)
                 kind, a, b, at = "iteration", t, t + step_ns, iteration
             death = a + max(1, min(b - a - 1, round((b - a) * plan.into)))
             in_flight = (kind, a, at)
-            failures += 1
         if hung:  # stalls in the next iteration; SIGTERMed hang_s later
             in_flight = ("hang", t, iteration)
             death = t + round(plan.hang_s * NS)
-            failures += 1
             hangs.append((index, plan.victim, death - t))
         struck = in_flight[1] if killed and in_flight[0] == "save" else None
         timelines.append((start, start + startup_ns, resumed_from, phases, struck))
@@ -315,7 +341,7 @@ def simulate(history: History) -> Simulated:
         final = index == len(history.incarnations) - 1
         # the horizon: iterations from here on were redone (or, after the last, lost)
         horizon = durable if killed or hung else None
-        finished = plan.iterations
+        finished = plan.iterations if startup_kill is None else 0
 
         for r in range(ranks):
             dies = death + (teardown_ns if killed and r != plan.victim else 0)
@@ -324,9 +350,14 @@ def simulate(history: History) -> Simulated:
                 step_ns, in_flight if killed or hung else None, final,
                 (plan, dies) if hung else None,
             )  # fmt: skip
-            acc = accounting[r]
-            acc["startup"] += startup_ns - (load_ns if resumed_from else 0)
-            acc["checkpoint_load"] += load_ns if resumed_from else 0
+            acc = dict.fromkeys(("goodput", *CATEGORIES), 0)
+            acc["restart_gap"] = start - ends[r] if index else 0
+            # the startup as far as it got (the others block in the phase the victim died in)
+            ready = min(start + startup_ns, dies) if startup_kill is None else startup_kill[1]
+            loading = (start + startup_ns // 2, start + startup_ns // 2 + load_ns)
+            loaded = max(0, min(ready, loading[1]) - loading[0]) if resumed_from else 0
+            acc["startup"] += ready - start - loaded
+            acc["checkpoint_load"] += loaded
             wasted = wasted_ns = 0
             for kind, a, b, at in phases:
                 if kind == "save":
@@ -338,33 +369,29 @@ def simulate(history: History) -> Simulated:
                     acc["goodput"] += b - a
             if killed:
                 kind, a, _ = in_flight
-                acc["checkpoint_save" if kind == "save" else "wasted_progress"] += dies - a
-                if kind != "save":  # a save in flight is checkpoint_save, not wasted progress
+                category = _IN_FLIGHT_CATEGORY[kind]
+                acc[category] += dies - a
+                if category == "wasted_progress":
                     wasted_ns += dies - a
             if hung:  # from the last progress to the end: the hang (it wins over the rest)
                 acc["hang"] += dies - in_flight[1]
             ended = "killed" if killed else "cut_short" if hung else "shutdown"
+            exported = not killed or _exported_before(
+                _first_span_end(start, startup_ns, startup_kill), start, dies,
+                history.delay_ns(r), history.phase_ns(r),
+            )  # fmt: skip
             incs[r].append(
                 IncarnationTruth(
-                    index, ended, start, dies, resumed_from,
-                    resumed_from, finished, horizon, wasted, wasted_ns,
+                    index, ended, start, dies, resumed_from, resumed_from, finished, horizon,
+                    wasted, wasted_ns, exported, acc,
                 )
             )  # fmt: skip
             produced[r].append((spans, dies, killed))
             ends[r] = dies
-        counted += max(0, finished - 2)
         now = max(ends) + round(plan.gap_s * NS)
 
-    rank_truths = []
-    for r in range(ranks):
-        wall = ends[r] - history.t0_ns
-        assert sum(accounting[r].values()) == wall, (accounting[r], wall)
-        rank_truths.append(
-            RankTruth(
-                r, wall, accounting[r], incs[r],
-                sum(i.finished for i in incs[r]), works[r], step_ns - works[r],
-            )
-        )  # fmt: skip
+    rank_truths = [_rank_truth(r, incs[r], works[r], step_ns - works[r]) for r in range(ranks)]
+    job = rank_truths[0].incarnations
     fastest = min(works)
     # score under 0.9; every iteration of a rank works alike here, so a slower rank's
     # work always stands out of the (empty) spread of the fastest's
@@ -372,9 +399,78 @@ def simulate(history: History) -> Simulated:
     healthy = [works[r] for r in range(ranks) if r not in stragglers]
     # what the stragglers cost: their slowest work over the slowest healthy rank's
     lost = max(works) - max(healthy) if stragglers and per_step else 0
-    truth = Truth(rank_truths, failures, len(history.incarnations) - 1, stragglers,
-                  counted * lost, counted, hangs)  # fmt: skip
-    return Simulated(history, truth, produced, timelines)
+    counted = sum(max(0, inc.finished - 2) for inc in job)
+    failures = sum(inc.ended != "shutdown" for inc in job)
+    in_record = {inc.index for inc in job}
+    truth = Truth(rank_truths, failures, len(job) - 1, stragglers, counted * lost, counted,
+                  [hang for hang in hangs if hang[0] in in_record])  # fmt: skip
+    exported = [[inc.exported for inc in rank] for rank in incs]
+    return Simulated(history, truth, produced, timelines, exported)
+
+
+# The category of the time from where a kill's phase began to a rank's death.
+_IN_FLIGHT_CATEGORY = {
+    "iteration": "wasted_progress",
+    "save": "checkpoint_save",
+    "startup": "startup",
+    "load": "checkpoint_load",
+}
+
+
+def _startup_phase(
+    plan: Plan, start: int, startup_ns: int, load_ns: int, resumed_from: int
+) -> tuple[str, int, int] | None:
+    """(category, start, end) of the startup phase a kill strikes (None: it strikes later).
+    A ``load`` kill in a run that starts afresh (no load) strikes ``model_init``."""
+    if plan.ending != "killed" or not plan.in_startup:
+        return None
+    half = start + startup_ns // 2
+    if plan.in_startup == "imports":
+        return ("startup", start, half)
+    if plan.in_startup == "load" and resumed_from:
+        return ("load", half, half + load_ns)
+    after_load = half + (load_ns if resumed_from else 0)
+    return ("startup", after_load, start + startup_ns)
+
+
+def _first_span_end(start: int, startup_ns: int, startup_kill: tuple | None) -> int | None:
+    """When the incarnation's first span ended (its imports), None when the kill came first."""
+    imports_end = start + startup_ns // 2
+    if startup_kill is not None and startup_kill[1] < imports_end:
+        return None
+    return imports_end
+
+
+def _exported_before(first_end: int | None, start: int, dies: int, delay: int, phase: int) -> bool:
+    """Whether the batch processor exported a span before the rank died (:func:`_exports`'s
+    ticks: every ``delay`` from ``phase`` after the start, each exporting what ended by it)."""
+    if first_end is None:
+        return False
+    if delay == 0:
+        return first_end <= dies
+    tick = start + phase if phase else start + delay
+    if tick < first_end:
+        tick += -(-(first_end - tick) // delay) * delay
+    return tick <= dies
+
+
+def _rank_truth(rank: int, incs: list[IncarnationTruth], work_ns: int, wait_ns: int) -> RankTruth:
+    """The rank's truth over its record (:class:`RankTruth`): from its first exported
+    incarnation (the restart gap before it left out) to its end, or to its last exported
+    one's end where that one ended cleanly."""
+    shown = [position for position, inc in enumerate(incs) if inc.exported]
+    first = shown[0] if shown else len(incs)
+    last = len(incs) - 1
+    if shown and incs[shown[-1]].ended != "killed":
+        last = shown[-1]
+    kept = incs[first : last + 1]
+    totals = dict.fromkeys(("goodput", *CATEGORIES), 0)
+    for position, inc in enumerate(kept):
+        for key, ns in inc.accounting_ns.items():
+            totals[key] += ns if key != "restart_gap" or position else 0
+    wall = kept[-1].end_ns - kept[0].start_ns if kept else 0
+    assert sum(totals.values()) == wall, (totals, wall)
+    return RankTruth(rank, wall, totals, kept, sum(i.finished for i in kept), work_ns, wait_ns)
 
 
 def _rank_spans(
@@ -409,6 +505,9 @@ def _rank_spans(
                        start + startup_ns, depth=1))  # fmt: skip
     spans.append(_Span("megatron.startup", trace, startup, "", start, start + startup_ns,
                        bool_attribute("is_goodput_span", True)))  # fmt: skip
+    if in_flight is not None and in_flight[0] in ("startup", "load"):
+        # killed in its startup: what ended before the phase it died in, nothing after
+        return [span for span in spans if span.end <= in_flight[1]]
     per_step = history.groups == "per_step"
     previous, previous_trace = startup, trace
     interval_index, interval_start = 0, start + startup_ns
@@ -541,16 +640,20 @@ def write(simulated: Simulated, path: Path) -> list[Path]:
             pid = 10_000 + rank * 1_000 + index
             writer = LineWriter(resource_json(rank, history.ranks, pid, "truth"), ids, BATCH + 1)
             spans = make()
-            start = min(s.start for s in spans)
+            start = min((s.start for s in spans), default=0)
+            exported = False
             for when, batch in _exports(
                 spans, start, dies, killed, history.delay_ns(rank), history.phase_ns(rank)
             ):
+                exported = True
                 for s in batch:
                     writer.span(s.name, s.trace, s.span_id, s.parent, s.start, s.end,
                                 s.attributes, s.links)  # fmt: skip
                 writer.flush()
                 yield when, rank, n, writer.lines.pop()
                 n += 1
+            # the truth's account of what the file shows is what was written
+            assert exported is simulated.exported[rank][index], (rank, index, exported)
 
     if history.metrics != "none":
         write_metrics(simulated, path.with_name("metrics.jsonl"))

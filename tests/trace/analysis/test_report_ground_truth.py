@@ -307,6 +307,35 @@ def test_the_generator_loses_the_unexported_tail_at_a_kill(tmp_path: Path) -> No
 # -- issue 40's items 1, 2 and 7: kills the files only bound ------------------------------
 
 
+@pytest.mark.parametrize(
+    ("phase", "into", "startup", "load", "exported"),
+    [
+        ("imports", 0.5, 5.0, 0.0, False),  # 5 s in: before its imports span ended (10 s)
+        ("load", 0.4, 10.0, 0.4, False),  # 10.4 s in: its imports not exported yet (10.5 s)
+        ("load", 0.9, 10.0, 0.9, True),  # 10.9 s in: the export at 10.5 s wrote its imports
+        ("model_init", 0.5, 14.5, 1.0, True),  # 15.5 s in: past the load (11 s) and its export
+    ],
+)
+def test_the_generator_kills_in_each_startup_phase(
+    tmp_path: Path, phase: str, into: float, startup: float, load: float, exported: bool
+) -> None:
+    """A kill in the imports, the checkpoint load or the rest of the model's initialization
+    (startups of 20 s, loads of 1 s, an export every second from 0.5 s): the phase's time
+    is the truth's startup or checkpoint_load; the file holds the spans that ended before
+    the kill and were exported, and nothing of an incarnation killed before its first
+    export."""
+    plans = (gt.Plan(12, gap_s=10), gt.Plan(0, "killed", into=into, in_startup=phase, gap_s=10),
+             gt.Plan(5))  # fmt: skip
+    history = gt.History(plans, ranks=1, save_interval=4, startup_s=20.0, load_s=1.0,
+                         export_delay_s=(1.0,), export_phase_s=(0.5,))  # fmt: skip
+    simulated, paths = _written(history, tmp_path)
+    killed = simulated.truth.job.incarnations[1]
+    assert killed.exported is exported and killed.ended == "killed"
+    assert killed.accounting_ns["startup"] == round(startup * NS)
+    assert killed.accounting_ns["checkpoint_load"] == round(load * NS)
+    assert len(load_trace(paths, jobs=1).ranks["0"]) == (3 if exported else 2)
+
+
 def _plan(iterations: int, ending: str = "shutdown", **how) -> gt.Plan:
     return gt.Plan(iterations, ending, **{"into": 0.5, "gap_s": 1.0, **how})  # type: ignore[arg-type]
 
