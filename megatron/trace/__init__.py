@@ -7,6 +7,7 @@ The command line (``megatron-trace check | report | timeline | export | diff``,
 
     trace = load_trace(["runs/demo/telemetry/traces.jsonl"])
     report = build_report(trace)            # a Report: where the wall clock went
+    print(json.dumps(report_json(report)))  # as report --json prints it: reasons in words
     result = check_files(rank_files)        # the lifecycle's rules: result.violations
     export_files(rank_files, Path("job.pftrace"), "perfetto")
     write_timeline(rank_files, Path("timeline.html"))
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from megatron.trace.model.builder import load_trace
     from megatron.trace.model.incarnation import Incarnation, Trace
     from megatron.trace.render.export.write import export_files
+    from megatron.trace.render.json.report import report_json
     from megatron.trace.render.timeline.write import write_timeline
     from megatron.trace_format.errors import NoSpansError, TraceError, TraceInputError
     from megatron.trace_format.semconv import Category
@@ -95,6 +97,7 @@ _HOMES = {
     "Clock": "megatron.trace.analysis.liveness",
     "judge": "megatron.trace.analysis.liveness",
     "export_files": "megatron.trace.render.export.write",
+    "report_json": "megatron.trace.render.json.report",
     "write_timeline": "megatron.trace.render.timeline.write",
     "Category": "megatron.trace_format.semconv",
     "TraceError": "megatron.trace_format.errors",
@@ -120,6 +123,7 @@ __all__ = [
     "judge",
     "load_trace",
     "report_files",
+    "report_json",
     "write_timeline",
 ]
 

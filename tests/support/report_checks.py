@@ -8,12 +8,13 @@ import math
 import jsonschema
 
 from megatron.trace.analysis.report import schema
+from megatron.trace.render.json.report import report_json
 from megatron.trace_format.semconv import BADPUT_CATEGORIES
 
 
 def assert_schema(report: dict) -> None:
     """The report, as ``report --json`` prints it, is what ``report.schema.json`` says."""
-    jsonschema.validate(json.loads(json.dumps(report)), schema())
+    jsonschema.validate(json.loads(json.dumps(report_json(report))), schema())
 
 
 def assert_accounted(report: dict) -> None:

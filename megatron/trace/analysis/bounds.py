@@ -3,42 +3,50 @@
 A SIGKILL loses what the rank's batch span processor had queued since its last
 export (up to ``OTEL_BSP_SCHEDULE_DELAY``, 5 s by default) and every span still
 open: the file of a killed incarnation ends at its last exported span, before the
-process really died. So:
+process really died. A restart killed before its first export (in its startup, as
+often happens when a node fails again while the job restarts on it) leaves nothing in
+any file. So:
 
 * the iterations it redid are at least those the file shows past the horizon
   (:mod:`~megatron.trace.analysis.wasted`): a lower bound. The job's figure is the
-  largest any rank gives (the rank whose export got furthest), per incarnation and
-  in all; it is exact only when no rank's incarnation was killed;
-* the time from its last exported span to the next incarnation's first is
-  *unattributed*: no span says what it was. The sweep books it as ``restart_gap``
-  (so the categories still sum exactly to the wall clock), and the report says it
-  is a bound: ``restart_gap`` is at most its figure and at least that less the
-  unattributed time; each category whose spans a kill can take with it
-  (:data:`HIDDEN`) at least its figure and at most that plus the unattributed time
-  (and any ``other`` of the rank: a lost span's time the file shows no cover for);
-  but only the unattributed time the category may hold (:func:`_may_hold`): goodput
-  not when the successor resumed from the last checkpoint the files show, or afresh;
-  startup and checkpoint load not once the incarnation's startup is in the file;
+  largest any rank gives for the same launch (the rank whose export got furthest), per
+  incarnation and in all; it is exact only when no rank's incarnation was killed and
+  no restart may hide between records;
+* the time between an incarnation's last record and the next one's start is
+  *unattributed*: no span says what it was (a killed one's last work, the restart, or a
+  restart that left no record). The sweep books it as ``restart_gap`` (so the categories
+  still sum exactly to the wall clock), and the report says it is a bound:
+  ``restart_gap`` is at most its figure and at least that less the unattributed time;
+  each category whose spans a kill can take with it or an unseen restart may have spent
+  (:data:`HIDDEN`) at least its figure and at most that plus the unattributed time (and
+  any ``other`` of a rank with a kill: a lost span's time the file shows no cover for);
+  but only the unattributed time the category may hold (:func:`_may_hold`): goodput not
+  when the successor resumed from the last checkpoint the files show, or afresh. The
+  counts (iterations, wasted iterations, the failures, the stragglers' cost) are then
+  lower bounds: what an unseen restart did is counted nowhere;
 * a final killed incarnation (no successor) ended some unknown time after its last
-  span: the wall clock is a lower bound, and those categories have no upper bound;
+  span: the wall clock is a lower bound, and those categories (``restart_gap`` too: it
+  may have been restarted since) have no upper bound. So does a final one whose clean
+  end is a guess (it wrote its startup and no loop, resumed where a clean end left off);
 * ``report --window``: a window holding unattributed time, or the last window when
-  the last incarnation was killed, is bounded as the whole is (its goodput, share
+  the last incarnation's end is unknown, is bounded as the whole is (its goodput, share
   and ``restart_gap``, under ``windows.entries.N.``).
 
 A killed incarnation's own metric points (:mod:`~megatron.trace.analysis.sightings`)
 narrow these: the time they show it alive is not restart gap (a final one's wall clock
 runs to its newest point), the iterations they show finished raise the wasted iterations'
 and ``iterations.count``'s lower bounds, and the stretch they show redone is booked as
-wasted progress (less what may be a save in flight, taken off its lower bound); such a
-bound also says its ``source`` (``the last metric export of incarnation 2, 8.0 s after
-its last exported span and at most 31.5 s before the kill``: the successor's start bounds
-the kill's time, which no file holds).
+wasted progress (less what may be a save in flight, taken off its lower bounds, the job's
+and the incarnation's); such a bound also says its ``source`` (``the last metric export of
+incarnation 2, 8.0 s after its last exported span and at most 31.5 s before the kill``:
+the successor's start bounds the kill's time, which no file holds).
 
-Each bound is ``{"lower": x or null, "upper": y or null, "reason": text}`` under the
+Each bound is ``{"lower": x or None, "upper": y or None, "reason": Reason}`` under the
 figure's path in the report (``wall_s``, ``badput_s.wasted_progress``,
-``ranks.1.goodput_s``, ``incarnations.0.wasted_iterations``...), in the figure's
-unit; a figure with no entry is exact. The shape is stated once, by
-:class:`~megatron.trace.analysis.report.Bound` and ``report.schema.json``.
+``ranks.1.goodput_s``, ``incarnations.0.wasted_iterations``...), in the figure's unit,
+its reason (and ``source``) data the renderers put in words
+(:mod:`~megatron.trace.analysis.reasons`); a figure with no entry is exact. The shape is
+stated once, by :class:`~megatron.trace.analysis.report.Bound` and ``report.schema.json``.
 """
 
 from __future__ import annotations
@@ -48,14 +56,23 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from megatron.trace.analysis.accounting import seconds
+from megatron.trace.analysis.reasons import Clause, Reason, Shown, Source, source_of_shown
 from megatron.trace.analysis.resumed import resume_ranges
 from megatron.trace.analysis.sightings import completed, finished_shown, unseen_from
+from megatron.trace.analysis.wasted import window_start
 from megatron.trace.model.identity import rank_value
 from megatron.trace.model.incarnation import Incarnation
+from megatron.trace.model.launches import same_launch
 from megatron.trace_format.semconv import Category
-from megatron.trace_format.words import counted
 
-__all__ = ["HIDDEN", "furthest_waste", "reasons_once", "report_bounds", "window_bounds"]
+__all__ = [
+    "HIDDEN",
+    "failures_bound",
+    "furthest_waste",
+    "report_bounds",
+    "restart_may_hide",
+    "window_bounds",
+]
 
 #: The categories whose spans a kill can lose (their time then unattributed).
 HIDDEN = (
@@ -67,12 +84,19 @@ HIDDEN = (
     Category.CHECKPOINT_LOAD,
 )
 
-_SHOWN = "; their metric points show more: "
-
-_LOWER_COUNT = (
-    "a lower bound: incarnations {killed} were SIGKILLed, and the spans of their last "
-    "iterations (those the batch processor had not exported yet) never reached the file"
+_LOWER = Clause("a lower bound")
+# Why a count is a lower bound where a restart may hide between incarnations.
+_UNSEEN_RESTART = Clause(
+    "a restart killed before its first export leaves no record, and the time between "
+    "incarnations may hold one: what it did is not counted"
 )
+
+
+def _lower_count(killed: list[int]) -> Clause:
+    return Clause(
+        f"a lower bound: incarnations {killed} were SIGKILLed, and the spans of their last "
+        "iterations (those the batch processor had not exported yet) never reached the file"
+    )
 
 
 def _killed(incs: list[Incarnation]) -> list[int]:
@@ -81,8 +105,8 @@ def _killed(incs: list[Incarnation]) -> list[int]:
 
 def furthest_waste(ranks: dict[str, tuple[list[Incarnation], dict[str, Any]]]) -> dict[str, Any]:
     """The job's wasted iterations over all ranks: per incarnation of the job rank (the
-    first), the most any rank's incarnation of that index shows, with its lower bound
-    and whether it is exact; and their sums, the job's.
+    first), the most any rank's incarnation of that launch shows (:func:`same_launch`),
+    with its lower bound and whether it is exact; and their sums, the job's.
 
     A killed incarnation followed by another lost at least what the file shows past the
     iteration its successor resumed from. One killed last (no successor yet) may have
@@ -92,17 +116,19 @@ def furthest_waste(ranks: dict[str, tuple[list[Incarnation], dict[str, Any]]]) -
     """
     per_rank = list(ranks.values())
     job_incs, _ = per_rank[0]
+    matched = [same_launch(job_incs, incs) for incs, _ in per_rank]
     figures: list[int | None] = []
     lowers: list[int | None] = []
     exact: list[bool] = []
     for position in range(len(job_incs)):
         counts, low, known = [], [], True
-        for incs, acc in per_rank:
-            entries = acc["per_incarnation"]
-            if position < len(entries) and entries[position]["wasted_iterations"] is not None:
-                counts.append(entries[position]["wasted_iterations"])
-                low.append(_lower(incs, position, entries[position]))
-                known = known and entries[position]["wasted_exact"]
+        for (incs, acc), launch in zip(per_rank, matched, strict=True):
+            inc = launch[position]
+            entry = None if inc is None else acc["per_incarnation"][inc.index]
+            if entry is not None and entry["wasted_iterations"] is not None:
+                counts.append(entry["wasted_iterations"])
+                low.append(_lower(incs, inc.index, entry))
+                known = known and entry["wasted_exact"]
         figures.append(max(counts) if counts else None)
         lowers.append(max(low) if low else None)
         exact.append(known)
@@ -121,7 +147,7 @@ def _lower(incs: list[Incarnation], position: int, entry: dict[str, Any]) -> int
     inc, count = incs[position], entry["wasted_iterations"] or 0
     if entry["wasted_exact"]:
         return count
-    if inc.ended == "killed":
+    if inc.ended == "killed" or inc.ending_unsure:
         return 0 if position == len(incs) - 1 else count
     if inc.ended in ("failed", "interrupted", "cut_short") and not inc.iterations:
         return max(0, count - 1)  # its last interval may have counted the pass in flight
@@ -143,53 +169,83 @@ def _ceil6(value: float) -> float:
 
 
 class _Unseen(NamedTuple):
-    """A killed incarnation followed by another, and its unattributed time: from its last
-    span (or the end of what its metric points show redone) to the successor nothing says
-    what the time was (:func:`~megatron.trace.analysis.sightings.unseen_from`)."""
+    """A stretch between two incarnations of a rank that no record covers: from the
+    earlier one's last record (a killed one's: its last span, or the end of what its
+    metric points show redone; :func:`~megatron.trace.analysis.sightings.unseen_from`)
+    to the next one's start. Nothing says what the time was: a killed incarnation's last
+    work, the restart, or a launch killed before its first export (which leaves nothing
+    in any file)."""
 
-    inc: Incarnation
+    inc: Incarnation  # the incarnation before the stretch
     start: int  # where its unattributed time begins
     seen: int  # until when its metric points show it alive
     successor: int  # its successor's start
     doubt: int  # the ns of what its metric points show redone that may be a save in flight
     #: the categories that time may hold (:func:`_may_hold`)
     hidden: frozenset[str]
+    #: the ns of goodput booked in a killed incarnation that may have been redone instead
+    #: (:func:`_redone`), and where (start, end)
+    redone: tuple[int, int] = (0, 0)
 
 
 def _unseen(incs: list[Incarnation], accounting: dict[str, Any]) -> list[_Unseen]:
-    """Each killed incarnation's unattributed time (:class:`_Unseen`), in order."""
+    """Each stretch between a rank's incarnations that no record covers (:class:`_Unseen`),
+    in order."""
     found = []
     resumed = resume_ranges(incs)
     for position, inc in enumerate(incs[:-1]):
-        if inc.ended != "killed":
-            continue
         successor = incs[position + 1].start_ns
         horizon = accounting["per_incarnation"][position]["placed_horizon"]
-        start, seen, doubt = unseen_from(inc, horizon, successor)
+        if inc.ended == "killed":
+            start, seen, doubt = unseen_from(inc, horizon, successor)
+        else:
+            start, seen, doubt = inc.end_ns, inc.end_ns, 0
+        if successor <= start:
+            continue  # the next one began before this one's last record: no restart between
         hidden = _may_hold(inc, resumed[position][0], horizon)
-        found.append(
-            _Unseen(inc, min(start, successor), min(seen, successor), successor, doubt, hidden)
-        )
+        entry = accounting["per_incarnation"][position]
+        redone = _redone(inc, resumed[position][0], horizon, entry)
+        found.append(_Unseen(inc, start, min(seen, successor), successor, doubt, hidden, redone))
     return found
 
 
-def _may_hold(inc: Incarnation, resumed: int, horizon: int | None) -> frozenset[str]:
-    """The categories of :data:`HIDDEN` a killed incarnation's unattributed time (after its
-    last record, before its successor) may hold.
+def _redone(
+    inc: Incarnation, resumed: int, horizon: int | None, entry: dict[str, Any]
+) -> tuple[int, int]:
+    """Where a killed incarnation's booked goodput may have been redone: its successor
+    resumed (at ``horizon``) past every checkpoint the files show durable before it, so
+    that checkpoint was saved in the time no record covers, by it (its spans lost at the
+    kill: the goodput booked stands) or by a restart killed before its first export,
+    resumed from its last durable save (then its training from there was redone). (start,
+    end) of that training as booked, from where its last durable checkpoint's iteration
+    began to where its wasted window begins; (0, 0): none."""
+    if inc.ended != "killed" or horizon is None:
+        return (0, 0)
+    durable = max([*inc.durable_saves(), resumed])
+    if horizon <= durable:
+        return (0, 0)
+    begun = window_start(inc, durable)
+    if begun is None:
+        begun = inc.startup["end_ns"] if inc.startup is not None else inc.start_ns
+    booked_until = inc.end_ns - entry["wasted_window_ns"]
+    return (begun, booked_until) if booked_until > begun else (0, 0)
 
-    Training redone, a save and an evaluation, always. Its startup and checkpoint load
-    (which runs in the startup) only if the file lacks its ``megatron.startup``: once
-    that ended, every later record is past it. Goodput only if progress made in that
-    time may have survived: the successor resumed (at ``horizon``) from a checkpoint saved
-    in it, past every iteration the files show durable before it, its durable saves and
-    where it resumed itself (at least ``resumed``). A successor that resumed from one of
-    those (saved 200, killed, resumed from 200; or killed before its first save and
-    restarted afresh) kept nothing of that time; where the files do not place the
-    successor's resume point (``horizon`` None), it may have. (An incarnation that left
-    nothing in the files, killed before its first export, is not seen at all.)"""
-    hidden = {Category.WASTED_PROGRESS, Category.CHECKPOINT_SAVE, Category.EVALUATION}
-    if inc.startup is None:
-        hidden |= {Category.STARTUP, Category.CHECKPOINT_LOAD}
+
+def _may_hold(inc: Incarnation, resumed: int, horizon: int | None) -> frozenset[str]:
+    """The categories of :data:`HIDDEN` the stretch after an incarnation (from its last
+    record to the next one's start) may hold.
+
+    Startup and checkpoint load, always: a launch in between killed before its first export
+    left no record (Slurm or torchrun restarting a job whose node failed again in its
+    startup), and the same launch, or the incarnation itself when it was killed, may have
+    trained (work later redone), saved and evaluated. Goodput only if progress made in
+    that time may have survived: the next incarnation resumed (at ``horizon``) from a
+    checkpoint saved in it, past every iteration the files show durable before it, its
+    durable saves and where it resumed itself (at least ``resumed``). One that resumed
+    from one of those (saved 200, killed, resumed from 200; or killed before its first
+    save and restarted afresh) kept nothing of that time; where the files do not place the
+    next one's resume point (``horizon`` None), it may have."""
+    hidden = set(HIDDEN) - {Category.GOODPUT}
     if horizon is None or horizon > max([*inc.durable_saves(), resumed]):
         hidden.add(Category.GOODPUT)
     return frozenset(hidden)
@@ -204,8 +260,9 @@ class _Tail(NamedTuple):
     spare: int  # what a category may hold beyond its figure, at most
     #: per category of :data:`HIDDEN`, what it may hold beyond its figure (:func:`_may_hold`)
     spare_of: dict[str, int]
-    open_end: bool  # whether the last incarnation was killed
+    open_end: bool  # whether the last incarnation's end is unknown (:func:`_ends_open`)
     unseen: list[_Unseen]  # each killed incarnation's, that these sum
+    redone: int  # the goodput booked that may have been redone (:func:`_redone`)
 
 
 def _rank_tail(incs: list[Incarnation], accounting: dict[str, Any]) -> _Tail:
@@ -221,8 +278,9 @@ def _rank_tail(incs: list[Incarnation], accounting: dict[str, Any]) -> _Tail:
         + sum(u.successor - u.start + u.doubt for u in unseen if category in u.hidden)
         for category in HIDDEN
     }
-    open_end = bool(incs) and incs[-1].ended == "killed"
-    return _Tail(gap, alive, doubt, gap + doubt + other, spare_of, open_end, unseen)
+    open_end = bool(incs) and _ends_open(incs[-1])
+    redone = sum(u.redone[1] - u.redone[0] for u in unseen)
+    return _Tail(gap, alive, doubt, gap + doubt + other, spare_of, open_end, unseen, redone)
 
 
 def _guessed(incs: list[Incarnation], accounting: dict[str, Any]) -> tuple[int, list[int]]:
@@ -238,24 +296,61 @@ def _guessed(incs: list[Incarnation], accounting: dict[str, Any]) -> tuple[int, 
     return total, which
 
 
-def _alive_text(incs: list[Incarnation], alive: int, open_end: bool) -> str:
-    """What the killed incarnations' metric points said of their lives, for a reason."""
-    text = ""
+def _unattributed(rank: str, killed: list[int], gap: int) -> list[Clause]:
+    """Why the stretches between a rank's incarnations make figures bounds."""
+    on = rank_value(rank)
+    clauses = [Clause(f"rank {on}: incarnations {killed} were SIGKILLed", on)] if killed else []
+    if gap:
+        clauses.append(
+            Clause(
+                ("" if killed else f"rank {on}: ")
+                + f"{seconds(gap):.3f} s between incarnations (from each one's last "
+                "record to the next one's start) is unattributed, booked as restart_gap: "
+                + ("it holds what the kills kept from the files, and " if killed else "")
+                + "a restart killed before its first export leaves no record, so it may hold "
+                "that restart's startup and checkpoint load",
+                on,
+            )
+        )
+    return clauses
+
+
+def _ends_open(last: Incarnation) -> bool:
+    """Whether a rank's last incarnation ended some unknown time after its last record: it
+    was killed, or it may have been (:attr:`Incarnation.ending_unsure`)."""
+    return last.ended == "killed" or last.ending_unsure
+
+
+def _alive_clauses(rank: str, incs: list[Incarnation], alive: int, open_end: bool) -> list[Clause]:
+    """What the killed incarnations' metric points said of their lives, and how the last
+    one ended, for a reason."""
+    on = rank_value(rank)
+    clauses = []
     if alive:
-        text += (
-            f"; their metric points show them alive {seconds(alive):.3f} s of it (so not "
-            "restart gap)"
+        clauses.append(
+            Clause(
+                f"their metric points show them alive {seconds(alive):.3f} s of it (so not "
+                "restart gap)",
+                on,
+            )
         )
     last = incs[-1] if incs else None
     if open_end and last is not None:
-        if _seen_beyond_spans(last):
-            text += (
-                f"; the last one was alive at its last metric export, {_ago(last)}, and "
-                "ended some unknown time after"
+        if last.ending_unsure:
+            text = (
+                f"incarnation {last.index} wrote its startup and nothing of a training loop, "
+                "resumed where a clean end left off: it had nothing left to train, or a SIGKILL "
+                "in its first iteration lost its interval, and its end is unknown"
+            )
+        elif _seen_beyond_spans(last):
+            text = (
+                f"the last one was alive at its last metric export, {_ago(last)}, and ended "
+                "some unknown time after"
             )
         else:
-            text += "; the last one ended some unknown time after its last span"
-    return text
+            text = "the last one ended some unknown time after its last span"
+        clauses.append(Clause(text, on, last.index))
+    return clauses
 
 
 def _last_span_end(inc: Incarnation) -> int:
@@ -286,25 +381,15 @@ def _ago(inc: Incarnation, successor_ns: int | None = None, at: int | None = Non
     return text
 
 
-class _Shown(NamedTuple):
-    """A killed incarnation whose metric points show more progress than its spans: the
-    source of a wasted-iterations lower bound."""
-
-    incarnation: int
-    text: str  # as a person reads it (naming the rank where the job has several)
-    export: str  # "its metric export 3.0 s after ...": when that export was
-
-
 def _shown(
     incs: list[Incarnation],
     accounting: dict[str, Any],
     positions: Iterable[int],
     rank: str | None = None,
-) -> list[_Shown]:
+) -> list[Shown]:
     """Per killed incarnation at ``positions`` whose metric points show more progress than
     its spans: where its wasted iterations' lower bound comes from (naming its ``rank``,
     where given: the job has several)."""
-    on = "" if rank is None else f" on rank {rank_value(rank)}"
     found = []
     for position in positions:
         # the last one may have saved after its points (its lower bound is 0), and a point
@@ -319,12 +404,9 @@ def _shown(
         if shown is None or horizon is None or shown[0] <= horizon:
             continue
         top, at, name = shown
-        export = f"its metric export {_ago(inc, incs[position + 1].start_ns, at)}"
-        text = (
-            f"incarnation {inc.index}{on}: ≥ {top - horizon} ({export}: {name} "
-            f"says {counted(top, 'iteration')} completed, its successor resumed from {horizon})"
-        )
-        found.append(_Shown(inc.index, text, export))
+        export = _ago(inc, incs[position + 1].start_ns, at)
+        named = None if rank is None else rank_value(rank)
+        found.append(Shown(inc.index, named, top - horizon, export, name, top, horizon))
     return found
 
 
@@ -338,30 +420,32 @@ def report_bounds(
     """The report's ``bounds`` (module doc), from the ranks' incarnations and accounting."""
     bounds: dict[str, dict[str, Any]] = {}
 
-    def bound(path: str, lower: Any, upper: Any, reason: str, source: str | None = None) -> None:
+    def bound(path: str, lower: Any, upper: Any, reason: Reason, source: Source | None = None):
         bounds[path] = {"lower": lower, "upper": upper, "reason": reason}
-        if source:
+        if source is not None:
             bounds[path]["source"] = source
 
+    stretches: dict[str, bool] = {}  # per rank: whether a restart may hide between records
     for rank, (incs, acc) in ranks.items():
         killed = _killed(incs)
-        if not killed:
+        gap, alive, doubt, spare, spare_of, open_end, unseen_list, redone = _rank_tail(incs, acc)
+        stretches[rank] = bool(unseen_list)
+        if not killed and not unseen_list and not open_end:
             continue
-        gap, alive, doubt, spare, spare_of, open_end, unseen_list = _rank_tail(incs, acc)
         kept = spare_of[Category.GOODPUT]
         guessed, unplaced = _guessed(incs, acc)
         totals, wall = acc["totals_ns"], acc["wall_ns"]
-        where = f"rank {rank_value(rank)}: incarnations {killed} were SIGKILLed"
-        unattributed = (
-            f"{where}; {seconds(gap):.3f} s between their last records and the restart "
-            "is unattributed (booked as restart_gap)"
-        ) + _alive_text(incs, alive, open_end)
+        clauses = _unattributed(rank, killed, gap) + _alive_clauses(rank, incs, alive, open_end)
         if unplaced:
-            unattributed += (
-                f"; incarnations {unplaced} show no checkpoint saved or resumed from: "
-                f"the {seconds(guessed):.3f} s booked as their wasted progress may have been "
-                "kept (goodput)"
+            clauses.append(
+                Clause(
+                    f"incarnations {unplaced} show no checkpoint saved or resumed from: the "
+                    f"{seconds(guessed):.3f} s booked as their wasted progress may have been "
+                    "kept (goodput)",
+                    rank_value(rank),
+                )
             )
+        unattributed = Reason(tuple(clauses))
         seen = _seen_source(incs, alive, open_end)
         prefixes = [f"ranks.{rank_value(rank)}."]
         if rank == job_rank:
@@ -371,15 +455,15 @@ def report_bounds(
             if open_end:
                 last = incs[-1]
                 narrows = _seen_beyond_spans(last)
-                source = f"its last metric export, {_ago(last)}" if narrows else None
+                source = Source((last.index,), export=_ago(last), own=True) if narrows else None
                 bound(f"{prefix}wall_s", seconds(wall), None, unattributed, source)
                 bound(f"{prefix}goodput_fraction", None, None, unattributed)
             elif (kept or guessed) and wall:
-                bound(f"{prefix}goodput_fraction", _floor6(goodput / wall),
+                bound(f"{prefix}goodput_fraction", _floor6((goodput - redone) / wall),
                       _ceil6((goodput + kept + guessed) / wall), unattributed)  # fmt: skip
             if kept or open_end or guessed:
                 upper = None if open_end else seconds(goodput + kept + guessed)
-                bound(f"{prefix}goodput_s", seconds(goodput), upper, unattributed)
+                bound(f"{prefix}goodput_s", seconds(goodput - redone), upper, unattributed)
         if rank != job_rank:
             continue
         for category in (*HIDDEN[1:], Category.RESTART_GAP, Category.OTHER):
@@ -388,54 +472,85 @@ def report_bounds(
             figure = totals[category]
             path = f"badput_s.{category}"
             if category == Category.RESTART_GAP:
-                if gap:
-                    bound(path, seconds(max(0, figure - gap)), seconds(max(0, figure - alive)),
-                          unattributed, seen)  # fmt: skip
+                if gap or open_end:
+                    # after a final kill the job may have restarted unseen: no upper bound
+                    upper = None if open_end else seconds(max(0, figure - alive))
+                    bound(path, seconds(max(0, figure - gap)), upper, unattributed, seen)
             elif category == Category.OTHER:
-                if figure:
-                    bound(
-                        path,
-                        0.0,
-                        seconds(figure),
-                        f"{where}: time nothing in the file covers may be a span the kill lost",
+                if figure and killed:
+                    lost = Clause(
+                        f"rank {rank_value(rank)}: incarnations {killed} were SIGKILLed: time "
+                        "nothing in the file covers may be a span the kill lost",
+                        rank_value(rank),
                     )
+                    bound(path, 0.0, seconds(figure), Reason((lost,)))
             elif spare_of[category] or open_end or guessed:
                 # (a guessed stretch may have held a save or an evaluation the kill lost)
                 upper = None if open_end else seconds(figure + spare_of[category] + guessed)
                 lower = figure
                 if category == Category.WASTED_PROGRESS:
                     # what the metric points show redone may end in a save in flight, and
-                    # what was booked past a guessed horizon may have been kept
+                    # what was booked past a guessed horizon may have been kept; goodput
+                    # booked may have been redone
                     lower -= doubt + guessed
-                    upper = None if open_end else seconds(figure + spare_of[category] - doubt)
+                    upper = None if open_end else seconds(figure + spare_of[category] - doubt
+                                                           + redone)  # fmt: skip
                 if open_end and category == Category.WASTED_PROGRESS:
                     # the last one may have saved after its last exported span
                     lower -= acc["per_incarnation"][-1]["wasted_progress_ns"]
                 bound(path, seconds(lower), upper, unattributed)
         unseen = {id(u.inc): u for u in unseen_list}
         for inc, entry in zip(incs, acc["per_incarnation"], strict=True):
-            if inc.ended != "killed":
-                continue
             after = unseen.get(id(inc))
+            if after is None and not (inc.ended == "killed" or (inc is incs[-1] and open_end)):
+                continue
             rest = None if after is None else after.successor - after.start
             wasted = entry["wasted_progress_ns"]
             # what its metric points show redone may end in a save in flight (the job's
             # lower bound takes the same off)
             shown = 0 if after is None else after.doubt
+            placed = rest is not None and inc.index not in unplaced
+            maybe = 0 if after is None else after.redone[1] - after.redone[0]
             bound(
                 f"incarnations.{inc.index}.wasted_s",
-                seconds(wasted - shown) if rest is not None and inc.index not in unplaced else 0.0,
-                None if rest is None else seconds(wasted + rest + spare - gap),
-                f"incarnation {inc.index} was SIGKILLed: what it did after its last exported "
-                "span is unknown",
+                seconds(wasted - shown) if placed else 0.0,
+                None if rest is None else seconds(wasted + rest + spare - gap + maybe),
+                Reason((_after_its_records(inc),)),
             )
 
+    _count_bounds(report, ranks, job_rank, furthest, stretches, bound)
+    return bounds
+
+
+def _after_its_records(inc: Incarnation) -> Clause:
+    """Why an incarnation's wasted time is a bound: the time after its last record."""
+    if inc.ended == "killed":
+        text = "was SIGKILLed: what it did after its last exported span is unknown"
+    else:
+        text = (
+            "may have ended later than its last record, or be followed by a restart killed "
+            "before its first export: the time after it until the next one's start is unknown"
+        )
+    return Clause(f"incarnation {inc.index} {text}", incarnation=inc.index)
+
+
+def _count_bounds(
+    report: dict[str, Any],
+    ranks: dict[str, tuple[list[Incarnation], dict[str, Any]]],
+    job_rank: str,
+    furthest: dict[str, Any],
+    stretches: dict[str, bool],
+    bound: Any,
+) -> None:
+    """The bounds of the counts (wasted iterations, iterations, the stragglers' cost): lower
+    bounds after a kill, or where a restart may hide between a rank's records."""
     job_killed = sorted({i for incs, _ in ranks.values() for i in _killed(incs)})
+    hidden_anywhere = any(stretches.values())
 
     def named(rank: str) -> str | None:
         return rank if len(ranks) > 1 else None
 
-    def shown(positions: Iterable[int]) -> list[_Shown]:
+    def shown(positions: Iterable[int]) -> list[Shown]:
         return [
             one
             for rank, (incs, acc) in ranks.items()
@@ -445,58 +560,79 @@ def report_bounds(
     for position, exact in enumerate(furthest["incarnations_exact"]):
         lower = furthest["incarnations_lower"][position]
         if not exact:
-            texts = shown([position])
+            found = shown([position])
             bound(f"incarnations.{position}.wasted_iterations", lower, None,
-                  _wasted_reason(job_killed, texts), _exports_source(texts))  # fmt: skip
+                  _wasted_reason(job_killed, found), source_of_shown(found))  # fmt: skip
     positions = range(len(furthest["incarnations_exact"]))
-    if not furthest["job_exact"]:
-        texts = shown(positions)
+    if not furthest["job_exact"] or hidden_anywhere:
+        found = shown(positions)
         bound("wasted_iterations", furthest["job_lower"], None,
-              _wasted_reason(job_killed, texts), _exports_source(texts))  # fmt: skip
+              _wasted_reason(job_killed, found, hidden_anywhere),
+              source_of_shown(found))  # fmt: skip
     for rank, (incs, acc) in ranks.items():
-        if not acc["wasted_exact"]:
-            texts = _shown(incs, acc, range(len(incs)), named(rank))
+        if not acc["wasted_exact"] or stretches[rank]:
+            found = _shown(incs, acc, range(len(incs)), named(rank))
             bound(f"ranks.{rank_value(rank)}.wasted_iterations", _rank_lower(incs, acc), None,
-                  _wasted_reason(_killed(incs), texts), _exports_source(texts))  # fmt: skip
+                  _wasted_reason(_killed(incs), found, stretches[rank]),
+                  source_of_shown(found))  # fmt: skip
     job_incs = ranks[job_rank][0]
+    hidden = stretches[job_rank]  # a restart may hide between the job rank's records
     beyond, seen_by = _finished_beyond_spans(job_incs)
     more = (
-        f"; their metric points show {beyond} more finished (incarnations {seen_by})"
+        [Clause(f"their metric points show {beyond} more finished (incarnations {seen_by})")]
         if beyond
-        else ""
+        else []
     )
-    source = None
-    if len(seen_by) == 1:
-        source = f"the last metric export of incarnation {seen_by[0]}"
-    elif seen_by:
-        source = f"the last metric exports of {_several(seen_by)}"
-    if report.get("iterations") is None and job_killed:
+    source = Source(tuple(seen_by)) if seen_by else None
+    unseen = [_UNSEEN_RESTART] if hidden else []
+    if report.get("iterations") is None and (job_killed or hidden):
+        why = Clause(
+            "no megatron.train.iteration span was exported before the kill (or the per_step "
+            "span groups are off)"
+        )
         bound("iterations.count", beyond + _clean_counts(job_incs) if beyond else 0, None,
-              "no megatron.train.iteration span was exported before the kill (or the "
-              "per_step span groups are off)" + more, source)  # fmt: skip
-    if report.get("iterations") and _killed(job_incs):
+              Reason((why, *more)), source)  # fmt: skip
+    if report.get("iterations") and (_killed(job_incs) or hidden):
+        killed = [_lower_count(_killed(job_incs))] if _killed(job_incs) else []
         bound("iterations.count", report["iterations"]["count"] + beyond, None,
-              _LOWER_COUNT.format(killed=_killed(job_incs)) + more, source)  # fmt: skip
-    if report.get("stragglers") is not None and job_killed:
-        reason = "a lower bound: the iterations a kill kept from the file are not compared"
-        bound("straggler_s", report["straggler_s"], None, reason)
-    return bounds
+              Reason((*killed, *unseen, *more)), source)  # fmt: skip
+    if report.get("stragglers") is not None and (job_killed or hidden):
+        why = Clause("a lower bound: the iterations a kill kept from the file are not compared")
+        bound("straggler_s", report["straggler_s"], None,
+              Reason((why,) if job_killed else (_LOWER, _UNSEEN_RESTART)))  # fmt: skip
+
+
+def restart_may_hide(incs: list[Incarnation], accounting: dict[str, Any]) -> bool:
+    """Whether a restart killed before its first export may hide between the rank's
+    incarnations: a stretch between two of them that no record covers."""
+    return bool(_unseen(incs, accounting))
+
+
+def failures_bound(failures: int, hidden: bool) -> dict[str, dict[str, Any]]:
+    """``checkpoint_advice.failures``'s bound: at least the failures the files show, where a
+    restart killed before its first export may hide between the job rank's incarnations."""
+    if not hidden:
+        return {}
+    reason = Reason((_LOWER, _UNSEEN_RESTART))
+    return {"checkpoint_advice.failures": {"lower": failures, "upper": None, "reason": reason}}
 
 
 def window_bounds(
     entries: list[dict[str, Any]], incs: list[Incarnation], accounting: dict[str, Any]
 ) -> dict[str, dict[str, Any]]:
     """The bounds of the job rank's ``report --window`` entries (module doc)."""
-    killed = _killed(incs)
-    if not killed:
+    unseen = _unseen(incs, accounting)
+    open_end = _ends_open(incs[-1])
+    if not unseen and not open_end:
         return {}
-    stretches = [
-        (u.start, u.successor, Category.GOODPUT in u.hidden) for u in _unseen(incs, accounting)
-    ]
-    open_end = incs[-1].ended == "killed"
-    reason = (
-        f"incarnations {killed} were SIGKILLed: this window holds time between a killed "
-        "incarnation's last exported span and the restart, booked as restart_gap"
+    stretches = [(u.start, u.successor, Category.GOODPUT in u.hidden) for u in unseen]
+    redone = [u.redone for u in unseen if u.redone[1] > u.redone[0]]
+    killed = _killed(incs)
+    said = [f"incarnations {killed} were SIGKILLed"] if killed else []
+    said.append(
+        "this window holds time between an incarnation's last record and the next one's "
+        "start (a kill's lost work, or a restart killed before its first export), booked as "
+        "restart_gap"
     )
     bounds: dict[str, dict[str, Any]] = {}
     first = accounting["start_ns"]
@@ -505,28 +641,32 @@ def window_bounds(
         hi = first + round(entry["end_s"] * 1e9)
         overlaps = [(max(0, min(hi, end) - max(lo, start)), kept) for start, end, kept in stretches]
         unknown = sum(overlap for overlap, _ in overlaps)
+        # goodput booked here that may have been redone
+        maybe = sum(max(0, min(hi, end) - max(lo, start)) for start, end in redone)
         open_here = open_end and entry is entries[-1]
-        if not unknown and not open_here:
+        if not unknown and not open_here and not maybe:
             continue
-        why = reason if not open_here else f"{reason}; the last one ended after this window"
+        why = Reason.of(*said, *(["the last one ended after this window"] if open_here else []))
         totals = entry["accounting_ns"]
         good, wall = totals[Category.GOODPUT], totals["wall"]
         # goodput holds only the unknown time whose progress may have survived
         spare = sum(overlap for overlap, kept in overlaps if kept) + totals[Category.OTHER]
         at = f"windows.entries.{entry['index']}."
 
-        def bound(path: str, lower: Any, upper: Any, at: str = at, why: str = why) -> None:
+        def bound(path: str, lower: Any, upper: Any, at: str = at, why: Reason = why) -> None:
             bounds[at + path] = {"lower": lower, "upper": upper, "reason": why}
 
-        if spare or open_here:
-            bound("goodput_s", seconds(good), None if open_here else seconds(good + spare))
+        if spare or open_here or maybe:
+            upper = None if open_here else seconds(good + spare)
+            bound("goodput_s", seconds(good - maybe), upper)
         if open_here:
             bound("goodput_fraction", None, None)
-        elif wall and spare:
-            bound("goodput_fraction", _floor6(good / wall), _ceil6((good + spare) / wall))
-        if unknown:
+        elif wall and (spare or maybe):
+            bound("goodput_fraction", _floor6((good - maybe) / wall), _ceil6((good + spare) / wall))
+        if unknown or open_here:
             gap = totals[Category.RESTART_GAP]
-            bound("badput_s.restart_gap", seconds(max(0, gap - unknown)), seconds(gap))
+            upper = None if open_here else seconds(gap)
+            bound("badput_s.restart_gap", seconds(max(0, gap - unknown)), upper)
     return bounds
 
 
@@ -555,72 +695,30 @@ def _clean_counts(incs: list[Incarnation]) -> int:
     return total
 
 
-def _exports_source(shown: list[_Shown]) -> str | None:
-    """Where a wasted-iterations bound comes from, short: the metric export of the one
-    incarnation whose points showed more than its spans, or of several."""
-    shown = list(dict.fromkeys(shown))
-    if not shown:
-        return None
-    if len(shown) == 1:
-        return shown[0].export.replace("its metric export", "the last metric export", 1)
-    which = {one.incarnation for one in shown}
-    if len(which) == 1:
-        return f"the last metric exports of incarnation {which.pop()} on {len(shown)} ranks"
-    return f"the last metric exports of {len(which)} killed incarnations"
-
-
-def _seen_source(incs: list[Incarnation], alive: int, open_end: bool) -> str | None:
-    """Where a bound narrowed by the killed incarnations' metric points comes from, short."""
+def _seen_source(incs: list[Incarnation], alive: int, open_end: bool) -> Source | None:
+    """Where a bound narrowed by the killed incarnations' metric points comes from."""
     seen = [inc for inc in incs[:-1] if inc.ended == "killed" and _seen_beyond_spans(inc)]
-    if open_end and _seen_beyond_spans(incs[-1]):
+    if open_end and incs[-1].ended == "killed" and _seen_beyond_spans(incs[-1]):
         seen.append(incs[-1])
     if not seen:
         return None
     if len(seen) == 1:
         inc = seen[0]
         after = incs[inc.index + 1].start_ns if inc.index + 1 < len(incs) else None
-        return f"the last metric export of incarnation {inc.index}, {_ago(inc, after)}"
-    return f"the last metric exports of {_several([inc.index for inc in seen])}"
+        return Source((inc.index,), export=_ago(inc, after))
+    return Source(tuple(inc.index for inc in seen))
 
 
-def _several(indices: list[int]) -> str:
-    """Some killed incarnations, for a bound's source (a line of the text report): named
-    while they are few, counted when a long history has many (its reasons name them)."""
-    if len(indices) <= 4:
-        return f"incarnations {indices}"
-    return f"{len(indices)} killed incarnations"
-
-
-def _wasted_reason(killed: list[int], shown: Iterable[_Shown] = ()) -> str:
+def _wasted_reason(killed: list[int], shown: Iterable[Shown] = (), hidden: bool = False) -> Reason:
+    """Why a wasted-iterations figure is a lower bound: kills (and what the killed
+    incarnations' metric points show), a restart that may hide between records
+    (``hidden``), or an interval closed mid-pass."""
     if killed:
-        text = _LOWER_COUNT.format(killed=killed)
-        if shown:
-            text += _SHOWN + "; ".join(dict.fromkeys(one.text for one in shown))
-        return text
-    return (
+        return Reason((_lower_count(killed), *[_UNSEEN_RESTART] * hidden), tuple(shown))
+    if hidden:
+        return Reason((_LOWER, _UNSEEN_RESTART))
+    return Reason.of(
         "a lower bound: an interval closed at an exception or signal counts the iteration in "
         "flight (which may not have finished), or an interval's iteration range is not known "
         "(no per-iteration spans or interval attributes to derive it from)"
     )
-
-
-def reasons_once(bounds: dict[str, dict[str, Any]]) -> list[str]:
-    """The bounds' reasons as a reader wants them: each once, in order, less one that
-    another says whole. A rank's (or an incarnation's) wasted-iterations reason names the
-    metric exports of some of the kills the job's reason names, and would repeat them."""
-
-    def parts(reason: str) -> tuple[str, set[str]]:
-        head, said, shown = reason.partition(_SHOWN)
-        return head, set(shown.split("; ")) if said else set()
-
-    reasons = list(dict.fromkeys(bound["reason"] for bound in bounds.values()))
-    split = [parts(reason) for reason in reasons]
-    return [
-        reason
-        for reason, (head, shown) in zip(reasons, split, strict=True)
-        if not shown
-        or not any(
-            other != reason and other_head == head and shown <= other_shown
-            for other, (other_head, other_shown) in zip(reasons, split, strict=True)
-        )
-    ]

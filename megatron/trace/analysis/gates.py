@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from megatron.trace.analysis.reasons import reason_text
 from megatron.trace_format.errors import TraceInputError
 from megatron.trace_format.semconv import Category
 
@@ -70,7 +71,7 @@ def _bounded_gate(bounds: dict[str, Any], wall: int, bound_pct: float) -> str | 
     low, high = _ns(goodput.get("lower")), _ns(goodput.get("upper"))
     if "wall_s" in bounds:  # the job's end is unknown: its share of the wall clock too
         low = high = None
-    reason = (bounds.get("goodput_s") or bounds["wall_s"])["reason"]
+    reason = reason_text((bounds.get("goodput_s") or bounds["wall_s"])["reason"])
     lower = 100 * low / wall if low is not None and wall else 0.0
     upper = 100 * high / wall if high is not None and wall else 100.0
     if low is not None and low * 100 >= bound_pct * wall:

@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace.analysis.accounting import rank_accounting, seconds
-from megatron.trace.analysis.bounds import furthest_waste, report_bounds, window_bounds
+from megatron.trace.analysis.bounds import (
+    failures_bound,
+    furthest_waste,
+    report_bounds,
+    restart_may_hide,
+    window_bounds,
+)
 from megatron.trace.analysis.checkpoint_advice import checkpoint_advice
 from megatron.trace.analysis.hangs import hang_entries, recovered_stalls
 from megatron.trace.analysis.iteration_stats import ANOMALY_MAX_SHARE, iteration_stats
@@ -172,6 +178,9 @@ def build_report(
         iterations["median_ms"] if iterations is not None else None,
         mtbf_s,
     )
+    report["bounds"].update(
+        failures_bound(report["checkpoint_advice"]["failures"], restart_may_hide(incs, accounting))
+    )
     if window_ns is not None:
         windows = accounting["windows_ns"]
         report["windows"] = {
@@ -228,6 +237,15 @@ def _not_computed(
                 f"with no {INTERVAL_SPAN} interval and no {ITERATION_SPAN} or goodput span: "
                 "their training loop's time is other"
             )
+    unsure = [inc.index for inc in incs if inc.ending_unsure]
+    if unsure:
+        not_computed.append(
+            f"ended: incarnations {unsure} wrote their startup and nothing of a training loop, "
+            "resumed where a clean end left off: each had nothing left to train (shutdown, as "
+            "read) or a SIGKILL in its first iteration lost its interval; no file says which "
+            "(this trainer's metrics.jsonl would: its last export says whether telemetry shut "
+            "down)"
+        )
     if _loads_unrecorded(incs):
         not_computed.append(
             f"{Category.CHECKPOINT_LOAD}: an incarnation resumed past iteration 0 but the trace "

@@ -165,11 +165,15 @@ def judge(trace: Trace, trace_files: Sequence[Path | str], clock: Clock) -> Live
         if beat is not None and beat.time_ns < inc.start_ns:
             beat = None  # an earlier pretrain() of the same process
         if beat is not None and beat.running is False:
-            continue  # its telemetry shut down: the spans tell how it ended
+            inc.ending_unsure = False  # its telemetry shut down: the spans tell how it ended
+            continue
         if inc.ended == "shutdown" and (beat is None or beat.running is None):
             continue  # the spans show a clean end and no heartbeat says otherwise
         newest = max(inc.end_ns, beat.time_ns if beat is not None else 0)
         if clock.now_ns - newest > clock.stale_after_ns:
+            if inc.ending_unsure and beat is not None and beat.running:
+                # nothing left to train would have shut its telemetry down: it was killed
+                inc.ended, inc.ending_unsure = "killed", False
             continue
         mark_running(inc, newest)
         if beat is None:

@@ -1,8 +1,9 @@
 """The shape of the goodput report: typed, and as a JSON Schema for ``report --json``.
 
 :func:`megatron.trace.analysis.goodput.build_report` returns a :class:`Report`,
-a plain ``dict`` at run time (so ``report --json`` is ``json.dumps`` of it as
-is), typed here field by field. The same shape, as JSON Schema (draft
+a plain ``dict`` at run time, typed here field by field; ``report --json`` is
+``json.dumps`` of it once its bounds' reasons are in words
+(:func:`~megatron.trace.render.json.report.report_json`). The same shape, as JSON Schema (draft
 2020-12), is ``report.schema.json`` beside this module (:func:`schema` loads
 it); the tests validate real reports against it, so neither can drift from
 what ``build_report`` writes. Times are seconds (``*_s``), milliseconds
@@ -19,6 +20,8 @@ import json
 from functools import cache
 from importlib import resources
 from typing import Any, Literal, TypedDict
+
+from megatron.trace.analysis.reasons import Reason, Source
 
 __all__ = [
     "Anomalies",
@@ -45,20 +48,21 @@ Ended = Literal["shutdown", "failed", "interrupted", "cut_short", "killed", "run
 
 
 class _BoundSource(TypedDict, total=False):
-    """Present when a bound was narrowed by more than the spans: where from, in a few words
-    (``the last metric export of incarnation 2, 8.0 s after its last exported span and at
-    most 31.5 s before the kill``)."""
+    """Present when a bound was narrowed by more than the spans: where from (``report
+    --json`` says it in a few words: ``the last metric export of incarnation 2, 8.0 s after
+    its last exported span and at most 31.5 s before the kill``)."""
 
-    source: str
+    source: Source
 
 
 class Bound(_BoundSource):
     """A figure the trace can only bound: the truth lies in ``[lower, upper]`` (``None``:
-    unbounded on that side), in the figure's unit, for ``reason``."""
+    unbounded on that side), in the figure's unit, for ``reason`` (as data: the renderers
+    put it in words, :func:`~megatron.trace.analysis.reasons.reason_text`)."""
 
     lower: float | None
     upper: float | None
-    reason: str
+    reason: Reason
 
 
 class IncarnationEntry(TypedDict):

@@ -18,14 +18,17 @@ one that shows it resumed (checkpoints only grow) and at most its own first save
 Where the two meet the figure is exact; otherwise the figure is the lower bound
 and the report's ``bounds`` holds ``incarnations.N.resumed_from``. Several ranks
 live through the same restarts: each rank's bounds hold, so the job rank's are
-narrowed by every rank's with as many incarnations.
+narrowed by every other rank's incarnation of the same launch
+(:func:`~megatron.trace.model.launches.same_launch`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from megatron.trace.analysis.reasons import Clause, Reason
 from megatron.trace.model.incarnation import Incarnation
+from megatron.trace.model.launches import same_launch
 from megatron.trace_format.semconv import ITERATION
 
 __all__ = ["Resumed", "figure", "job_resume_ranges", "resume_ranges", "resumed_bounds"]
@@ -101,11 +104,16 @@ def _narrowed(ranges: Iterable[Resumed]) -> Resumed:
 
 
 def job_resume_ranges(per_rank: list[list[Incarnation]]) -> list[Resumed]:
-    """The job rank's (the first of ``per_rank``) ranges, narrowed by the ranks that have
-    as many incarnations."""
+    """The job rank's (the first of ``per_rank``) ranges, each narrowed by the other ranks'
+    incarnations of the same launch (:func:`~megatron.trace.model.launches.same_launch`)."""
     job = per_rank[0]
-    alike = [resume_ranges(incs) for incs in per_rank if len(incs) == len(job)]
-    return [_narrowed(column) for column in zip(*alike, strict=True)]
+    columns: list[list[Resumed]] = [[] for _ in job]
+    for incs in per_rank:
+        ranges = resume_ranges(incs)
+        for column, inc in zip(columns, same_launch(job, incs), strict=True):
+            if inc is not None:
+                column.append(ranges[inc.index])
+    return [_narrowed(column) for column in columns]
 
 
 def figure(resumed: Resumed) -> int | None:
@@ -136,13 +144,14 @@ def resumed_bounds(incs: list[Incarnation], ranges: list[Resumed]) -> dict[str, 
             }.get(
                 inc.ended, "shows no checkpoint load with an iteration and no iteration of its own"
             )
+        said = (
+            f"incarnation {inc.index} {why}: it resumed from the latest durable checkpoint, at "
+            "least the last one the incarnations before it saved or resumed from and at most "
+            "the one the next resumed from (0: afresh)"
+        )
         bounds[f"incarnations.{inc.index}.resumed_from"] = {
             "lower": lower,
             "upper": upper,
-            "reason": (
-                f"incarnation {inc.index} {why}: it resumed from the latest durable "
-                "checkpoint, at least the last one the incarnations before it saved or "
-                "resumed from and at most the one the next resumed from (0: afresh)"
-            ),
+            "reason": Reason((Clause(said, incarnation=inc.index),)),
         }
     return bounds

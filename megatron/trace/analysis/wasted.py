@@ -13,7 +13,7 @@ from __future__ import annotations
 from megatron.trace.analysis.sightings import completed
 from megatron.trace.model.incarnation import Incarnation
 
-__all__ = ["Waste", "resumed_at", "waste_of"]
+__all__ = ["Waste", "resumed_at", "waste_of", "window_start"]
 
 
 def resumed_at(later: list[Incarnation]) -> int | None:
@@ -29,8 +29,16 @@ def resumed_at(later: list[Incarnation]) -> int | None:
 
 
 def _horizon(inc: Incarnation, later: list[Incarnation]) -> int | None:
-    """The first iteration whose progress this incarnation lost (None: nothing lost)."""
+    """The first iteration whose progress this incarnation lost (None: nothing lost).
+
+    The iteration the next one resumed from, but where that is past every iteration this
+    one reached, and its spans are whole (it failed, was interrupted or cut short: its
+    end was written): then a restart between them that left no record saved the
+    checkpoint, resumed from this one's last durable save, which is the horizon."""
     resumed = resumed_at(later)
+    last = inc.last_iteration
+    if resumed is not None and inc.ended in _WHOLE and last is not None and resumed > last + 1:
+        return max([*inc.durable_saves(), _started(inc)])
     if resumed is not None:
         return resumed
     if inc.ended in ("shutdown", "running"):
@@ -39,6 +47,23 @@ def _horizon(inc: Incarnation, later: list[Incarnation]) -> int | None:
     if saved:
         return max(saved)
     return inc.first_iteration if inc.first_iteration is not None else 0
+
+
+#: How an incarnation ended whose spans were all written (but the loss past its last save).
+_WHOLE = ("failed", "interrupted", "cut_short")
+
+
+def _started(inc: Incarnation) -> int:
+    """The iteration it started at, as its spans show (0: afresh, or not shown)."""
+    if inc.resumed_from is not None:
+        return inc.resumed_from
+    return inc.first_iteration or 0
+
+
+def window_start(inc: Incarnation, horizon: int) -> int | None:
+    """Where the wasted window of ``inc`` would start were its horizon ``horizon``: where that
+    iteration began, as far as its spans place it (None: they cannot)."""
+    return _wasted(inc, horizon, None)[0]
 
 
 def _placed(inc: Incarnation, later: list[Incarnation], horizon: int | None) -> int | None:
@@ -89,7 +114,8 @@ def _wasted(
     beyond = max(0, shown[0] - shown_past) if shown is not None and shown_past is not None else 0
     if inc.iterations:
         # a kill loses the spans exported since the last batch: a lower bound then
-        return start, max(beyond, inc.iterations.count_from(horizon)), inc.ended != "killed"
+        exact = inc.ended != "killed" and not inc.ending_unsure
+        return start, max(beyond, inc.iterations.count_from(horizon)), exact
     last = inc.last_iteration
     first = inc.first_iteration if inc.first_iteration is not None else horizon
     count = max(0, (last if last is not None else horizon - 1) + 1 - max(horizon, first))
@@ -102,7 +128,8 @@ def _wasted(
     # (megatron/training/telemetry_spans.py: its last iteration is from the passes begun),
     # which may not have finished: one too many, perhaps
     closed_mid_pass = inc.ended in ("failed", "interrupted", "cut_short")
-    return start, max(count, beyond), inc.ended != "killed" and known and not closed_mid_pass
+    exact = inc.ended != "killed" and not inc.ending_unsure and known and not closed_mid_pass
+    return start, max(count, beyond), exact
 
 
 # What waste_of gives of one incarnation: its horizon, _wasted's (window start, wasted

@@ -4,7 +4,8 @@ This module is the command; its text is
 :mod:`megatron.trace.render.text.report`'s, and the figures themselves (the
 categories, the sweep, wasted progress, the iteration statistics) are
 computed by :mod:`megatron.trace.analysis.goodput`, whose module docstring says how.
-``--json`` prints :func:`~megatron.trace.analysis.goodput.build_report`'s dict as is.
+``--json`` prints :func:`~megatron.trace.analysis.goodput.build_report`'s dict, its bounds'
+reasons in words (:mod:`megatron.trace.render.json.report`).
 ``--window DURATION`` adds the accounting per window of the wall clock; ``--mtbf
 DURATION`` sets the mean time between failures the checkpoint-interval advice assumes.
 ``--fail-under-goodput PCT`` is a gate for CI (:mod:`megatron.trace.analysis.gates`):
@@ -28,6 +29,7 @@ from megatron.trace.cli.options import (
     reading_on,
 )
 from megatron.trace.model.builder import load_trace
+from megatron.trace.render.json.report import report_json
 from megatron.trace.render.text.report import format_report
 from megatron.trace_format.errors import NoSpansError
 
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     # judged before printing, so a gate that cannot judge (exit 2) prints nothing
     bound = args.fail_under_goodput
     gate = goodput_gate(report, bound) if bound is not None else None
-    return answer("report", format_report(report), report, args.json, gate)
+    return answer("report", format_report(report), report_json(report), args.json, gate)
 
 
 def add_parser(subparsers: Any) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 
 from megatron.trace.model.identity import process_key, rank_sort_key
 from megatron.trace.model.incarnation import Incarnation, Trace
+from megatron.trace.model.launches import same_launch
 from megatron.trace.model.process import ProcessSpans
 from megatron.trace.model.split import Split
 from megatron.trace.otlp.parallel import FilePiece, map_reduce, pieces
@@ -323,6 +324,7 @@ class TraceBuilder:
         (:class:`Split`), so a finish costs what was added since, not what came before."""
         ranks: dict[str, list[Incarnation]] = {}
         processes = {}
+        spared: list[Incarnation] = []
         for key, proc in self._processes.items():
             split = self._splits.get(key)
             if split is None or split.proc is not proc:
@@ -335,7 +337,8 @@ class TraceBuilder:
             incarnations.sort(key=lambda inc: inc.start_ns)
             for index, inc in enumerate(incarnations):
                 inc.index = index
-            _killed_in_first_iteration(incarnations)
+            spared += _killed_in_first_iteration(incarnations)
+        _killed_on_another_rank(spared, ranks)
         ordered = dict(sorted(ranks.items(), key=lambda item: rank_sort_key(item[0])))
         return Trace(ordered, self.stats, self.span_count, processes)
 
@@ -351,14 +354,17 @@ class TraceBuilder:
         return None
 
 
-def _killed_in_first_iteration(incs: list[Incarnation]) -> None:
+def _killed_in_first_iteration(incs: list[Incarnation]) -> list[Incarnation]:
     """Mark killed each of a rank's incarnations that wrote its startup and nothing of its
     training loop (no interval, iteration or goodput span), though the rank's other
     incarnations wrote intervals: a SIGKILL during its first iteration lost the interval in
     flight, and a clean end would have written it. But one that resumed where a clean end
-    left off had nothing left to train. (A rank that never writes an interval, Megatron-LM
-    with ``save_interval`` 0 and the default groups, cannot tell the two.)"""
+    left off may have had nothing left to train, unless a later incarnation trained on from
+    there: those are returned, for the other ranks to tell (:func:`_killed_on_another_rank`).
+    (A rank that never writes an interval, Megatron-LM with ``save_interval`` 0 and the
+    default groups, cannot tell the two.)"""
     with_intervals = any(inc.intervals for inc in incs)
+    spared = []
     for position, inc in enumerate(incs):
         if inc.ended != "shutdown" or inc.startup is None or inc.in_flight is not None:
             continue
@@ -370,9 +376,32 @@ def _killed_in_first_iteration(incs: list[Incarnation]) -> None:
             and before.ended == "shutdown"
             and before.last_iteration is not None
             and inc.resumed_from == before.last_iteration + 1
+            and not any(
+                (later.last_iteration or -1) >= inc.resumed_from for later in incs[position + 1 :]
+            )
         ):
-            continue  # resumed where a clean end left off: nothing was left to train
+            spared.append(inc)  # resumed where a clean end left off: nothing left to train?
+            continue
         inc.ended = "killed"
+    return spared
+
+
+def _killed_on_another_rank(spared: list[Incarnation], ranks: dict[str, list[Incarnation]]) -> None:
+    """Mark killed each ``spared`` incarnation (:func:`_killed_in_first_iteration`) whose
+    launch another rank's file shows killed or training: every rank of a launch had the
+    same iterations to train, and a kill of one brings the others down."""
+    for inc in spared:
+        for rank, incs in ranks.items():
+            if rank == inc.rank:
+                continue
+            other = same_launch([inc], incs)[0]
+            if other is not None and (
+                other.ended == "killed" or other.intervals or other.iterations
+            ):
+                inc.ended = "killed"
+                break
+        else:
+            inc.ending_unsure = True
 
 
 def scan_file(path: Path | str | FilePiece) -> TraceBuilder:

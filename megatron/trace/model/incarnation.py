@@ -119,6 +119,9 @@ class Incarnation:
     #: whether its last interval was closed by the reroot that opened a lost one (it was
     #: killed, as the builder judged: liveness may later call it running)
     last_closed_by_reroot: bool = field(default=False, repr=False, compare=False)
+    #: whether ``shutdown`` is a guess: it wrote its startup and nothing of its loop, resumed
+    #: where a clean end left off (nothing left to train, or killed in its first iteration)
+    ending_unsure: bool = field(default=False, repr=False, compare=False)
     checkpoint_time: Stretches = field(default_factory=lambda: Stretches())
     goodput_time: Stretches = field(default_factory=lambda: Stretches())
     finalize_starts: array = field(default_factory=lambda: array("q"))

@@ -15,11 +15,12 @@ from report_checks import assert_accounted, nonzero
 from megatron.trace.analysis.goodput import report_files
 from megatron.trace.analysis.iteration_stats import ANOMALY_RULE
 from megatron.trace.cli.main import main
+from megatron.trace.render.json.report import report_json
 from megatron.trace_format.semconv import BADPUT_CATEGORIES
 
 
 def report_of(tmp_path: Path, *incarnations: list[dict]) -> dict:
-    report = report_files([g.write(tmp_path / "t.jsonl", *incarnations)])
+    report = report_json(report_files([g.write(tmp_path / "t.jsonl", *incarnations)]))
     assert_accounted(report)
     return report
 

@@ -23,6 +23,7 @@ from megatron.trace.analysis.liveness import Clock
 from megatron.trace.cli.main import main
 from megatron.trace.otlp.spans import span_source
 from megatron.trace.render.export import write as export
+from megatron.trace.render.json.report import report_json
 from megatron.trace.render.timeline import write as timeline
 
 
@@ -39,7 +40,7 @@ def killed_looking(tmp_path: Path, *, iterations: bool = True) -> Path:
 
 
 def report_at(path: Path, seconds: float) -> dict:
-    report = report_files([path], at(seconds))
+    report = report_json(report_files([path], at(seconds)))
     assert_accounted(report)
     return report
 

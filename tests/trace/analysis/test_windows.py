@@ -18,6 +18,7 @@ from megatron.trace.analysis.accounting import MAX_WINDOWS
 from megatron.trace.analysis.goodput import build_report
 from megatron.trace.cli.main import main
 from megatron.trace.model.builder import load_trace
+from megatron.trace.render.json.report import report_json
 from megatron.trace_format.semconv import BADPUT_CATEGORIES
 
 NS = 1_000_000_000
@@ -33,7 +34,7 @@ RUNS = {
 
 def _windowed(tmp_path: Path, incarnations: list[list[dict]], window_s: float) -> dict:
     path = g.write(tmp_path / "t.jsonl", *incarnations)
-    report = build_report(load_trace([path]), window_ns=round(window_s * NS))
+    report = report_json(build_report(load_trace([path]), window_ns=round(window_s * NS)))
     assert_accounted(report)
     return report
 
@@ -184,7 +185,12 @@ def test_a_window_holding_what_a_kill_left_unattributed_is_bounded_as_the_whole(
         at = f"windows.entries.{entry['index']}."
         holds_gap = entry["start_s"] < gap_end and entry["end_s"] > gap_start
         assert (at + "badput_s.restart_gap" in bounds) is holds_gap, entry
-        assert (at + "goodput_s" in bounds) is (holds_gap and kept), entry
+        # where the lost seconds may have made progress, so may the killed run's training
+        # booked as goodput since its last save the file shows (of 6, ending 8.75 s in: a
+        # startup of 2 s, three intervals of 2.25 s) have been redone: its windows too
+        booked_until = gap_start - incs[0]["wasted_s"]  # where its wasted window begins
+        redone = entry["end_s"] > 8.75 and entry["start_s"] < booked_until
+        assert (at + "goodput_s" in bounds) is (kept and (holds_gap or redone)), entry
         if not holds_gap:
             continue
         gap = bounds[at + "badput_s.restart_gap"]
@@ -192,7 +198,7 @@ def test_a_window_holding_what_a_kill_left_unattributed_is_bounded_as_the_whole(
         assert "SIGKILLed" in gap["reason"]
         if kept:
             good = bounds[at + "goodput_s"]
-            assert good["lower"] == entry["goodput_s"] < good["upper"] <= entry["wall_s"]
+            assert good["lower"] <= entry["goodput_s"] < good["upper"] <= entry["wall_s"]
     (tmp_path / "clean").mkdir()
     clean = _windowed(tmp_path / "clean", RUNS["clean"](), window_s)
     assert not [path for path in clean["bounds"] if path.startswith("windows.")]

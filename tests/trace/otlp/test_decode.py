@@ -220,8 +220,10 @@ def test_without_msgspec_the_fallback_gives_the_same_report(tmp_path: Path) -> N
         "from megatron.trace.otlp import decode as otlp_decode\n"
         "from megatron.trace.analysis.goodput import report_files\n"
         "from megatron.trace.analysis.liveness import Clock\n"
+        "from megatron.trace.render.json.report import report_json\n"
         "clock = Clock(now_ns=2_000_000_000 * 10**9)  # one now for both processes\n"
-        "print(otlp_decode.FAST, json.dumps(report_files([sys.argv[2]], clock), sort_keys=True))\n"
+        "report = report_json(report_files([sys.argv[2]], clock))\n"
+        "print(otlp_decode.FAST, json.dumps(report, sort_keys=True))\n"
     )
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     outputs = {

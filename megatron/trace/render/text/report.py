@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from megatron.trace.analysis.bounds import reasons_once
+from megatron.trace.analysis.reasons import reason_text, reasons_once, source_text
 from megatron.trace_format.words import counted
 
 __all__ = ["bound_text", "duration_label", "format_report"]
@@ -37,7 +37,7 @@ def _source(bound: dict[str, Any] | None) -> str:
     """`` (where the bound comes from)`` after a bound narrowed by more than the spans (the
     killed incarnations' metric points), else nothing."""
     source = (bound or {}).get("source")
-    return f" ({source})" if source else ""
+    return f" ({source_text(source)})" if source else ""
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -153,8 +153,8 @@ def format_report(report: dict[str, Any]) -> str:
     if report["torn_lines"]:
         lines.append(f"torn lines skipped: {report['torn_lines']}")
     lines += [f"not computed: {reason}" for reason in report["not_computed"]]
-    reasons = reasons_once(bounds)
-    lines += [f"bounded: {reason}" for reason in reasons]
+    reasons = reasons_once(bound["reason"] for bound in bounds.values())
+    lines += [f"bounded: {reason_text(reason)}" for reason in reasons]
     liveness = report.get("liveness")
     if liveness is not None and (report.get("running") or liveness["notes"]):
         lines.append(f"liveness rule: {liveness['rule']}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from megatron.trace.analysis.bounds import reasons_once
+from megatron.trace.analysis.reasons import reason_text, reasons_once
 from megatron.trace.render.text.report import bound_text
 from megatron.trace_format.semconv import (
     Category,
@@ -184,7 +184,8 @@ def summary_html(report: dict[str, Any]) -> str:
         for reason in report.get("not_computed", [])
     )
     notes += "".join(
-        f"<div class='note'>bounded: {html.escape(reason)}</div>" for reason in reasons_once(bounds)
+        f"<div class='note'>bounded: {html.escape(reason_text(reason))}</div>"
+        for reason in reasons_once(bound["reason"] for bound in bounds.values())
     )
     return f"<div class='summary'>{spans}</div>{notes}"
 

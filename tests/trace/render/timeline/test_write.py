@@ -19,6 +19,7 @@ from pictures_helpers import T0, S, Span, incarnation, resource, run_command, wr
 
 from megatron.trace.analysis.goodput import report_files
 from megatron.trace.analysis.liveness import Clock
+from megatron.trace.analysis.reasons import reason_text, reasons_once
 from megatron.trace.otlp.spans import span_source
 from megatron.trace.render.lanes import Lane
 from megatron.trace.render.timeline import page as timeline_page
@@ -191,8 +192,9 @@ def test_the_goodput_summary_is_the_report(tmp_path: Path) -> None:
     assert "goodput_s" not in bounds
     good = report["goodput_s"]
     assert f"goodput <b>{100 * good / wall:.1f} %</b> ({duration_text(good)})" in page
-    for reason in {bound["reason"] for bound in bounds.values()}:
-        assert f"<div class='note'>bounded: {html.escape(reason)}</div>" in page
+    for reason in reasons_once(bound["reason"] for bound in bounds.values()):
+        said = reason_text(reason)
+        assert f"<div class='note'>bounded: {html.escape(said)}</div>" in page
     fig = summary_figure(report)
     shares = {trace.name: trace.x[0] for trace in fig.data}
     assert shares["goodput"] == report["goodput_s"]

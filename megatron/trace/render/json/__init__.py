@@ -1,0 +1,1 @@
+"""The report as ``report --json`` prints it (:mod:`~megatron.trace.render.json.report`)."""
