@@ -87,12 +87,14 @@ def attr(span_: dict, key: str, value: Any) -> None:
     span_["attributes"].append({"key": key, "value": _value(value)})
 
 
-def line(spans: list[dict], rank: int = 0, pid: int = 100) -> str:
+def line(spans: list[dict], rank: int = 0, pid: int = 100, run: str = "run") -> str:
+    """One request line of a process (``rank``, ``pid``) of the job ``run`` names (its
+    ``service.instance.id`` is ``<run>-rank<N>``, as this trainer's)."""
     resource = {
         "attributes": [
             {"key": "dl.rank", "value": _value(rank)},
             {"key": "process.pid", "value": _value(pid)},
-            {"key": "service.instance.id", "value": _value(f"run{pid}-rank{rank}")},
+            {"key": "service.instance.id", "value": _value(f"{run}-rank{rank}")},
         ]
     }
     request = {
@@ -239,15 +241,21 @@ def lifecycle(
 
 
 def write(
-    path: Path, *incarnations: list[dict], rank: int = 0, per_line: int = 3, pid: int | None = None
+    path: Path,
+    *incarnations: list[dict],
+    rank: int = 0,
+    per_line: int = 3,
+    pid: int | None = None,
+    run: str = "run",
 ) -> Path:
     """Write incarnations (each a separate process, or all by process ``pid``: ``pretrain()``
-    called again in it, as an in-process restart does) to ``path``, a few spans per line."""
+    called again in it, as an in-process restart does) of the job ``run`` names to ``path``,
+    a few spans per line."""
     with path.open("a") as file:
         for position, spans in enumerate(incarnations):
             writer = pid if pid is not None else 100 + 10 * rank + position
             for i in range(0, len(spans), per_line):
-                file.write(line(spans[i : i + per_line], rank=rank, pid=writer) + "\n")
+                file.write(line(spans[i : i + per_line], rank=rank, pid=writer, run=run) + "\n")
     return path
 
 

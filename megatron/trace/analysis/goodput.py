@@ -35,6 +35,7 @@ from megatron.trace.analysis.windows import window_entries, window_iterations
 from megatron.trace.model.builder import load_trace
 from megatron.trace.model.identity import rank_value
 from megatron.trace.model.incarnation import Incarnation, Trace
+from megatron.trace.model.jobs import one_job
 from megatron.trace_format.errors import NoSpansError
 from megatron.trace_format.semconv import (
     BADPUT_CATEGORIES,
@@ -277,15 +278,19 @@ def _liveness_entry(incs: list[Incarnation], liveness: Liveness | None) -> dict[
 
 
 def report_files(
-    paths: Iterable[Path | str], clock: Clock | None = None, jobs: int | None = None
+    paths: Iterable[Path | str],
+    clock: Clock | None = None,
+    jobs: int | None = None,
+    job: str | None = None,
 ) -> Report:
     """Stream the files (several in ``jobs`` parallel processes) and build the report.
 
-    Raises ``TraceFileDamaged`` on damage. Whether the job is still running
-    is judged against ``clock`` (default: the system clock and the default
-    staleness bound).
+    Raises ``TraceFileDamaged`` on damage, and
+    :class:`~megatron.trace.model.jobs.SeveralJobsError` for files holding several jobs
+    unless ``job`` names one. Whether the job is still running is judged against
+    ``clock`` (default: the system clock and the default staleness bound).
     """
     paths = list(paths)
-    trace = load_trace(paths, jobs)
+    trace = one_job(load_trace(paths, jobs), job)
     liveness = judge(trace, paths, clock or Clock.system())
     return build_report(trace, liveness)

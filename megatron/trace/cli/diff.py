@@ -19,8 +19,16 @@ from megatron.trace.analysis.diff import build_diff
 from megatron.trace.analysis.gates import slower_gate
 from megatron.trace.analysis.goodput import build_report
 from megatron.trace.analysis.liveness import judge
-from megatron.trace.cli.options import add_command, answer, clock, percent, reading_on
+from megatron.trace.cli.options import (
+    add_command,
+    add_job_option,
+    answer,
+    clock,
+    percent,
+    reading_on,
+)
 from megatron.trace.model.builder import load_trace
+from megatron.trace.model.jobs import one_job
 from megatron.trace.render.text.diff import format_diff
 from megatron.trace_format.errors import NoSpansError, TraceInputError
 
@@ -58,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     for files, trace in zip((a_files, b_files), traces, strict=True):
         if not trace.ranks:
             raise NoSpansError(files)
+        trace = one_job(trace, args.job, ", ".join(map(str, files)))
         runs.append((files, trace, build_report(trace, judge(trace, files, clock(args)))))
     diff = build_diff(runs[0], runs[1])
     # judged before printing, so a gate that cannot judge (exit 2) prints nothing
@@ -106,6 +115,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--json", action="store_true", help="also print the diff as one JSON object, last"
     )
+    add_job_option(parser)
     parser.add_argument(
         "--fail-if-slower",
         type=percent,

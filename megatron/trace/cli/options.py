@@ -189,6 +189,19 @@ def add_command(
     return parser
 
 
+def add_job_option(parser: argparse.ArgumentParser) -> None:
+    """``--job NAME``: read one job of files that hold several
+    (:func:`~megatron.trace.model.jobs.one_job`)."""
+    parser.add_argument(
+        "--job",
+        default=None,
+        metavar="NAME",
+        help="when the files hold several jobs (two launches appended to one file, the "
+        "later not resumed from the earlier's checkpoints), read the one NAME names: a name "
+        "the error line gives, or any run id its launches carry",
+    )
+
+
 def exit_statuses(finding: str | None, gate: bool = False) -> str:
     """The help's epilog: every exit status a command can end with (``finding``: its 1;
     ``gate``: it has a gate, which cannot judge a figure not computed)."""

@@ -22,6 +22,7 @@ from megatron.trace.analysis.goodput import build_report
 from megatron.trace.analysis.liveness import judge
 from megatron.trace.cli.options import (
     add_command,
+    add_job_option,
     answer,
     clock,
     duration,
@@ -29,6 +30,7 @@ from megatron.trace.cli.options import (
     reading_on,
 )
 from megatron.trace.model.builder import load_trace
+from megatron.trace.model.jobs import one_job
 from megatron.trace.render.json.report import report_json
 from megatron.trace.render.text.report import format_report
 from megatron.trace_format.errors import NoSpansError
@@ -41,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         trace = load_trace(args.files, jobs, executor)
     if not trace.ranks:
         raise NoSpansError(args.files)
+    trace = one_job(trace, args.job)
     mtbf_s = args.mtbf / 1e9 if args.mtbf is not None else None
     liveness = judge(trace, args.files, clock(args))
     report = build_report(trace, liveness, window_ns=args.window, mtbf_s=mtbf_s)
@@ -67,6 +70,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--json", action="store_true", help="also print the report as one JSON object, last"
     )
+    add_job_option(parser)
     parser.add_argument(
         "--window",
         type=duration,

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from megatron.trace.cli.options import add_command, clock, reading_on, writing
+from megatron.trace.cli.options import add_command, add_job_option, clock, reading_on, writing
 from megatron.trace.render.timeline.write import write_timeline
 
 __all__ = ["add_parser", "run"]
@@ -30,12 +30,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "-o", "--output", type=Path, default=Path("timeline.html"), help="the page to write"
     )
+    add_job_option(parser)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``timeline`` for parsed arguments; returns the exit status."""
     with reading_on(args) as (jobs, executor), writing(args.output):
-        write_timeline(args.files, args.output, clock(args), jobs, executor)
+        write_timeline(args.files, args.output, clock(args), jobs, executor, args.job)
     print(f"timeline written to {args.output}")
     return 0

@@ -7,21 +7,10 @@ folder of the process its resource names, ``OUT/<job>/<rank>/``
 folder become one line there: a whole OTLP/JSON export request, as the
 OTLP file exporter and this project's own exporter write them.
 
-**The job** is the first of these the resource carries (:func:`job_id`):
-
-1. ``nemo.lens.job_uuid``: Megatron-LM's id of the logical job, the same on
-   every rank and across the job's Slurm requeues and torchelastic restarts
-   (its ``nemo.lens.run_uuid`` changes with each launch, so it is not used).
-   Off Slurm, Megatron-LM derives it from no job at all, and every such job
-   carries the same value (:data:`UNPLACED_JOB_UUID`): that value is passed
-   over;
-2. ``megatron.run_id`` (this project's trainer: ``MEGATRON_OTEL_RUN_ID``, else
-   Slurm's job id, else torchrun's rendezvous id);
-3. ``nemo.run.id`` (nemo-lens: ``MEGATRON_OTEL_RUN_ID``/``NEMO_LENS_RUN_ID``,
-   else Slurm's job id; else a random id per process);
-4. ``slurm.job.id``;
-5. ``service.instance.id`` less its ``-rank<N>`` (the SDK's default is a
-   random id per process).
+**The job** is the first of ``nemo.lens.job_uuid`` (but the one Megatron-LM gives every
+job off Slurm), ``megatron.run_id``, ``nemo.run.id``, ``slurm.job.id`` and
+``service.instance.id`` less its ``-rank<N>`` the resource carries (:func:`job_id`;
+the rule is :mod:`megatron.trace_format.jobs`'s, which the reader applies too).
 
 ``service.name`` is not one: every Megatron-LM job is ``megatron-lm``. A
 process that names none of these gets a folder of its own, ``process-<hash>``
@@ -66,15 +55,12 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace_format.errors import TraceInputError, TraceOutputError
+from megatron.trace_format.jobs import JOB_KEYS, UNPLACED_JOB_UUID, job_of
 from megatron.trace_format.semconv import (
     DL_RANK,
     HOST_NAME,
-    NEMO_LENS_JOB_UUID,
-    NEMO_RUN_ID,
     PROCESS_PID,
-    RUN_ID,
     SERVICE_INSTANCE_ID,
-    SLURM_JOB_ID,
 )
 
 __all__ = [
@@ -99,12 +85,6 @@ KINDS: dict[str, tuple[str, str]] = {
     "logs": ("resourceLogs", "logs.jsonl"),
 }
 
-#: The resource attributes naming a job, in the order they are tried (then
-#: ``service.instance.id`` less ``-rank<N>``).
-JOB_KEYS = (NEMO_LENS_JOB_UUID, RUN_ID, NEMO_RUN_ID, SLURM_JOB_ID)
-#: The ``nemo.lens.job_uuid`` Megatron-LM gives every job run outside Slurm (its UUID5 of
-#: ``nemo.lens.job/nocluster/nojob``): shared by unrelated jobs, so it names none.
-UNPLACED_JOB_UUID = "d2badfc7-0e4c-537b-b4ea-8785f79f8679"
 #: The longest folder name made from what a client sent.
 NAME_CHARS = 96
 #: The most folders one receiver's ``OUT`` holds by default (job and rank folders).
@@ -119,7 +99,6 @@ TAIL_BYTES = 16 << 20
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _HASHED = re.compile(r"-[0-9a-f]{12}$")
 _UNIDENTIFIED = "unidentified"
-_RANK_SUFFIX = re.compile(r"-rank\d+$")
 
 
 class FolderLimitError(TraceInputError):
@@ -158,17 +137,9 @@ def safe_name(text: str) -> str:
 
 def job_id(resource: Mapping[str, Any]) -> str | None:
     """The job the process of ``resource`` (OTLP/JSON) belongs to, as the module docstring
-    orders the attributes; ``None`` when it names none."""
-    attributes = _attributes(resource)
-    for key in JOB_KEYS:
-        value = attributes.get(key)
-        if value in (None, "") or (key == NEMO_LENS_JOB_UUID and value == UNPLACED_JOB_UUID):
-            continue
-        return str(value)
-    instance = attributes.get(SERVICE_INSTANCE_ID)
-    if instance not in (None, ""):
-        return _RANK_SUFFIX.sub("", str(instance)) or str(instance)
-    return None
+    orders the attributes (:func:`~megatron.trace_format.jobs.job_of`, which the reader
+    applies too); ``None`` when it names none."""
+    return job_of(_attributes(resource))
 
 
 def job_folder(resource: Mapping[str, Any]) -> str:

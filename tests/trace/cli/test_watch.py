@@ -341,11 +341,12 @@ def test_the_run_id_is_fixed_by_the_first_record_and_never_changes(tmp_path: Pat
     job = LiveJob([path])
     job.add_lines(follower.poll())
     first = job.snapshot(Clock(now_ns=5 * g.SECOND))
-    assert first is not None and first.run_id == "run100"
-    g.write(path, g.lifecycle(0, kill_after=1)[2:], g.lifecycle(60, first=4))  # a second process
+    assert first is not None and first.run_id == "run"
+    g.write(path, g.lifecycle(0, kill_after=1)[2:])
+    g.write(path, g.lifecycle(60, first=4), pid=101, run="run101")  # a process saying another
     job.add_lines(follower.poll())
     later = job.snapshot(Clock.at(LATER))
-    assert later is not None and later.run_id == "run100"
+    assert later is not None and later.run_id == "run"
     given = LiveJob([path], run_id="pretrain-7b")
     given.add_lines(Follower([path]).poll())
     assert given.snapshot(Clock.at(LATER)).run_id == "pretrain-7b"  # type: ignore[union-attr]
@@ -368,7 +369,7 @@ def test_a_kill_lowers_the_goodput_gauge_and_no_counter(tmp_path: Path) -> None:
 
     def scrape() -> dict[str, float]:
         text = prometheus_client.generate_latest(registry).decode()
-        series = r'^(megatron_training_\w+)\{rank="0",run_id="run100"\} (\S+)$'
+        series = r'^(megatron_training_\w+)\{rank="0",run_id="run"\} (\S+)$'
         return {name: float(value) for name, value in re.findall(series, text, re.M)}
 
     running = scrape()

@@ -31,6 +31,7 @@ from megatron.trace.analysis.liveness import Clock, judge, utc_text
 from megatron.trace.model.builder import load_trace
 from megatron.trace.model.incarnation import Incarnation, Trace
 from megatron.trace.model.intervals import IntervalFacts
+from megatron.trace.model.jobs import one_job
 from megatron.trace.otlp.spans import FileSpans, reading
 from megatron.trace.render.lanes import Lane, LaneIndex
 from megatron.trace.render.timeline.ranks import RankSeries, rank_series
@@ -172,6 +173,7 @@ def collect(
     clock: Clock | None = None,
     jobs: int | None = None,
     executor: Executor | None = None,
+    job: str | None = None,
 ) -> Timeline:
     """Read the spans in one pass into the trace model, then into bars and lane summaries.
 
@@ -181,7 +183,7 @@ def collect(
     (against ``clock``, default the system clock; the heartbeat is read
     beside ``files``).
     """
-    trace = _read(source, jobs, executor)
+    trace = one_job(_read(source, jobs, executor), job)
     liveness = judge(trace, [Path(f) for f in files or []], clock or Clock.system())
     index = LaneIndex(trace)
     summaries = [

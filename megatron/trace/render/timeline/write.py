@@ -76,6 +76,7 @@ def write_timeline(
     clock: Clock | None = None,
     jobs: int | None = None,
     executor: Executor | None = None,
+    job: str | None = None,
 ) -> Timeline:
     """Draw the spans of ``paths`` as the timeline page at ``output``; returns what was drawn.
 
@@ -83,14 +84,17 @@ def write_timeline(
     :class:`~megatron.trace_format.errors.NoSpansError` for files without a span, and
     the reader's errors for a missing or damaged file; ``output`` is then untouched.
     The files are read in ``jobs`` processes, or on ``executor`` (any
-    ``concurrent.futures.Executor``: a Dask cluster's, say).
+    ``concurrent.futures.Executor``: a Dask cluster's, say). Files that hold several jobs
+    are drawn one job at a time: ``job`` names it
+    (:func:`~megatron.trace.model.jobs.one_job`).
     """
     try:
         import plotly  # noqa: F401
     except ImportError:
         raise MissingExtraError("timeline", "plotly") from None
     files = [Path(path) for path in paths]
-    timeline = collect(span_source(files), [str(path) for path in files], clock, jobs, executor)
+    source = span_source(files)
+    timeline = collect(source, [str(path) for path in files], clock, jobs, executor, job)
     if not timeline.lanes:
         raise NoSpansError(files)
     write_page(timeline, output)

@@ -1,0 +1,81 @@
+"""Two jobs in one file are never read as one (``model/jobs.py``): the collector's file
+exporter writes every job into one file unless its ``group_by`` is set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import tracegen as g
+
+from megatron.trace.cli.main import main
+from megatron.trace.model.builder import load_trace
+from megatron.trace.model.jobs import SeveralJobsError, jobs_in, one_job
+
+
+def _two_jobs(path: Path) -> Path:
+    """Job "a" (killed, then resumed and finished), then job "b" started afresh."""
+    g.write(path, g.lifecycle(0, kill_after=1), g.lifecycle(20, first=6, load=6), run="a")
+    return g.write(path, g.lifecycle(60), pid=300, run="b")
+
+
+def _report(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main(["report", "--json", *argv]) == 0
+    return json.loads(capsys.readouterr().out.splitlines()[-1])
+
+
+def test_two_jobs_in_one_file_are_named_in_one_line_and_read_one_at_a_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _two_jobs(tmp_path / "collector.jsonl")
+    assert main(["report", str(path)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        "megatron-trace report: error: the files hold 2 jobs, the later not resumed from the "
+        "earlier's checkpoints: a (2 incarnations from 1970-01-01T00:00:00Z); b (1 "
+        "incarnation from 1970-01-01T00:01:00Z); name one with --job a"
+    )
+    # each job read alone gives what its own file would
+    for job, alone in (("a", [0, 20]), ("b", [60])):
+        (tmp_path / job).mkdir()
+        own = tmp_path / job / "traces.jsonl"
+        if job == "a":
+            g.write(own, g.lifecycle(0, kill_after=1), g.lifecycle(20, first=6, load=6), run="a")
+        else:
+            g.write(own, g.lifecycle(60), pid=300, run="b")
+        picked = _report(capsys, str(path), "--job", job, "--now", "1000")
+        expected = _report(capsys, str(own), "--now", "1000")
+        assert len(picked["incarnations"]) == len(alone)
+        for key in ("accounting_ns", "incarnations", "bounds", "wasted_iterations"):
+            assert picked[key] == expected[key], key
+    assert main(["report", str(path), "--job", "c"]) == 2
+    assert capsys.readouterr().err.strip().endswith("hold no such job; valid are a, b")
+    assert main(["timeline", str(path), "-o", str(tmp_path / "t.html")]) == 2
+    assert "hold 2 jobs" in capsys.readouterr().err
+    assert main(["diff", str(path), str(path), "--job", "b"]) == 0
+
+
+def test_a_resumed_job_stays_one_job_whatever_its_launches_run_ids(tmp_path: Path) -> None:
+    """This trainer's launches carry different run ids without MEGATRON_OTEL_RUN_ID or Slurm
+    (torchrun's default rendezvous): resumed from the earlier's checkpoint, one job; a
+    launch killed in its startup, before its load was written, goes with the one after."""
+    path = tmp_path / "traces.jsonl"
+    g.write(path, g.lifecycle(0, kill_after=1), run="first")
+    g.write(path, g.lifecycle(20, intervals=0)[:1], pid=200, run="second")  # its imports only
+    g.write(path, g.lifecycle(30, first=6, load=6), pid=300, run="third")
+    trace = load_trace([path])
+    (job,) = jobs_in(trace)
+    assert job.ids == ("first", "second", "third")
+    assert one_job(trace) is trace
+
+
+def test_a_restart_afresh_with_the_same_run_id_is_the_same_job(tmp_path: Path) -> None:
+    """Without --save a restart starts at iteration 0: the same run id keeps it the job's."""
+    path = g.write(tmp_path / "traces.jsonl", g.lifecycle(0, kill_after=1), g.lifecycle(20))
+    assert len(jobs_in(load_trace([path]))) == 1
+
+
+def test_several_jobs_are_an_error_of_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(SeveralJobsError, match="hold 2 jobs"):
+        one_job(load_trace([_two_jobs(tmp_path / "t.jsonl")]))
