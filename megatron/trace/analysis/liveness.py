@@ -173,7 +173,7 @@ def judge(trace: Trace, trace_files: Sequence[Path | str], clock: Clock) -> Live
         if clock.now_ns - newest > clock.stale_after_ns:
             if inc.ending_unsure and beat is not None and beat.running:
                 # nothing left to train would have shut its telemetry down: it was killed
-                inc.ended, inc.ending_unsure = "killed", False
+                inc.ended, inc.ending_unsure, inc.resume_range = "killed", False, None
             continue
         mark_running(inc, newest)
         if beat is None:
@@ -248,6 +248,7 @@ def mark_running(inc: Incarnation, as_of_ns: int) -> None:
     marks the incarnations the files show alive; the trainer's live gauges
     (:mod:`megatron.trace.live.process`) mark their own, which they know is running."""
     inc.ended = "running"
+    inc.resume_range = None  # where a running one resumed is judged on what it shows so far
     inc.as_of_ns = as_of_ns
     inc.end_ns = max(inc.end_ns, as_of_ns)
     inc.in_flight = _in_flight(inc, as_of_ns)

@@ -70,7 +70,17 @@ def _saved(inc: Incarnation) -> list[int]:
 
 def resume_ranges(incs: list[Incarnation]) -> list[Resumed]:
     """Per incarnation of one rank (in time order), the range the files put its resume
-    point in (module doc)."""
+    point in (module doc): worked out once per rank, kept on its incarnations
+    (:attr:`Incarnation.resume_range`) for the sightings, the bounds and the report alike."""
+    if incs and all(inc.resume_range is not None for inc in incs):
+        return [inc.resume_range for inc in incs]  # type: ignore[misc]
+    ranges = _work_ranges(incs)
+    for inc, found in zip(incs, ranges, strict=True):
+        inc.resume_range = found
+    return ranges
+
+
+def _work_ranges(incs: list[Incarnation]) -> list[Resumed]:
     loads_unrecorded = _no_load_recorded(incs) or any(
         not inc.loads and (inc.first_iteration or 0) > 0 for inc in incs
     )

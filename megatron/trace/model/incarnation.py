@@ -122,6 +122,9 @@ class Incarnation:
     #: whether ``shutdown`` is a guess: it wrote its startup and nothing of its loop, resumed
     #: where a clean end left off (nothing left to train, or killed in its first iteration)
     ending_unsure: bool = field(default=False, repr=False, compare=False)
+    #: (lower, upper) of the iteration it resumed from, worked out once for its rank by the
+    #: analysis (``megatron.trace.analysis.resumed``); None: not yet, or judged again since
+    resume_range: tuple[int, int | None] | None = field(default=None, repr=False, compare=False)
     checkpoint_time: Stretches = field(default_factory=lambda: Stretches())
     goodput_time: Stretches = field(default_factory=lambda: Stretches())
     finalize_starts: array = field(default_factory=lambda: array("q"))
