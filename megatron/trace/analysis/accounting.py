@@ -125,8 +125,13 @@ def read_segments(spans: Iterable[tuple[int, int, str]]) -> list[tuple[int, int,
 
 def _worked_segments(inc: Incarnation) -> list[tuple[int, int, str]]:
     """The segments of the incarnation worked out rather than read from a span: a running
-    one's open interval (or startup) so far, and its hang."""
+    one's open interval (or startup) so far, the startup phases of one killed before its
+    ``megatron.startup`` was written, and its hang."""
     segments = read_segments(extents([inc.in_flight] if inc.in_flight is not None else []))
+    if inc.startup is None:  # killed in its startup: the phases it exported were startup
+        segments += [
+            (start, end, Category.STARTUP) for start, end, _ in extents(inc.startup_phases)
+        ]
     lost = _lost_interval(inc)
     if lost is not None:
         segments.append((*lost, Category.GOODPUT))
