@@ -67,10 +67,9 @@ from megatron.trace_format.semconv import Category
 
 __all__ = [
     "HIDDEN",
-    "failures_bound",
+    "advice_bounds",
     "furthest_waste",
     "report_bounds",
-    "restart_may_hide",
     "window_bounds",
 ]
 
@@ -84,7 +83,11 @@ HIDDEN = (
     Category.CHECKPOINT_LOAD,
 )
 
-_LOWER = Clause("a lower bound")
+# Why a count is a lower bound only because a restart may hide between incarnations.
+_UNSEEN_LOWER = Clause(
+    "a lower bound: a restart killed before its first export leaves no record, and the time "
+    "between incarnations may hold one: what it did is not counted"
+)
 # Why a count is a lower bound where a restart may hide between incarnations.
 _UNSEEN_RESTART = Clause(
     "a restart killed before its first export leaves no record, and the time between "
@@ -275,12 +278,26 @@ def _rank_tail(incs: list[Incarnation], accounting: dict[str, Any]) -> _Tail:
     other = accounting["totals_ns"][Category.OTHER] if killed else 0
     spare_of = {
         category: other
-        + sum(u.successor - u.start + u.doubt for u in unseen if category in u.hidden)
+        + sum(u.successor - _from(u, category) + u.doubt for u in unseen if category in u.hidden)
         for category in HIDDEN
     }
     open_end = bool(incs) and _ends_open(incs[-1])
     redone = sum(u.redone[1] - u.redone[0] for u in unseen)
     return _Tail(gap, alive, doubt, gap + doubt + other, spare_of, open_end, unseen, redone)
+
+
+def _from(unseen: _Unseen, category: str) -> int:
+    """Where the stretch may begin to hold ``category``. Until the incarnation before it
+    was last seen alive (its metric points), the stretch is its own: past its startup when
+    the file holds its ``megatron.startup`` (its startup and load were over), still in it
+    when neither that nor its metric points show it training. A restart that left no
+    record came after, and may hold anything."""
+    inc = unseen.inc
+    own = category in (Category.STARTUP, Category.CHECKPOINT_LOAD)
+    in_startup = inc.startup is None and (inc.sighting is None or completed(inc) is None)
+    if (own and inc.startup is not None) or (not own and in_startup):
+        return unseen.seen
+    return unseen.start
 
 
 def _guessed(incs: list[Incarnation], accounting: dict[str, Any]) -> tuple[int, list[int]]:
@@ -599,22 +616,39 @@ def _count_bounds(
     if report.get("stragglers") is not None and (job_killed or hidden):
         why = Clause("a lower bound: the iterations a kill kept from the file are not compared")
         bound("straggler_s", report["straggler_s"], None,
-              Reason((why,) if job_killed else (_LOWER, _UNSEEN_RESTART)))  # fmt: skip
+              Reason((why if job_killed else _UNSEEN_LOWER,)))  # fmt: skip
 
 
-def restart_may_hide(incs: list[Incarnation], accounting: dict[str, Any]) -> bool:
-    """Whether a restart killed before its first export may hide between the rank's
-    incarnations: a stretch between two of them that no record covers."""
-    return bool(_unseen(incs, accounting))
-
-
-def failures_bound(failures: int, hidden: bool) -> dict[str, dict[str, Any]]:
-    """``checkpoint_advice.failures``'s bound: at least the failures the files show, where a
-    restart killed before its first export may hide between the job rank's incarnations."""
-    if not hidden:
+def advice_bounds(advice: dict[str, Any], incs: list[Incarnation], accounting: dict[str, Any]):
+    """The checkpoint advice's measured figures where a restart killed before its first
+    export may hide between the job rank's incarnations: its failure (at least the
+    failures the files show), its life (the time run, at most the unattributed time more),
+    and so the mean time between failures (at most the larger of what the files show and
+    that time over one failure more) and the mean restart (at most what the files show: the
+    same restart time over more restarts)."""
+    unseen = _unseen(incs, accounting)
+    if not unseen:
         return {}
-    reason = Reason((_LOWER, _UNSEEN_RESTART))
-    return {"checkpoint_advice.failures": {"lower": failures, "upper": None, "reason": reason}}
+    gap = sum(u.successor - u.start for u in unseen)
+    reason = Reason.of(
+        "the failures and the time run are at least, the mean time between failures and "
+        "the restart at most what the files show: a restart killed before its first export "
+        "leaves no record, and the time between incarnations may hold one, with its failure, "
+        "the time it ran and its restart"
+    )
+    found = {
+        "failures": (advice["failures"], None),
+        "run_s": (advice["run_s"], seconds(round(advice["run_s"] * 1e9) + gap)),
+    }
+    if advice["mtbf_source"] == "observed" and advice["mtbf_s"] is not None:
+        more = (advice["run_s"] + gap / 1e9) / (advice["failures"] + 1)
+        found["mtbf_s"] = (None, max(advice["mtbf_s"], math.ceil(more * 1e6) / 1e6))
+    if advice["restart_s"] is not None:
+        found["restart_s"] = (None, advice["restart_s"])
+    return {
+        f"checkpoint_advice.{key}": {"lower": lower, "upper": upper, "reason": reason}
+        for key, (lower, upper) in found.items()
+    }
 
 
 def window_bounds(
@@ -716,7 +750,7 @@ def _wasted_reason(killed: list[int], shown: Iterable[Shown] = (), hidden: bool 
     if killed:
         return Reason((_lower_count(killed), *[_UNSEEN_RESTART] * hidden), tuple(shown))
     if hidden:
-        return Reason((_LOWER, _UNSEEN_RESTART))
+        return Reason((_UNSEEN_LOWER,))
     return Reason.of(
         "a lower bound: an interval closed at an exception or signal counts the iteration in "
         "flight (which may not have finished), or an interval's iteration range is not known "

@@ -17,10 +17,9 @@ from typing import Any
 
 from megatron.trace.analysis.accounting import rank_accounting, seconds
 from megatron.trace.analysis.bounds import (
-    failures_bound,
+    advice_bounds,
     furthest_waste,
     report_bounds,
-    restart_may_hide,
     window_bounds,
 )
 from megatron.trace.analysis.checkpoint_advice import checkpoint_advice
@@ -179,9 +178,7 @@ def build_report(
         iterations["median_ms"] if iterations is not None else None,
         mtbf_s,
     )
-    report["bounds"].update(
-        failures_bound(report["checkpoint_advice"]["failures"], restart_may_hide(incs, accounting))
-    )
+    report["bounds"].update(advice_bounds(report["checkpoint_advice"], incs, accounting))  # type: ignore[arg-type]
     if window_ns is not None:
         windows = accounting["windows_ns"]
         report["windows"] = {

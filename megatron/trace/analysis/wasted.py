@@ -83,8 +83,8 @@ def _wasted(
 ) -> tuple[int | None, int | None, bool]:
     """(window start ns, wasted iterations, exact?) for one incarnation; its metric points
     count past ``shown_past`` (:func:`_placed`; None: they do not count)."""
-    if horizon is None:
-        return None, 0, True
+    if horizon is None:  # nothing lost, as far as its spans show (a guessed clean end: a guess)
+        return None, 0, not inc.ending_unsure
     start = inc.iterations.start_of(horizon) if inc.iterations else None
     if start is None:
         # the interval boundary where iteration `horizon` began (or would have)

@@ -110,7 +110,7 @@ def test_the_text_says_one_save_and_one_failure_in_the_singular(tmp_path: Path, 
     (line,) = [
         x for x in capsys.readouterr().out.splitlines() if x.startswith("checkpoint interval:")
     ]
-    assert " s (1 save), 1 failure in " in line, line
+    assert " s (1 save), ≥ 1 failure in " in line, line  # a restart between: at least
 
 
 def test_the_text_says_the_figures_and_each_interval(tmp_path: Path, capsys) -> None:
@@ -118,8 +118,10 @@ def test_the_text_says_the_figures_and_each_interval(tmp_path: Path, capsys) -> 
     assert main(["report", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("checkpoint interval:"))
-    assert "save 0.250 s (120 saves), 3 failures in" in lines[head]
-    assert "(observed)" in lines[head]
+    # restarts between the incarnations may hide more failures: the figures the files show
+    # are bounds (at least 3 failures, the mean time between them at most what they say)
+    assert "save 0.250 s (120 saves), ≥ 3 failures in" in lines[head]
+    assert "mean time between failures ≤ " in lines[head] and "(observed)" in lines[head]
     assert [line.split()[0] for line in lines[head + 1 : head + 5]] == [
         "now",
         "young",
