@@ -255,16 +255,16 @@ def _may_hold(inc: Incarnation, resumed: int, horizon: int | None) -> frozenset[
 
 
 class _Tail(NamedTuple):
-    """What a rank's killed incarnations leave unattributed, in ns."""
+    """What the stretches between a rank's incarnations leave unattributed, in ns."""
 
-    gap: int  # between their last records and their successors' starts
+    gap: int  # between the incarnations' last records and their successors' starts
     alive: int  # the part of it their metric points show them alive
     doubt: int  # booked as wasted progress from their metric points: a save in flight?
     spare: int  # what a category may hold beyond its figure, at most
     #: per category of :data:`HIDDEN`, what it may hold beyond its figure (:func:`_may_hold`)
     spare_of: dict[str, int]
     open_end: bool  # whether the last incarnation's end is unknown (:func:`_ends_open`)
-    unseen: list[_Unseen]  # each killed incarnation's, that these sum
+    unseen: list[_Unseen]  # each stretch between incarnations, that these sum
     redone: int  # the goodput booked that may have been redone (:func:`_redone`)
 
 
