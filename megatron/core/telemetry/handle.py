@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 from megatron.core.telemetry import state
 from megatron.core.telemetry._signals import start_daemon_thread
 from megatron.core.telemetry.jsonl import ExportFailures
-from megatron.core.telemetry.processors import OpenSpanTracker
+from megatron.core.telemetry.processors import OpenSpanTracker, SpanStamp
 from megatron.core.telemetry.tally import SpanTally
 
 __all__ = ["TelemetryHandle"]
@@ -98,6 +98,7 @@ class TelemetryHandle:
         # thread is inside it; the nested call then sees the flag and returns.
         self._lock = threading.RLock()
         self._is_shut_down = False
+        self._stamp: SpanStamp | None = None
 
     def __repr__(self) -> str:
         return (
@@ -118,6 +119,23 @@ class TelemetryHandle:
         """
         tracker = self._tracker
         return tracker.innermost() if tracker is not None else None
+
+    def stamp_spans(self, attributes: Mapping[str, Any]) -> None:
+        """Set ``attributes`` on every span started from now on (replacing what an
+        earlier call set): the spans' own say of what the resource cannot, since it is
+        fixed while the providers live (the cycle of an in-process restart). Nothing
+        when not exporting or with traces off; never raises."""
+        provider = self._tracer_provider
+        if provider is None or not self._owns_pipeline():
+            return
+        try:
+            if self._stamp is None:
+                self._stamp = SpanStamp(attributes)
+                provider.add_span_processor(self._stamp)
+            else:
+                self._stamp.attributes = dict(attributes)
+        except Exception:
+            _logger.warning("Could not stamp the spans with %s", dict(attributes), exc_info=True)
 
     def _owns_pipeline(self) -> bool:
         # A forked child inherits the handle but not the right to export:

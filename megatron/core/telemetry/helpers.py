@@ -8,6 +8,12 @@ every layer and microbatch, so when its group is off it must cost one
 Telemetry must never break training, so failures inside OpenTelemetry
 (starting, annotating or ending a span) are logged and swallowed; only the
 body's own exceptions propagate, unchanged.
+
+An exception that unwinds through several spans (a fault in a forward pass
+ends the forward-backward span, the iteration and the checkpoint interval) is
+recorded once, as the OpenTelemetry ``exception`` event with its traceback, on
+the first span it ends, where it was raised (:func:`record_exception_once`);
+every span it ends has ERROR status and its message.
 """
 
 from __future__ import annotations
@@ -51,6 +57,22 @@ def is_clean_exit(exc: BaseException) -> bool:
     return isinstance(exc, SystemExit) and (
         exc.code is None or (isinstance(exc.code, int) and exc.code == 0)
     )
+
+
+#: Set in an exception's ``__dict__`` once a span holds its ``exception`` event.
+_RECORDED = "_megatron_telemetry_recorded"
+
+
+def record_exception_once(span: Any, exc: BaseException) -> None:
+    """Record ``exc`` as ``span``'s ``exception`` event, unless a span already holds it.
+
+    Exceptions take no weak references, so the mark is an entry in the exception's
+    own ``__dict__`` (never shown by its repr or traceback).
+    """
+    if vars(exc).get(_RECORDED):
+        return
+    span.record_exception(exc)
+    vars(exc)[_RECORDED] = True
 
 
 class _NoSpan:
@@ -126,7 +148,7 @@ class _SpanScope:
         self._span = None
         try:
             if exc is not None and self._record_exception and not is_clean_exit(exc):
-                span.record_exception(exc)
+                record_exception_once(span, exc)
                 span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
         except Exception:
             _logger.warning("Could not record an exception on span %r", self._name, exc_info=True)

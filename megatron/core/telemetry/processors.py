@@ -44,6 +44,7 @@ __all__ = [
     "BatchSettings",
     "OpenSpanTracker",
     "RootFlushingBatchSpanProcessor",
+    "SpanStamp",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -135,6 +136,31 @@ class OpenSpanTracker(SpanProcessor):
     def _forget_in_child(self) -> None:
         # The parent's open spans are the parent's to end and export.
         self._open = {}
+
+
+class SpanStamp(SpanProcessor):
+    """Sets the same attributes on every span as it starts, until they are replaced.
+
+    For what a resource cannot say because it changes while the providers live: the
+    cycle of an in-process restart, whose spans share the process's providers
+    (:meth:`~megatron.core.telemetry.handle.TelemetryHandle.stamp_spans`). One
+    ``set_attributes`` per span; a provider without one pays nothing.
+    """
+
+    def __init__(self, attributes: Mapping[str, object]) -> None:
+        self.attributes = dict(attributes)
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        span.set_attributes(self.attributes)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
 
 
 @dataclass(frozen=True)

@@ -289,3 +289,21 @@ def test_managed_span_attributes_are_redacted(exporter: InMemorySpanExporter) ->
         pass
     (finished,) = exporter.get_finished_spans()
     assert dict(finished.attributes) == {"password": "[REDACTED]", "rank": 0}
+
+
+def test_an_exception_through_nested_spans_is_recorded_once_on_the_innermost(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """Its traceback once, where it was raised; every span it ended says ERROR."""
+    error = RuntimeError("injected fault")
+    with pytest.raises(RuntimeError), managed_span("step", "outer"), managed_span("layer", "inner"):
+        raise error
+    inner, outer = exporter.get_finished_spans()
+    assert [event.name for event in inner.events] == ["exception"]
+    assert outer.events == ()
+    assert inner.status.status_code is outer.status.status_code is StatusCode.ERROR
+    assert outer.status.description == "RuntimeError: injected fault"
+    # a second exception object is a fault of its own, recorded again
+    with pytest.raises(RuntimeError), managed_span("step", "again"):
+        raise RuntimeError("injected fault")
+    assert [event.name for event in exporter.get_finished_spans()[-1].events] == ["exception"]

@@ -387,3 +387,22 @@ def test_reader_decodes_attributes() -> None:
             {"key": "b", "value": {"arrayValue": {"values": [{"boolValue": True}]}}},
         ]
     ) == {"a": 5, "b": [True]}
+
+
+def test_stamped_attributes_go_on_every_span_started_after(make_handle: Make) -> None:
+    """What the resource cannot say because it changes while the providers live (an
+    in-process restart's cycle) is set on each span as it starts, until replaced."""
+    exporter = InMemorySpanExporter()
+    handle = make_handle(enabled_config(exporter="none"), span_exporter=exporter)
+    handle.tracer.start_span("before").end()
+    handle.stamp_spans({"nvrx.inprocess.iteration": 0})
+    open_across = handle.tracer.start_span("across")
+    handle.stamp_spans({"nvrx.inprocess.iteration": 1})
+    handle.tracer.start_span("after").end()
+    open_across.end()
+    cycles = {
+        s.name: s.attributes.get("nvrx.inprocess.iteration") for s in exporter.get_finished_spans()
+    }
+    assert cycles == {"before": None, "across": 0, "after": 1}
+    off = make_handle(TelemetryConfig())
+    off.stamp_spans({"nvrx.inprocess.iteration": 0})  # not exporting: nothing to stamp
