@@ -98,6 +98,7 @@ __all__ = [
     "NEMO_LENS_RUN_UUID",
     "NEMO_RUN_ID",
     "NVRX_CYCLE",
+    "NVRX_INPROCESS_ITERATION",
     "OPTIMIZER_SPAN",
     "PRE_STARTUP_SPAN",
     "PROCESS_PID",
@@ -107,6 +108,7 @@ __all__ = [
     "SERVICE_INSTANCE_ID",
     "SERVICE_NAME",
     "SHUTDOWN_REASON",
+    "SHUTDOWN_REASON_INPROCESS_RESTART",
     "SLURM_JOB_ID",
     "SLURM_RESTART_COUNT",
     "SPAN_CATEGORY",
@@ -117,6 +119,7 @@ __all__ = [
     "STARTUP_DATALOADER_SPAN",
     "STARTUP_IMPORTS_SPAN",
     "STARTUP_INITIALIZE_SPAN",
+    "STARTUP_INPROCESS_SETUP_SPAN",
     "STARTUP_MODEL_INIT_SPAN",
     "STARTUP_PHASE_PREFIX",
     "STARTUP_SPAN",
@@ -167,6 +170,10 @@ STARTUP_IMPORTS_SPAN = "megatron.startup.imports"
 STARTUP_ARG_PARSE_SPAN = "megatron.startup.arg_parse"
 #: Child of startup: ``pretrain()`` to the distributed setup done.
 STARTUP_INITIALIZE_SPAN = "megatron.startup.initialize_megatron"
+#: Child of startup, under an in-process restart: ``pretrain()``'s own setup for the
+#: cycle (the rendezvous store of its restart iteration), before the distributed setup.
+#: Megatron-LM's name.
+STARTUP_INPROCESS_SETUP_SPAN = "megatron.startup.inprocess_setup"
 #: Child of startup: building the model and optimizer (and loading a checkpoint).
 STARTUP_MODEL_INIT_SPAN = "megatron.startup.model_init"
 #: Child of startup: building the data iterators.
@@ -255,6 +262,10 @@ HANG_STACKS = "megatron.hang.stacks"
 #: ``exception``, ``interrupt`` (a ``KeyboardInterrupt``: Ctrl-C) or ``signal``
 #: (a hard SIGTERM or SIGHUP). Ours.
 SHUTDOWN_REASON = "megatron.shutdown.reason"
+#: ``megatron.shutdown.reason`` of a cycle an in-process restart ended: the fault (the
+#: exception beside it in ``error.type``) ended this ``pretrain()`` and NVRx calls it
+#: again in the same process, with telemetry still up. Ours.
+SHUTDOWN_REASON_INPROCESS_RESTART = "inprocess_restart"
 #: Beside it: OpenTelemetry's ``error.type``, the exception's class (as the SDK's
 #: ``exception.type`` names it) or the signal's name (``SIGTERM``).
 ERROR_TYPE = "error.type"
@@ -484,6 +495,11 @@ HOST_NAME = "host.name"
 SLURM_RESTART_COUNT = "slurm.restart_count"
 #: NVIDIA Resiliency Extension's restart cycle, where it runs the job.
 NVRX_CYCLE = "nvrx.cycle"
+#: On every span of an in-process restart's cycle: NVRx's restart iteration
+#: (``inprocess.CallWrapper.iteration``, 0 for the first call of ``pretrain()``, the
+#: count Megatron-LM's ``--inprocess-max-iterations`` limits). A span attribute, since
+#: the process's resource stays the same across its cycles. Ours.
+NVRX_INPROCESS_ITERATION = "nvrx.inprocess.iteration"
 #: The writing process's global rank.
 DL_RANK = "dl.rank"
 #: Megatron's ``--log-interval``, where a job's resource (or its startup span) records it:

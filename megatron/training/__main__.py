@@ -13,6 +13,13 @@ checkpoint) end as one ``megatron-pretrain: error: ...`` line and exit status
 2, like the argument errors argparse reports; everything else keeps its
 traceback.
 
+With ``--inprocess-restart`` the command runs ``pretrain()`` under NVIDIA
+Resiliency Extension's in-process restart
+(:mod:`megatron.training.inprocess_restart`); when ``--inprocess-max-iterations``
+cycles all ended by a fault it ends with one ``megatron-pretrain: error: ...``
+line naming the limit and the last fault, and exit status 1 (each fault's
+traceback is in the log above it, where NVRx reported it).
+
 Two ways of ending belong to the command, not to ``pretrain()``, so a library
 caller gets neither: an early exit (``--exit-interval``...) is a returned
 ``exit_reason`` that becomes exit status 0 here, and a Ctrl-C (SIGINT) is one
@@ -28,6 +35,7 @@ PROGRAM_START = time.time()
 
 import _signal  # noqa: E402  (the C functions under signal's Python wrappers: see main)
 import sys  # noqa: E402
+import warnings  # noqa: E402
 from types import TracebackType  # noqa: E402
 
 from megatron.training.requirements import missing_for_trainer  # noqa: E402
@@ -38,11 +46,17 @@ if (_missing := missing_for_trainer()) is not None:
     sys.stderr.write(f"megatron-pretrain: error: {_missing}\n")  # one write: see print_lines
     sys.exit(2)
 
+# NVIDIA Resiliency Extension (the inprocess extra) installs the deprecated pynvml
+# package, whose import (torch.cuda makes it) warns on every run: noise to a user of
+# this command, who did not install it directly.
+warnings.filterwarnings("ignore", "The pynvml package is deprecated", FutureWarning)
+
 from megatron.core.telemetry import TelemetryConfigError  # noqa: E402
 from megatron.core.telemetry.logs import print_lines  # noqa: E402
 from megatron.training.arguments import PROG, parse_args  # noqa: E402
 from megatron.training.checkpointing import CheckpointError  # noqa: E402
-from megatron.training.training import pretrain  # noqa: E402
+from megatron.training.job_config import JobConfig  # noqa: E402
+from megatron.training.training import TrainingResult, pretrain  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,11 +71,14 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(1)
     replaced = _interrupt_once()
     try:
-        result = pretrain(config, program_start=PROGRAM_START, main_entry=main_entry)
+        result = _run(config, main_entry)
     except (CheckpointError, TelemetryConfigError) as exc:
         # As the argument errors say it (arguments._Parser.error): one line, and the pointer.
         print_lines(f"{PROG}: error: {exc}\nSee '{PROG} --help' for every flag.", sys.stderr)
         sys.exit(2)
+    except _restarts_exhausted() as exc:
+        print_lines(f"{PROG}: error: {exc}", sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:
         # A second Ctrl-C from here on must not interrupt the line nor an atexit callback:
         # the handler becomes one that does nothing (SIG_IGN would have a signal that
@@ -81,6 +98,24 @@ def main(argv: list[str] | None = None) -> None:
         from megatron.trace.render.timeline.write import write_beside_trace
 
         write_beside_trace(result.trace_file)
+
+
+def _run(config: JobConfig, main_entry: float) -> TrainingResult:
+    """``pretrain()``, under NVRx's in-process restart when ``--inprocess-restart`` asks."""
+    if not config.inprocess.inprocess_restart:
+        return pretrain(config, program_start=PROGRAM_START, main_entry=main_entry)
+    from megatron.training.inprocess_restart import run_with_inprocess_restart
+
+    return run_with_inprocess_restart(
+        pretrain, config, program_start=PROGRAM_START, main_entry=main_entry
+    )
+
+
+def _restarts_exhausted() -> type[BaseException] | tuple[()]:
+    """The error an in-process restart ends with at its cycle limit (none when its module,
+    which imports nothing of NVRx itself, was never imported: no such run)."""
+    module = sys.modules.get("megatron.training.inprocess_restart")
+    return () if module is None else module.RestartsExhausted
 
 
 def _interrupt_once() -> object:

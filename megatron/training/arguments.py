@@ -34,11 +34,22 @@ Notes on choices that differ from, or are not covered by, upstream:
   (over twenty lines here) buried the one line that matters.
 * ``--exit-duration-in-mins`` takes a float (upstream: int), so a test can ask
   for seconds.
+* The ``--inprocess-*`` flags are Megatron-LM's (``_add_inprocess_restart_args``),
+  same names, defaults and meanings, checked here against the orderings NVIDIA
+  Resiliency Extension's ``inprocess.Wrapper`` requires (a soft timeout under the
+  hard one...), so a bad combination is one line at parse time rather than an
+  NVRx assertion at the first call. ``--inprocess-max-iterations`` is honoured
+  (Megatron-LM parses it and never uses it). ``--inprocess-granularity node``
+  groups a node's ranks by ``LOCAL_WORLD_SIZE`` (Megatron-LM counts CUDA devices).
+  Spare ranks (an ``--inprocess-active-world-size`` under the world size) are not
+  supported: one line says so. Without NVRx installed ``--inprocess-restart`` is one
+  line naming the extra.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -52,12 +63,14 @@ from megatron.training.job_config import (
     DataConfig,
     EvalConfig,
     ExitConfig,
+    InprocessConfig,
     JobConfig,
     LoggingConfig,
     ModelConfig,
     OptimizerConfig,
     TrainingConfig,
 )
+from megatron.training.requirements import missing_for_inprocess_restart
 
 __all__ = ["DEMO_PRESET", "DEMO_SAVE_DIR", "build_parser", "parse_args"]
 
@@ -230,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="On SIGTERM, finish the iteration, save and exit 0 instead of dying.",
     )
 
+    _add_inprocess_restart_args(parser)
+
     data = parser.add_argument_group("data (exactly one)")
     data.add_argument(
         "--mock-data",
@@ -240,6 +255,108 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_telemetry_args(parser)
     return parser
+
+
+def _add_inprocess_restart_args(parser: argparse.ArgumentParser) -> None:
+    """Megatron-LM's in-process restart flags: its names, defaults and help."""
+    group = parser.add_argument_group("in-process restart (NVIDIA Resiliency Extension)")
+    group.add_argument(
+        "--inprocess-restart",
+        action="store_true",
+        help="On a fault on any rank, call pretrain() again in the same processes, resuming "
+        "from the last checkpoint (needs the inprocess extra).",
+    )
+    group.add_argument(
+        "--inprocess-max-iterations",
+        type=_positive_int,
+        default=None,
+        help="Maximum number of in-process restart iterations (cycles, the first included); "
+        "the job then ends with an error. Default: no limit.",
+    )
+    seconds = {
+        "monitor-thread-interval": (1.0, "Monitoring interval for the monitoring thread."),
+        "monitor-process-interval": (1.0, "Monitoring interval for the monitoring process."),
+        "progress-watchdog-interval": (
+            1.0,
+            "Interval for automatic progress watchdog timestamp updates.",
+        ),
+        "heartbeat-interval": (30.0, "Monitoring interval for detecting unresponsive ranks."),
+        "soft-timeout": (60.0, "Soft progress timeout: the rank's cycle is interrupted."),
+        "hard-timeout": (90.0, "Hard progress timeout: the rank is terminated."),
+        "heartbeat-timeout": (60.0, "Timeout for a missing rank detection heartbeat."),
+        "barrier-timeout": (120.0, "Timeout for the internal distributed barrier."),
+        "completion-timeout": (120.0, "Timeout for the barrier on completion on all ranks."),
+        "last-call-wait": (
+            1.0,
+            "Time for other ranks to report concurrent terminal failures.",
+        ),
+        "termination-grace-time": (
+            1.0,
+            "Interval between SIGTERM and SIGKILL issued on hard timeout.",
+        ),
+    }
+    for name, (default, text) in seconds.items():
+        group.add_argument(
+            f"--inprocess-{name}",
+            type=_positive_float,
+            default=default,
+            help=f"{text} Seconds. " + _DEFAULT,
+        )
+    group.add_argument(
+        "--inprocess-granularity",
+        choices=("node", "rank"),
+        default="node",
+        help="Restart a node's ranks together (node) or each rank alone (rank). " + _DEFAULT,
+    )
+    group.add_argument(
+        "--inprocess-active-world-size",
+        type=_positive_int,
+        default=world_size_from_env(),
+        help="Ranks initially executing the workload (the rest would be spares; this trainer "
+        "needs all of them). Default: the world size.",
+    )
+    group.add_argument(
+        "--inprocess-empty-cuda-cache",
+        action="store_true",
+        help="Release unoccupied cached GPU memory at every in-process restart (nothing on a CPU).",
+    )
+
+
+#: NVRx's ``Wrapper`` requires each left value under the right one (its ``enforce_value``s).
+_INPROCESS_ORDER = (
+    ("inprocess_soft_timeout", "inprocess_hard_timeout"),
+    ("inprocess_hard_timeout", "inprocess_barrier_timeout"),
+    ("inprocess_monitor_process_interval", "inprocess_barrier_timeout"),
+    ("inprocess_heartbeat_timeout", "inprocess_barrier_timeout"),
+    ("inprocess_heartbeat_interval", "inprocess_heartbeat_timeout"),
+    ("inprocess_monitor_process_interval", "inprocess_heartbeat_timeout"),
+    ("inprocess_monitor_process_interval", "inprocess_soft_timeout"),
+    ("inprocess_monitor_thread_interval", "inprocess_soft_timeout"),
+    ("inprocess_progress_watchdog_interval", "inprocess_soft_timeout"),
+)
+
+
+def _inprocess_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> InprocessConfig:
+    """The in-process restart section; on a bad value one line (exit 2)."""
+    names = [f.name for f in dataclasses.fields(InprocessConfig)]
+    config = InprocessConfig(**{name: getattr(args, name) for name in names})
+    if not config.inprocess_restart:
+        return config
+    for low, high in _INPROCESS_ORDER:
+        if not getattr(config, low) < getattr(config, high):
+            parser.error(
+                f"--{low.replace('_', '-')} ({getattr(config, low):g}) must be less than "
+                f"--{high.replace('_', '-')} ({getattr(config, high):g}), as NVRx requires"
+            )
+    world_size = world_size_from_env()
+    if config.inprocess_active_world_size != world_size:
+        parser.error(
+            f"--inprocess-active-world-size ({config.inprocess_active_world_size}) must equal "
+            f"the world size ({world_size}): this trainer keeps no spare ranks"
+        )
+    if (missing := missing_for_inprocess_restart()) is not None:
+        parser.exit(2, f"{parser.prog}: error: {missing}\n")  # one line: no flag to fix
+    return config
 
 
 def parse_args(argv: Sequence[str] | None = None) -> JobConfig:
@@ -295,6 +412,7 @@ def _job_config(
         FaultInjection.from_env()
     except ValueError as exc:
         parser.error(str(exc))
+    inprocess = _inprocess_config(parser, args)
     # Last: the slowest check (it touches the disk); it leaves nothing behind.
     if args.save is not None and (problem := save_directory_problem(args.save)):
         parser.error(problem)
@@ -334,6 +452,7 @@ def _job_config(
             exit_duration_in_mins=args.exit_duration_in_mins,
             exit_signal_handler=args.exit_signal_handler,
         ),
+        inprocess=inprocess,
         telemetry=telemetry,
         demo=args.demo,
     )

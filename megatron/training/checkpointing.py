@@ -55,6 +55,7 @@ __all__ = [
     "TrainState",
     "checkpoint_path",
     "empty_directory",
+    "has_checkpoint",
     "load_checkpoint",
     "remove_stale_temporaries",
     "save_checkpoint",
@@ -315,6 +316,11 @@ def empty_directory(directory: str | os.PathLike[str], is_rank_0: bool) -> None:
 # ---------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------
+
+
+def has_checkpoint(directory: str | os.PathLike[str]) -> bool:
+    """Whether ``directory`` names a latest checkpoint (its tracker file exists)."""
+    return (Path(directory) / TRACKER_FILENAME).is_file()
 
 
 def load_checkpoint(

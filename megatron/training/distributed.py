@@ -74,8 +74,11 @@ def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def initialize_distributed(seed: int) -> DistributedEnv:
+def initialize_distributed(seed: int, store: torch_dist.Store | None = None) -> DistributedEnv:
     """Join the torchrun process group (if launched by torchrun) and seed torch.
+
+    ``store``: where the group's ranks meet (an in-process restart's cycle gives its
+    own prefix of a store the cycles share); None: torchrun's, from the environment.
 
     gloo on CPU, nccl on CUDA; a single process never creates a group. Each
     rank seeds with the same value so model initialization is identical
@@ -101,7 +104,11 @@ def initialize_distributed(seed: int) -> DistributedEnv:
         importlib.import_module("torch.distributed.nn")
         backend = "nccl" if device.type == "cuda" else "gloo"
         torch_dist.init_process_group(
-            backend=backend, rank=rank, world_size=world_size, device_id=_device_id(device)
+            backend=backend,
+            rank=rank,
+            world_size=world_size,
+            device_id=_device_id(device),
+            store=store,
         )
     torch.manual_seed(seed)  # also seeds every CUDA device
     return DistributedEnv(rank, world_size, local_rank, device)

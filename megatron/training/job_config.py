@@ -32,6 +32,7 @@ __all__ = [
     "DataConfig",
     "EvalConfig",
     "ExitConfig",
+    "InprocessConfig",
     "JobConfig",
     "LoggingConfig",
     "ModelConfig",
@@ -153,6 +154,29 @@ class ExitConfig:
 
 
 @dataclass(frozen=True)
+class InprocessConfig:
+    """Megatron-LM's in-process restart (NVIDIA Resiliency Extension's ``inprocess.Wrapper``):
+    on a fault, ``pretrain()`` is called again in the same processes. Times in seconds."""
+
+    inprocess_restart: bool
+    inprocess_max_iterations: int | None  # restart iterations (cycles) allowed; None: no limit
+    inprocess_monitor_thread_interval: float
+    inprocess_monitor_process_interval: float
+    inprocess_progress_watchdog_interval: float
+    inprocess_heartbeat_interval: float
+    inprocess_soft_timeout: float
+    inprocess_hard_timeout: float
+    inprocess_heartbeat_timeout: float
+    inprocess_barrier_timeout: float
+    inprocess_completion_timeout: float
+    inprocess_last_call_wait: float
+    inprocess_termination_grace_time: float
+    inprocess_granularity: str  # "node" or "rank": which ranks restart together
+    inprocess_active_world_size: int
+    inprocess_empty_cuda_cache: bool
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """Everything one ``pretrain()`` was asked to do, checked, in sections."""
 
@@ -164,6 +188,7 @@ class JobConfig:
     eval: EvalConfig
     checkpoint: CheckpointConfig
     exit: ExitConfig
+    inprocess: InprocessConfig
     # Resolved once, at parse time: flags over MEGATRON_OTEL_* over NEMO_LENS_*
     # over defaults, including the run id every later reader must agree on.
     telemetry: TelemetryConfig
@@ -180,4 +205,5 @@ FLAG_SECTIONS: dict[str, type] = {
     "eval": EvalConfig,
     "checkpoint": CheckpointConfig,
     "exit": ExitConfig,
+    "inprocess": InprocessConfig,
 }

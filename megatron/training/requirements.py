@@ -7,6 +7,10 @@ extra. ``megatron-pretrain`` calls :func:`missing_for_trainer` before it
 imports the training loop, so a missing torch is one line naming the extra,
 not a traceback from deep inside the model's imports.
 
+``--inprocess-restart`` needs NVIDIA Resiliency Extension, the ``inprocess``
+extra: without it the flag is one line naming the extra
+(:func:`missing_for_inprocess_restart`), and nothing else imports it.
+
 It also finds the one broken install a Megatron-LM user meets:
 megatron-core's ``megatron/core`` is a regular package, so once it is
 installed, ``megatron.core.telemetry`` resolves only where pip merged this
@@ -26,10 +30,18 @@ from pathlib import Path
 
 #: The extra that installs the trainer's packages (pyproject.toml).
 TRAIN_EXTRA = "megatron-telemetry-spans[train]"
+#: The extra that installs NVIDIA Resiliency Extension, for ``--inprocess-restart``.
+INPROCESS_EXTRA = "megatron-telemetry-spans[inprocess]"
 #: This project's copy of the telemetry package, beside megatron/training/.
 _OUR_TELEMETRY = Path(__file__).resolve().parent.parent / "core" / "telemetry"
 
-__all__ = ["TRAIN_EXTRA", "join_core_telemetry", "missing_for_trainer"]
+__all__ = [
+    "INPROCESS_EXTRA",
+    "TRAIN_EXTRA",
+    "join_core_telemetry",
+    "missing_for_inprocess_restart",
+    "missing_for_trainer",
+]
 
 
 def missing_for_trainer() -> str | None:
@@ -38,6 +50,16 @@ def missing_for_trainer() -> str | None:
         return (
             f"the trainer needs torch, which is not installed: pip install '{TRAIN_EXTRA}' "
             "(reading traces and megatron-trace need no torch)"
+        )
+    return None
+
+
+def missing_for_inprocess_restart() -> str | None:
+    """Why ``--inprocess-restart`` cannot run here (one line), or None when it can."""
+    if importlib.util.find_spec("nvidia_resiliency_ext") is None:
+        return (
+            "--inprocess-restart needs NVIDIA Resiliency Extension (nvidia-resiliency-ext), "
+            f"which is not installed: pip install '{INPROCESS_EXTRA}'"
         )
     return None
 

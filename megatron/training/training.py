@@ -46,6 +46,17 @@ Two choices worth knowing:
   the ``default`` preset where per-iteration spans are off): the time to the
   first completed step is a goodput number worth having in every trace.
 
+Under ``--inprocess-restart`` (:mod:`megatron.training.inprocess_restart`)
+each call of ``pretrain()`` is one *cycle* of NVRx's restart loop, given as
+``cycle``: its process group meets in the cycle's own prefix of a store the
+cycles share, its telemetry is the process's (set up by the first cycle, not
+shut down by a cycle NVRx restarts from), its startup trace begins at its own
+entry (the launch, imports and argument parsing belong to the first), each
+loop pass tells NVRx it made progress, and a fault NVRx restarts from takes the
+lifecycle to ``restarting`` instead of ``shutdown``: path 3 then ends the
+cycle, not the process's telemetry, and a start that failed keeps its files
+(the job goes on).
+
 Test hooks (``MEGATRON_TEST_FAULT_AT_ITERATION``,
 ``MEGATRON_TEST_ITERATION_SLEEP``, ``MEGATRON_TEST_HANG_AT_ITERATION``,
 ``MEGATRON_TEST_HANG_AT_STARTUP``, ``MEGATRON_TEST_SAVE_SLEEP``): see
@@ -62,13 +73,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from megatron.core.telemetry import (
     MegatronSpanGroup,
     SpanGroup,
+    TelemetryHandle,
     is_span_group_enabled,
     managed_span,
     safe_set_span_attributes,
@@ -80,6 +92,7 @@ from megatron.training.arguments import parse_args
 from megatron.training.checkpointing import (
     TrainState,
     empty_directory,
+    has_checkpoint,
     load_checkpoint,
     remove_stale_temporaries,
     save_checkpoint,
@@ -123,6 +136,9 @@ from megatron.training.telemetry.start_footprint import StartFootprint, telemetr
 from megatron.training.telemetry_spans import SpanPhases
 from megatron.training.training_log import StepResult, TrainingLog
 
+if TYPE_CHECKING:
+    from megatron.training.inprocess_restart import Cycle
+
 __all__ = ["TrainingResult", "pretrain", "train"]
 
 _log = logging.getLogger(__name__)
@@ -145,6 +161,7 @@ def pretrain(
     *,
     program_start: float | None = None,
     main_entry: float | None = None,
+    cycle: Cycle | None = None,
 ) -> TrainingResult:
     """Run one training job (an *incarnation*) from arguments to shutdown.
 
@@ -152,55 +169,87 @@ def pretrain(
     that takes shows as ``megatron.startup.arg_parse``) or an argv list.
     ``program_start`` and ``main_entry`` are the entry point's timestamps
     (epoch seconds) for the startup trace; unknown ones are left out of it.
+    ``cycle`` is the in-process restart cycle this call is (the module doc).
     """
     pretrain_entry = time.time()
     if not isinstance(config, JobConfig):
         config = parse_args(config)
-    env = initialize_distributed(config.training.seed)
+    store = None if cycle is None else cycle.process_group_store()
+    setup_done = time.time()
+    env = initialize_distributed(config.training.seed, store=store)
     try:
-        return _run_job(config, env, program_start, main_entry, pretrain_entry)
+        entry = _Entry(program_start, main_entry, pretrain_entry, setup_done)
+        return _run_job(config, env, entry, cycle)
+    except BaseException as exc:
+        if cycle is not None:  # so that the teardown below closes this rank's connections
+            cycle.release(exc)
+        raise
     finally:
         teardown_distributed()
 
 
+@dataclass(frozen=True)
+class _Entry:
+    """When the process and this ``pretrain()`` got where (epoch seconds; None: unknown)."""
+
+    program_start: float | None
+    main_entry: float | None
+    pretrain_entry: float
+    setup_done: float  # the cycle's store made (in-process restart); else pretrain_entry
+
+
 def _run_job(
-    config: JobConfig,
-    env: DistributedEnv,
-    program_start: float | None,
-    main_entry: float | None,
-    pretrain_entry: float,
+    config: JobConfig, env: DistributedEnv, entry: _Entry, cycle: Cycle | None
 ) -> TrainingResult:
     """``pretrain()`` once the process group exists (it tears the group down)."""
     initialized = time.time()
     checkpoint = config.checkpoint
-    if checkpoint.fresh_save_dir:
+    if checkpoint.fresh_save_dir and (cycle is None or cycle.index == 0):
         empty_directory(checkpoint.save, env.is_rank_0)
     elif checkpoint.save and env.is_rank_0:
         remove_stale_temporaries(checkpoint.save)
+    load = _load_dir(checkpoint, cycle)
 
     # Taken before anything is created: a start that fails removes what it made.
     footprint = StartFootprint.before([checkpoint.save, *telemetry_files(config.telemetry)])
-    telemetry = setup_telemetry(
-        config.telemetry,
-        rank=env.rank,
-        world_size=env.world_size,
-        resource_attributes=resource_attributes(config, env),
-    )
+
+    def start_telemetry() -> TelemetryHandle:
+        return setup_telemetry(
+            config.telemetry,
+            rank=env.rank,
+            world_size=env.world_size,
+            resource_attributes=resource_attributes(config, env),
+        )
+
+    telemetry = start_telemetry() if cycle is None else cycle.telemetry(start_telemetry)
     # The trainer's own SIGTERM handler goes first, so the telemetry hook
     # installed next chains to it.
     graceful = config.exit.exit_signal_handler
     exit_signal = install_graceful_exit_handler() if graceful else None
     phases = TrainerSpanPhases(
-        telemetry, save_interval=checkpoint.interval, is_span_group_enabled=is_span_group_enabled
+        telemetry,
+        save_interval=checkpoint.interval,
+        is_span_group_enabled=is_span_group_enabled,
+        cycle=cycle,
     )
+    if cycle is not None:
+        cycle.began(phases)
     install_exit_hooks(phases, graceful=graceful)
 
-    phases.start_job(
-        model_type="GPT", timestamps=startup_timestamps(program_start, main_entry, pretrain_entry)
+    # A later cycle's startup is its own: from its pretrain() on, no launch nor imports.
+    first_start = cycle is None or cycle.index == 0
+    program_start = entry.program_start if first_start else entry.pretrain_entry
+    timestamps = startup_timestamps(
+        program_start, entry.main_entry, entry.pretrain_entry, launcher=first_start
     )
-    phases.record_phase(semconv.STARTUP_IMPORTS_SPAN, program_start, main_entry)
-    phases.record_phase(semconv.STARTUP_ARG_PARSE_SPAN, main_entry, pretrain_entry)
-    phases.record_phase(semconv.STARTUP_INITIALIZE_SPAN, pretrain_entry, initialized)
+    phases.start_job(model_type="GPT", timestamps=timestamps)
+    phases.record_phase(semconv.STARTUP_IMPORTS_SPAN, program_start, entry.main_entry)
+    phases.record_phase(semconv.STARTUP_ARG_PARSE_SPAN, entry.main_entry, entry.pretrain_entry)
+    if cycle is not None:
+        phases.record_phase(
+            semconv.STARTUP_INPROCESS_SETUP_SPAN, entry.pretrain_entry, entry.setup_done
+        )
+    phases.record_phase(semconv.STARTUP_INITIALIZE_SPAN, entry.setup_done, initialized)
     exit_reason = None
     goodput: LiveGoodput | None = None
     hooks = FaultInjection.from_env()
@@ -208,17 +257,21 @@ def _run_job(
         with managed_span(SpanGroup.JOB, semconv.STARTUP_MODEL_INIT_SPAN, is_goodput_span=True):
             hooks.at_startup("model_init")
             state = setup_model_and_optimizer(config.model, config.optimizer, env)
-            if checkpoint.load:
+            if load:
                 hooks.at_startup("load_checkpoint")
                 with managed_span(
                     SpanGroup.LOAD_CHECKPOINT,
                     semconv.CHECKPOINT_LOAD_SPAN,
                     is_goodput_span=True,
-                    **{semconv.CHECKPOINT_DIR: checkpoint.load},
+                    **{semconv.CHECKPOINT_DIR: load},
                 ) as span:
-                    load_checkpoint(checkpoint.load, state, config.model)
+                    load_checkpoint(load, state, config.model)
                     safe_set_span_attributes(span, {semconv.ITERATION: state.iteration})
-        goodput = start_live_goodput(telemetry, checkpoint.load, state.iteration)
+
+        def start_goodput() -> LiveGoodput | None:
+            return start_live_goodput(telemetry, load, state.iteration)
+
+        goodput = start_goodput() if cycle is None else cycle.live_goodput(start_goodput)
         if goodput is not None:
             goodput.follow_iteration(lambda: state.iteration)
 
@@ -230,7 +283,7 @@ def _run_job(
             train_batches = micro_batches(train_data, state.consumed_samples, config.training, env)
 
         log = TrainingLog(config.logging, config.training, config.model, telemetry.meter)
-        exits = ExitConditions(config.exit, pretrain_entry, exit_signal)
+        exits = ExitConditions(config.exit, entry.pretrain_entry, exit_signal)
         wait_spans, autograd_waits = wait_markers(state.model)
         watchdog = hang_watchdog(
             telemetry,
@@ -252,6 +305,7 @@ def _run_job(
                 exits,
                 goodput,
                 watchdog,
+                cycle,
             )
             if exit_reason is None:
                 phases.end_train()
@@ -260,11 +314,14 @@ def _run_job(
                 f"nothing to train: iteration {state.iteration} >= --train-iters {train_iters}"
             )
     except BaseException as exc:
+        if cycle is not None:
+            cycle.unwinding(exc)
         never_trained = phases.state in ("job", "startup")
         _shutdown(phases, exc)  # the trace records how the run ended
-        if never_trained and isinstance(exc, Exception):
+        if never_trained and isinstance(exc, Exception) and cycle is None:
             # A start that failed leaves the disk as it found it; an interrupted one
             # (Ctrl-C, a handler's SystemExit) keeps what it wrote, as any ending does.
+            # A cycle of an in-process restart keeps it: the job goes on.
             footprint.undo()
         raise
     finally:
@@ -276,6 +333,14 @@ def _run_job(
     return TrainingResult(
         state.iteration, state.consumed_samples, log.reported, telemetry.trace_file, exit_reason
     )
+
+
+def _load_dir(checkpoint: Any, cycle: Cycle | None) -> str | None:
+    """Where this start resumes from: ``--load``; for a restarted cycle without one, the
+    job's own ``--save`` once it holds a checkpoint (the progress a fault must not cost)."""
+    if checkpoint.load or cycle is None or cycle.index == 0 or not checkpoint.save:
+        return checkpoint.load
+    return checkpoint.save if has_checkpoint(checkpoint.save) else None
 
 
 def _shutdown(phases: SpanPhases, cause: BaseException | None = None) -> None:
@@ -303,13 +368,15 @@ def train(
     exits: ExitConditions,
     goodput: LiveGoodput | None = None,
     watchdog: Watchdog = NO_WATCHDOG,
+    cycle: Cycle | None = None,
 ) -> str | None:
     """Train from ``state.iteration`` to ``--train-iters``.
 
     ``goodput`` (the live goodput metrics, when telemetry records them) gets
     its figures saved beside each checkpoint, for a resumed run to carry on.
     The hang ``watchdog`` (if any) watches the loop and hears once per
-    finished pass. Returns why it stopped early, or None when it ran to the end.
+    finished pass, as does NVRx under an in-process restart (``cycle``).
+    Returns why it stopped early, or None when it ran to the end.
     """
     hooks = FaultInjection.from_env()
     first_iteration = state.iteration
@@ -341,6 +408,8 @@ def train(
             exit_reason = exits.check(state.iteration)
             # A finished pass, its evaluation and save included: the heartbeat.
             watchdog.progress(state.iteration - 1)
+            if cycle is not None:
+                cycle.ping()
 
     if checkpoint.save and not checkpoint.is_save_iteration(state.iteration):
         _save(config, env, state, goodput, hooks)
@@ -471,6 +540,6 @@ def _save(
         ),
         saving(goodput),
     ):
-        hooks.in_save()
+        hooks.in_save(state.iteration)
         sidecar = checkpoint_sidecar(goodput, state.iteration)
         save_checkpoint(config.checkpoint.save, state, config, env.is_rank_0, sidecar)

@@ -38,7 +38,7 @@ from typing import Any
 
 from transitions.extensions.markup import MarkupMachine
 
-from megatron.training.telemetry.lifecycle import TrainerExitHooks
+from megatron.training.telemetry.lifecycle import TrainerExitHooks, TrainerSpanPhases
 from megatron.training.telemetry_spans import ExitHooks, SpanPhases
 
 # The --help text. Not taken from __doc__, which ``python -OO`` strips.
@@ -86,6 +86,15 @@ DRAWINGS = (
         TrainerExitHooks.STATES,
         TrainerExitHooks.TRANSITIONS,
         "uninstalled",
+        "megatron/training/README.md",
+    ),
+    # This trainer's own lifecycle: the shared one and in-process restarts' cycles.
+    Drawing(
+        "trainer_span_phases",
+        "TrainerSpanPhases",
+        TrainerSpanPhases.STATES,
+        TrainerSpanPhases.TRANSITIONS,
+        "job",
         "megatron/training/README.md",
     ),
 )

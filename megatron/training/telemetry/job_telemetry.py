@@ -52,15 +52,20 @@ _LAUNCH_ENV = {
 
 
 def startup_timestamps(
-    program_start: float | None, main_entry: float | None, pretrain_entry: float
+    program_start: float | None,
+    main_entry: float | None,
+    pretrain_entry: float,
+    *,
+    launcher: bool = True,
 ) -> dict[str, float | None]:
-    """The startup trace's timestamps: ours, plus the launcher's from the environment."""
+    """The startup trace's timestamps: ours, plus (with ``launcher``) the launcher's from
+    the environment, which only the process's first ``pretrain()`` waited through."""
     timestamps: dict[str, float | None] = {
         "program_start": program_start,
         "main_entry": main_entry,
         "pretrain_entry": pretrain_entry,
     }
-    for key, variable in _LAUNCH_ENV.items():
+    for key, variable in _LAUNCH_ENV.items() if launcher else ():
         value = os.environ.get(variable)
         if not value:
             continue

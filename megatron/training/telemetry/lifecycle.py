@@ -28,17 +28,45 @@ the shared module rather than inside it:
 
 Each is a row or a state of :class:`TrainerExitHooks`' own table, drawn in
 ``state_diagrams/`` beside the shared machines.
+
+And a fourth, in-process restarts (``--inprocess-restart``,
+:mod:`megatron.training.inprocess_restart`): NVIDIA Resiliency Extension calls
+``pretrain()`` again in the same process after a fault, and telemetry, set up
+once per process, must stay up across those *cycles*. So
+:class:`TrainerSpanPhases` adds the state ``restarting`` to the shared table: a
+cycle's way out of ``pretrain()`` with a fault NVRx restarts from (while
+``--inprocess-max-iterations`` allows another cycle) ends the cycle's open spans
+with the fault as their error and ``megatron.shutdown.reason =
+inprocess_restart``, exports them, and leaves telemetry up for the next cycle's
+lifecycle. NVRx's own finalize step fires ``restart``, the cycle's exit path: it
+ends what the training path could not end itself (NVRx interrupts a rank with an
+exception raised asynchronously, which may land before that path ran), and does
+nothing where it did. ``terminate`` (a signal or the atexit fallback between two
+cycles, or after NVRx gave up) shuts the process's telemetry down from
+``restarting``. Those are rows of the table, drawn in ``state_diagrams/``.
 """
 
 from __future__ import annotations
 
 import signal
-from typing import Any
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Protocol
 
-from megatron.core.telemetry.helpers import is_clean_exit
-from megatron.training.telemetry_spans import ExitHooks, SpanPhases
+from megatron.core.telemetry.helpers import is_clean_exit, record_exception_once
+from megatron.trace_format.semconv import (
+    ERROR_TYPE,
+    SHUTDOWN_REASON,
+    SHUTDOWN_REASON_INPROCESS_RESTART,
+)
+from megatron.training.telemetry_spans import LIVE, ExitHooks, SpanPhases, _guarded
 
-__all__ = ["HOOKED_SIGNALS", "TRAINER_EXIT_HOOKS", "TrainerExitHooks", "TrainerSpanPhases"]
+__all__ = [
+    "HOOKED_SIGNALS",
+    "TRAINER_EXIT_HOOKS",
+    "RestartCycle",
+    "TrainerExitHooks",
+    "TrainerSpanPhases",
+]
 
 #: The terminating signals the trainer's exit hooks act on (those this platform has).
 HOOKED_SIGNALS: tuple[signal.Signals, ...] = tuple(
@@ -46,18 +74,93 @@ HOOKED_SIGNALS: tuple[signal.Signals, ...] = tuple(
 )
 
 
+#: The triggers fired from a signal handler or at exit, which never wait.
+_EXIT_PATH_TRIGGERS = frozenset({"flush", "terminate"})
+
+
+class RestartCycle(Protocol):
+    """What the lifecycle of one in-process restart cycle asks of it
+    (:class:`megatron.training.inprocess_restart.Cycle`)."""
+
+    def restarts_after(self, cause: BaseException | int | None) -> bool:
+        """Whether NVRx calls ``pretrain()`` again after ``cause`` ended this cycle."""
+        ...
+
+    def exclusive(self, wait: bool) -> AbstractContextManager[bool]:
+        """Hold off NVRx's interruption while a transition runs (yields True); with
+        ``wait`` False, yield False at once when the interruption is under way."""
+        ...
+
+
 class TrainerSpanPhases(SpanPhases):
     """The shared lifecycle, recording a Ctrl-C as an interrupt and a clean exit as none,
-    and flushing through the telemetry handle."""
+    flushing through the telemetry handle, and, for a cycle of an in-process restart,
+    ending the cycle without shutting telemetry down (the module doc; the rows below)."""
+
+    STATES: tuple[dict[str, Any], ...] = (
+        *SpanPhases.STATES,
+        # A cycle of an in-process restart is over: its spans ended and exported,
+        # telemetry up for the next cycle's lifecycle.
+        {"name": "restarting", "on_enter": "_export_cycle"},
+    )
+
+    TRANSITIONS: tuple[dict[str, Any], ...] = (
+        # Tried before the shared shutdown row: a fault NVRx restarts from ends the
+        # cycle, not the process's telemetry.
+        {"trigger": "shutdown", "source": LIVE, "dest": "restarting",
+         "conditions": "restart_follows"},
+        *SpanPhases.TRANSITIONS,
+        # NVRx's finalize: the cycle's exit path, whatever the training path did.
+        {"trigger": "restart", "source": LIVE, "dest": "restarting",
+         "conditions": "restart_follows"},
+        {"trigger": "restart", "source": LIVE, "dest": "shutdown"},
+        {"trigger": "restart", "source": ["restarting", "shutdown", "terminated"], "dest": None},
+        # Between two cycles, or after NVRx gave up: a signal, the atexit fallback.
+        {"trigger": "flush", "source": "restarting", "dest": None, "after": "_flush_telemetry"},
+        {"trigger": "terminate", "source": "restarting", "dest": "terminated"},
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        telemetry: Any,
+        save_interval: int | None = 0,
+        *,
+        is_span_group_enabled: Any = None,
+        strict: bool = False,
+        cycle: RestartCycle | None = None,
+    ) -> None:
+        """As :class:`SpanPhases`; ``cycle`` is the in-process restart cycle this
+        ``pretrain()`` runs as (None: not under ``--inprocess-restart``)."""
+        self.cycle = cycle
+        super().__init__(
+            telemetry, save_interval, is_span_group_enabled=is_span_group_enabled, strict=strict
+        )
+
+    def _bind(self, row: Any, *keys: str) -> dict[str, Any]:
+        # The shared table binds its callbacks to this object; bind this table's
+        # conditions too (the machine would look for them on its model).
+        return super()._bind(row, *keys, "conditions")
+
+    def restart(self, cause: BaseException | None = None) -> None:
+        """NVRx restarts the cycle (its finalize step): end what is still open, as a
+        way out of ``pretrain()`` with ``cause`` would have."""
+        self._fire("restart", cause)
+
+    def restart_follows(self, cause: BaseException | int | None = None, *_: Any) -> bool:
+        """Condition: ``cause`` ends a cycle of an in-process restart that NVRx restarts."""
+        return self.cycle is not None and self.cycle.restarts_after(cause)
 
     def ending(self, cause: BaseException | int | None) -> tuple[str, str] | None:
-        """The shared rule, but ``interrupt`` for a ``KeyboardInterrupt`` and None for a
-        clean exit (``sys.exit(0)``, a generator closing)."""
+        """The shared rule, but ``interrupt`` for a ``KeyboardInterrupt``, None for a
+        clean exit (``sys.exit(0)``, a generator closing), and ``inprocess_restart``
+        for a fault a restart follows."""
         if isinstance(cause, BaseException) and is_clean_exit(cause):
             return None
         ending = super().ending(cause)
         if isinstance(cause, KeyboardInterrupt):
             return "interrupt", ending[1]
+        if ending is not None and self.restart_follows(cause):
+            return SHUTDOWN_REASON_INPROCESS_RESTART, ending[1]
         return ending
 
     def _flush_telemetry(self) -> None:
@@ -66,6 +169,45 @@ class TrainerSpanPhases(SpanPhases):
         never raises)."""
         if self.telemetry is not None:
             self.telemetry.force_flush(timeout_ms=self.flush_timeout_ms)
+
+    @_guarded
+    def _end(self, span: Any, cause: Any = None) -> None:
+        """As the shared rule (detach, then the reason, ``error.type`` and ERROR status,
+        then end), but the exception's traceback only where no span it unwound through
+        already holds it: a fault is recorded once, on the first span it ended."""
+        if span is None:
+            return
+        self._otel_context.detach(self._token)
+        if (ending := self.ending(cause)) is not None:
+            description = f"ended by {ending[1]}"
+            if isinstance(cause, BaseException):
+                record_exception_once(span, cause)
+                description = f"{type(cause).__name__}: {cause}"
+            status = self._otel_trace.Status(self._otel_trace.StatusCode.ERROR, description)
+            span.set_status(status)
+            span.set_attributes({SHUTDOWN_REASON: ending[0], ERROR_TYPE: ending[1]})
+        span.end()
+
+    def _fire(self, trigger: str, *args: Any, said: str = "") -> None:
+        """Under an in-process restart, each transition of the training path and of
+        NVRx's finalize runs where NVRx's interruption cannot land (an exception
+        raised asynchronously would leave it half done). Where the interruption is
+        already under way the way out of ``pretrain()`` does not wait for it (it would
+        wait until NVRx's soft timeout): NVRx's finalize then fires ``restart``. The
+        exit paths (``flush``, ``terminate``: a signal handler, atexit) wait for nothing."""
+        with self._exclusive(trigger) as held:
+            if held:
+                super()._fire(trigger, *args, said=said)
+
+    def _exclusive(self, trigger: str) -> AbstractContextManager[bool]:
+        if self.cycle is None or trigger in _EXIT_PATH_TRIGGERS:
+            return nullcontext(True)
+        return self.cycle.exclusive(wait=trigger != "shutdown")
+
+    def _export_cycle(self, *_: Any, **__: Any) -> None:
+        """Entering ``restarting``: the exit callbacks ended the cycle's spans; export
+        them now, before NVRx starts the next cycle."""
+        self._flush_telemetry()
 
 
 class TrainerExitHooks(ExitHooks):

@@ -183,6 +183,11 @@ def test_conditions_are_written_apart_from_the_internal_marker():
     for text in (dot, mermaid):
         assert "sigterm [if graceful_drain] [internal]" in text
         assert "sigterm [else]" in text
+    # The trainer's lifecycle: a cycle's way out of pretrain() and NVRx's finalize.
+    dot, mermaid = diagrams.drawing_texts(diagrams.DRAWINGS[3])
+    for text in (dot, mermaid):
+        for line in ("shutdown [if restart_follows]", "restart [else]", "restart [internal]"):
+            assert line in text
     dot, _ = diagrams.drawing_texts(EXTRA)
     for line in ("go [if ready]", "go [else]", "kick [if not paused and not done]"):
         assert f"{line}\\l" in dot
