@@ -152,7 +152,7 @@ def _lower(incs: list[Incarnation], position: int, entry: dict[str, Any]) -> int
         return count
     if inc.ended == "killed" or inc.ending_unsure:
         return 0 if position == len(incs) - 1 else count
-    if inc.ended in ("failed", "interrupted", "cut_short") and not inc.iterations:
+    if inc.ended in ("failed", "interrupted", "cut_short", "restarted") and not inc.iterations:
         return max(0, count - 1)  # its last interval may have counted the pass in flight
     return count
 

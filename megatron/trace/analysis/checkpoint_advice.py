@@ -97,7 +97,7 @@ __all__ = [
 ]
 
 #: How an incarnation ended that counts as a failure (and a hang, whatever the ending).
-FAILED_ENDINGS = frozenset({"killed", "failed", "cut_short"})
+FAILED_ENDINGS = frozenset({"killed", "failed", "cut_short", "restarted"})
 #: Fewer failures than this say little of the time between them: ``--mtbf`` then.
 MIN_FAILURES = 2
 #: Young's and Daly's models hold while the save cost and the restart are at most this

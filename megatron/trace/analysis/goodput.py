@@ -49,7 +49,11 @@ __all__ = ["build_report", "report_files"]
 
 
 def _incarnation_entry(
-    inc: Incarnation, wall_start: int, waste: dict[str, Any], resumed: Resumed
+    inc: Incarnation,
+    following: Incarnation | None,
+    wall_start: int,
+    waste: dict[str, Any],
+    resumed: Resumed,
 ) -> dict:
     startup = inc.startup
     return {
@@ -57,6 +61,11 @@ def _incarnation_entry(
         "index": inc.index,
         "ended": inc.ended,
         "error_type": inc.error_type,
+        "pid": inc.pid if isinstance(inc.pid, int) else None,
+        "cycle": inc.cycle,
+        "restart_gap_s": None
+        if following is None
+        else seconds(max(0, following.start_ns - inc.end_ns)),
         "first_iteration": inc.first_iteration,
         "last_iteration": inc.last_iteration,
         "resumed_from": resumed_figure(resumed),
@@ -70,6 +79,21 @@ def _incarnation_entry(
         "in_flight_s": seconds(inc.in_flight["end_ns"] - inc.in_flight["start_ns"])
         if inc.in_flight is not None
         else 0.0,
+    }
+
+
+def _restart_gap_bounds(entries: list[Any], incs: list[Incarnation]) -> dict[str, Any]:
+    """A killed incarnation's restart gap holds the time from its last record to the kill,
+    which no file shows: the figure is only an upper bound on the gap."""
+    return {
+        f"incarnations.{entry['index']}.restart_gap_s": {
+            "lower": 0.0,
+            "upper": entry["restart_gap_s"],
+            "reason": f"incarnation {inc.index} was SIGKILLed: when, between its last record "
+            "and the next incarnation's start, is unknown",
+        }
+        for entry, inc in zip(entries, incs, strict=True)
+        if inc.ended == "killed" and entry["restart_gap_s"] is not None
     }
 
 
@@ -138,7 +162,13 @@ def build_report(
         "wasted_iterations": furthest["job"],
         "incarnations": [
             {
-                **_incarnation_entry(inc, accounting["start_ns"], waste, resumed[position]),
+                **_incarnation_entry(
+                    inc,
+                    incs[position + 1] if position + 1 < len(incs) else None,
+                    accounting["start_ns"],
+                    waste,
+                    resumed[position],
+                ),
                 "wasted_iterations": furthest["incarnations"][position],
             }
             for position, (inc, waste) in enumerate(
@@ -172,6 +202,7 @@ def build_report(
     }
     report["bounds"] = report_bounds(report, ranks, job_rank, furthest, not_computed_categories)
     report["bounds"].update(resumed_bounds(incs, resumed))
+    report["bounds"].update(_restart_gap_bounds(report["incarnations"], incs))
     report["checkpoint_advice"] = checkpoint_advice(
         incs,
         report["incarnations"],  # type: ignore[arg-type]

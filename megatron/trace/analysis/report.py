@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 #: How an incarnation ended (``megatron/trace/README.md``, "How an incarnation ended").
-Ended = Literal["shutdown", "failed", "interrupted", "cut_short", "killed", "running"]
+Ended = Literal["shutdown", "failed", "interrupted", "cut_short", "restarted", "killed", "running"]
 
 
 class _BoundSource(TypedDict, total=False):
@@ -76,6 +76,9 @@ class IncarnationEntry(TypedDict):
     index: int
     ended: Ended
     error_type: str | None
+    pid: int | None
+    cycle: int | None
+    restart_gap_s: float | None
     first_iteration: int | None
     last_iteration: int | None
     resumed_from: int | None

@@ -127,7 +127,7 @@ def _wasted(
     # an interval the lifecycle closed at an exception or signal counted the pass in flight
     # (megatron/training/telemetry_spans.py: its last iteration is from the passes begun),
     # which may not have finished: one too many, perhaps
-    closed_mid_pass = inc.ended in ("failed", "interrupted", "cut_short")
+    closed_mid_pass = inc.ended in ("failed", "interrupted", "cut_short", "restarted")
     exact = inc.ended != "killed" and not inc.ending_unsure and known and not closed_mid_pass
     return start, max(count, beyond), exact
 

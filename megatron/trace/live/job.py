@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace.analysis.hangs import find_hang
-from megatron.trace.analysis.liveness import Clock, judge, newest_beats
+from megatron.trace.analysis.liveness import Beat, Clock, judge, newest_beats
 from megatron.trace.live.accounting import LiveAccounting
 from megatron.trace.live.facts import FactsCaches
 from megatron.trace.live.growing import GrowingTrace
@@ -218,7 +218,7 @@ class LiveJob:
             ranks.append(
                 RankFigures(
                     rank=rank,
-                    state=self._state(last, last_records, clock.now_ns),
+                    state=self._state(last, last_records, clock),
                     ended=last.ended,
                     wall_s=accounting["wall_ns"] / 1e9,
                     goodput_s=totals[Category.GOODPUT] / 1e9,
@@ -242,13 +242,19 @@ class LiveJob:
             torn_lines=len(trace.stats.torn),
         )
 
-    def _state(self, inc: Incarnation, newest: dict[Any, int], now_ns: int) -> str:
+    def _state(self, inc: Incarnation, newest: dict[Any, Beat], clock: Clock) -> str:
         if inc.ended == "running":
             return "running"
         if inc.ended in _FINISHED:
             return "finished"
-        quiet_s = (now_ns - max(inc.end_ns, newest.get(inc.process, 0))) / 1e9
-        return "killed" if quiet_s >= self.killed_after_s else "stalled"
+        beat = newest.get(inc.process)
+        quiet_ns = clock.now_ns - max(inc.end_ns, beat.time_ns if beat is not None else 0)
+        # a cycle of an in-process restart ended: NVRx is bringing up the next one in the
+        # same process, whose telemetry is still up (its newest heartbeat not 0)
+        restarting = inc.ended == "restarted" and (beat is None or beat.running is not False)
+        if restarting and quiet_ns <= clock.stale_after_ns:
+            return "running"
+        return "killed" if quiet_ns / 1e9 >= self.killed_after_s else "stalled"
 
     def _hang(
         self, inc: Incarnation, median: float | None, since_s: float | None, now_ns: int
@@ -333,14 +339,15 @@ def _iteration(inc: Incarnation) -> int | None:
     return None if last is None else last + 1
 
 
-def _newest_records(trace: Trace, metrics_files: list[Path]) -> dict[Any, int]:
-    """The newest metric point of each process whose last incarnation may be stalled."""
+def _newest_records(trace: Trace, metrics_files: list[Path]) -> dict[Any, Beat]:
+    """The newest metric point of each process whose last incarnation may be stalled, or
+    restarting in process (a cycle ended, the next one not written yet)."""
     wanted = {
         incs[-1].process: incs[-1].start_ns
         for incs in trace.ranks.values()
-        if incs[-1].ended == "killed"
+        if incs[-1].ended in ("killed", "restarted")
     }
-    return {key: beat.time_ns for key, beat in newest_beats(metrics_files, wanted).items()}
+    return newest_beats(metrics_files, wanted)
 
 
 def _run_id(resource: dict[str, Any]) -> str | None:

@@ -8,7 +8,9 @@ tally keeps. :class:`LiveProcess` holds those records in one
 with ``watch``'s :class:`~megatron.trace.live.accounting.LiveAccounting`, so a
 collection costs what ended since the last one, not the run's history.
 
-The builder is given ended spans only, as a file is. A running process is judged
+The builder is given ended spans only, as a file is. A process's in-process restart
+cycles are its incarnations, as in a file (one process, split at each
+``megatron.startup``), so the figures carry across them. A running process is judged
 running as of the moment asked (:func:`~megatron.trace.analysis.liveness.mark_running`,
 ``report``'s rule for a live job): its wall clock ends then, and the interval (or
 startup) in flight counts so far as what it is. A save, evaluation or load still in
@@ -56,6 +58,8 @@ class LiveProcess:
             finish = self._growing.finish()
             self._facts.attach(finish)
             incs = next(iter(finish.trace.ranks.values()))
-            if running:
+            # (a cycle of an in-process restart that ended: the next one has not ended its
+            # startup yet; the figures stay as of the fault until it has)
+            if running and incs[-1].ended != "restarted":
                 mark_running(incs[-1], max(as_of_ns, incs[-1].start_ns))
             return self._accounting(incs, finish)

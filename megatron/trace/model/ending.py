@@ -1,7 +1,7 @@
 """How an incarnation ended: the rule stated once in ``megatron/trace/README.md``.
 
 :attr:`~megatron.trace.model.incarnation.Incarnation.ended` is ``shutdown``,
-``failed``, ``interrupted``, ``cut_short``, ``killed``, or ``running`` (which
+``failed``, ``interrupted``, ``cut_short``, ``restarted``, ``killed``, or ``running`` (which
 :func:`megatron.trace.analysis.liveness.judge` sets); this module applies the
 rule to an incarnation's records, and the report, ``check``, the timeline and
 the export read the result from the incarnation.
@@ -21,13 +21,21 @@ from megatron.trace_format.semconv import (
     ERROR_TYPE,
     INTERVAL_REROOTED,
     SHUTDOWN_REASON,
+    SHUTDOWN_REASON_INPROCESS_RESTART,
 )
 
 __all__ = ["EndingScan", "lost_next"]
 
 
-# The lifecycle's shutdown reason -> how the incarnation ended (strongest first).
-_ENDED_BY_REASON = {"exception": "failed", "interrupt": "interrupted", "signal": "cut_short"}
+# The lifecycle's shutdown reason -> how the incarnation ended (strongest first). A cycle
+# of an in-process restart (NVRx) that a fault ended, NVRx calling pretrain() again in
+# the same process, is ``restarted``.
+_ENDED_BY_REASON = {
+    SHUTDOWN_REASON_INPROCESS_RESTART: "restarted",
+    "exception": "failed",
+    "interrupt": "interrupted",
+    "signal": "cut_short",
+}
 
 
 class EndingScan:

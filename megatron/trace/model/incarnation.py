@@ -20,7 +20,7 @@ from megatron.trace._store.columns import Iterations
 from megatron.trace._store.record_log import extents, extents_from
 from megatron.trace._store.stretches import Stretches
 from megatron.trace.model import intervals
-from megatron.trace.model.identity import process_of, slot_of
+from megatron.trace.model.identity import PROCESS_KEYS, process_of, slot_of
 from megatron.trace.model.intervals import IntervalFacts
 from megatron.trace.otlp.reader import (
     ReadStats,
@@ -28,6 +28,8 @@ from megatron.trace.otlp.reader import (
 from megatron.trace_format.records import SpanRecord
 from megatron.trace_format.semconv import (
     ITERATION,
+    NVRX_INPROCESS_ITERATION,
+    PROCESS_PID,
 )
 
 __all__ = ["RECORD_LISTS", "Incarnation", "Progress", "Sighting", "Trace"]
@@ -140,6 +142,19 @@ class Incarnation:
     error_type: str | None = None
     #: killed: what its metric points showed (None: none read, or none of its own)
     sighting: Sighting | None = None
+
+    @property
+    def cycle(self) -> int | None:
+        """Its in-process restart cycle (NVRx's restart iteration, ``nvrx.inprocess.iteration``
+        on its startup span), or None: not a cycle of an in-process restart."""
+        value = self.startup["attributes"].get(NVRX_INPROCESS_ITERATION) if self.startup else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def pid(self) -> Any:
+        """The process id its resource names (``process.pid``; None: none), the process's
+        whatever its incarnations: the cycles of an in-process restart share it."""
+        return self.process[1 + PROCESS_KEYS.index(PROCESS_PID)]
 
     @property
     def interval_facts(self) -> list[IntervalFacts]:

@@ -15,13 +15,13 @@ than once, the startup it came after), so the split is decided in one place.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from megatron.trace.model.identity import slot_of
 from megatron.trace.model.incarnation import Incarnation, Trace
 
-__all__ = ["Lane", "LaneIndex"]
+__all__ = ["Lane", "LaneIndex", "incarnation_name"]
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,18 @@ class Lane:
 
     incarnation: int  # 0-based, in time order within the rank
     rank: str
+    #: its cycle of an in-process restart (:attr:`Incarnation.cycle`); not part of its identity
+    cycle: int | None = field(default=None, compare=False)
 
     def label(self, several_ranks: bool) -> str:
-        text = f"incarnation {self.incarnation}"
+        text = incarnation_name(self.incarnation, self.cycle)
         return f"{text} · rank {self.rank}" if several_ranks else text
+
+
+def incarnation_name(number: int, cycle: int | None) -> str:
+    """``incarnation 1``; ``incarnation 1 · cycle 1`` for a cycle of an in-process restart
+    (NVRx called ``pretrain()`` again in the same process)."""
+    return f"incarnation {number}" if cycle is None else f"incarnation {number} · cycle {cycle}"
 
 
 class LaneIndex:
@@ -49,7 +57,7 @@ class LaneIndex:
 
     @staticmethod
     def lane_of_incarnation(inc: Incarnation) -> Lane:
-        return Lane(inc.index, inc.rank)
+        return Lane(inc.index, inc.rank, inc.cycle)
 
     def incarnation(self, span: Mapping[str, Any]) -> Incarnation:
         """The incarnation that wrote ``span`` (the model's rule: a pre_startup by its end)."""
@@ -73,6 +81,12 @@ class LaneIndex:
             start, end = span.start_time_unix_nano, span.end_time_unix_nano
             groups.setdefault(slot_of(boundaries, span.name, start, end), []).append(span)
         return [(self.lane_of_incarnation(incs[slot]), group) for slot, group in groups.items()]
+
+    def incarnation_name(self, number: int) -> str:
+        """Incarnation ``number`` across the ranks: its cycle too where every rank's says the
+        same one."""
+        cycles = {inc.cycle for inc in self.trace.incarnations if inc.index == number}
+        return incarnation_name(number, cycles.pop() if len(cycles) == 1 else None)
 
     def lanes(self) -> list[Lane]:
         """Every lane, by incarnation then rank."""

@@ -227,7 +227,13 @@ def test_timeline_and_export_say_running(tmp_path: Path) -> None:
     names = [e["args"]["name"] for e in document["traceEvents"] if e.get("name") == "thread_name"]
     assert names == ["rank 0 (running as of 1970-01-01T00:00:20.000Z)"]
     assert document["otherData"]["incarnations"] == [
-        {"incarnation": 0, "rank": "0", "ended": "running", "as_of": "1970-01-01T00:00:20.000Z"}
+        {
+            "incarnation": 0,
+            "rank": "0",
+            "ended": "running",
+            "cycle": None,
+            "as_of": "1970-01-01T00:00:20.000Z",
+        }
     ]
     export.export_chrome(span_source([path]), out, [path], at(51))
     document = json.loads(out.read_text())

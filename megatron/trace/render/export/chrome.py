@@ -14,7 +14,8 @@ looked at with nothing but a browser. The mapping:
   per-interval traces;
 * a lane still running (:mod:`megatron.trace.analysis.liveness`) says so in its
   thread's name ("rank 0 (running as of …)"), and ``otherData.incarnations``
-  gives, per lane, how the incarnation ended and, when running, the time of
+  gives, per lane, how the incarnation ended (its cycle of an in-process restart,
+  if it is one) and, when running, the time of
   its newest record.
 
 Time: ``ts`` and ``dur`` are microseconds, as the format counts, written as
@@ -207,6 +208,7 @@ class ChromeWriter:
                 "incarnation": inc.index,
                 "rank": inc.rank,
                 "ended": inc.ended,
+                "cycle": inc.cycle,
                 "as_of": utc_text(inc.as_of_ns) if inc.as_of_ns is not None else None,
             }
             for inc in self.lanes.trace.incarnations

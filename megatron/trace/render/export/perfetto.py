@@ -343,7 +343,7 @@ class PerfettoWriter:
                     track_descriptor=TrackDescriptor(
                         uuid=0x100 + number,
                         parent_uuid=_ROOT_UUID,
-                        name=f"incarnation {number}",
+                        name=self.lanes.incarnation_name(number),
                         child_ordering=explicit,
                         sibling_order_rank=number,
                     )

@@ -48,7 +48,7 @@ class Tracks:
                 lane,
                 pid=lane.incarnation + 1,
                 tid=first_tid + position,
-                process_name=f"incarnation {lane.incarnation}",
+                process_name=lanes.incarnation_name(lane.incarnation),
                 thread_name=f"rank {lane.rank}",
                 thread_sort_index=lanes.ranks.index(lane.rank),
             )

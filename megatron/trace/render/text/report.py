@@ -116,10 +116,16 @@ def format_report(report: dict[str, Any]) -> str:
             trained += f", resumed from {bound_text(inc['resumed_from'], resumed, 'd')}"
         ended = inc["ended"] + (f" ({inc['error_type']})" if inc.get("error_type") else "")
         wasted = bound_text(inc["wasted_iterations"], bounds.get(at + "wasted_iterations"), "d")
+        cycle = f"cycle {inc['cycle']} of pid {inc['pid']}: " if inc["cycle"] is not None else ""
+        gap = ""
+        if inc["restart_gap_s"] is not None:
+            gap_bound = bounds.get(at + "restart_gap_s")
+            gap = f"  restart gap {bound_text(inc['restart_gap_s'], gap_bound)} s"
         lines.append(
-            f"  {inc['index']}: {ended:<9} {trained}"
+            f"  {inc['index']}: {cycle}{ended:<9} {trained}"
             f"  startup {startup}  intervals {inc['intervals']}"
             f"  wasted {wasted} it / {bound_text(inc['wasted_s'], bounds.get(at + 'wasted_s'))} s"
+            + gap
             + _source(bounds.get(at + "wasted_iterations"))
         )
         if inc.get("as_of"):

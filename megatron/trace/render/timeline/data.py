@@ -73,6 +73,7 @@ ENDED_TEXT = {
     "running": "running",
     "failed": "failed",
     "interrupted": "interrupted",
+    "restarted": "restarted in process",
 }
 # A bar's category is its span's report category (semconv's CATEGORY_*), or
 # one of these, the picture's own:

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from megatron.trace._store.json_columns import JsonColumns, script_safe
-from megatron.trace.render.lanes import Lane
+from megatron.trace.render.lanes import Lane, incarnation_name
 from megatron.trace.render.timeline.data import (
     BAR_IN_FLIGHT,
     BAR_INTERVAL,
@@ -119,6 +119,7 @@ _ENDED_COLOURS = {
     "running": "#3182bd",
     "failed": "#d62728",
     "interrupted": "#e6550d",
+    "restarted": "#9467bd",
 }
 
 
@@ -141,7 +142,8 @@ def lane_name(summary: LaneSummary, several_ranks: bool) -> str:
     if not summary.alike:
         return summary.lane.label(several_ranks)
     ranks = [summary.lane.rank, *summary.alike]
-    return f"incarnation {summary.lane.incarnation} · ranks {rank_list(ranks)} ({len(ranks)} alike)"
+    name = incarnation_name(summary.lane.incarnation, summary.lane.cycle)
+    return f"{name} · ranks {rank_list(ranks)} ({len(ranks)} alike)"
 
 
 def _lane_label(summary: LaneSummary, several_ranks: bool, one_line: bool = False) -> str:
@@ -392,6 +394,7 @@ def _add_endings(fig: Any, timeline: Timeline, rows: dict[Lane, int]) -> None:
         ("killed", "x", "#d62728"),
         ("failed", "x", _ENDED_COLOURS["failed"]),
         ("interrupted", "x", _ENDED_COLOURS["interrupted"]),
+        ("restarted", "circle-x", _ENDED_COLOURS["restarted"]),
         ("running", "triangle-right", _ENDED_COLOURS["running"]),
     )
     for ended, symbol, colour in endings:
@@ -414,6 +417,9 @@ def _add_endings(fig: Any, timeline: Timeline, rows: dict[Lane, int]) -> None:
                 lines.append("an uncaught exception ended it")
             elif ended == "interrupted":
                 lines.append("a Ctrl-C (SIGINT) ended it")
+            elif ended == "restarted":
+                lines.append("a fault ended this cycle, and NVRx called pretrain() again")
+                lines.append("in the same process (an in-process restart)")
             else:
                 lines.append("spans still open at shutdown (SIGTERM or SIGHUP):")
             lines += [f"{html.escape(name)}" for name in summary.cut_short[:8]]
