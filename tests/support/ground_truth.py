@@ -40,6 +40,16 @@ How the job behaves, so the truth can be worked out without the reader:
   watchdog reports it on every rank, and a SIGTERM ends them all (everything
   exported, the spans in flight cut short). Its time from the last progress
   is ``hang``; the iterations past the last save are redone, as after a kill.
+* An in-process restart (``restarted``): a fault (an exception) strikes
+  ``victim`` in a step or a save, where a SIGKILL would; the other ranks'
+  collective fails ``teardown_s`` later. Each rank's cycle ends there with its
+  spans ended (the step in flight and the interval with ERROR status, the
+  interval saying ``megatron.shutdown.reason = inprocess_restart``) and
+  exported, nothing lost; NVRx calls ``pretrain()`` again in the same
+  processes after the restart gap: the next incarnation is the next cycle of
+  the same pid, its spans carrying ``nvrx.inprocess.iteration``. What the
+  fault cost is booked as a kill's is (the step in flight wasted, a save in
+  flight a save), and the files show all of it.
 
 :func:`long_history` makes weeks of such a job (hundreds of kills, many
 ranks) for the benchmarks.
@@ -102,11 +112,13 @@ class Plan:
     for it in the all-reduce; each rank's watchdog reports the stall
     ``hang_timeout_s`` after the last progress, and the operator's SIGTERM
     ends every rank ``hang_s`` after it (the spans in flight written cut
-    short). ``shutdown``: a clean exit. ``gap_s``: the restart gap after it.
+    short). ``restarted``: a fault where ``killed`` would strike in a step or a
+    save (not in a startup), and NVRx restarts the cycle in the same process.
+    ``shutdown``: a clean exit. ``gap_s``: the restart gap after it.
     """
 
     iterations: int
-    ending: Literal["shutdown", "killed", "hang"] = "shutdown"
+    ending: Literal["shutdown", "killed", "hang", "restarted"] = "shutdown"
     into: float = 0.5
     in_save: bool = False
     in_startup: Literal["", "imports", "load", "model_init"] = ""
@@ -167,7 +179,7 @@ class History:
 @dataclass
 class IncarnationTruth:
     index: int
-    ended: str  # "shutdown", "killed" or "cut_short" (a hang, ended by SIGTERM)
+    ended: str  # "shutdown", "killed", "cut_short" (a hang, ended by SIGTERM) or "restarted"
     start_ns: int
     end_ns: int  # when this rank's process really died (or exited)
     resumed_from: int  # the checkpoint it loaded (0: started afresh)
@@ -250,6 +262,7 @@ class _Span:
     attributes: str = ""
     links: str = ""
     depth: int = 0  # children end before (or with) their parents: written first
+    status: str = "{}"  # OTLP/JSON status: {} is UNSET
 
 
 @dataclass
@@ -268,6 +281,9 @@ class Simulated:
     )
     # per rank, per incarnation: whether the rank's file holds anything of it
     exported: list[list[bool]] = field(default_factory=list)
+    #: per incarnation: its process (incarnations of one process are cycles of an
+    #: in-process restart) and its cycle there (NVRx's restart iteration)
+    cycles: list[tuple[int, int]] = field(default_factory=list)
 
 
 class _Ids:
@@ -299,13 +315,20 @@ def simulate(history: History) -> Simulated:
     ends = [now] * ranks  # where each rank's previous incarnation died
     hangs: list[tuple[int, int, int]] = []
     timelines: list[tuple[int, int, int, list[tuple[str, int, int, int]], int | None]] = []
+    cycles: list[tuple[int, int]] = []
+    process, cycle = 0, 0
 
     for index, plan in enumerate(history.incarnations):
+        if index:  # a new process, unless NVRx restarted the last cycle in process
+            restarted = history.incarnations[index - 1].ending == "restarted"
+            process, cycle = (process, cycle + 1) if restarted else (process + 1, 0)
+        cycles.append((process, cycle))
         start, resumed_from = now, durable
         # the timeline every rank lives through: (kind, start, end, iteration)
         phases: list[tuple[str, int, int, int]] = []
         t, iteration = start + startup_ns, resumed_from
         killed = plan.ending == "killed"
+        faulted = plan.ending == "restarted"  # struck as a kill strikes; nothing lost
         hung = plan.ending == "hang"
         startup_kill = _startup_phase(plan, start, startup_ns, load_ns, resumed_from)
         for _ in range(plan.iterations if startup_kill is None else 0):
@@ -319,7 +342,7 @@ def simulate(history: History) -> Simulated:
             phases.append(("save", t, t + save_ns, iteration))  # the save at the end
             t += save_ns
         death = t
-        if killed:
+        if killed or faulted:
             if startup_kill is not None:
                 kind, a, b = startup_kill
                 at = iteration
@@ -333,22 +356,23 @@ def simulate(history: History) -> Simulated:
             in_flight = ("hang", t, iteration)
             death = t + round(plan.hang_s * NS)
             hangs.append((index, plan.victim, death - t))
-        struck = in_flight[1] if killed and in_flight[0] == "save" else None
+        struck = in_flight[1] if (killed or faulted) and in_flight[0] == "save" else None
         timelines.append((start, start + startup_ns, resumed_from, phases, struck))
         saves_done = [p[3] for p in phases if p[0] == "save"]
         if saves_done:
             durable = saves_done[-1]
         final = index == len(history.incarnations) - 1
         # the horizon: iterations from here on were redone (or, after the last, lost)
-        horizon = durable if killed or hung else None
+        horizon = durable if killed or faulted or hung else None
         finished = plan.iterations if startup_kill is None else 0
 
         for r in range(ranks):
-            dies = death + (teardown_ns if killed and r != plan.victim else 0)
+            dies = death + (teardown_ns if (killed or faulted) and r != plan.victim else 0)
             spans = functools.partial(
                 _rank_spans, ids, history, r, index, start, phases, resumed_from, works[r],
-                step_ns, in_flight if killed or hung else None, final,
-                (plan, dies) if hung else None,
+                step_ns, in_flight if killed or faulted or hung else None, final,
+                (plan, dies) if hung else None, (cycle, dies) if faulted else None,
+                cycle if faulted or cycle else None,
             )  # fmt: skip
             acc = dict.fromkeys(("goodput", *CATEGORIES), 0)
             acc["restart_gap"] = start - ends[r] if index else 0
@@ -367,7 +391,7 @@ def simulate(history: History) -> Simulated:
                     wasted, wasted_ns = wasted + 1, wasted_ns + b - a
                 else:
                     acc["goodput"] += b - a
-            if killed:
+            if killed or faulted:
                 kind, a, _ = in_flight
                 category = _IN_FLIGHT_CATEGORY[kind]
                 acc[category] += dies - a
@@ -375,7 +399,7 @@ def simulate(history: History) -> Simulated:
                     wasted_ns += dies - a
             if hung:  # from the last progress to the end: the hang (it wins over the rest)
                 acc["hang"] += dies - in_flight[1]
-            ended = "killed" if killed else "cut_short" if hung else "shutdown"
+            ended = plan.ending if killed or faulted else "cut_short" if hung else "shutdown"
             exported = not killed or _exported_before(
                 _first_span_end(start, startup_ns, startup_kill), start, dies,
                 history.delay_ns(r), history.phase_ns(r),
@@ -405,7 +429,7 @@ def simulate(history: History) -> Simulated:
     truth = Truth(rank_truths, failures, len(job) - 1, stragglers, counted * lost, counted,
                   [hang for hang in hangs if hang[0] in in_record])  # fmt: skip
     exported = [[inc.exported for inc in rank] for rank in incs]
-    return Simulated(history, truth, produced, timelines, exported)
+    return Simulated(history, truth, produced, timelines, exported, cycles)
 
 
 # The category of the time from where a kill's phase began to a rank's death.
@@ -486,10 +510,15 @@ def _rank_spans(
     in_flight: tuple[str, int, int] | None,
     final: bool,
     hang: tuple[Plan, int] | None = None,
+    fault: tuple[int, int] | None = None,
+    cycle: int | None = None,
 ) -> list[_Span]:
     """One rank's spans of one incarnation, as the lifecycle produces them (at a SIGKILL
     the in-flight interval and step never end, so they are not among them; at a hang's
-    SIGTERM they are written cut short, the watchdog's stall record under the step)."""
+    SIGTERM they are written cut short, the watchdog's stall record under the step; at an
+    in-process restart's ``fault`` (its cycle, when it ended this rank's) they end with
+    ERROR status, the interval saying why). ``cycle``: the incarnation's cycle of an
+    in-process restart, on its startup and intervals (None: not under one)."""
     spans: list[_Span] = []
     trace, startup = ids.trace(), ids.span()
     startup_ns, load_ns = round(history.startup_s * NS), round(history.load_s * NS)
@@ -503,8 +532,9 @@ def _rank_spans(
                            int_attribute("megatron.iteration", resumed_from), depth=2))  # fmt: skip
     spans.append(_Span("megatron.startup.model_init", trace, model_init, startup, start + half,
                        start + startup_ns, depth=1))  # fmt: skip
+    stamp = "" if cycle is None else "," + int_attribute("nvrx.inprocess.iteration", cycle)
     spans.append(_Span("megatron.startup", trace, startup, "", start, start + startup_ns,
-                       bool_attribute("is_goodput_span", True)))  # fmt: skip
+                       bool_attribute("is_goodput_span", True) + stamp))  # fmt: skip
     if in_flight is not None and in_flight[0] in ("startup", "load"):
         # killed in its startup: what ended before the phase it died in, nothing after
         return [span for span in spans if span.end <= in_flight[1]]
@@ -548,10 +578,34 @@ def _rank_spans(
         )
         link = f'{{"traceId":"{previous_trace}","spanId":"{previous}","flags":256}}'
         spans.append(_Span("megatron.train", interval_trace, interval, "", interval_start, b,
-                           attributes, link))  # fmt: skip
+                           attributes + stamp, link))  # fmt: skip
         previous, previous_trace = interval, interval_trace
         interval_index, interval_start, first = interval_index + 1, b, at
         interval_trace, interval = ids.trace(), ids.span()
+    if fault is not None and in_flight is not None:
+        _, end = fault
+        kind, a, at = in_flight
+        error = '{"code":2,"message":"RuntimeError: injected fault"}'
+        name = "megatron.checkpoint.save" if kind == "save" else "megatron.train.iteration"
+        if kind == "save" or per_step:
+            spans.append(_Span(name, interval_trace, ids.span(), interval, a, end,
+                               int_attribute("megatron.iteration", at), depth=1,
+                               status=error))  # fmt: skip
+        attributes = ",".join(
+            (
+                bool_attribute("is_goodput_span", True),
+                int_attribute("megatron.interval.index", interval_index),
+                bool_attribute("megatron.interval.rerooted", False),
+                int_attribute("megatron.interval.first_iteration", first),
+                # the lifecycle counts the pass in flight (telemetry_spans.py)
+                int_attribute("megatron.interval.last_iteration", at if kind != "save" else at - 1),
+                _str("megatron.shutdown.reason", "inprocess_restart"),
+                _str("error.type", "RuntimeError"),
+            )
+        )
+        link = f'{{"traceId":"{previous_trace}","spanId":"{previous}","flags":256}}'
+        spans.append(_Span("megatron.train", interval_trace, interval, "", interval_start, end,
+                           attributes + stamp, link, status=error))  # fmt: skip
     if hang is not None and in_flight is not None:
         plan, end = hang
         _, a, at = in_flight
@@ -627,6 +681,12 @@ def _exports(
         yield tick, pending  # exported at the last tick before the kill; after it, lost
 
 
+def _pid(simulated: Simulated, rank: int, index: int) -> int:
+    """The pid of the process that ran incarnation ``index`` of ``rank``: one per process,
+    the cycles of an in-process restart sharing theirs."""
+    return 10_000 + rank * 1_000 + simulated.cycles[index][0]
+
+
 def write(simulated: Simulated, path: Path) -> list[Path]:
     """Write the files the job would have left; returns their paths (``path``, or one per
     rank beside it). Streams: one incarnation of each rank is in memory at a time."""
@@ -637,7 +697,7 @@ def write(simulated: Simulated, path: Path) -> list[Path]:
         """(when, rank, n, line) of the rank's lines, in the order it wrote them."""
         n = 0
         for index, (make, dies, killed) in enumerate(simulated.produced[rank]):
-            pid = 10_000 + rank * 1_000 + index
+            pid = _pid(simulated, rank, index)
             writer = LineWriter(resource_json(rank, history.ranks, pid, "truth"), ids, BATCH + 1)
             spans = make()
             start = min((s.start for s in spans), default=0)
@@ -648,7 +708,7 @@ def write(simulated: Simulated, path: Path) -> list[Path]:
                 exported = True
                 for s in batch:
                     writer.span(s.name, s.trace, s.span_id, s.parent, s.start, s.end,
-                                s.attributes, s.links)  # fmt: skip
+                                s.attributes, s.links, s.status)  # fmt: skip
                 writer.flush()
                 yield when, rank, n, writer.lines.pop()
                 n += 1
@@ -707,7 +767,9 @@ def _metric_lines(simulated: Simulated, rank: int) -> Iterator[tuple[int, int, s
     for index, ((_, dies, killed), (start, ready, resumed, phases, struck)) in enumerate(
         zip(simulated.produced[rank], simulated.timelines, strict=True)
     ):
-        resource = resource_json(rank, history.ranks, 10_000 + rank * 1_000 + index, "truth")
+        resource = resource_json(rank, history.ranks, _pid(simulated, rank, index), "truth")
+        # a cycle NVRx restarts in process goes on living: no shutdown's export of its own
+        ends_process = history.incarnations[index].ending != "restarted"
         if history.log_interval_in_resource:
             value = f'{{"intValue":"{history.log_interval}"}}'
             extra = f'{{"key":"{LOG_INTERVAL_ATTRIBUTE}","value":{value}}}'
@@ -723,7 +785,7 @@ def _metric_lines(simulated: Simulated, rank: int) -> Iterator[tuple[int, int, s
         saves += [(struck, dies)] if struck is not None else []
         first = start + history.metric_phase_ns(rank)
         ticks = [(t, False) for t in range(first, dies, period)]
-        for when, final in ticks + ([] if killed else [(dies, True)]):
+        for when, final in ticks + ([(dies, True)] if ends_process and not killed else []):
             finished = bisect.bisect_right(times, when)
             logged = logs[finished]
             metrics = []

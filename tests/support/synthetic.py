@@ -122,6 +122,7 @@ class LineWriter:
         end: int,
         attributes: str = "",
         links: str = "",
+        status: str = "{}",
     ) -> None:
         parent_part = f'"parentSpanId":"{parent}",' if parent else ""
         text = (
@@ -133,7 +134,7 @@ class LineWriter:
             text += f',"attributes":[{attributes}]'
         if links:
             text += f',"links":[{links}]'
-        self.batch.append(text + ',"status":{}}')
+        self.batch.append(text + f',"status":{status}}}')
         self.count += 1
         if len(self.batch) == self.per_line:
             self.flush()

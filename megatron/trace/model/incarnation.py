@@ -241,7 +241,9 @@ class Incarnation:
     def durable_saves(self) -> list[int]:
         """Iterations of the checkpoint saves that became durable, in save order.
 
-        A save is durable when it ends; with Megatron-LM's async saves (the
+        A save is durable when it ends, but not when it ended by an exception (ERROR
+        status: a fault in the save, which the trainer raises before the checkpoint is
+        named); with Megatron-LM's async saves (the
         incarnation has finalize spans) only once a finalize that started
         after it ended, since the save span itself only dispatched the write.
         Upstream's spans do not say which finalize completed which save, so
@@ -252,6 +254,7 @@ class Incarnation:
             save["attributes"][ITERATION]
             for save in self.saves
             if isinstance(save["attributes"].get(ITERATION), int)
+            and save["status_code"] != "ERROR"
             and (last_finalize is None or last_finalize >= save["end_ns"])
         ]
 

@@ -107,11 +107,24 @@ def hung_plans(draw: st.DrawFn) -> gt.Plan:
 
 
 @st.composite
+def restarted_plans(draw: st.DrawFn, save_interval: int) -> gt.Plan:
+    """A cycle of an in-process restart ended by a fault: in a step, a save or the first
+    step (a fault in a startup the ground truth does not draw)."""
+    plan = draw(killed_plans(save_interval, ("step", "save", "first_step")))
+    return gt.Plan(**{**vars(plan), "ending": "restarted"})
+
+
+@st.composite
 def histories(
-    draw: st.DrawFn, kills: bool, hangs: bool = False, groups: tuple[str, ...] = GROUPS
+    draw: st.DrawFn,
+    kills: bool,
+    hangs: bool = False,
+    groups: tuple[str, ...] = GROUPS,
+    restarts: bool = False,
 ) -> gt.History:
     """A job of 1..3 ranks; with ``kills``, at least one incarnation SIGKILLed mid-step;
-    with ``hangs``, at least one hung (and ended by a SIGTERM)."""
+    with ``hangs``, at least one hung (and ended by a SIGTERM); with ``restarts``, at
+    least one cycle ended by a fault and restarted in process by NVRx."""
     ranks = draw(st.integers(1, 3))
     save_interval = draw(st.integers(3, 12))
     log_interval = draw(st.sampled_from((1, 2, 5, save_interval)))
@@ -127,6 +140,10 @@ def histories(
     if hangs:
         hung = draw(st.lists(hung_plans(), min_size=1, max_size=2))
         plans = [*plans, *hung]
+        draw(st.randoms()).shuffle(plans)
+    if restarts:
+        faulted = draw(st.lists(restarted_plans(save_interval), min_size=1, max_size=3))
+        plans = [*plans, *faulted]
         draw(st.randoms()).shuffle(plans)
     plans = [gt.Plan(**{**vars(p), "victim": p.victim % ranks}) for p in plans]
     return gt.History(
@@ -197,8 +214,22 @@ def assert_within_truth(report: dict[str, Any], simulated: gt.Simulated) -> None
     assert [inc["ended"] for inc in report["incarnations"]] == [
         "shutdown" if position in unsure else real.ended for position, real in enumerate(job.seen)
     ]
-    for inc, real in zip(report["incarnations"], job.seen, strict=True):
+    following = [*job.seen[1:], None]
+    for inc, real, after in zip(report["incarnations"], job.seen, following, strict=True):
         at = f"incarnations.{inc['index']}"
+        # the restart gap after it: from its end (a fault's, a kill's) to the next one's start
+        if after is None:
+            assert inc["restart_gap_s"] is None
+        else:
+            gap = (after.start_ns - real.end_ns) / NS
+            _holds(report, f"{at}.restart_gap_s", inc["restart_gap_s"], gap, 1e-3)
+        # cycles of an in-process restart: one pid, numbered as NVRx numbers them
+        process, cycle = simulated.cycles[real.index]
+        under_restart = any(
+            p == process and (c or history.incarnations[i].ending == "restarted")
+            for i, (p, c) in enumerate(simulated.cycles)
+        )
+        assert inc["cycle"] == (cycle if under_restart else None), (at, simulated.cycles)
         _holds(report, f"{at}.wasted_iterations", inc["wasted_iterations"],
                real.wasted_iterations, 0)  # fmt: skip
         # its wasted time is its share's: the restarts after it its file does not show too
@@ -302,6 +333,31 @@ def test_hung_histories_report_the_truth(tmp_path: Path, history: gt.History) ->
     bound.)"""
     simulated, paths = _written(history, tmp_path)
     assert_within_truth(_report(paths), simulated)
+
+
+@SETTINGS
+@given(history=histories(kills=False, restarts=True))
+@example(
+    history=gt.History(
+        (
+            gt.Plan(14, "restarted", victim=1, gap_s=3),
+            gt.Plan(10, "restarted", in_save=True),
+            gt.Plan(13),
+        ),
+        ranks=2,
+        save_interval=5,
+        metrics="trainer",
+    )
+)
+def test_in_process_restarts_report_the_truth(tmp_path: Path, history: gt.History) -> None:
+    """Cycles of in-process restarts (a fault in a step or a save, NVRx calling pretrain()
+    again in the same process) among clean restarts: nothing is lost at a fault, each cycle
+    an incarnation of its process, restarted, with its cycle number and its restart gap;
+    every figure the truth or a bound holding it."""
+    simulated, paths = _written(history, tmp_path)
+    report = _report(paths)
+    assert_within_truth(report, simulated)
+    assert "restarted" in [inc["ended"] for inc in report["incarnations"]]
 
 
 def test_a_hung_incarnation_s_wasted_time_is_its_wasted_progress_alone(tmp_path: Path) -> None:
@@ -724,6 +780,22 @@ def _cli_report(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any
 def test_clean_histories_report_the_truth_on_a_cluster(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], scheduler: str, history: gt.History
 ) -> None:
+    _on_the_cluster_as_on_one_process(tmp_path, capsys, scheduler, history)
+
+
+@pytest.mark.needs_extras  # dask
+@settings(SETTINGS, max_examples=examples(8))
+@given(history=histories(kills=False, restarts=True))
+def test_in_process_restarts_report_the_truth_on_a_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], scheduler: str, history: gt.History
+) -> None:
+    _on_the_cluster_as_on_one_process(tmp_path, capsys, scheduler, history)
+
+
+def _on_the_cluster_as_on_one_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], scheduler: str, history: gt.History
+) -> None:
+    """Read on the cluster: the truth, and the same figures as on one process."""
     simulated, paths = _written(history, tmp_path)
     names = [str(p) for p in paths]
     spread = _cli_report(capsys, *names, "--scheduler", scheduler, "--jobs", "2")
