@@ -307,7 +307,7 @@ def build_wrapper(run: InprocessRun) -> Any:
             max_iterations=options.inprocess_max_iterations,
             min_world_size=options.inprocess_active_world_size,
         ),
-        abort=inprocess.Compose(inprocess.abort.AbortTorchDistributed()),
+        abort=_abort(inprocess),
         health_check=inprocess.health_check.CudaHealthCheck(timeout=_seconds(10)),
         rank_assignment=inprocess.rank_assignment.Tree(layers=layers),
         finalize=inprocess.Compose(*finalize),
@@ -324,6 +324,20 @@ def build_wrapper(run: InprocessRun) -> Any:
         termination_grace_time=_seconds(options.inprocess_termination_grace_time),
         enabled=True,
     )
+
+
+def _abort(inprocess: ModuleType) -> Any:
+    """How NVRx's monitor thread unblocks a rank it interrupts: Megatron-LM's
+    ``AbortTorchDistributed`` where the group is NCCL's, whose abort ends a collective in
+    flight. A gloo group's does not (neither ``abort`` nor ``destroy_process_group`` ends a
+    collective another thread waits in), and destroying it from the monitor thread while
+    the main thread is inside one can block that thread, so NVRx never interrupts the
+    rank: on a CPU there is none. A rank blocked in a collective is freed by its peer
+    instead, whose fault (or interruption) releases that peer's group
+    (:meth:`Cycle.release`), closing the connections it waits on."""
+    if torch.cuda.is_available():
+        return inprocess.Compose(inprocess.abort.AbortTorchDistributed())
+    return None
 
 
 def _one_line(exc: BaseException, limit: int = 200) -> str:
