@@ -12,7 +12,7 @@ Run with ``tox -e bench`` (or ``python tests/benchmarks/run_benchmarks.py``);
 ``--only encode,pipeline`` runs some sections (``--list`` names them all).
 Each section is one function in the module of its subject (``lifecycle``,
 ``export_pipeline``, ``training``, ``reader``, ``timeline``, ``trace_commands``,
-``cluster``, ``watch``, ``receive``; what they share is in ``harness``, Megatron-LM's
+``cluster``, ``watch``, ``receive``, ``inprocess``; what they share is in ``harness``, Megatron-LM's
 own lifecycle helpers re-enacted as a baseline in ``upstream_helpers``), registered in
 ``SECTIONS`` with the keys it records; a new benchmark is a function, a ``SECTIONS`` row
 and its target and description in ``targets``.
@@ -40,6 +40,7 @@ from export_pipeline import section_encode, section_pipeline
 from goodput_commands import section_goodput
 from harness import REPO_ROOT, Run
 from history import section_history
+from inprocess import section_inprocess
 from lifecycle import section_lifecycle, section_reroot, section_step
 from reader import section_report, section_selection
 from receive import section_receive
@@ -68,6 +69,7 @@ SECTIONS: dict[str, Callable[[Run], None]] = {
     "receive": section_receive,
     "goodput": section_goodput,
     "history": section_history,
+    "inprocess": section_inprocess,
 }
 
 

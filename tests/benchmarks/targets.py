@@ -80,6 +80,12 @@ TARGETS = {
     # the metrics beside a killed job's trace (issue 51): read from the end near each kill,
     # so a week of them costs a few blocks a kill (about 1.2 on the machine of the table)
     "report_metrics_week_ratio": 1.5,
+    # an in-process restart (issue 63) against a relaunch after the same fault, from the
+    # traces: the restart gap, and the gap with the next incarnation's startup (back to
+    # training). NVRx waits --inprocess-last-call-wait (1 s) for other faults and a barrier;
+    # a relaunch pays torchrun's teardown and start, the interpreter and the imports
+    "inprocess_restart_gap_ratio": 0.5,
+    "inprocess_back_to_training_ratio": 0.5,
 }
 
 
@@ -191,6 +197,12 @@ DESCRIPTIONS = {
     "report_metrics_week_ratio": "`report --json` of a week of a two-rank job (`default` span "
     "groups, 40 SIGKILLs) with its `metrics.jsonl` beside the trace (this project's trainer's, "
     "every 10 s: about 320 MB), over the same trace without it",
+    "inprocess_restart_gap_ratio": "a two-rank job's restart gap after an exception on rank 0 "
+    "(the failed incarnation's last span to the next one's first, as `report --json` gives it "
+    "on the job rank) under `--inprocess-restart`, over the same job relaunched at once with "
+    "`--load` after the same fault",
+    "inprocess_back_to_training_ratio": "the same, the restart gap and the next incarnation's "
+    "startup together: from the fault back to training",
 }
 
 #: The unit of each key that is not a ratio of ours over a baseline.
