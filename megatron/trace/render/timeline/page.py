@@ -461,7 +461,8 @@ h1 {{ font-size: 20px; margin: 0 0 4px 0; }}
 <p class="note">Time runs left to right in wall-clock UTC. Hover a bar for its span,
 duration, iterations and attributes; drag to zoom, double-click to reset. Triangles mark
 checkpoint loads, saves and evaluations, which are too short to see at full scale. Lanes are
-incarnations (one per launch of the job){ranks}.{lanes_note}</p>
+incarnations (one per launch of the job, or per cycle of an in-process
+restart){ranks}.{lanes_note}</p>
 {iterations}
 </body>
 </html>
