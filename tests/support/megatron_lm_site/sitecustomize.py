@@ -5,7 +5,7 @@ Python imports ``sitecustomize`` at start-up from the first directory on
 directory on ``PYTHONPATH`` and sets ``MEGATRON_LM_CPU_SHIMS=1``, so every
 process of the run (``pretrain_gpt.py`` and the workers it spawns, which
 re-import it) gets the same answers; without the variable this file does
-nothing. Never imported by the project. It does four things, none of which
+nothing. Never imported by the project. It does five things, none of which
 touches the Megatron-LM tree:
 
 * ``typing.override`` exists on 3.11 (``typing_extensions``' backport), which
@@ -20,6 +20,10 @@ touches the Megatron-LM tree:
   landing inside nemo-lens's open-span closer while it holds its lock,
   packages that fail to import as if not installed, and a record, at exit, of
   which signals have a Python handler;
+* NVIDIA Resiliency Extension's health check and finalize, which Megatron-LM's
+  ``--inprocess-restart`` always uses, name their device by its index
+  (``torch.device(int(LOCAL_RANK))``, which a CPU-only torch refuses): there, an
+  index is the CPU;
 * spans the OpenTelemetry SDK's ``ConsoleSpanExporter`` writes (nemo-lens's
   ``console`` exporter) go to the file ``MEGATRON_LM_SPANS_FILE`` names (``{rank}``
   in it made the process's ``RANK``, so torchrun's ranks write a file each), one
@@ -358,11 +362,38 @@ def _record_signal_handlers() -> None:
     atexit.register(record)
 
 
+class _TorchNamingTheCpu:
+    """``torch`` as a module of NVRx sees it on a CPU: ``torch.device(N)``, a device by
+    index (CUDA's), is the CPU, which a CPU-only torch refuses to make."""
+
+    def __init__(self, torch) -> None:
+        self._torch = torch
+
+    def __getattr__(self, name):
+        return getattr(self._torch, name)
+
+    def device(self, *args, **kwargs):
+        if args and isinstance(args[0], int) and not isinstance(args[0], bool):
+            return self._torch.device("cpu")
+        return self._torch.device(*args, **kwargs)
+
+
+def _nvrx_devices_on_cpu(module) -> None:
+    """NVRx's ``CudaHealthCheck`` and ``ThreadedFinalize``, which Megatron-LM's in-process
+    restart always uses, name their device ``torch.device(int(LOCAL_RANK))``."""
+    import torch
+
+    module.torch = _TorchNamingTheCpu(torch)
+
+
 def _install() -> None:
     _record_signal_handlers()
     _hide_packages()
     sys.meta_path.insert(0, _AfterImport("megatron.training.training", _step_hooks))
     sys.meta_path.insert(0, _AfterImport("nemo.lens.providers", _signal_in_the_span_closer))
+    for name in ("health_check", "finalize"):
+        module = f"nvidia_resiliency_ext.inprocess.{name}"
+        sys.meta_path.insert(0, _AfterImport(module, _nvrx_devices_on_cpu))
     _backport_override()
     _answer_cuda_on_cpu()
     with contextlib.suppress(ImportError):  # no OpenTelemetry SDK: nothing to capture
