@@ -133,6 +133,13 @@ def test_a_fault_on_one_rank_restarts_both_in_process_and_the_job_finishes(tmp_p
     assert second["restart_gap_s"] is None
     assert report["checkpoint_advice"]["failures"] == 1
     assert "cycle 0 of pid" in job.megatron_trace("report").stdout
+    # the live goodput gauges carried on across the cycles: their final export is report's
+    for entry in report["ranks"]:
+        wall = job.gauge(entry["rank"], "megatron.training.wall_clock_s")[-1]
+        goodput = job.gauge(entry["rank"], "megatron.training.goodput_s")[-1]
+        assert wall == pytest.approx(entry["wall_s"], abs=0.02 * entry["wall_s"])
+        assert goodput == pytest.approx(entry["goodput_s"], abs=0.02 * entry["wall_s"])
+        assert job.gauge(entry["rank"], "megatron.training.iteration")[-1] == 20
 
 
 def test_a_fault_in_a_startup_ends_that_cycle_s_startup_and_the_next_cycle_trains(tmp_path):

@@ -77,8 +77,8 @@ class Job:
                 found.append(int(line.split("iteration", 1)[1].split("/", 1)[0]))
         return found
 
-    def heartbeats(self, rank: int) -> list[float]:
-        """The values the heartbeat gauge (``megatron.training.running``) exported, in order."""
+    def gauge(self, rank: int, name: str) -> list[float]:
+        """The values one rank exported of the gauge ``name``, in order (each point's own)."""
         values = []
         for line in self.metrics.read_text().splitlines():
             for resource in json.loads(line)["resourceMetrics"]:
@@ -87,10 +87,14 @@ class Job:
                     continue
                 for scope in resource["scopeMetrics"]:
                     for metric in scope["metrics"]:
-                        if metric["name"] == "megatron.training.running":
+                        if metric["name"] == name:
                             points = metric["gauge"]["dataPoints"]
                             values += [p.get("asDouble", p.get("asInt")) for p in points]
         return [float(v) for v in values]
+
+    def heartbeats(self, rank: int) -> list[float]:
+        """The values the heartbeat gauge (``megatron.training.running``) exported, in order."""
+        return self.gauge(rank, "megatron.training.running")
 
     def report(self) -> dict[str, Any]:
         """``megatron-trace report --json`` on the trace (exit 0 asserted)."""

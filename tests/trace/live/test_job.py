@@ -241,6 +241,37 @@ def test_an_in_process_restart_a_hang_and_a_failure_in_many_pieces(
     _assert_is_report(last, _report(capsys, [grower.live], grower.clock))
 
 
+def test_in_process_restart_cycles_in_many_pieces(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two ranks whose cycles NVRx restarted in process twice (the ground truth's
+    ``restarted``): between a cycle's end and the next one's first span the rank is
+    restarting: ``running`` while its newest record is fresh, never dead on sight (and
+    stalled, then killed, past that); the figures carry across the cycles, as report's."""
+    import ground_truth as gt
+
+    history = gt.History(
+        (gt.Plan(14, "restarted", victim=1, gap_s=8), gt.Plan(10, "restarted", gap_s=8),
+         gt.Plan(9)),
+        ranks=2, save_interval=5, export_delay_s=(0.0, 0.0),
+    )  # fmt: skip
+    (source,) = gt.write(gt.simulate(history), tmp_path / "traces.jsonl")
+    (tmp_path / "live").mkdir()  # (no metrics: the spans' own freshness decides)
+    grower = Grower(tmp_path / "live" / source.name)
+    between: dict[str, set[str]] = {"fresh": set(), "stale": set()}
+    for piece in _chunks(source.read_bytes(), 60, seed=5):
+        grower.append(piece)
+        rank = grower.last.ranks[0] if grower.last is not None else None
+        if rank is not None and rank.ended == "restarted":
+            after = grower.clock.now_ns - grower.newest_ns
+            between["fresh" if after <= STALE_S * 1e9 else "stale"].add(rank.state)
+    last = grower.close()
+    assert between["fresh"] == {"running"}, between
+    assert between["stale"] and "running" not in between["stale"], between
+    assert [r.ended for r in last.ranks] == ["shutdown", "shutdown"]
+    _assert_is_report(last, _report(capsys, [grower.live], grower.clock))
+
+
 def test_a_rotation_in_the_middle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """logrotate renames the file halfway (the job goes on writing the old one a little,
     then starts a new one): the scrapes on both sides still equal a job fed every line."""
