@@ -70,6 +70,7 @@ __all__ = [
     "advice_bounds",
     "furthest_waste",
     "report_bounds",
+    "unseen_after",
     "window_bounds",
 ]
 
@@ -197,6 +198,8 @@ def _unseen(incs: list[Incarnation], accounting: dict[str, Any]) -> list[_Unseen
     found = []
     resumed = resume_ranges(incs)
     for position, inc in enumerate(incs[:-1]):
+        if _cycle_restarted_in_process(inc, incs[position + 1]):
+            continue  # its process lived on into the next cycle: no launch between them
         successor = incs[position + 1].start_ns
         horizon = accounting["per_incarnation"][position]["placed_horizon"]
         if inc.ended == "killed":
@@ -617,6 +620,20 @@ def _count_bounds(
         why = Clause("a lower bound: the iterations a kill kept from the file are not compared")
         bound("straggler_s", report["straggler_s"], None,
               Reason((why if job_killed else _UNSEEN_LOWER,)))  # fmt: skip
+
+
+def _cycle_restarted_in_process(inc: Incarnation, successor: Incarnation) -> bool:
+    """Whether ``successor`` is the next cycle of ``inc``'s process, which NVRx restarted in
+    process: the process lived from one to the other, its telemetry up, so no restart can
+    hide between them."""
+    return inc.ended == "restarted" and successor.process == inc.process
+
+
+def unseen_after(incs: list[Incarnation], accounting: dict[str, Any]) -> dict[int, bool]:
+    """The positions of the incarnations after which a stretch no record covers lies (a
+    restart killed before its first export may hide there), each with whether it was
+    killed itself."""
+    return {incs.index(u.inc): u.inc.ended == "killed" for u in _unseen(incs, accounting)}
 
 
 def advice_bounds(advice: dict[str, Any], incs: list[Incarnation], accounting: dict[str, Any]):

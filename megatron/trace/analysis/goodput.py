@@ -20,12 +20,14 @@ from megatron.trace.analysis.bounds import (
     advice_bounds,
     furthest_waste,
     report_bounds,
+    unseen_after,
     window_bounds,
 )
 from megatron.trace.analysis.checkpoint_advice import checkpoint_advice
 from megatron.trace.analysis.hangs import hang_entries, recovered_stalls
 from megatron.trace.analysis.iteration_stats import ANOMALY_MAX_SHARE, iteration_stats
 from megatron.trace.analysis.liveness import Clock, Liveness, judge, utc_text
+from megatron.trace.analysis.reasons import Clause, Reason
 from megatron.trace.analysis.report import IterationStats, Report
 from megatron.trace.analysis.resumed import Resumed, job_resume_ranges, resumed_bounds
 from megatron.trace.analysis.resumed import figure as resumed_figure
@@ -82,19 +84,32 @@ def _incarnation_entry(
     }
 
 
-def _restart_gap_bounds(entries: list[Any], incs: list[Incarnation]) -> dict[str, Any]:
-    """A killed incarnation's restart gap holds the time from its last record to the kill,
-    which no file shows: the figure is only an upper bound on the gap."""
-    return {
-        f"incarnations.{entry['index']}.restart_gap_s": {
+def _restart_gap_bounds(
+    entries: list[Any], incs: list[Incarnation], accounting: dict[str, Any]
+) -> dict[str, Any]:
+    """An incarnation's restart gap is exact where nothing can hide after it (a cycle that
+    NVRx restarted in process). Elsewhere the stretch to the next one may hold a restart
+    killed before its first export, and after a kill the time to the kill: the figure is
+    then only an upper bound on the gap."""
+    bounds = {}
+    for position, killed in unseen_after(incs, accounting).items():
+        clauses = [_UNSEEN_RESTART]
+        if killed:
+            clauses.insert(0, Clause(_KILL_MOMENT, incarnation=incs[position].index))
+        gap = entries[position]["restart_gap_s"]
+        bounds[f"incarnations.{entries[position]['index']}.restart_gap_s"] = {
             "lower": 0.0,
-            "upper": entry["restart_gap_s"],
-            "reason": f"incarnation {inc.index} was SIGKILLed: when, between its last record "
-            "and the next incarnation's start, is unknown",
+            "upper": gap,
+            "reason": Reason(tuple(clauses)),
         }
-        for entry, inc in zip(entries, incs, strict=True)
-        if inc.ended == "killed" and entry["restart_gap_s"] is not None
-    }
+    return bounds
+
+
+_KILL_MOMENT = "it was SIGKILLed, and when, after its last record, is in no file"
+_UNSEEN_RESTART = Clause(
+    "a restart killed before its first export may lie between it and the next incarnation, "
+    "which is then the later of two restarts"
+)
 
 
 def _loop_unrecorded(inc: Incarnation) -> bool:
@@ -202,7 +217,7 @@ def build_report(
     }
     report["bounds"] = report_bounds(report, ranks, job_rank, furthest, not_computed_categories)
     report["bounds"].update(resumed_bounds(incs, resumed))
-    report["bounds"].update(_restart_gap_bounds(report["incarnations"], incs))
+    report["bounds"].update(_restart_gap_bounds(report["incarnations"], incs, accounting))
     report["checkpoint_advice"] = checkpoint_advice(
         incs,
         report["incarnations"],  # type: ignore[arg-type]
