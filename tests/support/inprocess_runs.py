@@ -29,6 +29,9 @@ INPROCESS = (
     "--inprocess-restart",
     "--inprocess-granularity", "rank",
     "--inprocess-soft-timeout", str(SOFT_TIMEOUT_S),
+    # NVRx 0.4.1's monitor process checks the timeouts only when no progress timestamp came
+    # within its interval; under the timestamps' period (1 s) it checks every interval
+    "--inprocess-monitor-process-interval", "0.5",
     "--inprocess-hard-timeout", "30",
     "--inprocess-heartbeat-interval", "2",
     "--inprocess-heartbeat-timeout", "20",
