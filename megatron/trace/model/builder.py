@@ -229,6 +229,7 @@ class TraceBuilder:
         proc = self._process_for(resource, path)
         shared = None  # the batch's shared resource, looked up at its first record
         self.span_count += len(spans)
+        proc.span_count += len(spans)
         kinds, ignored = self._kinds, self._ignored
         low = min([s.start_time_unix_nano for s in spans])
         if proc.min_start is None or low < proc.min_start:
@@ -340,7 +341,8 @@ class TraceBuilder:
             spared += _killed_in_first_iteration(incarnations)
         _killed_on_another_rank(spared, ranks)
         ordered = dict(sorted(ranks.items(), key=lambda item: rank_sort_key(item[0])))
-        return Trace(ordered, self.stats, self.span_count, processes)
+        spans = {key: proc.span_count for key, proc in self._processes.items()}
+        return Trace(ordered, self.stats, self.span_count, processes, spans)
 
     def repeated_span(self) -> tuple[SpanRecord, SpanRecord] | None:
         """Two reads of one span, as the last :meth:`finish` found them (None: none): a

@@ -286,6 +286,8 @@ class Trace:
     processes: dict[tuple[Any, ...], tuple[list[int], list[Incarnation]]] = field(
         default_factory=dict, repr=False
     )
+    #: each writing process -> how many spans it wrote (they add up to :attr:`span_count`)
+    process_spans: dict[tuple[Any, ...], int] = field(default_factory=dict, repr=False)
 
     @property
     def incarnations(self) -> list[Incarnation]:

@@ -11,10 +11,13 @@ earlier job reached. A resumed job stays one job also when its launches carry di
 run ids (this trainer's do, without ``MEGATRON_OTEL_RUN_ID`` or Slurm, under torchrun's
 default rendezvous). A launch whose files do not show where it resumed (killed in its
 startup) goes with the launches after it of the same id, and where none shows it, with
-the job before. The other ranks' incarnations go with the job their time falls in.
+the job before. The other ranks' incarnations go with the job of the job rank's incarnation
+of the same launch, and one of a launch the job rank's file does not show with the job its
+start falls in.
 
 :func:`one_job` is what the commands read: the trace when it holds one job; the job
-``--job`` names; else :class:`SeveralJobsError`, one line naming them.
+``--job`` names; else :class:`SeveralJobsError`, one line naming them (:func:`several_jobs`:
+``watch``, which reads on, says it as a warning). The job's spans are its processes'.
 """
 
 from __future__ import annotations
@@ -27,11 +30,20 @@ from typing import Any
 
 from megatron.trace.model.identity import PROCESS_KEYS
 from megatron.trace.model.incarnation import RECORD_LISTS, Incarnation, Trace
+from megatron.trace.model.launches import same_launch
 from megatron.trace_format.errors import TraceInputError
 from megatron.trace_format.jobs import job_of
 from megatron.trace_format.words import counted
 
-__all__ = ["Job", "SeveralJobsError", "jobs_in", "one_job"]
+__all__ = [
+    "Job",
+    "SeveralJobsError",
+    "job_named",
+    "job_trace",
+    "jobs_in",
+    "one_job",
+    "several_jobs",
+]
 
 
 class SeveralJobsError(TraceInputError):
@@ -40,9 +52,10 @@ class SeveralJobsError(TraceInputError):
 
 @dataclass(frozen=True)
 class Job:
-    """One job of the files: its name (the id its first launch carries), every id its
-    launches carry, when it started (its first incarnation on the job rank), and the job
-    rank's incarnations (positions, in time order) that are its."""
+    """One job of the files: its name (the id its first launch carries, numbered ``a#2``
+    where two jobs' first launches carry one), every id its launches carry, when it
+    started (its first incarnation on the job rank), and the job rank's incarnations
+    (positions, in time order) that are its."""
 
     name: str
     ids: tuple[str, ...]
@@ -70,17 +83,13 @@ def _shown_start(inc: Incarnation) -> int | None:
     return inc.first_iteration
 
 
-def _reach(incs: Sequence[Incarnation]) -> int | None:
-    """How far a job's incarnations got, as their files show (None: unknown, its last one
-    killed after it may have gone further)."""
-    if incs[-1].ended == "killed":
-        return None
-    points = [0]
-    for inc in incs:
-        points += inc.durable_saves()
-        start = _shown_start(inc)
-        points += [] if start is None else [start]
-        points += [] if inc.last_iteration is None else [inc.last_iteration + 1]
+def _reached(inc: Incarnation) -> int:
+    """How far the incarnation got, as its files show: its durable saves, where it started
+    and its last iteration (the most of them; 0 for none)."""
+    points = [0, *inc.durable_saves()]
+    start = _shown_start(inc)
+    points += [] if start is None else [start]
+    points += [] if inc.last_iteration is None else [inc.last_iteration + 1]
     return max(points)
 
 
@@ -91,85 +100,76 @@ def jobs_in(trace: Trace) -> list[Job]:
     incs = next(iter(trace.ranks.values()))
     ids = [_job_id(inc) for inc in incs]
     groups: list[list[int]] = []
+    # the ids the last group's launches carry, and how far its first `folded` got (kept as
+    # it grows, and worked out only where another id asks: watch asks at every scrape)
+    carried: set[str] = set()
+    reached = folded = 0
     for position, same in enumerate(ids):
-        if not groups or same in {ids[p] for p in groups[-1]}:
-            if groups:
-                groups[-1].append(position)
-            else:
-                groups.append([position])
-            continue
-        # another id: another job unless it resumed from this one's checkpoints; its
-        # start is the first its run of the same id shows
-        run = itertools.takewhile(lambda p, same=same: ids[p] == same, range(position, len(ids)))
-        shown = next((s for p in run if (s := _shown_start(incs[p])) is not None), None)
-        reach = _reach([incs[p] for p in groups[-1]])
-        afresh = shown == 0 or (shown is not None and reach is not None and shown > reach)
-        if afresh:
-            groups.append([position])
-        else:
-            groups[-1].append(position)
+        if groups and same not in carried:
+            # another id: another job unless it resumed from this one's checkpoints; its
+            # start is the first its run of the same id shows. How far the job got is
+            # unknown when its last launch was killed: it may have gone further
+            run = itertools.takewhile(
+                lambda p, same=same: ids[p] == same, range(position, len(ids))
+            )
+            shown = next((s for p in run if (s := _shown_start(incs[p])) is not None), None)
+            group = groups[-1]
+            reached = max([reached, *(_reached(incs[p]) for p in group[folded:])])
+            folded = len(group)
+            reach = None if incs[group[-1]].ended == "killed" else reached
+            if shown == 0 or (shown is not None and reach is not None and shown > reach):
+                groups.append([])
+                carried, reached, folded = set(), 0, 0
+        if not groups:
+            groups.append([])
+        groups[-1].append(position)
+        carried.add(same)
+    names = [ids[group[0]] for group in groups]
     return [
         Job(
-            ids[group[0]],
+            name if names.count(name) == 1 else f"{name}#{names[:number].count(name) + 1}",
             tuple(dict.fromkeys(ids[p] for p in group)),
             incs[group[0]].start_ns,
             tuple(group),
         )
-        for group in groups
+        for number, (name, group) in enumerate(zip(names, groups, strict=True))
     ]
 
 
-def _named(jobs: list[Job]) -> list[str]:
-    """Each job's name as the line gives it: its id, numbered where two share one."""
-    names = [job.name for job in jobs]
-    return [
-        name if names.count(name) == 1 else f"{name}#{names[:index].count(name) + 1}"
-        for index, name in enumerate(names)
-    ]
+def several_jobs(jobs: Sequence[Job], where: str = "the files") -> str:
+    """The line that names ``jobs`` (two or more) of ``where``: each job's name, its
+    incarnations and when it started (what to do about it is the caller's to add)."""
+    listed = "; ".join(
+        f"{found.name} ({counted(len(found.positions), 'incarnation')} from {_utc(found.start_ns)})"
+        for found in jobs
+    )
+    return (
+        f"{where} hold {len(jobs)} jobs, the later not resumed from the earlier's "
+        f"checkpoints: {listed}"
+    )
 
 
-def one_job(trace: Trace, job: str | None = None, where: str = "the files") -> Trace:
-    """``trace`` when it holds one job; with ``job`` (a name :class:`SeveralJobsError`
-    gives, or any id its launches carry), that job's incarnations alone, numbered from 0;
-    several jobs and no ``job``: :class:`SeveralJobsError`."""
-    jobs = jobs_in(trace)
-    names = _named(jobs)
-    if job is None:
-        if len(jobs) <= 1:
-            return trace
-        listed = "; ".join(
-            f"{name} ({counted(len(found.positions), 'incarnation')} from {_utc(found.start_ns)})"
-            for name, found in zip(names, jobs, strict=True)
-        )
-        raise SeveralJobsError(
-            f"{where} hold {len(jobs)} jobs, the later not resumed from the earlier's "
-            f"checkpoints: {listed}; name one with --job {names[0]}"
-        )
-    chosen = [
-        index
-        for index, (name, found) in enumerate(zip(names, jobs, strict=True))
-        if job == name or job in found.ids
-    ]
-    if not chosen:
-        raise TraceInputError(
-            f"--job {job}: {where} hold no such job; valid are {', '.join(names) or 'none'}"
-        )
-    index = chosen[0]
-    start = jobs[index].start_ns
-    end = jobs[index + 1].start_ns if index + 1 < len(jobs) else None
-    return _within(trace, start, end)
+def job_named(jobs: Sequence[Job], job: str) -> int | None:
+    """The position in ``jobs`` of the one ``job`` names (its name, or any id its launches
+    carry: the first such); None when none is."""
+    return next(
+        (index for index, found in enumerate(jobs) if job == found.name or job in found.ids),
+        None,
+    )
 
 
-def _within(trace: Trace, start: int, end: int | None) -> Trace:
-    """The incarnations of ``trace`` that started in ``[start, end)``, renumbered."""
+def job_trace(trace: Trace, jobs: Sequence[Job], index: int) -> Trace:
+    """The incarnations of ``trace`` that are ``jobs[index]``'s (``jobs``: :func:`jobs_in`'s
+    of ``trace``), numbered from 0 on each rank (module doc)."""
     ranks = {}
     for rank, incs in trace.ranks.items():
-        starts = [inc.start_ns for inc in incs]
-        lo = bisect.bisect_left(starts, start)
-        hi = len(incs) if end is None else bisect.bisect_left(starts, end)
-        kept = incs[lo:hi]
-        for index, inc in enumerate(kept):
-            inc.index = index
+        kept = [
+            inc
+            for inc, owner in zip(incs, _owners(trace, jobs, incs), strict=True)
+            if owner == index
+        ]
+        for number, inc in enumerate(kept):
+            inc.index = number
         if kept:
             ranks[rank] = kept
     chosen = {id(inc) for incs in ranks.values() for inc in incs}
@@ -178,7 +178,47 @@ def _within(trace: Trace, start: int, end: int | None) -> Trace:
         for key, (boundaries, incs) in trace.processes.items()
         if any(id(inc) in chosen for inc in incs)
     }
-    return Trace(ranks, trace.stats, trace.span_count, processes)
+    # the job's spans: its processes' (all of the files', where no count is kept per process)
+    spans = {key: count for key, count in trace.process_spans.items() if key in processes}
+    span_count = sum(spans.values()) if trace.process_spans else trace.span_count
+    return Trace(ranks, trace.stats, span_count, processes, spans)
+
+
+def _owners(trace: Trace, jobs: Sequence[Job], incs: list[Incarnation]) -> list[int]:
+    """The job (its position in ``jobs``) of each of one rank's incarnations ``incs``: on
+    the job rank, the job that holds it; on another, the job of the job rank's incarnation
+    of the same launch (:func:`~megatron.trace.model.launches.same_launch`: ranks start a
+    launch in any order, so a start time alone could give one rank's start to the job
+    before), else (a launch the job rank's file does not show) the job its start falls in."""
+    by_position = {p: number for number, found in enumerate(jobs) for p in found.positions}
+    job_rank = next(iter(trace.ranks.values()))
+    if incs is job_rank:
+        return [by_position[p] for p in range(len(incs))]
+    launch = {
+        id(other): by_position[p]
+        for p, other in enumerate(same_launch(job_rank, incs))
+        if other is not None
+    }
+    starts = [found.start_ns for found in jobs]
+    return [
+        launch.get(id(inc), max(0, bisect.bisect_right(starts, inc.start_ns) - 1)) for inc in incs
+    ]
+
+
+def one_job(trace: Trace, job: str | None = None, where: str = "the files") -> Trace:
+    """``trace`` when it holds one job; with ``job`` (a name :class:`SeveralJobsError`
+    gives, or any id its launches carry), that job's incarnations alone, numbered from 0;
+    several jobs and no ``job``: :class:`SeveralJobsError`."""
+    jobs = jobs_in(trace)
+    if job is None:
+        if len(jobs) <= 1:
+            return trace
+        raise SeveralJobsError(f"{several_jobs(jobs, where)}; name one with --job {jobs[0].name}")
+    index = job_named(jobs, job)
+    if index is None:
+        valid = ", ".join(found.name for found in jobs) or "none"
+        raise TraceInputError(f"--job {job}: {where} hold no such job; valid are {valid}")
+    return job_trace(trace, jobs, index)
 
 
 def _utc(ns: int) -> str:

@@ -34,6 +34,7 @@ class ProcessSpans:
         "min_start",
         "rank",
         "records",
+        "span_count",
         "waits",
     )
 
@@ -50,6 +51,7 @@ class ProcessSpans:
         self.max_end = 0
         self.max_end_root = 0
         self.max_end_child = 0
+        self.span_count = 0  # every span the process wrote, kept or not
 
     def merge(self, other: ProcessSpans) -> None:
         """Add what ``other`` (the same process, read later) learnt."""
@@ -68,3 +70,4 @@ class ProcessSpans:
         self.max_end = max(self.max_end, other.max_end)
         self.max_end_root = max(self.max_end_root, other.max_end_root)
         self.max_end_child = max(self.max_end_child, other.max_end_child)
+        self.span_count += other.span_count

@@ -20,6 +20,28 @@ def _two_jobs(path: Path) -> Path:
     return g.write(path, g.lifecycle(60), pid=300, run="b")
 
 
+def _two_rank_jobs(tmp_path: Path) -> tuple[Path, dict[str, Path]]:
+    """The collector's file of two jobs of two ranks (job "a" killed, then resumed and
+    finished; job "b" started afresh), and each job's own file. Rank 1 starts each launch
+    half a second before rank 0, the job rank: its start alone falls in the job before."""
+    jobs = {
+        "a": [
+            [g.lifecycle(0.5, kill_after=1), g.lifecycle(20.5, first=6, load=6)],
+            [g.lifecycle(0, kill_after=1), g.lifecycle(20, first=6, load=6)],
+        ],
+        "b": [[g.lifecycle(60.5)], [g.lifecycle(60)]],
+    }
+    both, own = tmp_path / "collector.jsonl", {}
+    for name, ranks in jobs.items():
+        own[name] = tmp_path / name / "traces.jsonl"
+        own[name].parent.mkdir()
+        for path in (both, own[name]):
+            for rank, incarnations in enumerate(ranks):
+                pid = 300 + rank if name == "b" else None
+                g.write(path, *incarnations, rank=rank, pid=pid, run=name)
+    return both, own
+
+
 def _report(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
     assert main(["report", "--json", *argv]) == 0
     return json.loads(capsys.readouterr().out.splitlines()[-1])
@@ -54,6 +76,17 @@ def test_two_jobs_in_one_file_are_named_in_one_line_and_read_one_at_a_time(
     assert main(["timeline", str(path), "-o", str(tmp_path / "t.html")]) == 2
     assert "hold 2 jobs" in capsys.readouterr().err
     assert main(["diff", str(path), str(path), "--job", "b"]) == 0
+
+
+def test_a_job_of_two_ranks_read_alone_is_its_own_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each rank's incarnation goes with the job of the job rank's one of the same launch,
+    whichever rank started first, and the job's spans are its processes'."""
+    both, own = _two_rank_jobs(tmp_path)
+    for job, path in own.items():
+        picked = _report(capsys, str(both), "--job", job, "--now", "1000")
+        assert picked == _report(capsys, str(path), "--now", "1000"), job
 
 
 def test_a_resumed_job_stays_one_job_whatever_its_launches_run_ids(tmp_path: Path) -> None:
