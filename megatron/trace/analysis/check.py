@@ -64,6 +64,7 @@ from megatron.trace.analysis.liveness import Clock, judge, utc_text
 from megatron.trace.model.builder import TraceBuilder
 from megatron.trace.model.identity import process_key
 from megatron.trace.model.incarnation import Incarnation, Trace
+from megatron.trace.model.jobs import one_job
 from megatron.trace.otlp.parallel import FilePiece, imap_files, map_files, pieces
 from megatron.trace.otlp.reader import (
     DAMAGE_ERRORS,
@@ -240,8 +241,11 @@ def check_files(
     clock: Clock | None = None,
     jobs: int | None = None,
     executor: Executor | None = None,
+    job: str | None = None,
 ) -> CheckResult:
-    """Check the files; raises ``TraceFileDamaged`` on damage (exit 2).
+    """Check the files; raises ``TraceFileDamaged`` on damage (exit 2), and
+    :class:`~megatron.trace.model.jobs.SeveralJobsError` for files holding several jobs
+    unless ``job`` names one (then only its processes' spans are checked).
 
     Whether the last incarnations are still running is judged against
     ``clock`` (default: the system clock and the default staleness bound).
@@ -263,6 +267,8 @@ def check_files(
         read.append(scan.piece)
     result = CheckResult()
     trace = builder.finish()
+    if trace.span_count:  # (no span: the caller says there is nothing to check)
+        trace = one_job(trace, job)
     liveness = judge(trace, paths, clock)
     result.trace = trace
     labels = _process_labels(trace)
@@ -272,8 +278,12 @@ def check_files(
     ids.close()  # (the files of ids spilled to disk, when there were many)
     result.reread = _to_reread(read, wanted, dups)
     found = map_files(_DetailsOf(dups, wanted), result.reread, jobs, executor)
+    # the job's spans alone (every span's, when the files hold one job)
     orphans = [span for file_orphans, _ in found for span in file_orphans]
+    orphans = [span for span in orphans if span.process in trace.processes]
     copies = [span for _, file_copies in found for span in file_copies]
+    copies = [span for span in copies if span.process in trace.processes]
+    late = [span for span in late if span.process in trace.processes]
     per_span = [("end-before-start", span) for span in late]
     per_span += [("duplicate-span-id", span) for span in _repeats(copies, order)]
     per_span.sort(key=lambda item: (*_read_order(item[1], order), _RULE_ORDER[item[0]]))

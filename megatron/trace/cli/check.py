@@ -10,7 +10,7 @@ import argparse
 from typing import Any
 
 from megatron.trace.analysis.check import check_files
-from megatron.trace.cli.options import add_command, clock, reading_on
+from megatron.trace.cli.options import add_command, add_job_option, clock, reading_on
 from megatron.trace_format.errors import NoSpansError
 from megatron.trace_format.words import counted
 
@@ -19,7 +19,7 @@ __all__ = ["add_parser", "run"]
 
 def run(args: argparse.Namespace) -> int:
     with reading_on(args) as (jobs, executor):
-        result = check_files(args.files, clock(args), jobs, executor)
+        result = check_files(args.files, clock(args), jobs, executor, args.job)
     trace = result.trace
     assert trace is not None
     if not trace.span_count:  # nothing to check is not a whole trace
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: Any) -> None:
-    add_command(
+    parser = add_command(
         subparsers,
         "check",
         "verify the span lifecycle's invariants (exit 1 on a violation)",
@@ -49,3 +49,4 @@ def add_parser(subparsers: Any) -> None:
         run,
         finding="a rule is violated",
     )
+    add_job_option(parser)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from megatron.trace.cli.options import add_command, clock, reading_on, writing
+from megatron.trace.cli.options import add_command, add_job_option, clock, reading_on, writing
 from megatron.trace.render.export.write import FORMATS, export_files, size_warning
 
 __all__ = ["add_parser", "run"]
@@ -38,6 +38,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--until", metavar="WHEN", help="only spans that start at or before WHEN")
     parser.add_argument("--ranks", metavar="RANKS", help="only these ranks, e.g. 0,2,4-7")
+    add_job_option(parser)
     return parser
 
 
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
             jobs,
             clock(args),
             executor,
+            args.job,
         )
     mb = result.size / 2**20
     size = f"{mb:.1f} MB" if mb < 1024 else f"{mb / 1024:.2f} GB"

@@ -47,6 +47,12 @@ def _report(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
     return json.loads(capsys.readouterr().out.splitlines()[-1])
 
 
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = main([*argv, "--now", "1000"])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
 def test_two_jobs_in_one_file_are_named_in_one_line_and_read_one_at_a_time(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -89,7 +95,9 @@ def test_a_job_of_two_ranks_read_alone_is_its_own_file(
         assert picked == _report(capsys, str(path), "--now", "1000"), job
 
 
-def test_a_resumed_job_stays_one_job_whatever_its_launches_run_ids(tmp_path: Path) -> None:
+def test_a_resumed_job_stays_one_job_whatever_its_launches_run_ids(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """This trainer's launches carry different run ids without MEGATRON_OTEL_RUN_ID or Slurm
     (torchrun's default rendezvous): resumed from the earlier's checkpoint, one job; a
     launch killed in its startup, before its load was written, goes with the one after."""
@@ -101,6 +109,11 @@ def test_a_resumed_job_stays_one_job_whatever_its_launches_run_ids(tmp_path: Pat
     (job,) = jobs_in(trace)
     assert job.ids == ("first", "second", "third")
     assert one_job(trace) is trace
+    # and so every command reads it: no line naming jobs, no figures of one launch alone
+    status, out, err = _run(capsys, "check", str(path))
+    assert (status, err) == (0, "") and "3 incarnations on 1 rank" in out
+    status, _, err = _run(capsys, "export", str(path), "-o", str(tmp_path / "t.json"))
+    assert (status, err) == (0, "")
 
 
 def test_a_restart_afresh_with_the_same_run_id_is_the_same_job(tmp_path: Path) -> None:
@@ -112,3 +125,28 @@ def test_a_restart_afresh_with_the_same_run_id_is_the_same_job(tmp_path: Path) -
 def test_several_jobs_are_an_error_of_bad_input(tmp_path: Path) -> None:
     with pytest.raises(SeveralJobsError, match="hold 2 jobs"):
         one_job(load_trace([_two_jobs(tmp_path / "t.jsonl")]))
+
+
+def test_check_and_export_name_the_jobs_and_read_the_one_named_as_its_own_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    both, own = _two_rank_jobs(tmp_path)
+    line = (
+        "error: the files hold 2 jobs, the later not resumed from the earlier's checkpoints: "
+        "a (2 incarnations from 1970-01-01T00:00:00Z); b (1 incarnation from "
+        "1970-01-01T00:01:00Z); name one with --job a\n"
+    )
+    output, alone = tmp_path / "picked.json", tmp_path / "alone.json"
+    for command in (["check"], ["export", "-o", str(output)]):
+        assert _run(capsys, *command, str(both)) == (2, "", f"megatron-trace {command[0]}: {line}")
+    assert not output.exists()
+    for job, path in own.items():
+        # (check: the orphans of job a's killed launches are no missing parents of job b's)
+        picked = _run(capsys, "check", str(both), "--job", job)
+        assert picked == _run(capsys, "check", str(path)) and picked[0] == 0, job
+        assert _run(capsys, "export", str(both), "--job", job, "-o", str(output))[0] == 0
+        assert _run(capsys, "export", str(path), "-o", str(alone))[0] == 0
+        assert output.read_bytes() == alone.read_bytes(), job  # its links' flows too
+    for command in (["check"], ["export", "-o", str(output)]):
+        status, _, err = _run(capsys, *command, str(both), "--job", "c")
+        assert status == 2 and err.endswith("--job c: the files hold no such job; valid are a, b\n")

@@ -33,6 +33,7 @@ from megatron.trace.analysis.liveness import Clock, judge
 from megatron.trace.model.builder import TraceBuilder, refuse_spans_read_twice
 from megatron.trace.model.identity import process_key
 from megatron.trace.model.incarnation import Trace
+from megatron.trace.model.jobs import one_job
 from megatron.trace.model.window import (
     Window,
     format_offset,
@@ -119,17 +120,21 @@ class _Plan:
     origin: int = 0  # the earliest start, rounded down to a whole second (ns)
 
 
-def _learn(path: FilePiece) -> tuple[FilePiece, TraceBuilder, list[tuple[str, str]]]:
+def _learn(path: FilePiece) -> tuple[FilePiece, TraceBuilder, list[tuple[Any, str, str]]]:
     """The first pass over one piece of a file: the piece (numbered as it was handed out),
-    its model summary and its links (linking, linked-to)."""
+    its model summary and its links (the linking span's process, linking, linked-to)."""
     builder, links = TraceBuilder(), []
     with reading(path.path), paused_gc():
         for line in iter_batches(path, builder.stats):
             builder.add_line(line)
             if line.may_hold(_LINKS_KEY):
                 for batch in line.batches:
+                    process = None
                     for span in spans_with_links(batch.spans):
-                        links.extend((span.span_id, target) for _, target in span.link_pairs())
+                        process = process or process_key(batch.resource, line.path)
+                        links.extend(
+                            (process, span.span_id, target) for _, target in span.link_pairs()
+                        )
     return path, builder, links
 
 
@@ -140,6 +145,7 @@ def _plan(
     jobs: int | None,
     clock: Clock,
     executor: Executor | None,
+    job: str | None,
 ) -> tuple[_Plan, Trace]:
     read, builder, links = [], TraceBuilder(), []
     for piece, piece_builder, piece_links in imap_files(_learn, work, jobs, executor):  # folded
@@ -151,18 +157,26 @@ def _plan(
         raise NoSpansError(paths)
     trace = builder.finish()
     refuse_spans_read_twice(builder)
+    trace = one_job(trace, job)  # (the other jobs' processes are not drawn)
     judge(trace, paths, clock)  # which last incarnations are still running
+    drawn = [(linking, target) for process, linking, target in links if process in trace.processes]
     flows, fields = None, {}
     if fmt == "chrome":
         flows = FlowPlan()
-        for linking, target in links:
+        for linking, target in drawn:
             flows.add(linking, target)
         flows.plan()
     else:  # Perfetto's flows are the links themselves: nothing to plan
         from megatron.trace.render.export.perfetto import flow_fields
 
-        fields = flow_fields(links)
-    del links  # (the plan keeps what each format draws, not the links)
+        fields = flow_fields(drawn)
+    del links, drawn  # (the plan keeps what each format draws, not the links)
+    if len(trace.processes) < len(builder.processes):  # one job of several: from its start
+        earliest = min(
+            start
+            for key in trace.processes
+            if (start := builder.processes[key].min_start) is not None
+        )
     origin = earliest - earliest % 1_000_000_000
     return _Plan(read, LaneIndex(trace), flows, fields, origin), trace
 
@@ -187,6 +201,8 @@ def _write_spans(
             for batch in line.batches:
                 process = process_key(batch.resource, line.path)
                 if ranks is not None and process[0] not in ranks:
+                    continue
+                if process not in lanes.trace.processes:  # another job's
                     continue
                 spans = batch.spans
                 if window.stretches is not None:  # iterations as they ran: several stretches
@@ -239,10 +255,12 @@ def export_files(
     jobs: int | None = None,
     clock: Clock | None = None,
     executor: Executor | None = None,
+    job: str | None = None,
 ) -> ExportResult:
     """Write the spans of ``paths`` to ``output`` in ``fmt``; returns what was written.
 
-    Raises :class:`TraceInputError` (a file missing or damaged, no spans) or
+    Raises :class:`TraceInputError` (a file missing or damaged, no spans, several jobs
+    and none named by ``job``: :func:`~megatron.trace.model.jobs.one_job`) or
     :class:`WindowError` (a bound that names nothing); ``output`` is then
     untouched. The files are read in pieces (:func:`~megatron.trace.otlp.parallel.pieces`)
     in ``jobs`` processes, or on ``executor``.
@@ -257,7 +275,7 @@ def export_files(
             raise MissingExtraError("--format perfetto", "perfetto") from None
     # both passes read the same lines, however much a running job appends meanwhile
     fixed = [fixed_end(piece) for piece in pieces(files, jobs, count_lines=False)]
-    plan, trace = _plan(fmt, files, fixed, jobs, clock or Clock.system(), executor)
+    plan, trace = _plan(fmt, files, fixed, jobs, clock or Clock.system(), executor, job)
     window = resolve_window(trace, since, until, ranks)
     part_files: list[Path] = []
     try:
