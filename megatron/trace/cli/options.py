@@ -189,17 +189,26 @@ def add_command(
     return parser
 
 
-def add_job_option(parser: argparse.ArgumentParser) -> None:
+def add_job_option(parser: argparse.ArgumentParser, live: bool = False) -> None:
     """``--job NAME``: read one job of files that hold several
-    (:func:`~megatron.trace.model.jobs.one_job`)."""
-    parser.add_argument(
-        "--job",
-        default=None,
-        metavar="NAME",
-        help="when the files hold several jobs (two launches appended to one file, the "
-        "later not resumed from the earlier's checkpoints), read the one NAME names: a name "
-        "the error line gives, or any run id its launches carry",
+    (:func:`~megatron.trace.model.jobs.one_job`); ``live``: ``watch``'s, which reads on
+    where the others stop (:class:`~megatron.trace.live.job.LiveJob`)."""
+    several = (
+        "when the files hold several jobs (two launches appended to one file, the later not "
+        "resumed from the earlier's checkpoints), "
     )
+    if live:
+        what = (
+            "figure the one NAME names alone (a name the warning naming them gives, or any run "
+            "id its launches carry), its series labelled run_id=NAME unless --run-id; no "
+            "figures until it is in the files. Without it: the job of the first record read, "
+            "and one warning naming the jobs"
+        )
+    else:
+        what = (
+            "read the one NAME names: a name the error line gives, or any run id its launches carry"
+        )
+    parser.add_argument("--job", default=None, metavar="NAME", help=several + what)
 
 
 def exit_statuses(finding: str | None, gate: bool = False) -> str:

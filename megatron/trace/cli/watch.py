@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.trace.analysis.liveness import Clock
-from megatron.trace.cli.options import exit_statuses, say
+from megatron.trace.cli.options import add_job_option, exit_statuses, say
 from megatron.trace.cli.receive import (
     add_listen_arguments,
     listening_on,
@@ -74,7 +74,14 @@ def _seconds(text: str) -> float:
 class _Followed:
     """One job's files, its live figures, and the snapshot its last scrape computed."""
 
-    def __init__(self, args: argparse.Namespace, files: list[Path], run_id: str | None) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        files: list[Path],
+        run_id: str | None,
+        job: str | None = None,
+        name: str | None = None,
+    ) -> None:
         self.follower = Follower(list(files))
         self.job = LiveJob(
             list(files),
@@ -82,7 +89,10 @@ class _Followed:
             hang_factor=args.hang_factor,
             hang_floor_s=args.hang_floor,
             killed_after_s=args.killed_after,
+            job=job,
         )
+        self.name = name  # a received job's folder (its warnings say it)
+        self.jobs_said: str | None = None  # the jobs note last said
         self.cached: Any = None
         self.cached_at = 0.0
         self.dirty = True
@@ -110,6 +120,10 @@ class _Followed:
                 self.failed = str(error)
             else:
                 self.failed = ""
+            note = self.job.jobs_note
+            if note is not None and note != self.jobs_said:  # several jobs: said as it changes
+                _warn(note if self.name is None else f"job {self.name}: {note}")
+            self.jobs_said = note
             self.cached_at, self.dirty = now, False
         return self.cached
 
@@ -125,7 +139,7 @@ class _Watch:
         self.args = args
         trace_files = [p for p in args.files if not p.name.startswith("metrics")]
         self.received: Path | None = args.receive
-        self.named = _Followed(args, trace_files, args.run_id) if trace_files else None
+        self.named = _Followed(args, trace_files, args.run_id, args.job) if trace_files else None
         self.jobs: dict[str, _Followed] = {}
         self.stale_after = args.stale_after
         self.lock = threading.Lock()
@@ -139,7 +153,7 @@ class _Watch:
                 name = path.parent.parent.name
                 with self.lock:  # (a scrape reads the job's files)
                     if name not in self.jobs:
-                        self.jobs[name] = _Followed(self.args, [], name)
+                        self.jobs[name] = _Followed(self.args, [], name, name=name)
                     self.jobs[name].add(path)
         for followed in self.followed():
             with self.lock:
@@ -211,6 +225,12 @@ def _serve(args: argparse.Namespace) -> int:
     gc.enable()
     if not args.files and args.receive is None:
         raise TraceInputError("no trace files to watch: name them, or --receive DIR")
+    if args.job is not None and not args.files:
+        raise TraceInputError(
+            f"--job {args.job} picks one job of the FILEs named, and no FILE is; with --receive "
+            "alone each job is watched apart already (its folder, its run_id): name the "
+            "FILEs, or leave --job out"
+        )
     receiver = _receiver(args) if args.receive is not None else None
     watch = _Watch(args)
     push = (
@@ -352,12 +372,12 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--run-id",
-        "--job",
         dest="run_id",
         default=None,
-        help="the run_id label of the FILEs' series (default: from the first record read: "
-        "its resource's megatron.run_id, nemo.run.id, nemo.lens.run_uuid, slurm.job.id or "
-        "service.instance.id less -rank<N>, else the first file's folder); a received "
-        "job's is its folder's name",
+        help="the run_id label of the FILEs' series (default: with --job, NAME; else from "
+        "the first record read: its resource's megatron.run_id, nemo.run.id, "
+        "nemo.lens.run_uuid, slurm.job.id or service.instance.id less -rank<N>, else the "
+        "first file's folder); a received job's is its folder's name",
     )
+    add_job_option(parser, live=True)
     parser.set_defaults(func=run)

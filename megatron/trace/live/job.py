@@ -45,14 +45,21 @@ over the iterations they covered (:func:`_iteration_time`), with its source.
 The **run id** every series is labelled with is fixed by the first record
 read and never changes after (two sets of series for one job, or two jobs
 starting together under one name, are what a later choice would give): the
-one given (``--run-id``), else the first span batch's resource attributes
-(:data:`RUN_ID_KEYS`, in order, then ``service.instance.id`` less its
-``-rank<N>``), else the first trace file's folder (the one above a
-``rank<N>`` folder).
+one given (``--run-id``), else the job named (``--job``), else the first span
+batch's resource attributes (:data:`RUN_ID_KEYS`, in order, then
+``service.instance.id`` less its ``-rank<N>``), else the first trace file's folder
+(the one above a ``rank<N>`` folder).
+
+**One job's figures**, never two jobs' mixed, when the files hold several
+(:mod:`megatron.trace.model.jobs`: the collector's file exporter appends every job to one
+file): the one named (``--job``: until it is in the files, none), else the job of the
+first record read, the one the run id names. :attr:`LiveJob.jobs_note` says which, naming
+the jobs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import re
@@ -70,8 +77,10 @@ from megatron.trace.live.growing import GrowingTrace
 from megatron.trace.live.stragglers import LiveStragglers
 from megatron.trace.model.builder import TraceBuilder, refuse_spans_read_twice
 from megatron.trace.model.incarnation import Incarnation, Trace
+from megatron.trace.model.jobs import job_named, job_trace, jobs_in, several_jobs
 from megatron.trace.otlp.reader import decode_line
 from megatron.trace_format.errors import TraceFileDamaged
+from megatron.trace_format.jobs import job_of
 from megatron.trace_format.semconv import (
     BADPUT_CATEGORIES,
     ITERATION_TIME_SOURCES,
@@ -159,14 +168,25 @@ class LiveJob:
     hang_factor: float = HANG_FACTOR
     hang_floor_s: float = HANG_FLOOR_S
     killed_after_s: float = KILLED_AFTER_S
+    #: the job to figure when the files hold several (a name :attr:`jobs_note` gives, or
+    #: any run id its launches carry); None: the job of the first record read
+    job: str | None = None
     growing: GrowingTrace = field(default_factory=GrowingTrace)
     corrupt_lines: int = 0
     lines: int = 0
+    #: what the last snapshot found of the jobs the files hold, in one line (None: one job,
+    #: the one figured): several, and which is figured; or the job named not among them
+    jobs_note: str | None = None
+    _first_job: str | None = field(default=None, repr=False)  # the first record's job
     # what the scrapes keep between them: each rank's accounting, and the ranks' work
     # (so a scrape costs what changed since the last one)
     _accounting: dict[str, LiveAccounting] = field(default_factory=dict, repr=False)
     _stragglers: LiveStragglers = field(default_factory=LiveStragglers, repr=False)
     _facts: FactsCaches = field(default_factory=FactsCaches, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.run_id is None:
+            self.run_id = self.job
 
     @property
     def builder(self) -> TraceBuilder:
@@ -183,9 +203,12 @@ class LiveJob:
             try:
                 line = decode_line(path, number, raw, growing.builder.stats)
                 if line is not None:
-                    if self.run_id is None:
-                        self.run_id = _run_id(line.batches[0].resource if line.batches else {})
-                        self.run_id = self.run_id or _folder_run_id(self.trace_files or [path])
+                    if self._first_job is None:  # the first record: its run id and its job
+                        resource = line.batches[0].resource if line.batches else {}
+                        self._first_job = job_of(resource) or ""
+                        if self.run_id is None:
+                            self.run_id = _run_id(resource)
+                            self.run_id = self.run_id or _folder_run_id(self.trace_files or [path])
                     growing.add_line(line)
             except TraceFileDamaged as error:
                 self.corrupt_lines += 1
@@ -202,8 +225,11 @@ class LiveJob:
             return None
         finish = self.growing.finish()
         refuse_spans_read_twice(self.builder)
-        trace = finish.trace
         self._facts.attach(finish)
+        trace = self._one_job(finish.trace)
+        if trace is None:
+            return None
+        finish = dataclasses.replace(finish, trace=trace)
         liveness = judge(trace, list(self.trace_files), clock)
         scores = self._stragglers(finish)
         last_records = _newest_records(trace, liveness.metrics_files)
@@ -241,6 +267,31 @@ class LiveJob:
             corrupt_lines=self.corrupt_lines,
             torn_lines=len(trace.stats.torn),
         )
+
+    def _one_job(self, trace: Trace) -> Trace | None:
+        """The trace of the job to figure (class doc), and :attr:`jobs_note` said of it;
+        None while the job named is not in the files."""
+        jobs = jobs_in(trace)
+        names = ", ".join(job.name for job in jobs)
+        self.jobs_note = None
+        if self.job is not None:
+            index = job_named(jobs, self.job)
+            if index is None:
+                self.jobs_note = (
+                    f"--job {self.job}: the files hold no such job yet (they hold {names}); no "
+                    "figures until they do"
+                )
+                return None
+        elif len(jobs) > 1:
+            index = job_named(jobs, self._first_job or "") or 0
+            others = [job.name for position, job in enumerate(jobs) if position != index]
+            self.jobs_note = (
+                f"{several_jobs(jobs)}; the figures are {jobs[index].name}'s alone (the job of "
+                f"the first record read): watch another with --job {others[-1]}"
+            )
+        else:
+            return trace
+        return trace if len(jobs) == 1 else job_trace(trace, jobs, index)
 
     def _state(self, inc: Incarnation, newest: dict[Any, Beat], clock: Clock) -> str:
         if inc.ended == "running":

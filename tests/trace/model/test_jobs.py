@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 import tracegen as g
 
-from megatron.trace.cli.main import main
+from megatron.trace.analysis.goodput import report_files
+from megatron.trace.analysis.liveness import Clock
+from megatron.trace.cli.main import build_parser, main
+from megatron.trace.cli.watch import _Watch
+from megatron.trace.live.follow import Follower
+from megatron.trace.live.job import LiveJob
 from megatron.trace.model.builder import load_trace
 from megatron.trace.model.jobs import SeveralJobsError, jobs_in, one_job
 
@@ -114,6 +119,10 @@ def test_a_resumed_job_stays_one_job_whatever_its_launches_run_ids(
     assert (status, err) == (0, "") and "3 incarnations on 1 rank" in out
     status, _, err = _run(capsys, "export", str(path), "-o", str(tmp_path / "t.json"))
     assert (status, err) == (0, "")
+    live = _live([path])
+    snapshot = live.snapshot(Clock(now_ns=1000 * g.SECOND))
+    assert live.jobs_note is None and snapshot is not None
+    assert snapshot.ranks[0].wall_s == report_files([path], Clock(now_ns=1000 * g.SECOND))["wall_s"]
 
 
 def test_a_restart_afresh_with_the_same_run_id_is_the_same_job(tmp_path: Path) -> None:
@@ -150,3 +159,76 @@ def test_check_and_export_name_the_jobs_and_read_the_one_named_as_its_own_file(
     for command in (["check"], ["export", "-o", str(output)]):
         status, _, err = _run(capsys, *command, str(both), "--job", "c")
         assert status == 2 and err.endswith("--job c: the files hold no such job; valid are a, b\n")
+
+
+def _live(paths: list[Path], job: str | None = None) -> LiveJob:
+    live = LiveJob(paths, job=job)
+    live.add_lines(Follower(paths).poll())
+    return live
+
+
+def test_watch_figures_one_job_of_several_never_two_mixed(tmp_path: Path) -> None:
+    """Without --job, the job of the first record read (its run id labels the series); with
+    it, the job named, labelled by it; a job named that is not in the files, no figures."""
+    both, own = _two_rank_jobs(tmp_path)
+    clock = Clock(now_ns=1000 * g.SECOND)
+    for job, expected in ((None, "a"), ("a", "a"), ("b", "b")):
+        picked, alone = _live([both], job).snapshot(clock), _live([own[expected]]).snapshot(clock)
+        assert picked is not None and alone is not None
+        assert (picked.run_id, picked.ranks, picked.spans) == (expected, alone.ranks, alone.spans)
+    first = _live([both])
+    first.snapshot(clock)
+    assert first.jobs_note == (
+        "the files hold 2 jobs, the later not resumed from the earlier's checkpoints: a (2 "
+        "incarnations from 1970-01-01T00:00:00Z); b (1 incarnation from 1970-01-01T00:01:00Z); "
+        "the figures are a's alone (the job of the first record read): watch another with --job b"
+    )
+    named = _live([both], "b")
+    named.snapshot(clock)
+    assert named.jobs_note is None
+    missing = _live([both], "c")
+    assert missing.snapshot(clock) is None
+    assert missing.jobs_note == (
+        "--job c: the files hold no such job yet (they hold a, b); no figures until they do"
+    )
+
+
+def test_watch_says_the_jobs_once_as_they_come(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job appended to a file watch follows: one warning; said again only when another
+    job comes, however often the figures are worked out again."""
+    path = tmp_path / "collector.jsonl"
+    g.write(path, g.lifecycle(0, kill_after=1), g.lifecycle(20, first=6, load=6), run="a")
+    watch = _Watch(build_parser("watch").parse_args(["watch", str(path)]))
+    said, figures = [], []
+    try:
+        for more in (
+            lambda: None,  # job a alone: nothing to say
+            lambda: g.write(path, g.lifecycle(60), pid=300, run="b"),
+            lambda: g.write(path, g.lifecycle(60), rank=1, pid=301, run="b"),  # b's rank 1
+            lambda: g.write(path, g.lifecycle(100), pid=400, run="c"),
+        ):
+            more()
+            watch.poll()
+            (snapshot,) = watch.snapshot()
+            assert snapshot.run_id == "a"
+            figures.append(snapshot.ranks)  # job a's, whatever came after it
+            said.append(capsys.readouterr().err.count("megatron-trace watch: warning: "))
+    finally:
+        watch.close()
+    assert said == [0, 1, 0, 1]
+    assert len(figures[0]) == 1 and all(later == figures[0] for later in figures)
+
+
+@pytest.mark.needs_extras  # prometheus_client (the watch extra), asked for first
+def test_watch_job_without_files_is_one_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --receive alone each job is watched apart already: --job would pick nothing."""
+    assert main(["watch", "--receive", str(tmp_path), "--job", "b"]) == 2
+    assert capsys.readouterr().err == (
+        "megatron-trace watch: error: --job b picks one job of the FILEs named, and no FILE "
+        "is; with --receive alone each job is watched apart already (its folder, its run_id): "
+        "name the FILEs, or leave --job out\n"
+    )

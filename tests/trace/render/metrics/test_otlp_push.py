@@ -103,7 +103,7 @@ def test_the_pushed_figures_are_the_scraped_ones(tmp_path: Path, receiver: Recei
     child = subprocess.Popen(
         [sys.executable, "-m", "megatron.trace", "watch", "--interval", "0.2",
          "--listen", "127.0.0.1:0", "--otlp-endpoint", url, "--otlp-interval", "0.3",
-         "--job", "pretrain-7b", str(path)],
+         "--run-id", "pretrain-7b", str(path)],
         stderr=subprocess.PIPE, text=True, env=subprocess_env(),
     )  # fmt: skip
     try:
