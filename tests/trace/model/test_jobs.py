@@ -84,9 +84,14 @@ def test_two_jobs_in_one_file_are_named_in_one_line_and_read_one_at_a_time(
             assert picked[key] == expected[key], key
     assert main(["report", str(path), "--job", "c"]) == 2
     assert capsys.readouterr().err.strip().endswith("hold no such job; valid are a, b")
+    assert main(["diff", str(path), str(path), "--job", "b"]) == 0
+
+
+@pytest.mark.needs_extras  # plotly: without it, timeline says that first
+def test_timeline_names_the_jobs_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _two_jobs(tmp_path / "collector.jsonl")
     assert main(["timeline", str(path), "-o", str(tmp_path / "t.html")]) == 2
     assert "hold 2 jobs" in capsys.readouterr().err
-    assert main(["diff", str(path), str(path), "--job", "b"]) == 0
 
 
 def test_a_job_of_two_ranks_read_alone_is_its_own_file(
