@@ -32,36 +32,16 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from megatron.training.port_upstream.training_py import DELETED
+
 RUNNER = Path(__file__).resolve().parent / "call_site_runner.py"
 TRAINING = Path("megatron/training/training.py")
 MODULE = Path("megatron/training/telemetry_spans.py")
 
 #: Names that mark a statement as the lifecycle's: the pristine functions and
 #: globals, or what the port writes in their place.
-_PRISTINE = (
-    "_otel_telemetry_active",
-    "_start_otel_job_spans",
-    "_otel_mark_goodput",
-    "_backdated_otel_span",
-    "_end_otel_startup_span",
-    "_start_otel_train_span",
-    "_reroot_otel_interval",
-    "_maybe_reroot_otel_interval",
-    "_end_otel_interval_span",
-    "_end_otel_train_span",
-    "_end_otel_job_spans",
-    "_otel_startup_span",
-    "_otel_startup_span_ctx",
-    "_otel_ctx_module",
-    "_otel_startup_ctx_token",
-    "_otel_shutdown_done",
-    "_otel_interval_span",
-    "_otel_interval_ctx_token",
-    "_otel_trace_interval_step",
-    "_otel_exit_hooks_installed",
-)
 _PORTED = ("_otel_phases", "SpanPhases", "install_exit_hooks", "telemetry_spans")
-_LIFECYCLE = re.compile(r"\b(" + "|".join(_PRISTINE + _PORTED) + r")\b")
+_LIFECYCLE = re.compile(r"\b(" + "|".join(DELETED + _PORTED) + r")\b")
 
 
 class NotFound(Exception):
