@@ -76,4 +76,4 @@ def test_the_ports_changes_to_megatron_lm_are_a_table_of_its_patches_with_reason
     body = [row.strip("|").split(" | ") for row in rows[1:]]
     assert all(len(cells) == 3 and cells[2].strip() for cells in body), body
     assert [int(cells[0]) for cells in body] == [p.number for p in series.patches()[1:]]
-    assert any("once per `pretrain()`" in cells[1] for cells in body)
+    assert any("a lifecycle ends once" in cells[1] for cells in body)

@@ -9,7 +9,7 @@ run-long root span (which a SIGKILL would lose whole):
   up to the training loop;
 * ``megatron.train``: one trace per checkpoint interval, each linked to the one
   before it (the first to ``megatron.startup``), so a SIGKILL loses at most the
-  interval in flight.
+  interval in flight; without checkpoints, one for the whole loop.
 
 No span covers the whole run: the run's envelope is Slurm's own accounting, and
 the run identity every span carries on its resource attributes (``run_uuid``,
@@ -23,8 +23,12 @@ the table does not list for the current state changes nothing: it raises
 :class:`SpanPhaseError` where the caller asked for strictness (the tests), and
 is logged once otherwise, so telemetry never ends a training run.
 
-``transitions`` (the ``otel`` extra) and OpenTelemetry are needed only where
-telemetry is on: without ``transitions`` the lifecycle does nothing at all.
+Every span is ended before the telemetry handle is shut down, or it would have
+nowhere left to be exported to.
+
+``transitions`` is needed where telemetry exports (the ``otel`` extra brings it
+beside nemo-lens); without it the module still imports and, telemetry off, the
+lifecycle does nothing. OpenTelemetry is imported only once telemetry is on.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 try:
@@ -48,8 +52,6 @@ except ImportError:  # telemetry off needs no state machine
 
 PRE_STARTUP_SPAN = "pre_startup"
 STARTUP_SPAN = "megatron.startup"
-LAUNCH_SCRIPT_SPAN = "megatron.startup.launch_script"
-CONTAINER_LOAD_SPAN = "megatron.startup.container_load"
 INTERVAL_SPAN = "megatron.train"
 IS_GOODPUT_SPAN = "is_goodput_span"
 MODEL_TYPE = "megatron.model_type"
@@ -85,35 +87,26 @@ def mark_goodput(span: Any) -> None:
         span.set_attribute(IS_GOODPUT_SPAN, True)
 
 
-def _drop_own_chatter(record: logging.LogRecord) -> bool:
-    """``transitions`` logs every transition at INFO, prefixed by its machine's name:
-    a line per checkpoint interval in the training log. Only this module's are dropped."""
-    args = record.args if isinstance(record.args, tuple) else ()
-    own = bool(args) and str(args[0]).startswith(("span_phases: ", "exit_hooks: "))
-    return record.levelno >= logging.WARNING or not own
-
-
 def _guarded(callback: Callable) -> Callable:
-    """Telemetry must never break training: an SDK or exporter failure is logged (once
-    per lifecycle), not raised."""
+    """A callback whose telemetry failures never break training (see ``_never_fatal``)."""
 
-    def guarded(self: SpanPhases, *args: Any, **kwargs: Any) -> None:
-        try:
-            callback(self, *args, **kwargs)
-        except Exception:  # any exporter or SDK failure is non-fatal
-            self._failures += 1
-            if self._failures == 1:
-                logger.warning("telemetry %s failed; training goes on", callback.__name__,
-                               exc_info=True)  # fmt: skip
+    def guarded(self: SpanPhases, *args: Any) -> None:
+        with self._never_fatal():
+            callback(self, *args)
 
     guarded.__name__, guarded.__doc__ = callback.__name__, callback.__doc__
     return guarded
 
 
+def _row(trigger: str, source: Any, dest: str | None = None, **callbacks: str) -> dict:
+    """One row of a transition table: ``dest`` None is an internal transition (its
+    callbacks run, nothing opens or closes); ``callbacks`` name methods."""
+    return {"trigger": trigger, "source": source, "dest": dest, **callbacks}
+
+
 def _machine(model: Any, name: str, states: Any, initial: str, rows: Any) -> Any:
     """A ``transitions`` machine driving ``model``: no event objects passed to the
     callbacks, no ``to_<state>()`` shortcuts."""
-    logging.getLogger("transitions.core").addFilter(_drop_own_chatter)  # once: a set
     options = {"send_event": False, "auto_transitions": False, "name": name}
     return Machine(model, list(states), initial, list(rows), **options)
 
@@ -134,7 +127,9 @@ class SpanPhases:
     """
 
     _latest: ClassVar[SpanPhases | None] = None  # see current() and ExitHooks
-    flush_timeout_ms = 5000  # what a graceful SIGTERM's flush may take
+    #: What a graceful SIGTERM's flush may take: the bound nemo-lens's handle puts on the
+    #: flush its shutdown() makes.
+    flush_timeout_ms = 5000
 
     STATES: tuple[dict[str, Any], ...] = (
         {"name": "job"},
@@ -146,53 +141,57 @@ class SpanPhases:
         {"name": "terminated", "on_enter": "_shutdown_telemetry", "final": True},
     )
 
-    # ``dest: None`` is an internal transition: callbacks run, nothing opens or closes.
     TRANSITIONS: tuple[dict[str, Any], ...] = (
-        {"trigger": "start_job", "source": "job", "dest": "startup"},
-        {"trigger": "record_phase", "source": "startup", "dest": None, "after": "_emit_phase"},
+        _row("start_job", "job", "startup"),
+        _row("record_phase", "startup", after="_emit_phase"),
         # From job: train() called without pretrain().
-        {"trigger": "start_train", "source": ["job", "startup"], "dest": "train"},
-        {"trigger": "reroot", "source": "train", "dest": "interval"},
-        {"trigger": "reroot", "source": "interval", "dest": None, "after": "_next_interval"},
+        _row("start_train", ["job", "startup"], "train"),
+        _row("reroot", "train", "interval"),
+        _row("reroot", "interval", after="_next_interval"),
         # From train: the loop ran no pass (a resume with nothing left to train).
-        {"trigger": "end_train", "source": ["train", "interval"], "dest": "ended"},
-        {"trigger": "shutdown", "source": LIVE, "dest": "shutdown"},
+        _row("end_train", ["train", "interval"], "ended"),
+        _row("shutdown", LIVE, "shutdown"),
         # The exit paths, legal wherever they arrive.
-        {"trigger": "flush", "source": LIVE, "dest": None, "after": "_flush_telemetry"},
-        {"trigger": "flush", "source": ["shutdown", "terminated"], "dest": None},
-        {"trigger": "terminate", "source": LIVE, "dest": "terminated"},
-        {"trigger": "terminate", "source": ["shutdown", "terminated"], "dest": None},
+        _row("flush", LIVE, after="_flush_telemetry"),
+        _row("flush", ["shutdown", "terminated"]),
+        _row("terminate", LIVE, "terminated"),
+        _row("terminate", ["shutdown", "terminated"]),
         # A process that outlives a terminate trains on, recording nothing.
-        *({"trigger": t, "source": "terminated", "dest": None} for t in TRAINING_TRIGGERS),
-    )  # fmt: skip
+        *(_row(trigger, "terminated") for trigger in TRAINING_TRIGGERS),
+    )
 
-    def __init__(self, telemetry: Any, save_interval: Any = 0, *, is_span_group_enabled=None,
-                 strict: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, telemetry: Any, save_interval: Any = 0, *, is_span_group_enabled=None, strict=False
+    ) -> None:
         """Spans are recorded when ``telemetry`` (a handle with ``tracer``,
         ``is_exporting`` and ``shutdown()``) exports and ``is_span_group_enabled``
         (None: every group on) lets the ``job`` group. ``strict``: an order the
         table does not list raises :class:`SpanPhaseError` (else it is logged)."""
+        if Machine is None and getattr(telemetry, "is_exporting", False):
+            raise ImportError("telemetry is on: pip install transitions (megatron-core[otel])")
         self.telemetry, self.strict = telemetry, strict
         gate = is_span_group_enabled or (lambda group: True)
         # Whether it records spans: the handle exports and the job group is on.
         self.enabled = bool(getattr(telemetry, "is_exporting", False) and gate(JOB_GROUP))
         self._tracer = None  # None: no callback touches OpenTelemetry
-        if self.enabled and Machine is None:
-            logger.error("job spans are not recorded: telemetry_spans needs `transitions`")
-        elif self.enabled:
+        if self.enabled:
             from opentelemetry import context, trace
 
             self._tracer, self._otel_context, self._otel_trace = telemetry.tracer, context, trace
-        self._startup = self._interval = self._token = self._startup_link = self._first = None
-        self._index = 0  # of the next interval
-        self._in_transition, self._deferred, self._rejected, self._failures = 0, [], set(), 0
-        # Loop passes left until the next interval boundary (1: the next pass is one).
-        # A save_interval <= 0 means no checkpoints: one interval covers the loop.
-        self._left, self._period = 1, save_interval if (save_interval or 0) > 0 else sys.maxsize
+        # The open spans (startup and an interval are never open together), the token
+        # of the one current, and the startup's context, kept for the first link.
+        self._startup = self._interval = self._token = self._startup_link = None
+        self._index, self._first = 0, None  # the next interval's index; the open one's first
+        self._rejected: set[tuple[str, str]] = set()  # logged once each
+        self._failures = 0  # see _never_fatal()
+        self._arm(save_interval)
         # The model the machine drives, so its generated trigger and ``is_*`` methods never
         # collide with the typed triggers below (``job`` until it has a machine).
         self._phase, self.machine = types.SimpleNamespace(state="job"), None
         if Machine is not None:
+            # transitions logs each transition at INFO, lines per checkpoint interval and
+            # rank in the training log: a noisy logger, kept to its warnings.
+            logging.getLogger("transitions.core").setLevel(logging.WARNING)
             states = [self._bind(row, "on_enter", "on_exit") for row in self.STATES]
             rows = [self._bind(row, "after") for row in self.TRANSITIONS]
             self.machine = _machine(self._phase, "span_phases", states, "job", rows)
@@ -201,16 +200,24 @@ class SpanPhases:
     def _bind(self, row: Mapping[str, Any], *keys: str) -> dict[str, Any]:
         return {k: getattr(self, v) if k in keys else v for k, v in row.items()}
 
+    def _arm(self, save_interval: Any) -> None:
+        """Loop passes left until the next interval boundary: 1, the first pass is
+        one; without checkpoints (``save_interval`` 0 or unset), no other ever is."""
+        self._left, self._period = 1, save_interval if (save_interval or 0) > 0 else sys.maxsize
+
     @classmethod
     def current(cls, telemetry: Any = None, save_interval: Any = 0, **kwargs: Any) -> SpanPhases:
         """The lifecycle ``train()`` drives: the latest ``pretrain()``'s, while its loop
         has not started (or an exit path ended it); otherwise (``train()`` alone, or
-        again) a new one."""
+        again) a new one, whose first interval follows the latest startup. Its
+        checkpoint interval is the one ``train()`` passes, which a checkpoint's
+        arguments may have changed."""
         latest = cls._latest
         if latest is None or latest.state not in ("job", "startup", "terminated"):
-            link = latest and latest._startup_link  # a train() again: after that startup
+            link = latest and latest._startup_link
             latest = cls(telemetry, save_interval, **kwargs)
             latest._startup_link = link
+        latest._arm(save_interval)
         return latest
 
     @property
@@ -233,10 +240,11 @@ class SpanPhases:
         self._fire("start_train")
 
     def step(self, iteration: int | None = None) -> None:
-        """Count one loop pass, at its top (``iteration``: the one it runs); a pass that
-        starts a checkpoint interval ends the open ``megatron.train`` and opens the
-        next. Passes are counted, not iterations compared, so a resumed run reroots at
-        the same passes. Off a boundary: one decrement, one test."""
+        """Count one loop pass, at its top (``iteration``: ``train()``'s at that point,
+        which its log prints as ``iteration + 1``); a pass that starts a checkpoint
+        interval ends the open ``megatron.train`` and opens the next. Passes are counted,
+        not iterations compared (an iteration carries a resumed run's offset), so a
+        resumed run reroots at the same passes. Off a boundary: one decrement, one test."""
         self._left -= 1
         if not self._left:
             self._left = 1  # until the reroot opens an interval: the next pass is one too
@@ -254,40 +262,39 @@ class SpanPhases:
     # -- the exit paths -----------------------------------------------------
 
     def flush(self) -> None:
-        """Force-flush the tracer provider, changing no span (a graceful SIGTERM's drain)."""
+        """Force-flush the tracer provider, changing no span (a graceful SIGTERM's drain,
+        which must not end the spans the drain's last iteration and checkpoint go in)."""
         self._fire("flush")
 
     def terminate(self, cause: int | None = None) -> None:
         """End what is open and shut telemetry down, wherever the training path is,
-        recording the signal ``cause`` (None: the atexit fallback)."""
+        recording the signal ``cause`` (None: the atexit fallback, no cause known)."""
         self._fire("terminate", cause)
-
-    def between_transitions(self, work: Callable[[], None]) -> None:
-        """Run ``work`` now, or right after the transition a signal handler interrupted
-        (Python runs a handler between two bytecodes: one interval ended, the next not
-        yet open), so an exit path always finds whole spans."""
-        if self._in_transition:
-            self._deferred.append(work)
-        else:
-            work()
 
     def _fire(self, trigger: str, *args: Any, said: str = "") -> None:
         if self.machine is None:
             return
-        self._in_transition += 1
         try:
             getattr(self._phase, trigger)(*args)
         except MachineError:  # a trigger the table does not list: nothing ran
             rejected = (said or trigger, self._phase.state)
             if self.strict:
                 raise SpanPhaseError(*rejected) from None
-            if rejected not in self._rejected:  # logged once
+            if rejected not in self._rejected:
                 self._rejected.add(rejected)
                 logger.error("telemetry: '%s' in state '%s' ignored", *rejected)
-        finally:
-            self._in_transition -= 1
-            while self._deferred and not self._in_transition:
-                self._deferred.pop(0)()
+
+    @contextlib.contextmanager
+    def _never_fatal(self) -> Iterator[None]:
+        """Telemetry must never break training: an SDK or exporter failure in here is
+        caught, the first of the lifecycle logged with its traceback, and training goes
+        on. Each rank exports its own spans: a failure is logged where it happens."""
+        try:
+            yield
+        except Exception:  # any exporter or SDK failure is non-fatal
+            self._failures += 1
+            if self._failures == 1:
+                logger.warning("telemetry failed; training goes on", exc_info=True)
 
     # -- state callbacks: where each span is opened and ended ---------------
 
@@ -299,7 +306,7 @@ class SpanPhases:
             context = self._otel_trace.set_span_in_context(parent, context)
         time = None if start is None else int(start * 1e9)
         span = self._tracer.start_span(name, context=context, start_time=time, **kwargs)
-        span.set_attribute(IS_GOODPUT_SPAN, True)
+        mark_goodput(span)
         return span
 
     @_guarded
@@ -309,13 +316,15 @@ class SpanPhases:
             self._span(name, parent, start).end(end_time=int(end * 1e9))
 
     def _emit_phase(self, name: str, start: Any, end: Any) -> None:
-        """``record_phase``: a backdated child of ``megatron.startup``."""
+        """``record_phase``: a backdated child of ``megatron.startup`` (a root, should it
+        have failed to open)."""
         self._backdated(name, start, end, self._startup)
 
     @_guarded
-    def _open_startup(self, model_type: Any, timestamps: Mapping[str, float | None]) -> None:
+    def _open_startup(self, model_type: Any, ts: Mapping[str, float | None]) -> None:
         """Entering ``startup``: ``pre_startup`` if due, then ``megatron.startup``, the
-        root of a trace of its own.
+        root of a trace of its own, current until the loop starts (model build, data,
+        checkpoint load and ``train()``'s preamble nest in it).
 
         ``pre_startup`` covers the Slurm job's start to the launch script's first
         line (the tail of the queue, prolog scripts, node setup): a coarse stand-in
@@ -332,87 +341,100 @@ class SpanPhases:
         """
         if self._tracer is None:
             return
-        ts = timestamps
         slurm, launch = ts.get("slurm_job_start_time"), ts.get("launch_script_start")
         presrun, program = ts.get("launch_script_presrun"), ts.get("program_start")
         if slurm is not None and launch is not None and slurm < launch:
             self._backdated(PRE_STARTUP_SPAN, slurm, launch)
         folded = None not in (launch, presrun, program) and launch <= presrun <= program
         span = self._startup = self._span(STARTUP_SPAN, None, launch if folded else program)
-        span.set_attribute(MODEL_TYPE, str(model_type))
-        self._startup_link = span.get_span_context()
+        if span.is_recording():
+            span.set_attribute(MODEL_TYPE, str(model_type))
+        with self._never_fatal():  # kept after it ends, for the first interval's link
+            self._startup_link = span.get_span_context()
+        # Current until the loop starts: model build, data, checkpoint load nest in it.
         self._token = self._otel_context.attach(self._otel_trace.set_span_in_context(span))
         if folded:
-            self._backdated(LAUNCH_SCRIPT_SPAN, launch, presrun, span)
-            self._backdated(CONTAINER_LOAD_SPAN, presrun, program, span)
+            self._backdated("megatron.startup.launch_script", launch, presrun, span)
+            self._backdated("megatron.startup.container_load", presrun, program, span)
 
     def _close_startup(self, cause: Any = None) -> None:
-        """Leaving ``startup``: end ``megatron.startup``, whose context the first
-        interval links to; a ``cause`` (the start failed) is recorded on it."""
+        """Leaving ``startup``: end ``megatron.startup``, recording a ``cause`` (the start
+        failed)."""
         span, self._startup = self._startup, None
         self._end(span, cause)
 
     def _open_interval(self, iteration: int | None = None) -> None:
-        """Entering ``interval``: the loop's first ``megatron.train``, linked to
-        ``megatron.startup``."""
-        self._open(self._startup_link, iteration)
+        """Entering ``interval``: the loop's first ``megatron.train``."""
+        self._open(None, iteration)
 
     def _next_interval(self, iteration: int | None = None) -> None:
         """``reroot`` inside ``interval``: end this interval, open the next, linked to it."""
-        link = self._interval.get_span_context() if self._interval else self._startup_link
+        previous = self._interval
         self._finish(iteration, rerooted=True)
-        self._open(link, iteration)
+        self._open(previous, iteration)
 
-    @_guarded
-    def _open(self, link: Any, iteration: int | None) -> None:
-        """A ``megatron.train`` in a new trace, linked to ``link``, made current; its
-        index and (when known) first iteration are recorded on it."""
+    def _open(self, previous: Any, iteration: int | None) -> None:
+        """A ``megatron.train`` in a new trace, made current, linked to the ``previous``
+        interval (none: the loop's first, linked to ``megatron.startup``), with its
+        index and first ``iteration`` (when known); a link that fails is left out, and
+        an interval that fails to open leaves the loop without one until the next."""
         self._left, self._first = self._period, iteration
-        if self._tracer is not None:
-            links = [] if link is None else [self._otel_trace.Link(link)]
-            span = self._interval = self._span(INTERVAL_SPAN, links=links)
-            span.set_attribute(INTERVAL_INDEX, self._index)
-            if iteration is not None:
-                span.set_attribute(INTERVAL_FIRST_ITERATION, iteration)
+        if self._tracer is None:
+            return
+        links = []
+        with self._never_fatal():
+            linked = self._startup_link if previous is None else previous.get_span_context()
+            links = [] if linked is None else [self._otel_trace.Link(linked)]
+        attributes = {INTERVAL_INDEX: self._index}
+        if iteration is not None:
+            attributes[INTERVAL_FIRST_ITERATION] = iteration
+        with self._never_fatal():
+            span = self._interval = self._span(INTERVAL_SPAN, links=links, attributes=attributes)
             self._token = self._otel_context.attach(self._otel_trace.set_span_in_context(span))
 
     def _close_interval(self, cause: Any = None) -> None:
         """Leaving ``interval`` (``end_train``, ``shutdown``, ``terminate``)."""
         self._finish(None, rerooted=False, cause=cause)
 
-    @_guarded
     def _finish(self, iteration: int | None, rerooted: bool, cause: Any = None) -> None:
         """End the open ``megatron.train``, recording whether a reroot ended it and the
-        last iteration it covered: on a boundary, the one before ``iteration``;
-        otherwise its first plus the passes counted since, which is not stored."""
-        span, self._interval, self._index = self._interval, None, self._index + 1
-        # Passes counted since the first; a later step() is a boundary again (after
-        # end_train, one the table rejects at once).
-        passes, self._left = self._period - self._left, 1
-        if span is not None:
+        last iteration it covered: on a boundary, the one before ``iteration``; else its
+        first plus the passes counted since (the pass in flight when a fault ends it)."""
+        span, self._interval = self._interval, None
+        passes, self._index = self._period - self._left, self._index + 1
+        if span is None:
+            return
+        with self._never_fatal():  # a failure here still ends the span, below
             span.set_attribute(INTERVAL_REROOTED, rerooted)
             if self._first is not None:
                 last = iteration - 1 if iteration is not None else self._first + passes
                 span.set_attribute(INTERVAL_LAST_ITERATION, last)
-            self._end(span, cause)
+        self._end(span, cause)
 
-    @_guarded
     def _end(self, span: Any, cause: Any = None) -> None:
-        """Detach ``span``'s context, current since it opened, and end it, recording why
-        the run ends on it: the reason, ``error.type``, ERROR status and, for an
-        exception, OpenTelemetry's ``exception`` event."""
+        """Detach ``span``'s context, record why the run ends on it (``cause``), and end
+        it; each may fail once the exporter is gone, and no failure stops the others nor
+        breaks training."""
         if span is None:
             return
-        self._otel_context.detach(self._token)
-        if (ending := self.ending(cause)) is not None:
-            description = f"ended by {ending[1]}"
-            if isinstance(cause, BaseException):
-                span.record_exception(cause, escaped=True)
-                description = f"{type(cause).__name__}: {cause}"
-            status = self._otel_trace.Status(self._otel_trace.StatusCode.ERROR, description)
-            span.set_status(status)
-            span.set_attributes({SHUTDOWN_REASON: ending[0], ERROR_TYPE: ending[1]})
-        span.end()
+        with self._never_fatal():
+            self._otel_context.detach(self._token)
+        with self._never_fatal():
+            self._record_ending(span, cause)
+        with self._never_fatal():
+            span.end()
+
+    def _record_ending(self, span: Any, cause: Any) -> None:
+        """The reason, ``error.type``, ERROR status and, for an exception, OpenTelemetry's
+        ``exception`` event (with its traceback); nothing for a clean end."""
+        if (ending := self.ending(cause)) is None:
+            return
+        description = f"ended by {ending[1]}"
+        if isinstance(cause, BaseException):
+            span.record_exception(cause, escaped=True)
+            description = f"{type(cause).__name__}: {cause}"[:200]  # the event has it all
+        span.set_status(self._otel_trace.Status(self._otel_trace.StatusCode.ERROR, description))
+        span.set_attributes({SHUTDOWN_REASON: ending[0], ERROR_TYPE: ending[1]})
 
     def ending(self, cause: BaseException | int | None) -> tuple[str, str] | None:
         """How ``cause`` ends the run: (``megatron.shutdown.reason``, ``error.type``).
@@ -433,8 +455,10 @@ class SpanPhases:
 
     @_guarded
     def _flush_telemetry(self) -> None:
-        """``flush``: push finished spans out through the tracer provider, within
-        :attr:`flush_timeout_ms` (a drain that must save a checkpoint next)."""
+        """``flush``: push finished spans out through the tracer provider nemo-lens
+        installs, whatever span groups are on (metrics, logs and other spans too), within
+        :attr:`flush_timeout_ms`: the drain that follows must save a checkpoint before
+        the scheduler's SIGKILL."""
         from opentelemetry import trace
 
         provider = trace.get_tracer_provider()
@@ -452,17 +476,24 @@ class SpanPhases:
 class ExitHooks:
     """The process-wide atexit fallback and SIGTERM handler, as a machine of their own.
 
-    They exist only to get telemetry out of a dying process, so they are
-    installed only for a lifecycle whose handle exports, once per process, and
-    act on the latest lifecycle. The first SIGTERM flushes (graceful, under
-    ``--exit-signal-handler``: the trainer drains and shuts down itself) or
-    terminates the lifecycle (hard: every span ended and exported); either way the
-    signal is then passed on to the previous handler or, where that was the
-    default action, raised again so the process still dies of it. A later
-    SIGTERM is only passed on.
+    ``atexit`` does not run when a signal ends the process, and schedulers stop a
+    job with SIGTERM, then SIGKILL: without the SIGTERM handler the open spans of
+    the runs that matter most would never be exported. Both exist only for that,
+    so they are installed only for a lifecycle whose handle exports (with
+    telemetry off the process keeps its signal behaviour exactly: a Python
+    SIGTERM handler changes how system calls are interrupted and joins the
+    launcher's handler chain), once per process, and act on the latest lifecycle.
 
-    A signal that lands while the main thread runs telemetry code is not acted
-    on there (see :class:`_Redelivery`): it comes back once that code is left.
+    The first SIGTERM flushes (graceful, under ``--exit-signal-handler``: the
+    trainer finishes its iteration, saves and shuts down itself) or terminates the
+    lifecycle (hard: every span ended and exported); either way the signal
+    is then passed on to the previous handler or, where that was the default
+    action, raised again so the process still dies of it. A later SIGTERM is only
+    passed on.
+
+    A signal that lands while the main thread runs telemetry code (a transition of
+    the lifecycle among it) is not acted on there (see :class:`_Redelivery`): it
+    comes back once that code is left, at most ``give_up_s`` later.
     """
 
     #: Where the main thread may hold a lock the exit path needs: the OpenTelemetry
@@ -480,16 +511,13 @@ class ExitHooks:
     STATES: tuple[str, ...] = ("uninstalled", "installed", "signalled")
 
     TRANSITIONS: tuple[dict[str, Any], ...] = (
-        {"trigger": "install", "source": "uninstalled", "dest": "installed", "after": "_register"},
-        {"trigger": "install", "source": ["installed", "signalled"], "dest": None},
-        {"trigger": "sigterm", "source": "installed", "dest": "signalled",
-         "conditions": "graceful", "after": "_flush_target"},
-        {"trigger": "sigterm", "source": "installed", "dest": "signalled",
-         "after": "_terminate_target"},
-        {"trigger": "sigterm", "source": "signalled", "dest": None},
-        {"trigger": "process_exit", "source": ["installed", "signalled"], "dest": None,
-         "after": "_terminate_target"},
-    )  # fmt: skip
+        _row("install", "uninstalled", "installed", after="_register"),
+        _row("install", ["installed", "signalled"]),
+        _row("sigterm", "installed", "signalled", conditions="graceful", after="_flush_target"),
+        _row("sigterm", "installed", "signalled", after="_terminate_target"),
+        _row("sigterm", "signalled"),
+        _row("process_exit", ["installed", "signalled"], after="_terminate_target"),
+    )
 
     def __init__(self) -> None:
         self.graceful, self.previous_handlers = False, {}  # each hooked signal's, by number
@@ -497,23 +525,23 @@ class ExitHooks:
         self.machine = _machine(self, "exit_hooks", self.STATES, "uninstalled", self.TRANSITIONS)
 
     def attach(self, phases: SpanPhases, graceful: bool = False) -> None:
-        """Install the hooks the first time a lifecycle's telemetry exports; they act on
-        the latest lifecycle, as its ``pretrain()`` says (``graceful``: a SIGTERM only
-        flushes)."""
+        """Install the hooks the first time a lifecycle's telemetry exports (``graceful``:
+        a SIGTERM only flushes, as that installation says); they act on the latest."""
         if getattr(phases.telemetry, "is_exporting", False):
-            self.graceful = bool(graceful)
+            if self.state == "uninstalled":
+                self.graceful = bool(graceful)
             self.install()
 
     def handle_sigterm(self, signum: int, frame: Any) -> None:
-        """The handler of the hooked signals: act outside telemetry code and between two
-        transitions, then pass it on."""
-        if self.redelivery.later(signum, in_packages(frame, self.TELEMETRY_PACKAGES)):
+        """The handler of the hooked signals: act once the main thread is out of
+        telemetry code, then pass the signal on. A main thread stuck in there past
+        the bound only passes it on: acting there could wait for a lock it holds."""
+        inside = in_packages(frame, self.TELEMETRY_PACKAGES)
+        if self.redelivery.later(signum, inside):
             return
-        SpanPhases._latest.between_transitions(lambda: self._on_signal(signum, frame))
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        with contextlib.suppress(Exception):  # telemetry must never break training
-            self.sigterm(signum)
+        if not inside:
+            with contextlib.suppress(Exception):  # telemetry must never break training
+                self.sigterm(signum)
         previous = self.previous_handlers.get(signum, signal.SIG_DFL)
         if callable(previous):
             previous(signum, frame)
@@ -536,17 +564,18 @@ class ExitHooks:
 
 
 def in_packages(frame: Any, packages: tuple[str, ...]) -> bool:
-    """Whether ``frame`` runs code of ``packages``, or standard-library code they called.
-
-    The innermost frame outside the standard library decides (a ``Counter`` or a
-    ``threading`` call made under a telemetry lock is still inside it), so a function
-    a telemetry decorator wraps runs outside: its own frame is innermost.
-    """
+    """Whether ``frame`` runs inside ``packages``' code: walking out from it, past the
+    standard library and any other library they call (an exporter's gRPC or HTTP
+    client, ``transitions``), a frame of theirs comes before one of the program's
+    (Megatron-LM's own, or ``__main__``). A function a telemetry decorator wraps runs
+    outside: its own frame comes first."""
     prefixes = tuple(f"{package}." for package in packages)
     while frame is not None:
         module = frame.f_globals.get("__name__") or ""
-        if module.partition(".")[0] not in sys.stdlib_module_names:
-            return module in packages or module.startswith(prefixes)
+        if module in packages or module.startswith(prefixes):
+            return True
+        if module == "__main__" or module.partition(".")[0] == "megatron":
+            return False
         frame = frame.f_back
     return False
 
@@ -560,13 +589,13 @@ class _Redelivery:
     locks (ending a span runs the processors), and the thread holding one cannot wait
     for it: the process would hang for good. So the handler returns at once, and a
     helper thread sends the signal to the main thread again every ``every_s`` until a
-    handler acts on it. After ``give_up_s`` the main thread is stuck there, not busy,
-    and the handler acts anyway.
+    handler acts on it. After ``give_up_s`` the main thread is stuck there, and the
+    handler gives up (the helper's last signal comes after the bound, then it stops).
     """
 
     def __init__(self, handler: Callable[[int, Any], None], every_s=0.002, give_up_s=5.0) -> None:
         self.handler, self.every_s, self.give_up_s = handler, every_s, give_up_s
-        self.send = signal.pthread_kill if hasattr(signal, "pthread_kill") else None
+        self.send = getattr(signal, "pthread_kill", None)  # to one thread (None: not here)
         self.thread: threading.Thread | None = None  # the latest helper
         self._pending: dict[int, tuple[float, threading.Event]] = {}  # by signal: since, acted
 
@@ -578,7 +607,7 @@ class _Redelivery:
             if acted is None:
                 acted = threading.Event()
                 self._pending[signum] = since, acted
-                args = (signum, threading.main_thread().ident, acted)
+                args = (signum, threading.main_thread().ident, since, acted)
                 self.thread = threading.Thread(target=self._resend, args=args, daemon=True)
                 self.thread.start()
             return True
@@ -587,12 +616,14 @@ class _Redelivery:
             del self._pending[signum]
         return False
 
-    def _resend(self, signum: int, main: int, acted: threading.Event) -> None:
+    def _resend(self, signum: int, main: int, since: float, acted: threading.Event) -> None:
         # Signals sent to the process go to the main thread, not here. Stops once acted
-        # on, or once another handler replaced this one.
+        # on, once another handler replaced this one, or after one past the bound.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
         while not acted.wait(self.every_s) and signal.getsignal(signum) == self.handler:
             self.send(main, signum)
+            if time.monotonic() - since > self.give_up_s:
+                return
 
 
 def install_exit_hooks(phases: SpanPhases, graceful: bool = False) -> ExitHooks | None:

@@ -25,6 +25,18 @@ from opentelemetry import trace
 
 skeleton_path, module_path, scenario_json, record_path = sys.argv[1:5]
 scenario = SimpleNamespace(**json.loads(scenario_json))
+faults = dict(scenario.faults)
+
+
+def fault(key: str) -> bool:
+    """Whether ``key`` fails now (a count is used up one failure at a time)."""
+    left = faults.get(key)
+    if left is True:
+        return True
+    if left:
+        faults[key] = left - 1
+        return True
+    return False
 record = open(record_path, "a", buffering=1)  # noqa: SIM115 -- open until the process ends
 ids = itertools.count(1)
 
@@ -45,9 +57,13 @@ class FakeSpan(trace.Span):
         self.status, self.exceptions, self.ended = None, [], False
 
     def get_span_context(self):
+        if fault(f"context:{self.name}"):
+            raise RuntimeError("get_span_context failed")
         return self.context
 
     def set_attribute(self, key, value):
+        if fault("attribute"):
+            raise RuntimeError("set_attribute failed")
         self.attributes[key] = value
 
     def set_attributes(self, attributes):
@@ -66,7 +82,7 @@ class FakeSpan(trace.Span):
         self.name = name
 
     def is_recording(self):
-        return not self.ended
+        return not self.ended and not fault("not_recording")
 
     def end(self, end_time=None):
         note(
@@ -89,6 +105,8 @@ class FakeSpan(trace.Span):
 class FakeTracer(trace.Tracer):
     def start_span(self, name, context=None, kind=None, attributes=None, links=None,
                    start_time=None, **_):  # fmt: skip
+        if fault(f"start:{name}"):
+            raise RuntimeError(f"start_span({name}) failed")
         parent = trace.get_current_span(context)
         parent = parent if isinstance(parent, FakeSpan) else None
         return FakeSpan(name, parent, links, attributes, start_time)
@@ -116,8 +134,26 @@ class FakeHandle:
 
     def shutdown(self, timeout_ms=5000):
         note(event="handle_shutdown", timeout_ms=timeout_ms)
+        if scenario.signal_in_shutdown and fault("signal_in_shutdown"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            note(event="shutdown_returned")
+        if fault("shutdown"):
+            raise RuntimeError("shutdown failed")
 
 
+faults.setdefault("signal_in_shutdown", 1)
+if fault("link"):
+    def broken_link(*args, **kwargs):
+        raise RuntimeError("Link failed")
+
+    trace.Link = broken_link
+if faults.pop("detach", None):
+    from opentelemetry import context as otel_context
+
+    def broken_detach(token):
+        raise RuntimeError("detach failed")
+
+    otel_context.detach = broken_detach
 TRACER = FakeTracer()
 trace.set_tracer_provider(FakeProvider())
 HANDLE = None if scenario.telemetry == "none" else FakeHandle(scenario.telemetry == "exporting")
@@ -136,6 +172,10 @@ class Work:
 
     def __init__(self):
         self.drain_requested = False
+
+    def before_loop(self):
+        if scenario.save_interval_in_train is not None:  # a checkpoint's arguments
+            ARGS.save_interval = scenario.save_interval_in_train
 
     def startup(self):
         if scenario.signal_at == -1:

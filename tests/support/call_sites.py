@@ -165,6 +165,7 @@ def pretrain(model_type, scenario):
 def train(scenario):
     args = get_args()
     iteration = scenario.first_iteration
+    scenario.before_loop()
 {_indent(sites.before_loop, 4)}
     while iteration < args.train_iters:
 {_indent(sites.each_pass, 8)}
@@ -198,6 +199,13 @@ class Scenario:
     exit_signal_handler: bool = False  # --exit-signal-handler: a drain handler first
     previous: str = "default"  # SIGTERM's disposition before: "default", "ignore", "handler"
     exit_at: int | None = None  # --exit-interval: train()'s early exit after that pass
+    #: Telemetry that fails (see the runner): "start:NAME" (start_span of NAME raises, that
+    #: many times), "context:NAME" (its get_span_context raises), "attribute" (every
+    #: set_attribute raises), "not_recording", "link" (trace.Link raises), "detach"
+    #: (context.detach raises), "shutdown" (the handle's shutdown raises, that many times).
+    faults: dict = field(default_factory=dict)
+    signal_in_shutdown: bool = False  # a SIGTERM to itself inside the handle's shutdown()
+    save_interval_in_train: int | None = None  # --save-interval as train() reads it
     timestamps: dict = field(
         default_factory=lambda: {
             "program_start": 100.0,

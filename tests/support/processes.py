@@ -376,6 +376,13 @@ SCRIPT_PRELUDE = textwrap.dedent(
     def say(*parts):
         print(*parts, flush=True)
 
+    def telemetry_code(source, **names):
+        '''The definitions in ``source`` as code of the telemetry base layer: a signal
+        that lands in their frames lands inside telemetry code, as in the SDK's.'''
+        namespace = {"__name__": "megatron.core.telemetry.test_double", **names}
+        exec(source, namespace)
+        return namespace
+
 
     def make_handle():
         config = TelemetryConfig.from_env(

@@ -35,10 +35,10 @@ def test_each_patch_says_what_it_changes_and_how_it_was_tested():
     assert len(patches) == len(series.SITES) >= 2
     first, *changes = patches
     assert first.subject.startswith("training: move the job-level span lifecycle")
-    assert "\nNo behaviour change." in first.body
+    assert "\nNo behaviour change" in first.body
     for patch in changes:
         assert patch.subject.startswith("telemetry_spans: "), patch.subject
-        assert re.search(r"^Behaviour changes?:", patch.body, re.M), patch.name
+        assert re.search(r"^Behaviour changes?\b", patch.body, re.M), patch.name
         assert "No behaviour change" not in patch.body, patch.name
     for patch in patches:
         assert re.search(r"^Testing: ", patch.body, re.M), patch.name

@@ -11,10 +11,10 @@ created with the asynchronous signals blocked; a new thread inherits its
 creator's mask, and the signals stay the main thread's.
 
 The job lifecycle does not rely on masks to keep a handler out of a
-transition or out of a lock: its exit hooks defer their work until the
-transition in flight has finished (``SpanPhases.between_transitions`` in
-:mod:`megatron.training.telemetry_spans`) and until the main thread has left
-telemetry code (``ExitHooks.handle_sigterm``), whichever thread took the signal.
+transition or out of a lock: its exit hooks defer their work until the main
+thread has left telemetry code, a transition in flight among it
+(``ExitHooks.handle_sigterm`` in :mod:`megatron.training.telemetry_spans`),
+whichever thread took the signal.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ _CAUSE = CallSites(step_iteration=True, shutdown_cause=True)
 
 #: What the training.py call sites of each patch, in order, pass to the lifecycle:
 #: ``step(iteration)`` from the seventh, ``shutdown(cause=...)`` from the eighth.
-SITES: tuple[CallSites, ...] = (_MOVE,) * 6 + (_ITERATIONS,) + (_CAUSE,) * 3
+SITES: tuple[CallSites, ...] = (_MOVE,) * 6 + (_ITERATIONS,) + (_CAUSE,) * 2
 
 #: A fixed date on every commit, so the series reads the same wherever it is written.
 _DATE = "2026-12-07T00:00:00+00:00"

@@ -27,10 +27,6 @@ import sys
 import threading
 
 import pytest
-from opentelemetry import context, trace
-from opentelemetry.trace import StatusCode
-from transitions import MachineError
-
 from megatron.training import telemetry_spans
 from megatron.training.telemetry_spans import (
     ExitHooks,
@@ -40,8 +36,12 @@ from megatron.training.telemetry_spans import (
     install_exit_hooks,
     mark_goodput,
 )
+from opentelemetry import context, trace
+from opentelemetry.trace import StatusCode
+from transitions import MachineError
 
 _ids = itertools.count(1)
+_detach = context.detach  # the real one, whatever a test makes of context.detach
 
 
 class FakeSpan(trace.Span):
@@ -163,7 +163,7 @@ def no_lifecycle_left_behind(monkeypatch):
     monkeypatch.setattr(ExitHooks, "process", None)
     token = context.attach(context.Context())
     yield
-    context.detach(token)
+    _detach(token)
 
 
 @pytest.fixture
@@ -377,6 +377,26 @@ def test_without_iteration_numbers_an_interval_records_its_index_alone(telemetry
     }
 
 
+def test_an_interval_whose_attributes_fail_is_ended_all_the_same(telemetry):
+    class Refusing(FakeSpan):
+        def set_attribute(self, key, value):
+            if key.startswith("megatron.interval."):
+                raise RuntimeError("exporter gone")
+            super().set_attribute(key, value)
+
+    class Tracer(FakeTracer):
+        def start_span(self, name, context=None, links=None, attributes=None, start_time=None, **_):
+            parent = trace.get_current_span(context)
+            parent = parent if isinstance(parent, FakeSpan) else None
+            return Refusing(self, name, parent, links, attributes, start_time)
+
+    telemetry.tracer = Tracer()
+    phases = _in_state("interval", telemetry)
+    phases.end_train()
+    assert only(telemetry, "megatron.train").ends == 1
+    assert trace.get_current_span() is trace.INVALID_SPAN
+
+
 def test_the_loop_with_no_pass_opens_no_interval(telemetry):
     """A resume with nothing left to train: end_train right after start_train is legal."""
     phases = lifecycle(telemetry, save_interval=2)
@@ -529,7 +549,7 @@ ILLEGAL = [
     ("interval", "start_train", lambda p: p.start_train()),
     ("job", "step", lambda p: p.step()),
     ("startup", "step", lambda p: p.step()),
-    ("ended", "step", lambda p: p.step()),
+    ("ended", "step", lambda p: (p.step(), p.step())),  # the next boundary
     ("job", "end_train", lambda p: p.end_train()),
     ("startup", "end_train", lambda p: p.end_train()),
     ("ended", "end_train", lambda p: p.end_train()),
@@ -724,13 +744,9 @@ def test_hooks_are_installed_once_and_act_on_the_latest_lifecycle(telemetry, hoo
     assert len(second.telemetry.spans("megatron.train")) == 1
 
 
-def test_the_latest_pretrain_says_whether_a_sigterm_is_graceful(telemetry, hooks, provider):
-    """Each pretrain() attaches its own lifecycle with its own --exit-signal-handler."""
-    hooks.install(_in_state("interval", telemetry), graceful=True)
-    second = _in_state("interval", FakeTelemetry())
-    assert not install_exit_hooks(second, graceful=False).graceful
-    _sigterm()
-    assert second.state == "terminated" and provider.flushes == []
+def test_the_first_installation_says_whether_a_sigterm_is_graceful(telemetry, hooks):
+    hooks.install(_in_state("startup", telemetry), graceful=True)
+    assert install_exit_hooks(_in_state("startup", FakeTelemetry()), graceful=False).graceful
 
 
 def test_no_hook_for_a_lifecycle_whose_telemetry_does_not_export(hooks):
@@ -758,9 +774,11 @@ def test_installing_where_signals_cannot_be_hooked_does_not_raise(
 
 def test_a_signal_during_a_transition_is_acted_on_once_it_is_done(telemetry, hooks):
     """Python runs a handler between two bytecodes: one interval ended, the next not yet
-    open. The hook waits for the reroot to finish, then ends whole spans."""
+    open. A transition runs this module's code, so the signal comes back once the reroot
+    is done, and the hook ends whole spans."""
     phases = _in_state("interval", telemetry)
-    hooks.install(phases, previous_handler=signal.SIG_IGN)
+    installed = hooks.install(phases, previous_handler=signal.SIG_IGN)
+    installed.redelivery.send = lambda thread, signum: None  # the interpreter's, below
     signalled = []
 
     def signal_once(span):
@@ -771,6 +789,9 @@ def test_a_signal_during_a_transition_is_acted_on_once_it_is_done(telemetry, hoo
     telemetry.tracer.on_end = signal_once
     phases.step()
     phases.step()  # save_interval 2: the boundary
+    assert phases.state == "interval" and signalled  # nothing done inside
+    _sigterm()  # delivered again, back in this test's code
+    installed.redelivery.thread.join(60)
     assert phases.state == "terminated"
     assert [s.name for s in telemetry.spans("megatron.train")] == ["megatron.train"] * 2
     assert trace.get_current_span() is trace.INVALID_SPAN
@@ -800,6 +821,10 @@ def _called_through(*modules, then):
         (("opentelemetry.sdk.metrics._internal", "collections", "threading"), True),
         # a function a telemetry decorator wraps: its body is the trainer's
         (("opentelemetry.util._decorator", "megatron.training.training"), False),
+        # another library called from telemetry code (an exporter's client, transitions)
+        (("opentelemetry.exporter.otlp.proto.grpc", "grpc._channel"), True),
+        (("megatron.training.telemetry_spans", "transitions.core", "threading"), True),
+        (("megatron.training.training", "torch.nn.modules"), False),
         (("nemo.lensing",), False),
         (("collections",), False),  # called from this test
     ],
@@ -827,12 +852,81 @@ def test_a_sigterm_inside_telemetry_code_is_acted_on_once_it_is_left(telemetry, 
     assert not installed.redelivery.thread.is_alive()  # no signal after this test
 
 
-def test_a_main_thread_stuck_in_telemetry_code_is_acted_on_after_a_while(telemetry, hooks):
+def test_a_main_thread_stuck_in_telemetry_code_only_passes_the_signal_on(telemetry, hooks):
+    """Past the bound the main thread is stuck in there: the signal is passed on (the
+    process dies of it) without touching telemetry, whose lock it may hold."""
     phases = _in_state("interval", telemetry)
-    installed = hooks.install(phases, previous_handler=signal.SIG_IGN)
-    installed.redelivery.give_up_s = 0  # stuck there longer, not busy
+    installed = hooks.install(phases)
+    installed.redelivery.give_up_s = 0
     _called_through("opentelemetry.sdk.trace", then=lambda frame: _sigterm(frame))
-    assert phases.state == "terminated" and installed.redelivery.thread is None
+    assert hooks.killed == [signal.SIGTERM] and installed.redelivery.thread is None
+    assert phases.state == "interval" and telemetry.shutdowns == 0
+
+
+HANG = """
+import importlib.util, os, signal, sys, threading, time
+from opentelemetry import trace
+spec = importlib.util.spec_from_file_location("telemetry_spans", {module!r})
+module = importlib.util.module_from_spec(spec)
+sys.modules["megatron.training.telemetry_spans"] = module  # its frames are telemetry's
+spec.loader.exec_module(module)
+
+# A span processor's code: it takes its lock (not reentrant) as each span ends, and
+# around its own bookkeeping, where the signal lands.
+processor = {{"__name__": "nemo.lens.providers", "lock": threading.Lock(), "os": os,
+              "signal": signal, "sys": sys, "trace": trace}}
+exec(compile(\"\"\"
+class Span(trace.NonRecordingSpan):
+    def __init__(self, name):
+        super().__init__(trace.INVALID_SPAN_CONTEXT)
+        self.name = name
+
+    def end(self, end_time=None):
+        with lock:
+            sys.stdout.write("ended " + self.name + chr(10))
+            sys.stdout.flush()
+
+class Tracer:
+    def start_span(self, name, **kwargs):
+        return Span(name)
+
+class Handle:
+    tracer, is_exporting = Tracer(), True
+
+    def shutdown(self):
+        sys.stdout.write("shut down" + chr(10))
+        sys.stdout.flush()
+
+def bookkeeping():
+    with lock:
+        os.kill(os.getpid(), signal.SIGTERM)
+\"\"\", "providers", "exec"), processor)
+
+phases = module.SpanPhases(processor["Handle"](), save_interval=2)
+module.install_exit_hooks(phases)
+phases.start_job()
+phases.start_train()
+phases.step()
+processor["bookkeeping"]()  # the signal lands here, under the processor's lock
+while True:  # the training loop goes on, mostly out of telemetry code
+    phases.step()
+    time.sleep(0.001)  # an iteration's work, with the GIL released
+"""
+
+
+def test_a_sigterm_under_a_span_processors_lock_ends_the_spans_and_the_process(tmp_path):
+    """A process (not this one) gets SIGTERM while its main thread holds the lock that
+    ending a span takes: it ends its spans once out of there and dies of the signal,
+    instead of waiting for that lock forever."""
+    program = HANG.format(module=telemetry_spans.__file__)
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    startup, *intervals, shutdown = done.stdout.splitlines()
+    assert startup == "ended megatron.startup"  # then the intervals, the last by the signal
+    assert intervals and set(intervals) == {"ended megatron.train"}
+    assert shutdown == "shut down"
 
 
 # -- telemetry off ---------------------------------------------------------------------
@@ -888,15 +982,58 @@ def test_train_finds_the_lifecycle_of_the_latest_pretrain(telemetry):
     assert telemetry.spans("megatron.train")[-1].links == [startup.context]
 
 
+def _broken(*_, **__):
+    raise RuntimeError("exporter gone")
+
+
+def test_spans_that_fail_to_end_or_to_open_an_interval_never_break_the_loop(telemetry):
+    """Ending a span, or opening a megatron.train, may fail once the exporter is gone."""
+    phases = _in_state("interval", telemetry)
+    telemetry.tracer.on_end = _broken
+    telemetry.tracer.start_span = _broken
+    phases.step()
+    phases.step()
+    phases.end_train()
+    telemetry.tracer.on_end = lambda span: None
+    phases.shutdown()
+    assert phases.state == "shutdown" and telemetry.shutdowns == 1
+
+
+def test_a_link_that_fails_leaves_the_interval_without_it(telemetry, monkeypatch):
+    phases = _in_state("train", telemetry)
+    monkeypatch.setattr(trace, "Link", _broken)
+    phases.step()
+    phases.end_train()
+    (interval,) = telemetry.spans("megatron.train")
+    assert interval.links == []
+
+
+def test_a_context_that_fails_to_detach_still_lets_its_span_end(telemetry, monkeypatch):
+    phases = _in_state("startup", telemetry)
+    monkeypatch.setattr(context, "detach", _broken)
+    phases.start_train()
+    assert only(telemetry, "megatron.startup").ends == 1
+
+
+def test_a_startup_without_a_context_opens_its_first_interval_unlinked(telemetry):
+    class NoContext(FakeTracer):
+        def start_span(self, *args, **kwargs):
+            span = super().start_span(*args, **kwargs)
+            if span.name == "megatron.startup":
+                span.get_span_context = _broken
+            return span
+
+    telemetry.tracer = NoContext()
+    phases = _in_state("interval", telemetry)
+    phases.end_train()
+    assert only(telemetry, "megatron.train").links == []
+
+
 def test_a_failing_tracer_never_breaks_training_it_is_logged_once(telemetry, caplog):
     """Opening or ending any span, or shutting the handle down, may fail (an exporter
     gone, an SDK error): training goes on, and one warning says so."""
-
-    def broken(*_, **__):
-        raise RuntimeError("exporter gone")
-
-    telemetry.tracer.start_span = broken
-    telemetry.shutdown = broken
+    telemetry.tracer.start_span = _broken
+    telemetry.shutdown = _broken
     phases = lifecycle(telemetry, save_interval=1)
     with caplog.at_level(logging.WARNING, logger=telemetry_spans.__name__):
         phases.start_job(timestamps={"slurm_job_start_time": 1.0, "launch_script_start": 2.0})
@@ -906,22 +1043,47 @@ def test_a_failing_tracer_never_breaks_training_it_is_logged_once(telemetry, cap
     assert phases.state == "shutdown"
     ours = [r for r in caplog.records if r.name == telemetry_spans.__name__]
     assert [(r.levelno, r.getMessage()) for r in ours] == [
-        (logging.WARNING, "telemetry _backdated failed; training goes on")
+        (logging.WARNING, "telemetry failed; training goes on")
     ]
+    assert "exporter gone" in ours[0].exc_text
 
 
-def test_a_span_that_fails_to_end_never_breaks_the_loop(telemetry):
-    def broken(*_, **__):
+def test_a_handle_whose_shutdown_fails_is_not_tried_again(telemetry):
+    """The lifecycle has ended once the handle's shutdown() was called; its error is
+    logged, and the atexit fallback does not try again."""
+    calls = []
+
+    def fails(timeout_ms=5000):
+        calls.append(timeout_ms)
         raise RuntimeError("exporter gone")
 
+    telemetry.shutdown = fails
     phases = _in_state("interval", telemetry)
-    telemetry.tracer.on_end = broken
-    phases.step()
-    phases.step()
-    phases.end_train()
     phases.shutdown()
-    assert phases.state == "shutdown" and telemetry.shutdowns == 1
-    assert len(telemetry.spans("megatron.train")) == 2  # each ended once, then it failed
+    phases.terminate()
+    assert phases.state == "shutdown" and len(calls) == 1
+
+
+def test_the_save_interval_train_passes_arms_the_loop(telemetry):
+    """A checkpoint's arguments may change --save-interval after pretrain() started."""
+    first = lifecycle(telemetry, save_interval=3)
+    first.start_job()
+    assert SpanPhases.current(telemetry, 2, is_span_group_enabled=job_on) is first
+    run_loop(first, 6)
+    assert len(telemetry.spans("megatron.train")) == 3  # passes 0-1, 2-3, 4-5
+
+
+def test_a_span_not_recording_gets_no_model_type(telemetry):
+    class NotRecording(FakeTracer):
+        def start_span(self, *args, **kwargs):
+            span = super().start_span(*args, **kwargs)
+            span.is_recording = lambda: False
+            return span
+
+    telemetry.tracer = NotRecording()
+    phases = _in_state("startup", telemetry)
+    phases.start_train()
+    assert only(telemetry, "megatron.startup").attributes == {"is_goodput_span": True}
 
 
 def test_mark_goodput_marks_a_span_and_never_raises(telemetry):
@@ -940,21 +1102,20 @@ def test_mark_goodput_marks_a_span_and_never_raises(telemetry):
 # -- without transitions --------------------------------------------------------------
 
 
-def test_without_transitions_the_module_imports_and_the_lifecycle_does_nothing(tmp_path):
+def test_without_transitions_the_module_imports_and_telemetry_off_does_nothing(tmp_path):
     """``transitions`` (and OpenTelemetry) absent, as in a megatron-core install without
     the ``otel`` extra: the module imports, a lifecycle with telemetry off takes every
-    trigger and does nothing, one with telemetry on says in one line what is missing."""
+    trigger and does nothing, and one whose telemetry exports says what is missing."""
     program = f"""
-import importlib.util, logging, sys
+import importlib.util, sys
 sys.modules["transitions"] = None  # import fails, as when not installed
 sys.modules["opentelemetry"] = None
-logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(message)s")
 spec = importlib.util.spec_from_file_location("telemetry_spans", {telemetry_spans.__file__!r})
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 
 class Handle:
-    tracer, is_exporting = None, True
+    tracer, is_exporting = None, False
     def shutdown(self): print("shut down")
 
 for telemetry in (None, Handle()):
@@ -968,12 +1129,18 @@ for telemetry in (None, Handle()):
     phases.shutdown()
     phases.flush()
     print(phases.state, module.install_exit_hooks(phases))
+Handle.is_exporting = True
+try:
+    module.SpanPhases(Handle(), 2)
+except ImportError as err:
+    print(err)
 """
     done = subprocess.run(
         [sys.executable, "-c", program], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["job None", "job None"]
-    assert done.stderr.splitlines() == [
-        "ERROR job spans are not recorded: telemetry_spans needs `transitions`"
+    assert done.stdout.splitlines() == [
+        "job None",
+        "job None",
+        "telemetry is on: pip install transitions (megatron-core[otel])",
     ]

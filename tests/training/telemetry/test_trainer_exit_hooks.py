@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 
 import pytest
 from fake_handles import FakeHandle, ForbiddenHandle
@@ -267,31 +268,28 @@ def test_graceful_sigterm_only_flushes_and_chains(fake_process, lifecycles):
     assert len(handle.shutdown_calls) == 1
 
 
-def test_graceful_mode_is_decided_by_the_latest_attach(fake_process, lifecycles):
+def test_graceful_mode_is_decided_by_the_first_attach(fake_process, lifecycles):
+    """As Megatron-LM's installer did: the pretrain() that installs the hooks says
+    whether a SIGTERM only flushes, for the process."""
     hooks = TrainerExitHooks()
     fake_process.previous = signal.SIG_IGN
 
-    first_handle = FakeHandle()
-    first = in_interval(lifecycles, first_handle)
+    first = in_interval(lifecycles, FakeHandle())
     hooks.attach(first, graceful=True)
     second_handle = FakeHandle()
     second = in_interval(lifecycles, second_handle)
     hooks.attach(second, graceful=False)
     hooks.handle_sigterm(signal.SIGTERM, None)
-    assert second.state == "terminated"
-    assert first.state == "interval"
+    assert (first.state, second.state) == ("interval", "interval")
+    assert len(second_handle.flush_calls) == 1  # the latest's, flushed
 
     hooks = TrainerExitHooks()
-    third_handle = FakeHandle()
-    third = in_interval(lifecycles, third_handle)
+    third = in_interval(lifecycles, FakeHandle())
     hooks.attach(third, graceful=False)
-    fourth_handle = FakeHandle()
-    fourth = in_interval(lifecycles, fourth_handle)
+    fourth = in_interval(lifecycles, FakeHandle())
     hooks.attach(fourth, graceful=True)
     hooks.handle_sigterm(signal.SIGTERM, None)
-    assert (third.state, fourth.state) == ("interval", "interval")
-    assert len(fourth_handle.flush_calls) == 1
-    assert third_handle.flush_calls == []
+    assert (third.state, fourth.state) == ("interval", "terminated")
 
 
 def test_process_wide_hooks_untouched_by_an_off_lifecycle(fake_process, lifecycles):
@@ -330,7 +328,8 @@ def test_sigterm_inside_a_transition_waits_for_it_to_complete(fake_process, life
     seen_during_callback = []
 
     def sigterm_now():
-        hooks.handle_sigterm(signal.SIGTERM, None)
+        # As the interpreter calls it: with the frame it interrupted, in the callback.
+        hooks.handle_sigterm(signal.SIGTERM, sys._getframe())
         seen_during_callback.append((phases.state, len(handle.shutdown_calls)))
 
     handle.tracer = CallbackTracer(handle.tracer, sigterm_now)
@@ -338,23 +337,31 @@ def test_sigterm_inside_a_transition_waits_for_it_to_complete(fake_process, life
     previous = PreviousHandler(lambda: phases)
     fake_process.previous = previous
     hooks.attach(phases, graceful=graceful)
+    hooks.redelivery.send = lambda thread, signum: None  # this test delivers it again
     phases.start_job(model_type="gpt", timestamps=None)
     phases.start_train()
 
     phases.step(0)  # the reroot whose callback "receives" SIGTERM
     assert handle.tracer.fired == 1
-    # Nothing happened inside the transition; everything right after it.
+    # Nothing happened inside the transition; everything once it comes back outside.
     assert seen_during_callback == [("interval", 0)]
+    assert previous.calls == [] and phases.state == "interval"
+    hooks.handle_sigterm(signal.SIGTERM, sys._getframe())
+    hooks.redelivery.thread.join(60)
     assert len(previous.calls) == 1
     if graceful:
         assert phases.state == "interval"
-        assert previous.calls == [(signal.SIGTERM, None, "interval")]
+        assert [(signum, state) for signum, _, state in previous.calls] == [
+            (signal.SIGTERM, "interval")
+        ]
         assert len(handle.flush_calls) == 1
         assert handle.shutdown_calls == []
         phases.shutdown()
     else:
         assert phases.state == "terminated"
-        assert previous.calls == [(signal.SIGTERM, None, "terminated")]
+        assert [(signum, state) for signum, _, state in previous.calls] == [
+            (signal.SIGTERM, "terminated")
+        ]
         assert hooks.state == "terminating"
         assert len(handle.shutdown_calls) == 1
     # The interval being opened when the signal came exists and was ended once.
@@ -398,9 +405,9 @@ def test_install_exit_hooks_attaches_to_the_process_wide_instance(
     newer = in_interval(lifecycles, newer_handle)
     assert telemetry_spans.install_exit_hooks(newer, graceful=True) is fresh
     assert len(fake_process.atexit_calls) == 1
-    fresh.handle_sigterm(signal.SIGTERM, None)  # graceful now: the newest is flushed
-    assert len(newer_handle.flush_calls) == 1
-    assert handle.flush_calls == []
+    fresh.handle_sigterm(signal.SIGTERM, None)  # hard, as the first attach said
+    assert (phases.state, newer.state) == ("interval", "terminated")  # the newest ended
+    assert newer_handle.flush_calls == [] and len(newer_handle.shutdown_calls) == 1
     assert trainer_calls == [signal.SIGTERM]
 
 

@@ -225,7 +225,11 @@ MODE = sys.argv[2]
 previous_calls = []
 
 
+ResendingProxy = telemetry_code(
+    '''
 class ResendingProxy(Proxy):
+    "The handle, whose shutdown sends this process a second SIGTERM (in one mode)."
+
     def shutdown(self, *args, **kwargs):
         self.shutdown_calls += 1
         say("SHUTDOWN_CALL", self.shutdown_calls)
@@ -233,6 +237,14 @@ class ResendingProxy(Proxy):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.3)  # give a second handler every chance to run in here
         return self._handle.shutdown(*args, **kwargs)
+''',
+    Proxy=Proxy,
+    MODE=MODE,
+    os=os,
+    signal=signal,
+    time=time,
+    say=say,
+)["ResendingProxy"]
 
 
 def previous(signum, frame):
@@ -283,9 +295,10 @@ def test_second_sigterm_does_not_reenter_shutdown(tmp_path, mode):
 
 
 IN_CALLBACK = """
+KillingTracer = telemetry_code(
+    '''
 class KillingTracer:
-    '''Sends SIGTERM to this process from inside the reroot callback, at the
-    moment megatron.train is being started.'''
+    "Sends SIGTERM to this process from inside the reroot callback, as megatron.train starts."
 
     def __init__(self, tracer):
         self._tracer = tracer
@@ -294,13 +307,19 @@ class KillingTracer:
     def start_span(self, name, *args, **kwargs):
         if name == "megatron.train" and not self.fired:
             self.fired = True
-            say("KILLING", phases.state)
+            say("KILLING")
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.3)  # a handler that is not held off would run right here
         return self._tracer.start_span(name, *args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self._tracer, name)
+''',
+    os=os,
+    signal=signal,
+    time=time,
+    say=say,
+)["KillingTracer"]
 
 
 signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -26,17 +26,28 @@ from megatron.training.telemetry_spans import SpanPhaseError
 
 
 class ReferenceModel:
-    """The documented transition table, as plain Python."""
+    """The documented transition table, as plain Python, and the pass counter.
 
-    # step is legal where reroot is; from train it always opens an interval
-    # (the loop's work must nest under one), in interval it stays there.
+    ``step`` counts a pass: a boundary every ``save_interval`` passes from the first
+    (with none, the first alone), where it fires ``reroot`` (legal where ``reroot``
+    is: from train it always opens an interval, in interval it stays there); off a
+    boundary it does nothing. A boundary that opens no interval leaves the next pass a
+    boundary too."""
+
     TABLE: ClassVar[dict[tuple[str, str], str]] = FULL_TABLE
 
-    def __init__(self) -> None:
+    def __init__(self, save_interval: int) -> None:
         self.state = "job"
+        self.period = save_interval if save_interval > 0 else float("inf")
+        self.left = 1
 
     def next_state(self, trigger: str) -> str | None:
         return self.TABLE.get((self.state, trigger))
+
+    def boundary(self) -> bool:
+        """Count a pass: whether the table is asked."""
+        self.left -= 1
+        return self.left <= 0
 
 
 # What must be open in each state: the structural roots the state owns.
@@ -55,7 +66,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.lifecycles = Lifecycles().__enter__()
-        self.model = ReferenceModel()
+        self.model = ReferenceModel(0)
         self.handle = FakeHandle()
         self.phases = None
         self.iteration = 0
@@ -66,6 +77,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     )
     def create(self, save_interval, first_iteration):
         self.phases = self.lifecycles.new(self.handle, save_interval=save_interval)
+        self.model = ReferenceModel(save_interval)
         self.iteration = first_iteration
 
     def fire(self, trigger: str, *args, **kwargs) -> None:
@@ -130,8 +142,16 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @rule(with_iteration=st.booleans())
     def step(self, with_iteration):
-        self.fire("step", self.iteration if with_iteration else None)
+        iteration = self.iteration if with_iteration else None
         self.iteration += 1
+        if not self.model.boundary():
+            self.phases.step(iteration)  # a pass counted, nothing asked of the table
+            return
+        opens = self.model.next_state("step") == "interval"
+        self.model.left = 1  # unless it opens an interval, the next pass is a boundary too
+        self.fire("step", iteration)
+        if opens:
+            self.model.left = self.model.period
 
     @rule()
     def work(self):
