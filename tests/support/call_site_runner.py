@@ -37,6 +37,8 @@ def fault(key: str) -> bool:
         faults[key] = left - 1
         return True
     return False
+
+
 record = open(record_path, "a", buffering=1)  # noqa: SIM115 -- open until the process ends
 ids = itertools.count(1)
 
@@ -143,6 +145,7 @@ class FakeHandle:
 
 faults.setdefault("signal_in_shutdown", 1)
 if fault("link"):
+
     def broken_link(*args, **kwargs):
         raise RuntimeError("Link failed")
 

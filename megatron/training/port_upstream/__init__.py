@@ -103,13 +103,13 @@ def _in_place(checkout: Path) -> int:
     return 0
 
 
-def _series(checkout: Path, out: Path) -> int:
+def _series(checkout: Path, out: Path, signoff: bool) -> int:
     training, _ = _read(checkout)
     if is_ported(training):
         raise NotRecognised(f"{TRAINING} is ported already: the series applies to the original")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise NotRecognised(f"--series {out}: not an empty folder; give an empty or a new one")
-    written = write_series(checkout, out)
+    written = write_series(checkout, out, signoff)
     print(f"port_upstream: {checkout}: {len(written)} patches in {out}:")
     for path in written:
         print(f"  {path.name}")
@@ -129,11 +129,16 @@ def main(argv: list[str] | None = None) -> int:
         help="write the pull requests as git format-patch files in OUT "
         "(the checkout is left as it is); without it, apply them all in place",
     )
+    parser.add_argument(
+        "--signoff",
+        action="store_true",
+        help="with --series: each patch Signed-off-by the author git has configured",
+    )
     args = parser.parse_args(argv)
     checkout = args.checkout
     try:
         if args.series is not None:
-            return _series(checkout, args.series)
+            return _series(checkout, args.series, args.signoff)
         return _in_place(checkout)
     except (NotRecognised, RuntimeError) as err:  # RuntimeError: git refused
         print(f"port_upstream: {err}; nothing changed", file=sys.stderr)

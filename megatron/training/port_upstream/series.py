@@ -51,7 +51,8 @@ _CAUSE = CallSites(step_iteration=True, shutdown_cause=True)
 #: ``step(iteration)`` from the seventh, ``shutdown(cause=...)`` from the eighth.
 SITES: tuple[CallSites, ...] = (_MOVE,) * 6 + (_ITERATIONS,) + (_CAUSE,) * 2
 
-#: A fixed date on every commit, so the series reads the same wherever it is written.
+#: The date of every commit of the stored series, so that it reads the same wherever it
+#: is exported (a series written for a checkout has the day it is written).
 _DATE = "2026-12-07T00:00:00+00:00"
 
 
@@ -93,13 +94,11 @@ def patches() -> list[Patch]:
     return [_read(path, n, sites) for n, (path, sites) in numbered]
 
 
-def run_git(repo: Path, *args: str, stdin: str | None = None) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_DATE": _DATE,
-        "GIT_COMMITTER_DATE": _DATE,
-        "GIT_CONFIG_NOSYSTEM": "1",
-    }
+def run_git(repo: Path, *args: str, stdin: str | None = None, dated: bool = False) -> str:
+    """``git ARGS`` in ``repo`` (``dated``: its commits on the stored series' date)."""
+    env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1"}
+    if dated:
+        env.update({"GIT_AUTHOR_DATE": _DATE, "GIT_COMMITTER_DATE": _DATE})
     done = subprocess.run(["git", *args], cwd=repo, input=stdin, capture_output=True,
                           text=True, env=env, check=False)  # fmt: skip
     if done.returncode:
@@ -133,7 +132,7 @@ def stages(each: Callable[[Path, Patch], None], work: Path) -> Path:
         each(repo, patch)
         run_git(repo, "add", "-A")
         run_git(repo, *identity, "commit", "-q", f"--author={patch.author}", "-F", "-",
-                stdin=patch.message)  # fmt: skip
+                stdin=patch.message, dated=True)  # fmt: skip
     return repo
 
 
@@ -144,11 +143,12 @@ def final_files() -> dict[Path, bytes]:
         return {dest: (repo / dest).read_bytes() for dest in (MODULE_DEST, TESTS_DEST)}
 
 
-def write_series(checkout: Path, out: Path) -> list[Path]:
+def write_series(checkout: Path, out: Path, signoff: bool = False) -> list[Path]:
     """The series for ``checkout`` (its training.py and pyproject.toml as they are):
     ``git format-patch`` files in ``out``, each applying with ``git am`` on the one
     before, the first on the checkout, their author the one git has configured (who
-    sends them). Raises NotRecognised for a checkout the port does not know; nothing is
+    sends them; ``signoff``: with their Signed-off-by, the Developer Certificate of
+    Origin). Raises NotRecognised for a checkout the port does not know; nothing is
     written then."""
     training = (checkout / TRAINING).read_text(encoding="utf-8")
     pyproject = (checkout / PYPROJECT).read_text(encoding="utf-8")
@@ -167,7 +167,8 @@ def write_series(checkout: Path, out: Path) -> list[Path]:
             (base / TRAINING).write_text(ported[patch.number], encoding="utf-8")
             (base / PYPROJECT).write_text(dependency, encoding="utf-8")
             run_git(base, "add", "-A")
-            run_git(base, *identity, "commit", "-q", "-F", "-", stdin=patch.message)
+            sign = ["--signoff"] if signoff else []
+            run_git(base, *identity, "commit", "-q", *sign, "-F", "-", stdin=patch.message)
         out.mkdir(parents=True, exist_ok=True)
         names = run_git(base, "format-patch", "--zero-commit", "--no-signature",
                      "-o", str(out), f"HEAD~{len(SITES)}")  # fmt: skip

@@ -27,6 +27,10 @@ import sys
 import threading
 
 import pytest
+from opentelemetry import context, trace
+from opentelemetry.trace import StatusCode
+from transitions import MachineError
+
 from megatron.training import telemetry_spans
 from megatron.training.telemetry_spans import (
     ExitHooks,
@@ -36,9 +40,6 @@ from megatron.training.telemetry_spans import (
     install_exit_hooks,
     mark_goodput,
 )
-from opentelemetry import context, trace
-from opentelemetry.trace import StatusCode
-from transitions import MachineError
 
 _ids = itertools.count(1)
 _detach = context.detach  # the real one, whatever a test makes of context.detach
