@@ -58,7 +58,7 @@ from megatron.trace_format.semconv import (
     SHUTDOWN_REASON,
     SHUTDOWN_REASON_INPROCESS_RESTART,
 )
-from megatron.training.telemetry_spans import LIVE, ExitHooks, SpanPhases, _guarded
+from megatron.training.telemetry_spans import LIVE, ExitHooks, SpanPhases
 
 __all__ = [
     "HOOKED_SIGNALS",
@@ -170,23 +170,18 @@ class TrainerSpanPhases(SpanPhases):
         if self.telemetry is not None:
             self.telemetry.force_flush(timeout_ms=self.flush_timeout_ms)
 
-    @_guarded
-    def _end(self, span: Any, cause: Any = None) -> None:
-        """As the shared rule (detach, then the reason, ``error.type`` and ERROR status,
-        then end), but the exception's traceback only where no span it unwound through
-        already holds it: a fault is recorded once, on the first span it ended."""
-        if span is None:
+    def _record_ending(self, span: Any, cause: Any) -> None:
+        """As the shared rule, but a fault's ``exception`` event (its traceback) only on
+        the first span it ended: the others it unwound through carry its status and
+        reason, not the traceback again."""
+        if (ending := self.ending(cause)) is None:
             return
-        self._otel_context.detach(self._token)
-        if (ending := self.ending(cause)) is not None:
-            description = f"ended by {ending[1]}"
-            if isinstance(cause, BaseException):
-                record_exception_once(span, cause)
-                description = f"{type(cause).__name__}: {cause}"
-            status = self._otel_trace.Status(self._otel_trace.StatusCode.ERROR, description)
-            span.set_status(status)
-            span.set_attributes({SHUTDOWN_REASON: ending[0], ERROR_TYPE: ending[1]})
-        span.end()
+        description = f"ended by {ending[1]}"
+        if isinstance(cause, BaseException):
+            record_exception_once(span, cause)
+            description = f"{type(cause).__name__}: {cause}"[:200]  # the event has it all
+        span.set_status(self._otel_trace.Status(self._otel_trace.StatusCode.ERROR, description))
+        span.set_attributes({SHUTDOWN_REASON: ending[0], ERROR_TYPE: ending[1]})
 
     def _fire(self, trigger: str, *args: Any, said: str = "") -> None:
         """Under an in-process restart, each transition of the training path and of
