@@ -27,8 +27,9 @@ Every span is ended before the telemetry handle is shut down, or it would have
 nowhere left to be exported to.
 
 ``transitions`` is needed where telemetry exports (the ``otel`` extra brings it
-beside nemo-lens); without it the module still imports and, telemetry off, the
-lifecycle does nothing. OpenTelemetry is imported only once telemetry is on.
+beside nemo-lens); without it the module still imports and the lifecycle does
+nothing (where telemetry exports, it says so: the run trains on with no job-level
+spans). OpenTelemetry is imported only once telemetry is on.
 """
 
 from __future__ import annotations
@@ -167,8 +168,6 @@ class SpanPhases:
         ``is_exporting`` and ``shutdown()``) exports and ``is_span_group_enabled``
         (None: every group on) lets the ``job`` group. ``strict``: an order the
         table does not list raises :class:`SpanPhaseError` (else it is logged)."""
-        if Machine is None and getattr(telemetry, "is_exporting", False):
-            raise ImportError("telemetry is on: pip install transitions (megatron-core[otel])")
         self.telemetry, self.strict = telemetry, strict
         gate = is_span_group_enabled or (lambda group: True)
         # Whether it records spans: the handle exports and the job group is on.
@@ -183,7 +182,7 @@ class SpanPhases:
         self._startup = self._interval = self._token = self._startup_link = None
         self._index, self._first = 0, None  # the next interval's index; the open one's first
         self._rejected: set[tuple[str, str]] = set()  # logged once each
-        self._failures = 0  # see _never_fatal()
+        self._failed = False  # see _never_fatal()
         self._arm(save_interval)
         # The model the machine drives, so its generated trigger and ``is_*`` methods never
         # collide with the typed triggers below (``job`` until it has a machine).
@@ -195,6 +194,8 @@ class SpanPhases:
             states = [self._bind(row, "on_enter", "on_exit") for row in self.STATES]
             rows = [self._bind(row, "after") for row in self.TRANSITIONS]
             self.machine = _machine(self._phase, "span_phases", states, "job", rows)
+        elif self.enabled:  # a run never ends for want of it: no job-level spans, said here
+            logger.warning("telemetry: no job-level spans, transitions is not installed")
         SpanPhases._latest = self
 
     def _bind(self, row: Mapping[str, Any], *keys: str) -> dict[str, Any]:
@@ -292,8 +293,8 @@ class SpanPhases:
         try:
             yield
         except Exception:  # any exporter or SDK failure is non-fatal
-            self._failures += 1
-            if self._failures == 1:
+            if not self._failed:
+                self._failed = True
                 logger.warning("telemetry failed; training goes on", exc_info=True)
 
     # -- state callbacks: where each span is opened and ended ---------------
@@ -431,7 +432,7 @@ class SpanPhases:
             return
         description = f"ended by {ending[1]}"
         if isinstance(cause, BaseException):
-            span.record_exception(cause, escaped=True)
+            span.record_exception(cause)
             description = f"{type(cause).__name__}: {cause}"[:200]  # the event has it all
         span.set_status(self._otel_trace.Status(self._otel_trace.StatusCode.ERROR, description))
         span.set_attributes({SHUTDOWN_REASON: ending[0], ERROR_TYPE: ending[1]})

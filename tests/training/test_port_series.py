@@ -1,4 +1,4 @@
-"""The port's patch series (``megatron/training/port_upstream/series.py``, ``patches/``),
+"""The port's patch series (``megatron/training/port_upstream/series.py``, ``parts/``),
 without a Megatron-LM checkout: what the series is made of.
 
 It ends in this project's own module and tests (a change to either that no
@@ -146,4 +146,5 @@ def test_the_series_exports_as_a_repository_to_edit(tmp_path):
         repo, "format-patch", "--zero-commit", "--no-signature", "-o", again, last
     )
     for name in written.split():
-        assert Path(name).read_bytes() == (series.PATCHES / Path(name).name).read_bytes()
+        part = series.PARTS / Path(name).with_suffix(".part").name
+        assert Path(name).read_bytes() == part.read_bytes()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from call_sites import Scenario, differences, normalised, run
-from megatron_lm import HIDE_PACKAGES, job_env
+from megatron_lm import HIDE_PACKAGES, apply_series, copy_tree, job_env
 
 from megatron.training.port_upstream import series
 
@@ -50,6 +50,23 @@ def test_each_patch_applies_with_git_am_on_the_one_before(trees, prefixes):
     names = sorted(path.name for path in trees.series_dir.glob("*.patch"))
     assert len(names) == len(prefixes) == len(series.SITES)
     print(f"\n{len(names)} patches: " + ", ".join(name[:4] for name in names))
+
+
+def test_the_tests_folder_gets_an_init_only_where_the_checkout_has_none(trees, tmp_path):
+    """The pinned tree keeps no other test of ``tests/unit_tests/training``: the first
+    patch adds its ``__init__.py`` (the copyright line, as ``tests/unit_tests/telemetry``'s).
+    Megatron-LM's whole tree has one: the series leaves it alone and applies there too."""
+    assert not (trees.pristine / series.TESTS_INIT).exists()
+    assert (trees.ported / series.TESTS_INIT).read_bytes() == series.HEADER
+    first = sorted(trees.series_dir.glob("0001-*.patch"))[0].read_text()
+    assert f"+++ b/{series.TESTS_INIT}" in first
+    whole = copy_tree(trees.source, tmp_path / "whole")
+    (whole / series.TESTS_INIT).parent.mkdir(parents=True)
+    (whole / series.TESTS_INIT).write_bytes(series.HEADER + b"# theirs\n")
+    written = series.write_series(whole, tmp_path / "series")
+    assert [p.name for p in written if str(series.TESTS_INIT) in p.read_text()] == []
+    apply_series(whole, tmp_path / "series")
+    assert (whole / series.TESTS_INIT).read_bytes() == series.HEADER + b"# theirs\n"
 
 
 @pytest.mark.parametrize("number", range(1, len(series.SITES) + 1))

@@ -25,7 +25,8 @@ are deleted, and each call site becomes one ``SpanPhases`` trigger or
 and ``dev`` extras (``pyproject_toml.py``). The added files are Megatron-LM's
 copyright line, then this project's ``telemetry_spans.py`` and
 ``test_telemetry_spans.py`` (the tests run on a fake tracer, with
-``opentelemetry-api`` and no SDK, in Megatron-LM's CI).
+``opentelemetry-api`` and no SDK, in Megatron-LM's CI), and the tests' folder
+gets an ``__init__.py`` where it has none.
 
 Every anchor is looked for before anything is written: a ``training.py`` it
 does not recognise gets one line naming what it could not find, and nothing
@@ -41,7 +42,16 @@ import sys
 from pathlib import Path
 
 from .pyproject_toml import DEPENDENCY, PYPROJECT, add_dependency
-from .series import HEADER, MODULE, MODULE_DEST, SITES, TESTS, TESTS_DEST, write_series
+from .series import (
+    HEADER,
+    MODULE,
+    MODULE_DEST,
+    SITES,
+    TESTS,
+    TESTS_DEST,
+    TESTS_INIT,
+    write_series,
+)
 from .training_py import DELETED, TRAINING, NotRecognised, is_ported, port_training
 
 __all__ = [
@@ -53,6 +63,7 @@ __all__ = [
     "PYPROJECT",
     "TESTS",
     "TESTS_DEST",
+    "TESTS_INIT",
     "TRAINING",
     "NotRecognised",
     "add_dependency",
@@ -80,6 +91,8 @@ def plan(checkout: Path) -> tuple[dict[Path, bytes], bool]:
     files = {} if already else {TRAINING: port_training(training, SITES[-1]).encode()}
     files[MODULE_DEST] = HEADER + MODULE.read_bytes()
     files[TESTS_DEST] = HEADER + TESTS.read_bytes()
+    if not (checkout / TESTS_INIT).exists():
+        files[TESTS_INIT] = HEADER
     files[PYPROJECT] = add_dependency(pyproject).encode()
     changed = {}
     for relative, data in files.items():

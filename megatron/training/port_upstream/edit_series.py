@@ -1,4 +1,4 @@
-"""Edit the port's patch series (``series.py``, ``patches/``) with git.
+"""Edit the port's patch series (``series.py``, ``parts/``) with git.
 
     python -m megatron.training.port_upstream.edit_series export DIR
     # in DIR: commit the change, `git rebase -i` it into the patch it belongs to,
@@ -7,7 +7,7 @@
 
 ``export`` writes a repository with a commit per patch (the two files the
 port adds, at their Megatron-LM paths, each commit's message the patch's
-description); ``import`` writes ``patches/`` from that repository's last
+description); ``import`` writes ``parts/`` from that repository's last
 commits, one a patch. The project's own ``telemetry_spans.py`` and
 ``test_telemetry_spans.py`` must then equal what the series ends in (a test
 says where they differ).
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .series import PATCHES, SITES, run_git, stages
+from .series import PARTS, SITES, run_git, stages
 
 
 def export(into: Path) -> Path:
@@ -36,16 +36,16 @@ def export(into: Path) -> Path:
 
 
 def import_(repo: Path) -> list[Path]:
-    """``patches/`` written from ``repo``'s last commits, one a patch (as many as
+    """``parts/`` written from ``repo``'s last commits, one a patch (as many as
     :data:`SITES` lists; the file names follow their subjects)."""
     with tempfile.TemporaryDirectory() as work:
         names = run_git(repo, "format-patch", "--zero-commit", "--no-signature", "-o", work,
                      f"HEAD~{len(SITES)}")  # fmt: skip
-        for old in PATCHES.glob("*.patch"):
+        for old in PARTS.glob("*.part"):
             old.unlink()
         for name in names.split():
-            shutil.copy(name, PATCHES / Path(name).name)
-    return sorted(PATCHES.glob("*.patch"))
+            shutil.copy(name, PARTS / Path(name).with_suffix(".part").name)
+    return sorted(PARTS.glob("*.part"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "export":
         print(f"series: a commit per patch in {export(args.repo)}")
     else:
-        print(f"series: wrote {len(import_(args.repo))} patches in {PATCHES}")
+        print(f"series: wrote {len(import_(args.repo))} parts in {PARTS}")
     return 0
 
 

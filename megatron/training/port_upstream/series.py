@@ -1,15 +1,16 @@
 """The port as a series of patches: first the move with no behaviour change, then each
 change on its own, as a Megatron-LM maintainer merges them.
 
-``patches/`` holds the series as ``git format-patch`` files of the two files the
-port adds, ``megatron/training/telemetry_spans.py`` and its tests
-(``tests/unit_tests/training/test_telemetry_spans.py``): each file is one
-patch's description (what it changes, why, every behaviour change, how it was
-tested) and its change to those two files. What a patch does to Megatron-LM's
-own ``training.py`` and ``pyproject.toml`` depends on the checkout, so it is
-worked out there (:data:`SITES` says what each patch's call sites pass;
-``pyproject_toml`` adds the dependency in the first). :func:`write_series`
-writes the whole series for a checkout, ready for ``git am``.
+``parts/`` holds the series' parts, in the format ``git format-patch`` writes but
+not a series to apply (hence ``.part``): each is one patch's description (what it
+changes, why, every behaviour change, how it was tested) and its change to the
+files the port adds, ``megatron/training/telemetry_spans.py`` and its tests
+(``tests/unit_tests/training/``). What a patch does to Megatron-LM's own
+``training.py`` and ``pyproject.toml`` depends on the checkout, so it is worked
+out there (:data:`SITES` says what each patch's call sites pass;
+``pyproject_toml`` adds the dependency in the first): :func:`write_series` joins
+them into the series for a checkout, ready for ``git am``
+(``python -m megatron.training.port_upstream --series OUT CHECKOUT``).
 
 The series ends in this project's own module and tests (``telemetry_spans.py``,
 ``test_telemetry_spans.py``, each after Megatron-LM's copyright line): a test
@@ -34,11 +35,14 @@ from .pyproject_toml import PYPROJECT, add_dependency
 from .training_py import TRAINING, CallSites, port_training
 
 HERE = Path(__file__).resolve().parent
-PATCHES = HERE / "patches"
+PARTS = HERE / "parts"
 #: The first line of every file the port adds to Megatron-LM, as its own files begin.
 HEADER = b"# Copyright (c) 2026, NVIDIA CORPORATION & AFFILIATES. All rights reserved.\n"
 MODULE_DEST = Path("megatron/training/telemetry_spans.py")
 TESTS_DEST = Path("tests/unit_tests/training/test_telemetry_spans.py")
+#: The tests' package, added with them where the checkout has none (as its other test
+#: folders, the copyright line alone).
+TESTS_INIT = TESTS_DEST.parent / "__init__.py"
 #: Where the series ends: this project's module and the tests it ships.
 MODULE = HERE.parent / "telemetry_spans.py"
 TESTS = HERE / "test_telemetry_spans.py"
@@ -86,10 +90,10 @@ def _read(path: Path, number: int, sites: CallSites) -> Patch:
 
 
 def patches() -> list[Patch]:
-    """The series, in order (``patches/``' files by their numbers)."""
-    files = sorted(PATCHES.glob("[0-9][0-9][0-9][0-9]-*.patch"))
+    """The series, in order (``parts/``' files by their numbers)."""
+    files = sorted(PARTS.glob("[0-9][0-9][0-9][0-9]-*.part"))
     if len(files) != len(SITES):
-        raise ValueError(f"{PATCHES}: {len(files)} patches; SITES in {__file__} lists {len(SITES)}")
+        raise ValueError(f"{PARTS}: {len(files)} parts; SITES in {__file__} lists {len(SITES)}")
     numbered = enumerate(zip(files, SITES, strict=True), 1)
     return [_read(path, n, sites) for n, (path, sites) in numbered]
 
@@ -154,6 +158,7 @@ def write_series(checkout: Path, out: Path, signoff: bool = False) -> list[Path]
     pyproject = (checkout / PYPROJECT).read_text(encoding="utf-8")
     ported = {patch.number: port_training(training, patch.sites) for patch in patches()}
     dependency = add_dependency(pyproject)
+    package = not (checkout / TESTS_INIT).exists()
     with tempfile.TemporaryDirectory() as work:
         base = Path(work) / "series"
         for relative, text in ((TRAINING, training), (PYPROJECT, pyproject)):
@@ -166,6 +171,8 @@ def write_series(checkout: Path, out: Path, signoff: bool = False) -> list[Path]
             run_git(base, "apply", "--whitespace=nowarn", "-", stdin=patch.diff)
             (base / TRAINING).write_text(ported[patch.number], encoding="utf-8")
             (base / PYPROJECT).write_text(dependency, encoding="utf-8")
+            if package:
+                (base / TESTS_INIT).write_bytes(HEADER)
             run_git(base, "add", "-A")
             sign = ["--signoff"] if signoff else []
             run_git(base, *identity, "commit", "-q", *sign, "-F", "-", stdin=patch.message)
