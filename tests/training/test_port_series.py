@@ -3,16 +3,20 @@ without a Megatron-LM checkout: what the series is made of.
 
 It ends in this project's own module and tests (a change to either that no
 patch carries fails here); each patch's description states its behaviour
-change and how it was tested; every prefix passes its own tests, and each
-later patch's tests fail on the module before it. On the real tree (``git am``
+change and how it was tested; the first patch's module keeps to its budget;
+every prefix passes its own tests, and each later patch's tests fail on the
+module before it. On the real tree (``git am``
 patch by patch, Megatron-LM's pytest, pretrain_gpt.py): ``tests/upstream``.
 """
 
 from __future__ import annotations
 
+import ast
+import io
 import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 from megatron.training import port_upstream
@@ -28,6 +32,32 @@ def test_the_series_ends_in_this_projects_module_and_tests():
             f"the series ends in another {dest} than {ours.relative_to(REPO)}: carry the change "
             "in the patch it belongs to (python -m megatron.training.port_upstream.edit_series)"
         )
+
+
+def _code_lines(source: str) -> int:
+    """Lines holding code: not blank, not only a comment, not a docstring."""
+    docstrings: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(getattr(first.value, "value", 0), str):
+                docstrings.update(range(first.lineno, first.end_lineno + 1))
+    lines: set[int] = set()
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in skip and token.type != tokenize.ENDMARKER:
+            lines.update(range(token.start[0], token.end[0] + 1))
+    return len(lines - docstrings)
+
+
+def test_the_first_patch_moves_the_lifecycle_in_at_most_250_code_lines(tmp_path):
+    """Issue 62's budget for the refactor a maintainer reviews first: the pure move of
+    Megatron-LM's pull request 6788 is 213 code lines, the block it removes 215."""
+    modules: list[str] = []
+    series.stages(lambda repo, _: modules.append((repo / series.MODULE_DEST).read_text()), tmp_path)
+    counted = 'x = 1\n\n# a comment\ndef f():\n    """Doc."""\n    return (\n        1)\n'
+    assert _code_lines(counted) == 4  # x = 1, def f():, return (, 1)
+    assert _code_lines(modules[0]) <= 250, "patch 1's telemetry_spans.py grew past 250 code lines"
 
 
 def test_each_patch_says_what_it_changes_and_how_it_was_tested():
