@@ -26,10 +26,10 @@ is logged once otherwise, so telemetry never ends a training run.
 Every span is ended before the telemetry handle is shut down, or it would have
 nowhere left to be exported to.
 
-``transitions`` is needed where telemetry exports (the ``otel`` extra brings it
-beside nemo-lens); without it the module still imports and the lifecycle does
-nothing (where telemetry exports, it says so: the run trains on with no job-level
-spans). OpenTelemetry is imported only once telemetry is on.
+``transitions`` comes with the ``otel`` extra, beside nemo-lens, and Megatron-LM
+sets telemetry up only where both are installed (``global_vars._set_telemetry``):
+without it there is no telemetry, as without nemo-lens. The module still imports,
+and a lifecycle does nothing. OpenTelemetry is imported only once telemetry is on.
 """
 
 from __future__ import annotations
@@ -194,8 +194,6 @@ class SpanPhases:
             states = [self._bind(row, "on_enter", "on_exit") for row in self.STATES]
             rows = [self._bind(row, "after") for row in self.TRANSITIONS]
             self.machine = _machine(self._phase, "span_phases", states, "job", rows)
-        elif self.enabled:  # a run never ends for want of it: no job-level spans, said here
-            logger.warning("telemetry: no job-level spans, transitions is not installed")
         SpanPhases._latest = self
 
     def _bind(self, row: Mapping[str, Any], *keys: str) -> dict[str, Any]:
@@ -348,8 +346,9 @@ class SpanPhases:
             self._backdated(PRE_STARTUP_SPAN, slurm, launch)
         folded = None not in (launch, presrun, program) and launch <= presrun <= program
         span = self._startup = self._span(STARTUP_SPAN, None, launch if folded else program)
-        if span.is_recording():
-            span.set_attribute(MODEL_TYPE, str(model_type))
+        with self._never_fatal():  # a failing attribute costs the attribute alone
+            if span.is_recording():
+                span.set_attribute(MODEL_TYPE, str(model_type))
         with self._never_fatal():  # kept after it ends, for the first interval's link
             self._startup_link = span.get_span_context()
         # Current until the loop starts: model build, data, checkpoint load nest in it.

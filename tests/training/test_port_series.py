@@ -138,6 +138,7 @@ def test_the_series_needs_an_unported_checkout_and_an_empty_folder(tmp_path):
     training = checkout / port_upstream.TRAINING
     training.write_text("from megatron.training.telemetry_spans import SpanPhases\n")
     (checkout / "pyproject.toml").write_text('[project.optional-dependencies]\notel = ["x"]\n')
+    (checkout / port_upstream.GLOBAL_VARS).write_text("")
 
     def run(out: Path) -> subprocess.CompletedProcess:
         command = ["-m", "megatron.training.port_upstream", "--series", str(out), str(checkout)]

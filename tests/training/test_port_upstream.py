@@ -42,10 +42,24 @@ def _digest(root: Path) -> str:
     return digest.hexdigest()
 
 
+#: ``_set_telemetry`` as Megatron-LM's global_vars.py has it, around the import the port
+#: adds to.
+SET_TELEMETRY = (
+    "def _set_telemetry(args):\n"
+    "    global _GLOBAL_TELEMETRY_HANDLE\n"
+    "    try:\n"
+    "        from nemo.lens import NemoLensConfig, setup_telemetry\n"
+    "    except ImportError:\n"
+    "        _GLOBAL_TELEMETRY_HANDLE = None\n"
+    "        return\n"
+)
+
+
 def _checkout(tmp_path: Path, training: str) -> Path:
     root = tmp_path / "Megatron-LM"
     (root / "megatron" / "training").mkdir(parents=True)
     (root / "megatron" / "training" / "training.py").write_text(training)
+    (root / port_upstream.GLOBAL_VARS).write_text("import os\n\n\n" + SET_TELEMETRY)
     (root / "pyproject.toml").write_text(
         '[project]\ndependencies = ["torch>=2.6.0"]\n\n'
         '[project.optional-dependencies]\notel = ["nemo-lens[sdk]"]\n'
@@ -121,6 +135,37 @@ def test_transitions_joins_the_telemetry_extras_not_megatron_cores_own(before, a
 def test_a_pyproject_it_cannot_edit_is_named(text, named):
     with pytest.raises(port_upstream.NotRecognised, match=re.escape(named)):
         port_upstream.add_dependency(text)
+
+
+def test_telemetry_is_set_up_only_where_transitions_is_as_only_where_nemo_lens_is():
+    """One line in _set_telemetry's ``try``, before the nemo-lens import (isort's order):
+    without ``transitions`` telemetry is a no-op, as without nemo-lens. Again: unchanged."""
+    text = "import os\n\n\n" + SET_TELEMETRY
+    ported = port_upstream.needs_transitions(text)
+    added = [line for line in ported.splitlines() if line not in text.splitlines()]
+    assert added == [
+        "        import transitions  # noqa: F401  # telemetry_spans.py's state machine, in the "
+        "otel extra"
+    ]
+    assert ported.index(added[0]) < ported.index("from nemo.lens import")
+    assert ported.replace(added[0] + "\n", "") == text
+    assert port_upstream.needs_transitions(ported) == ported
+    assert len(added[0]) <= 100  # Megatron-LM's black line length
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "def _set_telemetry(args):\n    return None\n",
+        "def other():\n    try:\n        from nemo.lens import NemoLensConfig, setup_telemetry\n"
+        "    except ImportError:\n        pass\n\n\ndef _set_telemetry(args):\n    pass\n",
+        "import os\n",
+    ],
+    ids=["no_import", "import_in_another_function", "no_function"],
+)
+def test_a_global_vars_py_it_cannot_edit_is_named(text):
+    with pytest.raises(port_upstream.NotRecognised, match=r"global_vars\.py: could not find"):
+        port_upstream.needs_transitions(text)
 
 
 def test_the_files_it_adds_begin_with_megatron_lms_copyright_line():

@@ -191,4 +191,5 @@ def test_the_diff_touches_only_what_the_port_names(trees):
         port_upstream.TESTS_DEST,
         port_upstream.TESTS_INIT,  # the pinned tree keeps no other test of that folder
         port_upstream.PYPROJECT,
+        port_upstream.GLOBAL_VARS,
     }

@@ -253,6 +253,22 @@ def test_nothing_left_to_train_after_a_resume(trees, tmp_path):
     assert "megatron.startup" in runs["ported"].names()
 
 
+def test_without_transitions_telemetry_is_a_no_op_as_without_nemo_lens(trees, tmp_path):
+    """nemo-lens and its SDK installed, ``transitions`` not (the ``otel`` extra half
+    installed), telemetry asked for: the port's global_vars.py sets none up, as it sets
+    none up without nemo-lens, so no span group exports without the job-level spans, their
+    SIGTERM hook and the final shutdown. The run trains as pristine's does."""
+    case = Case("no_transitions", tuple(SAVE), env={HIDE_PACKAGES: "transitions"})
+    pristine = _run(trees.pristine, case, tmp_path / "pristine")
+    ported = _run(trees.ported, case, tmp_path / "ported")
+    assert ported.returncode == pristine.returncode == 0, ported.describe()
+    assert "megatron.train" in pristine.names()
+    assert ported.spans == []
+    untouched = _run(trees.pristine, Case("off", tuple(SAVE), telemetry=False), tmp_path / "off")
+    assert ported.signal_handlers == untouched.signal_handlers
+    assert _loss_lines(ported) == _loss_lines(pristine) != []
+
+
 def test_without_opentelemetry_or_nemo_lens_the_port_trains_as_pristine(trees, tmp_path):
     """None of OpenTelemetry, nemo-lens and transitions importable (the sitecustomize
     hides them, as if not installed; megatron-core's wheel depends on none of them):

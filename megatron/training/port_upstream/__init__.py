@@ -22,11 +22,12 @@ Either way ``training.py`` keeps only call sites (``training_py.py``): the
 lifecycle functions, their globals, the installer and the comments about them
 are deleted, and each call site becomes one ``SpanPhases`` trigger or
 ``install_exit_hooks``; ``pyproject.toml`` gets ``transitions`` in its ``otel``
-and ``dev`` extras (``pyproject_toml.py``). The added files are Megatron-LM's
-copyright line, then this project's ``telemetry_spans.py`` and
-``test_telemetry_spans.py`` (the tests run on a fake tracer, with
-``opentelemetry-api`` and no SDK, in Megatron-LM's CI), and the tests' folder
-gets an ``__init__.py`` where it has none.
+and ``dev`` extras (``pyproject_toml.py``), and ``global_vars.py`` sets telemetry up
+only where it is installed, as only where nemo-lens is (``global_vars_py.py``).
+The added files are Megatron-LM's copyright line, then this project's
+``telemetry_spans.py`` and ``test_telemetry_spans.py`` (the tests run on a fake
+tracer, with ``opentelemetry-api`` and no SDK, in Megatron-LM's CI), and the
+tests' folder gets an ``__init__.py`` where it has none.
 
 Every anchor is looked for before anything is written: a ``training.py`` it
 does not recognise gets one line naming what it could not find, and nothing
@@ -41,6 +42,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .global_vars_py import GLOBAL_VARS, needs_transitions
 from .pyproject_toml import DEPENDENCY, PYPROJECT, add_dependency
 from .series import (
     HEADER,
@@ -57,6 +59,7 @@ from .training_py import DELETED, TRAINING, NotRecognised, is_ported, port_train
 __all__ = [
     "DELETED",
     "DEPENDENCY",
+    "GLOBAL_VARS",
     "HEADER",
     "MODULE",
     "MODULE_DEST",
@@ -68,25 +71,26 @@ __all__ = [
     "NotRecognised",
     "add_dependency",
     "main",
+    "needs_transitions",
     "plan",
 ]
 
 
-def _read(checkout: Path) -> tuple[str, str]:
-    """The checkout's training.py and pyproject.toml (raises NotRecognised)."""
-    for relative in (TRAINING, PYPROJECT):
+def _read(checkout: Path) -> tuple[str, str, str]:
+    """The checkout's training.py, pyproject.toml and global_vars.py (raises NotRecognised)."""
+    for relative in (TRAINING, PYPROJECT, GLOBAL_VARS):
         if not (checkout / relative).is_file():
             raise NotRecognised(f"{checkout}: could not find {relative}")
-    return (
-        (checkout / TRAINING).read_text(encoding="utf-8"),
-        (checkout / PYPROJECT).read_text(encoding="utf-8"),
+    return tuple(
+        (checkout / relative).read_text(encoding="utf-8")
+        for relative in (TRAINING, PYPROJECT, GLOBAL_VARS)
     )
 
 
 def plan(checkout: Path) -> tuple[dict[Path, bytes], bool]:
     """Every file the whole series changes (path -> new bytes), and whether
     training.py was ported before."""
-    training, pyproject = _read(checkout)
+    training, pyproject, global_vars = _read(checkout)
     already = is_ported(training)
     files = {} if already else {TRAINING: port_training(training, SITES[-1]).encode()}
     files[MODULE_DEST] = HEADER + MODULE.read_bytes()
@@ -94,6 +98,7 @@ def plan(checkout: Path) -> tuple[dict[Path, bytes], bool]:
     if not (checkout / TESTS_INIT).exists():
         files[TESTS_INIT] = HEADER
     files[PYPROJECT] = add_dependency(pyproject).encode()
+    files[GLOBAL_VARS] = needs_transitions(global_vars).encode()
     changed = {}
     for relative, data in files.items():
         path = checkout / relative
@@ -117,7 +122,7 @@ def _in_place(checkout: Path) -> int:
 
 
 def _series(checkout: Path, out: Path, signoff: bool) -> int:
-    training, _ = _read(checkout)
+    training, _, _ = _read(checkout)
     if is_ported(training):
         raise NotRecognised(f"{TRAINING} is ported already: the series applies to the original")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -6,9 +6,10 @@ not a series to apply (hence ``.part``): each is one patch's description (what i
 changes, why, every behaviour change, how it was tested) and its change to the
 files the port adds, ``megatron/training/telemetry_spans.py`` and its tests
 (``tests/unit_tests/training/``). What a patch does to Megatron-LM's own
-``training.py`` and ``pyproject.toml`` depends on the checkout, so it is worked
-out there (:data:`SITES` says what each patch's call sites pass;
-``pyproject_toml`` adds the dependency in the first): :func:`write_series` joins
+``training.py``, ``pyproject.toml`` and ``global_vars.py`` depends on the checkout,
+so it is worked out there (:data:`SITES` says what each patch's call sites pass;
+``pyproject_toml`` adds the dependency in the first, ``global_vars_py`` makes
+telemetry need it there too): :func:`write_series` joins
 them into the series for a checkout, ready for ``git am``
 (``python -m megatron.training.port_upstream --series OUT CHECKOUT``).
 
@@ -31,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .global_vars_py import GLOBAL_VARS, needs_transitions
 from .pyproject_toml import PYPROJECT, add_dependency
 from .training_py import TRAINING, CallSites, port_training
 
@@ -148,20 +150,22 @@ def final_files() -> dict[Path, bytes]:
 
 
 def write_series(checkout: Path, out: Path, signoff: bool = False) -> list[Path]:
-    """The series for ``checkout`` (its training.py and pyproject.toml as they are):
-    ``git format-patch`` files in ``out``, each applying with ``git am`` on the one
-    before, the first on the checkout, their author the one git has configured (who
-    sends them; ``signoff``: with their Signed-off-by, the Developer Certificate of
-    Origin). Raises NotRecognised for a checkout the port does not know; nothing is
+    """The series for ``checkout`` (its training.py, pyproject.toml and global_vars.py
+    as they are): ``git format-patch`` files in ``out``, each applying with ``git am``
+    on the one before, the first on the checkout, their author the one git has
+    configured (who sends them; ``signoff``: with their Signed-off-by, the Developer
+    Certificate of Origin). Raises NotRecognised for a checkout the port does not know; nothing is
     written then."""
     training = (checkout / TRAINING).read_text(encoding="utf-8")
     pyproject = (checkout / PYPROJECT).read_text(encoding="utf-8")
+    global_vars = (checkout / GLOBAL_VARS).read_text(encoding="utf-8")
     ported = {patch.number: port_training(training, patch.sites) for patch in patches()}
-    dependency = add_dependency(pyproject)
+    dependency, setup = add_dependency(pyproject), needs_transitions(global_vars)
     package = not (checkout / TESTS_INIT).exists()
     with tempfile.TemporaryDirectory() as work:
         base = Path(work) / "series"
-        for relative, text in ((TRAINING, training), (PYPROJECT, pyproject)):
+        originals = ((TRAINING, training), (PYPROJECT, pyproject), (GLOBAL_VARS, global_vars))
+        for relative, text in originals:
             (base / relative).parent.mkdir(parents=True, exist_ok=True)
             (base / relative).write_text(text, encoding="utf-8")
         identity = _new_repo(base)
@@ -171,6 +175,7 @@ def write_series(checkout: Path, out: Path, signoff: bool = False) -> list[Path]
             run_git(base, "apply", "--whitespace=nowarn", "-", stdin=patch.diff)
             (base / TRAINING).write_text(ported[patch.number], encoding="utf-8")
             (base / PYPROJECT).write_text(dependency, encoding="utf-8")
+            (base / GLOBAL_VARS).write_text(setup, encoding="utf-8")
             if package:
                 (base / TESTS_INIT).write_bytes(HEADER)
             run_git(base, "add", "-A")

@@ -276,9 +276,9 @@ def _plan_pretrain(py: _TrainingPy, sites: CallSites) -> None:
                 "# only while it exports, once per process: an atexit fallback and a SIGTERM",
                 "# handler (flush only under --exit-signal-handler, else end and export what",
                 "# is open, then pass the signal on).",
-                "install_exit_hooks(",
-                "    _otel_phases, graceful=bool(getattr(args, 'exit_signal_handler', False))",
-                ")",
+                # one line, as Megatron-LM's black (-l 100 -C) leaves it
+                "install_exit_hooks(_otel_phases, "
+                "graceful=bool(getattr(args, 'exit_signal_handler', False)))",
             )
         ],
     )
