@@ -144,8 +144,8 @@ def test_telemetry_is_set_up_only_where_transitions_is_as_only_where_nemo_lens_i
     ported = port_upstream.needs_transitions(text)
     added = [line for line in ported.splitlines() if line not in text.splitlines()]
     assert added == [
-        "        import transitions  # noqa: F401  # telemetry_spans.py's state machine, in the "
-        "otel extra"
+        "        import transitions  # noqa: F401  # otel extra too (telemetry_spans.py): "
+        "absent -> no-op"
     ]
     assert ported.index(added[0]) < ported.index("from nemo.lens import")
     assert ported.replace(added[0] + "\n", "") == text

@@ -22,7 +22,7 @@ _TRY = "    try:\n" + _NEMO_LENS
 #: Sorted as Megatron-LM's isort sorts a block (``import`` before ``from``).
 _TRANSITIONS = (
     "        import transitions  # noqa: F401"
-    "  # telemetry_spans.py's state machine, in the otel extra\n"
+    "  # otel extra too (telemetry_spans.py): absent -> no-op\n"
 )
 
 
