@@ -52,6 +52,7 @@ from .series import (
     TESTS,
     TESTS_DEST,
     TESTS_INIT,
+    read_edited,
     write_series,
 )
 from .training_py import DELETED, TRAINING, NotRecognised, is_ported, port_training
@@ -76,29 +77,19 @@ __all__ = [
 ]
 
 
-def _read(checkout: Path) -> tuple[str, str, str]:
-    """The checkout's training.py, pyproject.toml and global_vars.py (raises NotRecognised)."""
-    for relative in (TRAINING, PYPROJECT, GLOBAL_VARS):
-        if not (checkout / relative).is_file():
-            raise NotRecognised(f"{checkout}: could not find {relative}")
-    return tuple(
-        (checkout / relative).read_text(encoding="utf-8")
-        for relative in (TRAINING, PYPROJECT, GLOBAL_VARS)
-    )
-
-
 def plan(checkout: Path) -> tuple[dict[Path, bytes], bool]:
     """Every file the whole series changes (path -> new bytes), and whether
     training.py was ported before."""
-    training, pyproject, global_vars = _read(checkout)
+    originals = read_edited(checkout)
+    training = originals[TRAINING]
     already = is_ported(training)
     files = {} if already else {TRAINING: port_training(training, SITES[-1]).encode()}
     files[MODULE_DEST] = HEADER + MODULE.read_bytes()
     files[TESTS_DEST] = HEADER + TESTS.read_bytes()
     if not (checkout / TESTS_INIT).exists():
         files[TESTS_INIT] = HEADER
-    files[PYPROJECT] = add_dependency(pyproject).encode()
-    files[GLOBAL_VARS] = needs_transitions(global_vars).encode()
+    files[PYPROJECT] = add_dependency(originals[PYPROJECT]).encode()
+    files[GLOBAL_VARS] = needs_transitions(originals[GLOBAL_VARS]).encode()
     changed = {}
     for relative, data in files.items():
         path = checkout / relative
@@ -122,8 +113,7 @@ def _in_place(checkout: Path) -> int:
 
 
 def _series(checkout: Path, out: Path, signoff: bool) -> int:
-    training, _, _ = _read(checkout)
-    if is_ported(training):
+    if is_ported(read_edited(checkout)[TRAINING]):
         raise NotRecognised(f"{TRAINING} is ported already: the series applies to the original")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise NotRecognised(f"--series {out}: not an empty folder; give an empty or a new one")

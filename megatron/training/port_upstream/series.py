@@ -34,7 +34,7 @@ from pathlib import Path
 
 from .global_vars_py import GLOBAL_VARS, needs_transitions
 from .pyproject_toml import PYPROJECT, add_dependency
-from .training_py import TRAINING, CallSites, port_training
+from .training_py import TRAINING, CallSites, NotRecognised, port_training
 
 HERE = Path(__file__).resolve().parent
 PARTS = HERE / "parts"
@@ -45,6 +45,8 @@ TESTS_DEST = Path("tests/unit_tests/training/test_telemetry_spans.py")
 #: The tests' package, added with them where the checkout has none (as its other test
 #: folders, the copyright line alone).
 TESTS_INIT = TESTS_DEST.parent / "__init__.py"
+#: Megatron-LM's own files the port edits (the rest it adds).
+EDITED = (TRAINING, PYPROJECT, GLOBAL_VARS)
 #: Where the series ends: this project's module and the tests it ships.
 MODULE = HERE.parent / "telemetry_spans.py"
 TESTS = HERE / "test_telemetry_spans.py"
@@ -149,23 +151,31 @@ def final_files() -> dict[Path, bytes]:
         return {dest: (repo / dest).read_bytes() for dest in (MODULE_DEST, TESTS_DEST)}
 
 
+def read_edited(checkout: Path) -> dict[Path, str]:
+    """The checkout's files the port edits (:data:`EDITED`), by path; raises
+    NotRecognised naming the first missing."""
+    for relative in EDITED:
+        if not (checkout / relative).is_file():
+            raise NotRecognised(f"{checkout}: could not find {relative}")
+    return {relative: (checkout / relative).read_text(encoding="utf-8") for relative in EDITED}
+
+
 def write_series(checkout: Path, out: Path, signoff: bool = False) -> list[Path]:
-    """The series for ``checkout`` (its training.py, pyproject.toml and global_vars.py
-    as they are): ``git format-patch`` files in ``out``, each applying with ``git am``
-    on the one before, the first on the checkout, their author the one git has
-    configured (who sends them; ``signoff``: with their Signed-off-by, the Developer
-    Certificate of Origin). Raises NotRecognised for a checkout the port does not know; nothing is
-    written then."""
-    training = (checkout / TRAINING).read_text(encoding="utf-8")
-    pyproject = (checkout / PYPROJECT).read_text(encoding="utf-8")
-    global_vars = (checkout / GLOBAL_VARS).read_text(encoding="utf-8")
+    """The series for ``checkout`` (its :data:`EDITED` files as they are): ``git
+    format-patch`` files in ``out``, each applying with ``git am`` on the one before,
+    the first on the checkout, their author the one git has configured (who sends
+    them; ``signoff``: with their Signed-off-by, the Developer Certificate of Origin).
+    Raises NotRecognised for a checkout the port does not know; nothing is written
+    then."""
+    originals = read_edited(checkout)
+    training = originals[TRAINING]
     ported = {patch.number: port_training(training, patch.sites) for patch in patches()}
-    dependency, setup = add_dependency(pyproject), needs_transitions(global_vars)
+    dependency = add_dependency(originals[PYPROJECT])
+    setup = needs_transitions(originals[GLOBAL_VARS])
     package = not (checkout / TESTS_INIT).exists()
     with tempfile.TemporaryDirectory() as work:
         base = Path(work) / "series"
-        originals = ((TRAINING, training), (PYPROJECT, pyproject), (GLOBAL_VARS, global_vars))
-        for relative, text in originals:
+        for relative, text in originals.items():
             (base / relative).parent.mkdir(parents=True, exist_ok=True)
             (base / relative).write_text(text, encoding="utf-8")
         identity = _new_repo(base)
