@@ -111,6 +111,7 @@ __all__ = [
     "SHUTDOWN_REASON_INPROCESS_RESTART",
     "SLURM_JOB_ID",
     "SLURM_RESTART_COUNT",
+    "SLURM_TORCHELASTIC_RESTART_COUNT",
     "SPAN_CATEGORY",
     "SPAN_CUT_SHORT",
     "SPAN_TRUNCATED",
@@ -124,6 +125,7 @@ __all__ = [
     "STARTUP_PHASE_PREFIX",
     "STARTUP_SPAN",
     "STRUCTURAL_SPAN_NAMES",
+    "TORCHELASTIC_AGENT_ID",
     "WATCH_CORRUPT_LINES_COUNTER",
     "WATCH_GAUGES",
     "WATCH_LINES_COUNTER",
@@ -491,8 +493,17 @@ NEMO_LENS_JOB_UUID = "nemo.lens.job_uuid"
 SLURM_JOB_ID = "slurm.job.id"
 #: OpenTelemetry's host name: with the pid, which process wrote (containers reuse pids).
 HOST_NAME = "host.name"
-#: SLURM's requeue counter, where a launcher records it: a requeued job's process again.
+#: SLURM's requeue counter (``SLURM_RESTART_COUNT``, a string as Megatron-LM writes it),
+#: where a launcher records it: a requeued job's process again.
 SLURM_RESTART_COUNT = "slurm.restart_count"
+#: torchrun's count of its worker group's restarts (``TORCHELASTIC_RESTART_COUNT``, a string),
+#: Megatron-LM's name: 0 for the group an agent starts first, one more at each restart
+#: after a failure; a new agent (a requeue, a relaunch) starts again at 0.
+SLURM_TORCHELASTIC_RESTART_COUNT = "slurm.torchelastic.restart_count"
+#: The torchrun agent that started the process (its parent): the host's boot id, the agent's
+#: pid and its start time in clock ticks since boot (``<boot id>/<pid>/<ticks>``), so two
+#: agents never share it, not even one relaunched as pid 1 of a new container. Ours.
+TORCHELASTIC_AGENT_ID = "torchelastic.agent.id"
 #: NVIDIA Resiliency Extension's restart cycle, where it runs the job.
 NVRX_CYCLE = "nvrx.cycle"
 #: On every span of an in-process restart's cycle: NVRx's restart iteration

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import threading
@@ -157,6 +158,45 @@ def test_resource_attributes(make_handle: Make) -> None:
     assert "dl.sequence_length" not in resource
     assert resource["host.name"] == socket.gethostname()
     assert isinstance(resource["process.pid"], int)
+
+
+def _resource_under(make_handle: Make, monkeypatch: pytest.MonkeyPatch, **env: str) -> dict:
+    for name in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    exporter = InMemorySpanExporter()
+    handle = make_handle(enabled_config(exporter="none"), span_exporter=exporter)
+    handle.tracer.start_span("s").end()
+    (span,) = exporter.get_finished_spans()
+    return dict(span.resource.attributes)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the agent's identity is read from /proc")
+def test_the_launchers_restart_counts_are_on_the_resource_as_megatron_lm_writes_them(
+    make_handle: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slurm's requeue count and torchrun's count of its worker group's restarts, strings
+    under Megatron-LM's names, and (under torchrun) the agent that started the process: its
+    parent, by boot, pid and start time."""
+    resource = _resource_under(
+        make_handle, monkeypatch, SLURM_JOB_ID="4242", SLURM_RESTART_COUNT="1",
+        TORCHELASTIC_RESTART_COUNT="3",
+    )  # fmt: skip
+    assert resource["slurm.restart_count"] == "1"
+    assert resource["slurm.torchelastic.restart_count"] == "3"
+    boot, parent, ticks = resource["torchelastic.agent.id"].split("/")
+    with open("/proc/sys/kernel/random/boot_id") as file:
+        assert boot == file.read().strip()
+    assert int(parent) == os.getppid() and ticks.isdigit()
+    # outside torchrun and Slurm: none of them
+    resource = _resource_under(make_handle, monkeypatch)
+    assert not {"slurm.restart_count", "slurm.torchelastic.restart_count",
+                "torchelastic.agent.id"} & set(resource)  # fmt: skip
+    # torchrun without Slurm
+    resource = _resource_under(make_handle, monkeypatch, TORCHELASTIC_RESTART_COUNT="0")
+    assert resource["slurm.torchelastic.restart_count"] == "0"
+    assert "slurm.restart_count" not in resource and "torchelastic.agent.id" in resource
 
 
 def test_two_setups_export_to_their_own_files(make_handle: Make, tmp_path: Path) -> None:
