@@ -63,6 +63,7 @@ from megatron.trace.analysis.wasted import window_start
 from megatron.trace.model.identity import rank_value
 from megatron.trace.model.incarnation import Incarnation
 from megatron.trace.model.launches import same_launch
+from megatron.trace.model.restarts import next_launch
 from megatron.trace_format.semconv import Category
 
 __all__ = [
@@ -70,7 +71,7 @@ __all__ = [
     "advice_bounds",
     "furthest_waste",
     "report_bounds",
-    "unseen_after",
+    "restart_gap_bounds",
     "window_bounds",
 ]
 
@@ -178,7 +179,12 @@ class _Unseen(NamedTuple):
     metric points show redone; :func:`~megatron.trace.analysis.sightings.unseen_from`)
     to the next one's start. Nothing says what the time was: a killed incarnation's last
     work, the restart, or a launch killed before its first export (which leaves nothing
-    in any file)."""
+    in any file), unless the launchers' restart counters rule such a launch out
+    (:func:`~megatron.trace.model.restarts.next_launch`: ``ruled_out``). Then the stretch
+    holds the killed one's last work until its kill, and the restart after it; and where
+    its metric points were read, the kill came at most the staleness bound (liveness's
+    ``--stale-after``: a live process's newest record is never older) after the newest of
+    them: from there (``until``) to the next start it is all restart gap."""
 
     inc: Incarnation  # the incarnation before the stretch
     start: int  # where its unattributed time begins
@@ -190,17 +196,30 @@ class _Unseen(NamedTuple):
     #: the ns of goodput booked in a killed incarnation that may have been redone instead
     #: (:func:`_redone`), and where (start, end)
     redone: tuple[int, int] = (0, 0)
+    #: whether the restart counters rule out a launch between it and the next one
+    ruled_out: bool = False
+    #: where what the stretch may hold besides the restart ends: the successor's start, or
+    #: the latest the kill can have come (``ruled_out``, its metric points read)
+    until: int = 0
 
 
-def _unseen(incs: list[Incarnation], accounting: dict[str, Any]) -> list[_Unseen]:
+def _unseen(
+    incs: list[Incarnation], accounting: dict[str, Any], stale_after_ns: int | None = None
+) -> list[_Unseen]:
     """Each stretch between a rank's incarnations that no record covers (:class:`_Unseen`),
-    in order."""
+    in order. ``stale_after_ns``: liveness's staleness bound, which bounds a kill after
+    the killed incarnation's newest metric point (None: nothing bounds it but the next
+    start)."""
     found = []
     resumed = resume_ranges(incs)
     for position, inc in enumerate(incs[:-1]):
-        if _cycle_restarted_in_process(inc, incs[position + 1]):
+        following = incs[position + 1]
+        if _cycle_restarted_in_process(inc, following):
             continue  # its process lived on into the next cycle: no launch between them
-        successor = incs[position + 1].start_ns
+        ruled_out = next_launch(inc, following)
+        if ruled_out and inc.ended != "killed" and not inc.ending_unsure:
+            continue  # it ended as its spans say, and the next launch came next: a restart
+        successor = following.start_ns
         horizon = accounting["per_incarnation"][position]["placed_horizon"]
         if inc.ended == "killed":
             start, seen, doubt = unseen_from(inc, horizon, successor)
@@ -208,10 +227,14 @@ def _unseen(incs: list[Incarnation], accounting: dict[str, Any]) -> list[_Unseen
             start, seen, doubt = inc.end_ns, inc.end_ns, 0
         if successor <= start:
             continue  # the next one began before this one's last record: no restart between
-        hidden = _may_hold(inc, resumed[position][0], horizon)
+        seen = min(seen, successor)
+        until = successor
+        if ruled_out and inc.sighting is not None and stale_after_ns is not None:
+            until = min(successor, seen + stale_after_ns)
+        hidden = _may_hold(inc, resumed[position][0], horizon, ruled_out)
         entry = accounting["per_incarnation"][position]
-        redone = _redone(inc, resumed[position][0], horizon, entry)
-        found.append(_Unseen(inc, start, min(seen, successor), successor, doubt, hidden, redone))
+        redone = (0, 0) if ruled_out else _redone(inc, resumed[position][0], horizon, entry)
+        found.append(_Unseen(inc, start, seen, successor, doubt, hidden, redone, ruled_out, until))
     return found
 
 
@@ -237,13 +260,17 @@ def _redone(
     return (begun, booked_until) if booked_until > begun else (0, 0)
 
 
-def _may_hold(inc: Incarnation, resumed: int, horizon: int | None) -> frozenset[str]:
+def _may_hold(
+    inc: Incarnation, resumed: int, horizon: int | None, ruled_out: bool = False
+) -> frozenset[str]:
     """The categories of :data:`HIDDEN` the stretch after an incarnation (from its last
     record to the next one's start) may hold.
 
-    Startup and checkpoint load, always: a launch in between killed before its first export
-    left no record (Slurm or torchrun restarting a job whose node failed again in its
-    startup), and the same launch, or the incarnation itself when it was killed, may have
+    Startup and checkpoint load: a launch in between killed before its first export left
+    no record (Slurm or torchrun restarting a job whose node failed again in its startup),
+    unless the restart counters rule one out (``ruled_out``), and then only when the
+    incarnation itself was killed in its startup (its ``megatron.startup`` not in the
+    file). The same launch, or the incarnation itself when it was killed, may have
     trained (work later redone), saved and evaluated. Goodput only if progress made in
     that time may have survived: the next incarnation resumed (at ``horizon``) from a
     checkpoint saved in it, past every iteration the files show durable before it, its
@@ -252,6 +279,8 @@ def _may_hold(inc: Incarnation, resumed: int, horizon: int | None) -> frozenset[
     save and restarted afresh) kept nothing of that time; where the files do not place the
     next one's resume point (``horizon`` None), it may have."""
     hidden = set(HIDDEN) - {Category.GOODPUT}
+    if ruled_out and inc.startup is not None:
+        hidden -= {Category.STARTUP, Category.CHECKPOINT_LOAD}
     if horizon is None or horizon > max([*inc.durable_saves(), resumed]):
         hidden.add(Category.GOODPUT)
     return frozenset(hidden)
@@ -261,9 +290,11 @@ class _Tail(NamedTuple):
     """What the stretches between a rank's incarnations leave unattributed, in ns."""
 
     gap: int  # between the incarnations' last records and their successors' starts
+    #: the part of it that may be other than restart gap (each stretch to its ``until``)
+    unknown: int
     alive: int  # the part of it their metric points show them alive
     doubt: int  # booked as wasted progress from their metric points: a save in flight?
-    spare: int  # what a category may hold beyond its figure, at most
+    spare: int  # what a category may hold beyond its figure and the stretches, at most
     #: per category of :data:`HIDDEN`, what it may hold beyond its figure (:func:`_may_hold`)
     spare_of: dict[str, int]
     open_end: bool  # whether the last incarnation's end is unknown (:func:`_ends_open`)
@@ -271,22 +302,25 @@ class _Tail(NamedTuple):
     redone: int  # the goodput booked that may have been redone (:func:`_redone`)
 
 
-def _rank_tail(incs: list[Incarnation], accounting: dict[str, Any]) -> _Tail:
+def _rank_tail(
+    incs: list[Incarnation], accounting: dict[str, Any], stale_after_ns: int | None
+) -> _Tail:
     """The rank's :class:`_Tail`."""
-    unseen = _unseen(incs, accounting)
+    unseen = _unseen(incs, accounting, stale_after_ns)
     gap = sum(u.successor - u.start for u in unseen)
+    unknown = sum(u.until - u.start for u in unseen)
     alive = sum(u.seen - u.start for u in unseen)
     doubt = sum(u.doubt for u in unseen)
     killed = any(inc.ended == "killed" for inc in incs)
     other = accounting["totals_ns"][Category.OTHER] if killed else 0
     spare_of = {
         category: other
-        + sum(u.successor - _from(u, category) + u.doubt for u in unseen if category in u.hidden)
+        + sum(u.until - _from(u, category) + u.doubt for u in unseen if category in u.hidden)
         for category in HIDDEN
     }
     open_end = bool(incs) and _ends_open(incs[-1])
     redone = sum(u.redone[1] - u.redone[0] for u in unseen)
-    return _Tail(gap, alive, doubt, gap + doubt + other, spare_of, open_end, unseen, redone)
+    return _Tail(gap, unknown, alive, doubt, doubt + other, spare_of, open_end, unseen, redone)
 
 
 def _from(unseen: _Unseen, category: str) -> int:
@@ -316,22 +350,44 @@ def _guessed(incs: list[Incarnation], accounting: dict[str, Any]) -> tuple[int, 
     return total, which
 
 
-def _unattributed(rank: str, killed: list[int], gap: int) -> list[Clause]:
+def _unattributed(
+    rank: str, killed: list[int], gap: int, unseen: list[_Unseen], stale_after_ns: int | None
+) -> list[Clause]:
     """Why the stretches between a rank's incarnations make figures bounds."""
     on = rank_value(rank)
     clauses = [Clause(f"rank {on}: incarnations {killed} were SIGKILLed", on)] if killed else []
+    ruled = [u.inc.index for u in unseen if u.ruled_out]
     if gap:
+        may_hide = len(ruled) < len(unseen)
         clauses.append(
             Clause(
                 ("" if killed else f"rank {on}: ")
                 + f"{seconds(gap):.3f} s between incarnations (from each one's last "
-                "record to the next one's start) is unattributed, booked as restart_gap: "
-                + ("it holds what the kills kept from the files, and " if killed else "")
-                + "a restart killed before its first export leaves no record, so it may hold "
-                "that restart's startup and checkpoint load",
+                "record to the next one's start) is unattributed, booked as restart_gap"
+                + (": it holds what the kills kept from the files" if killed else "")
+                + (
+                    (", and " if killed else ": ")
+                    + "a restart killed before its first export leaves no record, so it may "
+                    "hold that restart's startup and checkpoint load"
+                    if may_hide
+                    else ""
+                ),
                 on,
             )
         )
+    if ruled:
+        bounded = [u.inc.index for u in unseen if u.ruled_out and u.until < u.successor]
+        text = (
+            f"after incarnations {ruled} the launchers' restart counters rule such a restart "
+            "out (the same torchrun agent, its count one more)"
+        )
+        if bounded and stale_after_ns is not None:
+            text += (
+                f", and the kills of {bounded} came at most {stale_after_ns / 1e9:g} s (the "
+                "staleness bound, --stale-after) after their last metric point: the time since "
+                "is restart gap"
+            )
+        clauses.append(Clause(text, on))
     return clauses
 
 
@@ -436,8 +492,10 @@ def report_bounds(
     job_rank: str,
     furthest: dict[str, Any],
     not_computed: set[str],
+    stale_after_ns: int | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """The report's ``bounds`` (module doc), from the ranks' incarnations and accounting."""
+    """The report's ``bounds`` (module doc), from the ranks' incarnations and accounting;
+    ``stale_after_ns``: liveness's staleness bound (:func:`_unseen`)."""
     bounds: dict[str, dict[str, Any]] = {}
 
     def bound(path: str, lower: Any, upper: Any, reason: Reason, source: Source | None = None):
@@ -448,14 +506,16 @@ def report_bounds(
     stretches: dict[str, bool] = {}  # per rank: whether a restart may hide between records
     for rank, (incs, acc) in ranks.items():
         killed = _killed(incs)
-        gap, alive, doubt, spare, spare_of, open_end, unseen_list, redone = _rank_tail(incs, acc)
-        stretches[rank] = bool(unseen_list)
+        tail = _rank_tail(incs, acc, stale_after_ns)
+        gap, unknown, alive, doubt, spare, spare_of, open_end, unseen_list, redone = tail
+        stretches[rank] = any(not u.ruled_out for u in unseen_list)
         if not killed and not unseen_list and not open_end:
             continue
         kept = spare_of[Category.GOODPUT]
         guessed, unplaced = _guessed(incs, acc)
         totals, wall = acc["totals_ns"], acc["wall_ns"]
-        clauses = _unattributed(rank, killed, gap) + _alive_clauses(rank, incs, alive, open_end)
+        clauses = _unattributed(rank, killed, gap, unseen_list, stale_after_ns)
+        clauses += _alive_clauses(rank, incs, alive, open_end)
         if unplaced:
             clauses.append(
                 Clause(
@@ -495,7 +555,7 @@ def report_bounds(
                 if gap or open_end:
                     # after a final kill the job may have restarted unseen: no upper bound
                     upper = None if open_end else seconds(max(0, figure - alive))
-                    bound(path, seconds(max(0, figure - gap)), upper, unattributed, seen)
+                    bound(path, seconds(max(0, figure - unknown)), upper, unattributed, seen)
             elif category == Category.OTHER:
                 if figure and killed:
                     lost = Clause(
@@ -524,7 +584,7 @@ def report_bounds(
             after = unseen.get(id(inc))
             if after is None and not (inc.ended == "killed" or (inc is incs[-1] and open_end)):
                 continue
-            rest = None if after is None else after.successor - after.start
+            rest = None if after is None else after.until - after.start
             wasted = entry["wasted_progress_ns"]
             # what its metric points show redone may end in a save in flight (the job's
             # lower bound takes the same off)
@@ -534,18 +594,24 @@ def report_bounds(
             bound(
                 f"incarnations.{inc.index}.wasted_s",
                 seconds(wasted - shown) if placed else 0.0,
-                None if rest is None else seconds(wasted + rest + spare - gap + maybe),
-                Reason((_after_its_records(inc),)),
+                None if rest is None else seconds(wasted + rest + spare + maybe),
+                Reason((_after_its_records(inc, after is not None and after.ruled_out),)),
             )
 
     _count_bounds(report, ranks, job_rank, furthest, stretches, bound)
     return bounds
 
 
-def _after_its_records(inc: Incarnation) -> Clause:
-    """Why an incarnation's wasted time is a bound: the time after its last record."""
+def _after_its_records(inc: Incarnation, ruled_out: bool = False) -> Clause:
+    """Why an incarnation's wasted time is a bound: the time after its last record (a
+    restart after it ruled out or not)."""
     if inc.ended == "killed":
         text = "was SIGKILLed: what it did after its last exported span is unknown"
+    elif ruled_out:
+        text = (
+            "may have ended later than its last record: the time after it until the next "
+            "one's start is unknown"
+        )
     else:
         text = (
             "may have ended later than its last record, or be followed by a restart killed "
@@ -629,21 +695,70 @@ def _cycle_restarted_in_process(inc: Incarnation, successor: Incarnation) -> boo
     return inc.ended == "restarted" and successor.process == inc.process
 
 
-def unseen_after(incs: list[Incarnation], accounting: dict[str, Any]) -> dict[int, bool]:
-    """The positions of the incarnations after which a stretch no record covers lies (a
-    restart killed before its first export may hide there), each with whether it was
-    killed itself."""
-    return {incs.index(u.inc): u.inc.ended == "killed" for u in _unseen(incs, accounting)}
+_KILL_MOMENT = "it was SIGKILLed, and when, after its last record, is in no file"
+_HIDDEN_RESTART = Clause(
+    "a restart killed before its first export may lie between it and the next incarnation, "
+    "which is then the later of two restarts"
+)
 
 
-def advice_bounds(advice: dict[str, Any], incs: list[Incarnation], accounting: dict[str, Any]):
+def restart_gap_bounds(
+    entries: list[Any],
+    incs: list[Incarnation],
+    accounting: dict[str, Any],
+    stale_after_ns: int | None = None,
+) -> dict[str, Any]:
+    """The bounds of the incarnations' ``restart_gap_s`` (``entries``, the report's, of the
+    job rank's ``incs``): from its end (a kill's moment) to the next one's start.
+
+    Exact where nothing can hide after it: a cycle NVRx restarted in process, or an end its
+    spans say (not a kill) followed by the launch the restart counters show came next.
+    After a kill, at most the time from its newest record (a metric point shows it alive)
+    to the next start; at least 0, since the kill may have come just before that start,
+    unless the counters rule out a launch between and its metric points were read: then
+    the kill came at most the staleness bound after the newest (:func:`_unseen`), and the
+    gap is at least the rest. Where they do not rule one out, the stretch may hold a
+    restart killed before its first export: the figure is then only an upper bound."""
+    bounds = {}
+    for u in _unseen(incs, accounting, stale_after_ns):
+        entry = entries[incs.index(u.inc)]
+        clauses = []
+        if u.inc.ended == "killed":
+            clauses.append(Clause(_KILL_MOMENT, incarnation=u.inc.index))
+        if u.ruled_out:
+            text = (
+                "the launchers' restart counters rule out a restart between it and the next "
+                "incarnation (the same torchrun agent, its count one more)"
+            )
+            if u.until < u.successor and stale_after_ns is not None:
+                text += (
+                    f"; its kill came at most {stale_after_ns / 1e9:g} s (the staleness bound, "
+                    "--stale-after) after its last metric point"
+                )
+            clauses.append(Clause(text, incarnation=u.inc.index))
+        else:
+            clauses.append(_HIDDEN_RESTART)
+        bounds[f"incarnations.{entry['index']}.restart_gap_s"] = {
+            "lower": seconds(u.successor - u.until),
+            "upper": seconds(u.successor - u.seen),
+            "reason": Reason(tuple(clauses)),
+        }
+    return bounds
+
+
+def advice_bounds(
+    advice: dict[str, Any],
+    incs: list[Incarnation],
+    accounting: dict[str, Any],
+    stale_after_ns: int | None = None,
+):
     """The checkpoint advice's measured figures where a restart killed before its first
     export may hide between the job rank's incarnations: its failure (at least the
     failures the files show), its life (the time run, at most the unattributed time more),
     and so the mean time between failures (at most the larger of what the files show and
     that time over one failure more) and the mean restart (at most what the files show: the
-    same restart time over more restarts)."""
-    unseen = _unseen(incs, accounting)
+    same restart time over more restarts). None where the restart counters rule one out."""
+    unseen = [u for u in _unseen(incs, accounting, stale_after_ns) if not u.ruled_out]
     if not unseen:
         return {}
     gap = sum(u.successor - u.start for u in unseen)
@@ -669,21 +784,27 @@ def advice_bounds(advice: dict[str, Any], incs: list[Incarnation], accounting: d
 
 
 def window_bounds(
-    entries: list[dict[str, Any]], incs: list[Incarnation], accounting: dict[str, Any]
+    entries: list[dict[str, Any]],
+    incs: list[Incarnation],
+    accounting: dict[str, Any],
+    stale_after_ns: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The bounds of the job rank's ``report --window`` entries (module doc)."""
-    unseen = _unseen(incs, accounting)
+    unseen = _unseen(incs, accounting, stale_after_ns)
     open_end = _ends_open(incs[-1])
     if not unseen and not open_end:
         return {}
-    stretches = [(u.start, u.successor, Category.GOODPUT in u.hidden) for u in unseen]
+    # (the time from a stretch's ``until`` to the next start is restart gap)
+    stretches = [(u.start, u.until, Category.GOODPUT in u.hidden) for u in unseen]
     redone = [u.redone for u in unseen if u.redone[1] > u.redone[0]]
     killed = _killed(incs)
     said = [f"incarnations {killed} were SIGKILLed"] if killed else []
+    hiding = any(not u.ruled_out for u in unseen)
     said.append(
         "this window holds time between an incarnation's last record and the next one's "
-        "start (a kill's lost work, or a restart killed before its first export), booked as "
-        "restart_gap"
+        "start (a kill's lost work"
+        + (", or a restart killed before its first export" if hiding else "")
+        + "), booked as restart_gap"
     )
     bounds: dict[str, dict[str, Any]] = {}
     first = accounting["start_ns"]

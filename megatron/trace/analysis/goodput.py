@@ -20,14 +20,13 @@ from megatron.trace.analysis.bounds import (
     advice_bounds,
     furthest_waste,
     report_bounds,
-    unseen_after,
+    restart_gap_bounds,
     window_bounds,
 )
 from megatron.trace.analysis.checkpoint_advice import checkpoint_advice
 from megatron.trace.analysis.hangs import hang_entries, recovered_stalls
 from megatron.trace.analysis.iteration_stats import ANOMALY_MAX_SHARE, iteration_stats
 from megatron.trace.analysis.liveness import Clock, Liveness, judge, utc_text
-from megatron.trace.analysis.reasons import Clause, Reason
 from megatron.trace.analysis.report import IterationStats, Report
 from megatron.trace.analysis.resumed import Resumed, job_resume_ranges, resumed_bounds
 from megatron.trace.analysis.resumed import figure as resumed_figure
@@ -82,34 +81,6 @@ def _incarnation_entry(
         if inc.in_flight is not None
         else 0.0,
     }
-
-
-def _restart_gap_bounds(
-    entries: list[Any], incs: list[Incarnation], accounting: dict[str, Any]
-) -> dict[str, Any]:
-    """An incarnation's restart gap is exact where nothing can hide after it (a cycle that
-    NVRx restarted in process). Elsewhere the stretch to the next one may hold a restart
-    killed before its first export, and after a kill the time to the kill: the figure is
-    then only an upper bound on the gap."""
-    bounds = {}
-    for position, killed in unseen_after(incs, accounting).items():
-        clauses = [_UNSEEN_RESTART]
-        if killed:
-            clauses.insert(0, Clause(_KILL_MOMENT, incarnation=incs[position].index))
-        gap = entries[position]["restart_gap_s"]
-        bounds[f"incarnations.{entries[position]['index']}.restart_gap_s"] = {
-            "lower": 0.0,
-            "upper": gap,
-            "reason": Reason(tuple(clauses)),
-        }
-    return bounds
-
-
-_KILL_MOMENT = "it was SIGKILLed, and when, after its last record, is in no file"
-_UNSEEN_RESTART = Clause(
-    "a restart killed before its first export may lie between it and the next incarnation, "
-    "which is then the later of two restarts"
-)
 
 
 def _loop_unrecorded(inc: Incarnation) -> bool:
@@ -215,16 +186,22 @@ def build_report(
         "not_computed": not_computed,
         **_liveness_entry(incs, liveness),  # type: ignore[typeddict-item]
     }
-    report["bounds"] = report_bounds(report, ranks, job_rank, furthest, not_computed_categories)
+    # a kill came at most the staleness bound after the killed one's newest metric point
+    stale = liveness.clock.stale_after_ns if liveness is not None else None
+    report["bounds"] = report_bounds(
+        report, ranks, job_rank, furthest, not_computed_categories, stale
+    )
     report["bounds"].update(resumed_bounds(incs, resumed))
-    report["bounds"].update(_restart_gap_bounds(report["incarnations"], incs, accounting))
+    report["bounds"].update(
+        restart_gap_bounds(report["incarnations"], incs, accounting, stale)  # type: ignore[arg-type]
+    )
     report["checkpoint_advice"] = checkpoint_advice(
         incs,
         report["incarnations"],  # type: ignore[arg-type]
         iterations["median_ms"] if iterations is not None else None,
         mtbf_s,
     )
-    report["bounds"].update(advice_bounds(report["checkpoint_advice"], incs, accounting))  # type: ignore[arg-type]
+    report["bounds"].update(advice_bounds(report["checkpoint_advice"], incs, accounting, stale))  # type: ignore[arg-type]
     if window_ns is not None:
         windows = accounting["windows_ns"]
         report["windows"] = {
@@ -233,7 +210,9 @@ def build_report(
                 windows, not_computed_categories, window_iterations(incs, windows)
             ),
         }
-        report["bounds"].update(window_bounds(report["windows"]["entries"], *ranks[job_rank]))
+        report["bounds"].update(
+            window_bounds(report["windows"]["entries"], *ranks[job_rank], stale)
+        )
     return report
 
 

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from megatron.trace.model.identity import PROCESS_KEYS
-from megatron.trace.model.incarnation import RECORD_LISTS, Incarnation, Trace
+from megatron.trace.model.incarnation import Incarnation, Trace
 from megatron.trace.model.launches import same_launch
+from megatron.trace.model.restarts import resource_of
 from megatron.trace_format.errors import TraceInputError
 from megatron.trace_format.jobs import job_of
 from megatron.trace_format.words import counted
@@ -65,13 +66,10 @@ class Job:
 
 def _job_id(inc: Incarnation) -> str:
     """The job the incarnation's process names (else the process itself)."""
-    for name in ("startup", *RECORD_LISTS):
-        records = getattr(inc, name)
-        record = records if name == "startup" else (records[0] if records else None)
-        if record is not None:
-            found = job_of(record["resource"])
-            if found is not None:
-                return found
+    resource = resource_of(inc)
+    found = None if resource is None else job_of(resource)
+    if found is not None:
+        return found
     keys: Mapping[str, Any] = dict(zip(PROCESS_KEYS, inc.process[1:], strict=False))
     return job_of(keys) or f"process {inc.process}"
 
