@@ -51,6 +51,14 @@ How the job behaves, so the truth can be worked out without the reader:
   fault cost is booked as a kill's is (the step in flight wasted, a save in
   flight a save), and the files show all of it.
 
+* The launchers' restart counters (``History.launcher``): torchrun starts each
+  incarnation but the first again (``Plan.launch``), its count one more, an unseen
+  launch's too (it consumed a count); a requeue (Slurm's count one more) or a
+  relaunch starts a new agent, counting from 0 again. The resource says the counts
+  as this trainer writes them (strings), and the agent unless ``agent_id`` is off
+  (Megatron-LM's resource: the counts alone). Without a launcher (today's
+  histories), none of them. A cycle NVRx restarted in process is no launch.
+
 :func:`long_history` makes weeks of such a job (hundreds of kills, many
 ranks) for the benchmarks.
 """
@@ -114,7 +122,10 @@ class Plan:
     ends every rank ``hang_s`` after it (the spans in flight written cut
     short). ``restarted``: a fault where ``killed`` would strike in a step or a
     save (not in a startup), and NVRx restarts the cycle in the same process.
-    ``shutdown``: a clean exit. ``gap_s``: the restart gap after it.
+    ``shutdown``: a clean exit. ``gap_s``: the restart gap after it. ``launch``: how it
+    was launched after the one before (where a launcher counts, ``History.launcher``):
+    torchrun restarting its worker group, a requeue by Slurm, or a relaunch (a new torchrun
+    agent: by hand, a script's retry loop).
     """
 
     iterations: int
@@ -126,6 +137,7 @@ class Plan:
     gap_s: float = 30.0
     hang_s: float = 60.0
     hang_timeout_s: float = 10.0
+    launch: Literal["torchrun", "requeue", "relaunch"] = "torchrun"
 
 
 @dataclass(frozen=True)
@@ -156,6 +168,11 @@ class History:
     metric_phase_s: tuple[float, ...] = ()  # per rank: its first export this long after start
     log_interval: int = 1  # the histogram is recorded when iteration (count) % this == 0
     log_interval_in_resource: bool = False  # the resource says megatron.log_interval
+    # the launchers whose restart counters the resource carries: none (today's histories),
+    # torchrun, or torchrun under Slurm (its requeue count too); agent_id: the resource
+    # names the torchrun agent (this trainer's; Megatron-LM's does not)
+    launcher: Literal["none", "torchrun", "slurm"] = "none"
+    agent_id: bool = True
 
     def factor(self, rank: int) -> float:
         return self.factors[rank] if rank < len(self.factors) else 1.0
@@ -284,6 +301,9 @@ class Simulated:
     #: per incarnation: its process (incarnations of one process are cycles of an
     #: in-process restart) and its cycle there (NVRx's restart iteration)
     cycles: list[tuple[int, int]] = field(default_factory=list)
+    #: per incarnation: the launchers' counters of its launch (Slurm's restart count, which
+    #: torchrun agent, torchrun's restart count)
+    launches: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 class _Ids:
@@ -317,12 +337,22 @@ def simulate(history: History) -> Simulated:
     timelines: list[tuple[int, int, int, list[tuple[str, int, int, int]], int | None]] = []
     cycles: list[tuple[int, int]] = []
     process, cycle = 0, 0
+    launches: list[tuple[int, int, int]] = []
+    requeues, agent, count = 0, 0, 0
 
     for index, plan in enumerate(history.incarnations):
         if index:  # a new process, unless NVRx restarted the last cycle in process
             restarted = history.incarnations[index - 1].ending == "restarted"
             process, cycle = (process, cycle + 1) if restarted else (process + 1, 0)
+            if restarted:
+                pass  # no launch: the same process, its counters
+            elif plan.launch == "torchrun":
+                count += 1
+            else:  # a new agent, counting from 0 again (a requeue: Slurm's count one more)
+                requeues += plan.launch == "requeue"
+                agent, count = agent + 1, 0
         cycles.append((process, cycle))
+        launches.append((requeues, agent, count))
         start, resumed_from = now, durable
         # the timeline every rank lives through: (kind, start, end, iteration)
         phases: list[tuple[str, int, int, int]] = []
@@ -429,7 +459,7 @@ def simulate(history: History) -> Simulated:
     truth = Truth(rank_truths, failures, len(job) - 1, stragglers, counted * lost, counted,
                   [hang for hang in hangs if hang[0] in in_record])  # fmt: skip
     exported = [[inc.exported for inc in rank] for rank in incs]
-    return Simulated(history, truth, produced, timelines, exported, cycles)
+    return Simulated(history, truth, produced, timelines, exported, cycles, launches)
 
 
 # The category of the time from where a kill's phase began to a rank's death.
@@ -687,6 +717,22 @@ def _pid(simulated: Simulated, rank: int, index: int) -> int:
     return 10_000 + rank * 1_000 + simulated.cycles[index][0]
 
 
+def _resource(simulated: Simulated, rank: int, index: int) -> str:
+    """The resource of the process that ran incarnation ``index`` of ``rank``, with the
+    launchers' counters where the history has a launcher (as this trainer writes them)."""
+    history = simulated.history
+    resource = resource_json(rank, history.ranks, _pid(simulated, rank, index), "truth")
+    if history.launcher == "none":
+        return resource
+    requeues, agent, count = simulated.launches[index]
+    extra = [_str("slurm.torchelastic.restart_count", str(count))]
+    if history.agent_id:  # each agent pid 1 of its own container: its start time tells
+        extra.append(_str("torchelastic.agent.id", f"b00t-{rank}/1/{1_000 + agent}"))
+    if history.launcher == "slurm":
+        extra += [_str("slurm.job.id", "4242"), _str("slurm.restart_count", str(requeues))]
+    return resource[:-2] + "," + ",".join(extra) + "]}"
+
+
 def write(simulated: Simulated, path: Path) -> list[Path]:
     """Write the files the job would have left; returns their paths (``path``, or one per
     rank beside it). Streams: one incarnation of each rank is in memory at a time."""
@@ -697,8 +743,7 @@ def write(simulated: Simulated, path: Path) -> list[Path]:
         """(when, rank, n, line) of the rank's lines, in the order it wrote them."""
         n = 0
         for index, (make, dies, killed) in enumerate(simulated.produced[rank]):
-            pid = _pid(simulated, rank, index)
-            writer = LineWriter(resource_json(rank, history.ranks, pid, "truth"), ids, BATCH + 1)
+            writer = LineWriter(_resource(simulated, rank, index), ids, BATCH + 1)
             spans = make()
             start = min((s.start for s in spans), default=0)
             exported = False
@@ -767,7 +812,7 @@ def _metric_lines(simulated: Simulated, rank: int) -> Iterator[tuple[int, int, s
     for index, ((_, dies, killed), (start, ready, resumed, phases, struck)) in enumerate(
         zip(simulated.produced[rank], simulated.timelines, strict=True)
     ):
-        resource = resource_json(rank, history.ranks, _pid(simulated, rank, index), "truth")
+        resource = _resource(simulated, rank, index)
         # a cycle NVRx restarts in process goes on living: no shutdown's export of its own
         ends_process = history.incarnations[index].ending != "restarted"
         if history.log_interval_in_resource:
