@@ -378,8 +378,8 @@ def _unattributed(
     if ruled:
         bounded = [u.inc.index for u in unseen if u.ruled_out and u.until < u.successor]
         text = (
-            f"after incarnations {ruled} the launchers' restart counters rule such a restart "
-            "out (the same torchrun agent, its count one more)"
+            f"after incarnations {ruled} the launchers' restart counters rule out a restart "
+            "killed before its first export (the same torchrun agent, its count one more)"
         )
         if bounded and stale_after_ns is not None:
             text += (
