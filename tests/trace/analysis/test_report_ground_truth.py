@@ -497,6 +497,132 @@ def test_killed_histories_report_the_truth_or_bounds(tmp_path: Path, history) ->
     assert_within_truth(_report(paths), simulated)
 
 
+# -- issue 64: the launchers' restart counters rule out a restart that left no record ------
+# torchrun puts its count of the worker group's restarts in the environment, and this
+# project's trainer puts it on the resource with the agent that started the process: two
+# incarnations of the same agent whose counts differ by one were two launches in a row,
+# with no launch killed before its first export between them.
+
+
+def _launched(*plans: gt.Plan, launcher: str = "torchrun", **how: Any) -> gt.History:
+    """Two ranks, startups of 20 s, a save every 10, spans exported every 5 s; the resources
+    carry ``launcher``'s counters (the agent too, unless ``agent_id=False``)."""
+    return gt.History(plans, ranks=2, save_interval=10, startup_s=20.0,
+                      export_delay_s=(5.0, 5.0), export_phase_s=(0.5, 1.5),
+                      launcher=launcher, **how)  # type: ignore[arg-type]  # fmt: skip
+
+
+# killed in a step past its save of 20, resumed a minute later by torchrun, a clean end, then
+# torchrun again (as by a restart policy that restarts on any exit)
+KILLED_THEN_RESTARTED = (gt.Plan(23, "killed", into=0.5, gap_s=60), gt.Plan(12, gap_s=20),
+                         gt.Plan(5))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("launcher", "agent_id", "ruled_out"),
+    [
+        ("none", True, False),  # no counters: any stretch may hide a launch
+        ("torchrun", False, False),  # Megatron-LM's resource: a count alone, no agent
+        ("torchrun", True, True),
+        ("slurm", True, True),  # torchrun under Slurm: its requeue count the same too
+    ],
+)
+def test_counters_proving_the_next_launch_make_startup_exact(
+    tmp_path: Path, launcher: str, agent_id: bool, ruled_out: bool
+) -> None:
+    """Where the counters show each incarnation the very next launch of the same agent,
+    startup, checkpoint load and the failures are exact, and so is the restart gap after a
+    clean end; without them (or without the agent) they stay bounds."""
+    history = _launched(*KILLED_THEN_RESTARTED, launcher=launcher, agent_id=agent_id)
+    simulated, paths = _written(history, tmp_path)
+    assert simulated.launches == [(0, 0, 0), (0, 0, 1), (0, 0, 2)]
+    report = _report(paths)
+    assert_within_truth(report, simulated)
+    truth, bounds = simulated.truth, report["bounds"]
+    for path in ("badput_s.startup", "badput_s.checkpoint_load", "checkpoint_advice.failures",
+                 "incarnations.1.restart_gap_s"):  # fmt: skip
+        assert (path in bounds) is not ruled_out, (path, bounds.get(path))
+    assert report["accounting_ns"]["startup"] == truth.job.accounting_ns["startup"]
+    assert report["checkpoint_advice"]["failures"] == truth.failures == 1
+    gap = (truth.job.seen[2].start_ns - truth.job.seen[1].end_ns) / NS
+    assert report["incarnations"][1]["restart_gap_s"] == pytest.approx(gap, abs=1e-9)
+    # the kill's own moment is still in no file
+    assert "incarnations.0.restart_gap_s" in bounds
+    said = "the launchers' restart counters rule out a restart killed before its first export"
+    assert (said in report["bounds"]["badput_s.restart_gap"]["reason"]) is ruled_out
+
+
+@pytest.mark.parametrize(
+    ("unseen", "counts"),
+    [
+        # torchrun restarted the group in between, killed again in its imports: count 0, 2
+        (gt.Plan(0, "killed", into=0.3, in_startup="imports", gap_s=20), [0, 2]),
+        # a relaunch (a new agent) killed in its imports, whose torchrun restarted the group:
+        # counts 0, 1 as if in a row, two agents
+        (gt.Plan(0, "killed", into=0.3, in_startup="imports", gap_s=20, launch="relaunch"),
+         [0, 1]),
+    ],
+)  # fmt: skip
+def test_a_launch_the_counters_do_not_rule_out_keeps_startup_a_bound(
+    tmp_path: Path, unseen: gt.Plan, counts: list[int]
+) -> None:
+    """A count one more than the last is not enough: between the two incarnations the files
+    show lies a launch killed before its first export, and startup is a bound holding its
+    startup too (the figure short of the truth by it)."""
+    history = _launched(KILLED_THEN_RESTARTED[0], unseen, gt.Plan(12))
+    simulated, paths = _written(history, tmp_path)
+    shown = [launch for launch, inc in zip(simulated.launches, simulated.truth.job.incarnations,
+                                           strict=True) if inc.exported]  # fmt: skip
+    assert [count for _, _, count in shown] == counts
+    report = _report(paths)
+    assert_within_truth(report, simulated)
+    truth = simulated.truth.job.accounting_ns["startup"]
+    assert report["accounting_ns"]["startup"] < truth  # the unseen launch's startup
+    startup = report["bounds"]["badput_s.startup"]
+    assert startup["lower"] * NS < truth <= startup["upper"] * NS
+    assert "a restart killed before its first export leaves no record" in startup["reason"]
+    assert "incarnations.0.restart_gap_s" in report["bounds"]
+
+
+@pytest.mark.parametrize("launch", ["requeue", "relaunch"])
+def test_a_new_agent_keeps_startup_a_bound(tmp_path: Path, launch: str) -> None:
+    """Requeued by Slurm or relaunched: a new torchrun agent, counting from 0 again, whose
+    launches before the one the files show may have left no record."""
+    history = _launched(KILLED_THEN_RESTARTED[0], gt.Plan(12, launch=launch), launcher="slurm")
+    simulated, paths = _written(history, tmp_path)
+    report = _report(paths)
+    assert_within_truth(report, simulated)
+    assert {"badput_s.startup", "badput_s.checkpoint_load"} <= set(report["bounds"])
+    assert report["bounds"]["incarnations.0.restart_gap_s"]["lower"] == 0.0
+
+
+@pytest.mark.parametrize("metrics", ["trainer", "nemo_lens"])
+def test_the_restart_gap_after_a_kill_is_at_least_the_time_since_its_last_point_s_bound(
+    tmp_path: Path, metrics: str
+) -> None:
+    """Killed a minute before torchrun's restart, its metric points read: the kill came at
+    most the staleness bound (30 s) after the newest, so the restart gap is at least the
+    rest, and holds the truth; without the counters the stretch may hold a launch's
+    startup, and the lower bound is 0."""
+    plans = (gt.Plan(23, "killed", into=0.5, gap_s=60), gt.Plan(12))
+    lowers = []
+    for launcher in ("torchrun", "none"):
+        history = _launched(*plans, launcher=launcher, groups="default", metrics=metrics)
+        simulated, paths = _written(history, tmp_path)
+        report = _report(paths)
+        assert_within_truth(report, simulated)
+        job = simulated.truth.job
+        gap = (job.seen[1].start_ns - job.seen[0].end_ns) / NS
+        bound = report["bounds"]["incarnations.0.restart_gap_s"]
+        assert bound["lower"] <= gap <= bound["upper"]
+        whole = report["bounds"]["badput_s.restart_gap"]
+        assert whole["lower"] == pytest.approx(bound["lower"], abs=1e-9)
+        lowers.append(bound["lower"])
+        if launcher == "torchrun":
+            assert "at most 30 s (the staleness bound" in bound["reason"]
+    assert lowers[0] > 20 and lowers[1] == 0.0
+
+
 def _after_a_clean_end(*later: gt.Plan, ranks: int = 1, **how: Any) -> gt.History:
     """Twelve iterations and a clean end, then a launch killed in its first step, which
     writes its startup and nothing of its loop (startups of 10 s, exports every 5 s)."""
