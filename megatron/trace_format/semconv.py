@@ -502,7 +502,8 @@ SLURM_RESTART_COUNT = "slurm.restart_count"
 SLURM_TORCHELASTIC_RESTART_COUNT = "slurm.torchelastic.restart_count"
 #: The torchrun agent that started the process (its parent): the host's boot id, the agent's
 #: pid and its start time in clock ticks since boot (``<boot id>/<pid>/<ticks>``), so two
-#: agents never share it, not even one relaunched as pid 1 of a new container. Ours.
+#: agents never share it, not even one relaunched as pid 1 of a new container. This
+#: project's own attribute: Megatron-LM writes no such one.
 TORCHELASTIC_AGENT_ID = "torchelastic.agent.id"
 #: NVIDIA Resiliency Extension's restart cycle, where it runs the job.
 NVRX_CYCLE = "nvrx.cycle"
