@@ -126,6 +126,7 @@ __all__ = [
     "STARTUP_SPAN",
     "STRUCTURAL_SPAN_NAMES",
     "TORCHELASTIC_AGENT_ID",
+    "TORCHELASTIC_AGENT_LOCAL_WORLD_SIZE",
     "WATCH_CORRUPT_LINES_COUNTER",
     "WATCH_GAUGES",
     "WATCH_LINES_COUNTER",
@@ -505,6 +506,10 @@ SLURM_TORCHELASTIC_RESTART_COUNT = "slurm.torchelastic.restart_count"
 #: agents never share it, not even one relaunched as pid 1 of a new container. This
 #: project's own attribute: Megatron-LM writes no such one.
 TORCHELASTIC_AGENT_ID = "torchelastic.agent.id"
+#: How many workers that agent started (``LOCAL_WORLD_SIZE``, an int): every rank
+#: (``dl.world_size``) on one node; fewer where other nodes' agents started the rest, whose
+#: failures restart its workers uncounted. This project's own, as the agent's id is.
+TORCHELASTIC_AGENT_LOCAL_WORLD_SIZE = "torchelastic.agent.local_world_size"
 #: NVIDIA Resiliency Extension's restart cycle, where it runs the job.
 NVRX_CYCLE = "nvrx.cycle"
 #: On every span of an in-process restart's cycle: NVRx's restart iteration

@@ -5,9 +5,9 @@ process, rank), inside a SLURM job the job's metadata, and the launchers'
 restart counters where they set them: Slurm's requeue count and torchrun's
 count of its worker group's restarts, named and typed as Megatron-LM writes
 them (strings, as the environment has them), with the torchrun agent that
-started the process. ``megatron-trace`` reads the counters to rule out a
-launch killed before its first export between two incarnations
-(``megatron/trace/README.md``).
+started the process and how many workers it started. ``megatron-trace`` reads
+them to rule out a launch killed before its first export between two
+incarnations (``megatron/trace/README.md``).
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ def _slurm_attributes(env: Mapping[str, str]) -> dict[str, Any]:
 
 def _restart_counts(env: Mapping[str, str]) -> dict[str, Any]:
     """The launchers' restart counters (:data:`RESTART_COUNT_ATTRIBUTES`) the environment
-    sets and, under torchrun, the agent that started this process (its parent)."""
+    sets and, under torchrun, the agent that started this process (its parent) and how many
+    workers it started (``LOCAL_WORLD_SIZE``)."""
     found: dict[str, Any] = {}
     for attribute, variable in RESTART_COUNT_ATTRIBUTES.items():
         value = env.get(variable, "").strip()
@@ -110,6 +111,9 @@ def _restart_counts(env: Mapping[str, str]) -> dict[str, Any]:
         agent = _parent_identity()
         if agent is not None:
             found[semconv.TORCHELASTIC_AGENT_ID] = agent
+        workers = env.get("LOCAL_WORLD_SIZE", "").strip()
+        if workers.isdigit():
+            found[semconv.TORCHELASTIC_AGENT_LOCAL_WORLD_SIZE] = int(workers)
     return found
 
 

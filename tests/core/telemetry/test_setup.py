@@ -161,7 +161,8 @@ def test_resource_attributes(make_handle: Make) -> None:
 
 
 def _resource_under(make_handle: Make, monkeypatch: pytest.MonkeyPatch, **env: str) -> dict:
-    for name in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
+    for name in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",
+                 "LOCAL_WORLD_SIZE"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -178,13 +179,14 @@ def test_the_launchers_restart_counts_are_on_the_resource_as_megatron_lm_writes_
 ) -> None:
     """Slurm's requeue count and torchrun's count of its worker group's restarts, strings
     under Megatron-LM's names, and (under torchrun) the agent that started the process: its
-    parent, by boot, pid and start time."""
+    parent, by boot, pid and start time, and how many workers it started."""
     resource = _resource_under(
         make_handle, monkeypatch, SLURM_JOB_ID="4242", SLURM_RESTART_COUNT="1",
-        TORCHELASTIC_RESTART_COUNT="3",
+        TORCHELASTIC_RESTART_COUNT="3", LOCAL_WORLD_SIZE="8",
     )  # fmt: skip
     assert resource["slurm.restart_count"] == "1"
     assert resource["slurm.torchelastic.restart_count"] == "3"
+    assert resource["torchelastic.agent.local_world_size"] == 8
     boot, parent, ticks = resource["torchelastic.agent.id"].split("/")
     with open("/proc/sys/kernel/random/boot_id") as file:
         assert boot == file.read().strip()
@@ -192,7 +194,8 @@ def test_the_launchers_restart_counts_are_on_the_resource_as_megatron_lm_writes_
     # outside torchrun and Slurm: none of them
     resource = _resource_under(make_handle, monkeypatch)
     assert not {"slurm.restart_count", "slurm.torchelastic.restart_count",
-                "torchelastic.agent.id"} & set(resource)  # fmt: skip
+                "torchelastic.agent.id", "torchelastic.agent.local_world_size"
+                } & set(resource)  # fmt: skip
     # torchrun without Slurm
     resource = _resource_under(make_handle, monkeypatch, TORCHELASTIC_RESTART_COUNT="0")
     assert resource["slurm.torchelastic.restart_count"] == "0"
