@@ -52,11 +52,15 @@ How the job behaves, so the truth can be worked out without the reader:
   flight a save), and the files show all of it.
 
 * The launchers' restart counters (``History.launcher``): torchrun starts each
-  incarnation but the first again (``Plan.launch``), its count one more, an unseen
-  launch's too (it consumed a count); a requeue (Slurm's count one more) or a
-  relaunch starts a new agent, counting from 0 again. The resource says the counts
-  as this trainer writes them (strings), and the agent unless ``agent_id`` is off
-  (Megatron-LM's resource: the counts alone). Without a launcher (today's
+  incarnation but the first again (``Plan.launch``), an unseen launch too; a requeue
+  (Slurm's count one more) or a relaunch starts a new agent, counting from 0 again.
+  One agent starts every rank (``History.agents`` ``one``: one node), or each rank
+  has its own (``per_rank``: a node each). An agent counts a restart after its own
+  workers failed; after a kill only the victim's agent does: the others restart
+  their healthy workers uncounted, a membership change to torchrun (a node waiting:
+  the victim's agent). The resource says the counts as this trainer writes them
+  (strings), and the agent and how many workers it started unless ``agent_id`` is
+  off (Megatron-LM's resource: the counts alone). Without a launcher (today's
   histories), none of them. A cycle NVRx restarted in process is no launch.
 
 :func:`long_history` makes weeks of such a job (hundreds of kills, many
@@ -173,6 +177,8 @@ class History:
     # names the torchrun agent (this trainer's; Megatron-LM's does not)
     launcher: Literal["none", "torchrun", "slurm"] = "none"
     agent_id: bool = True
+    # one torchrun agent starts every rank (one node), or each rank its own (a node each)
+    agents: Literal["one", "per_rank"] = "one"
 
     def factor(self, rank: int) -> float:
         return self.factors[rank] if rank < len(self.factors) else 1.0
@@ -302,8 +308,8 @@ class Simulated:
     #: in-process restart) and its cycle there (NVRx's restart iteration)
     cycles: list[tuple[int, int]] = field(default_factory=list)
     #: per incarnation: the launchers' counters of its launch (Slurm's restart count, which
-    #: torchrun agent, torchrun's restart count)
-    launches: list[tuple[int, int, int]] = field(default_factory=list)
+    #: torchrun agent, each rank's torchrun restart count: its agent's)
+    launches: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)
 
 
 class _Ids:
@@ -337,22 +343,25 @@ def simulate(history: History) -> Simulated:
     timelines: list[tuple[int, int, int, list[tuple[str, int, int, int]], int | None]] = []
     cycles: list[tuple[int, int]] = []
     process, cycle = 0, 0
-    launches: list[tuple[int, int, int]] = []
-    requeues, agent, count = 0, 0, 0
+    launches: list[tuple[int, int, tuple[int, ...]]] = []
+    requeues, agent, counts = 0, 0, [0] * ranks
 
     for index, plan in enumerate(history.incarnations):
         if index:  # a new process, unless NVRx restarted the last cycle in process
             restarted = history.incarnations[index - 1].ending == "restarted"
             process, cycle = (process, cycle + 1) if restarted else (process + 1, 0)
+            before = history.incarnations[index - 1]
             if restarted:
                 pass  # no launch: the same process, its counters
-            elif plan.launch == "torchrun":
-                count += 1
+            elif plan.launch == "torchrun":  # the agents whose workers failed count it
+                for r in range(ranks):
+                    own = history.agents == "one" or r == before.victim
+                    counts[r] += before.ending != "killed" or own
             else:  # a new agent, counting from 0 again (a requeue: Slurm's count one more)
                 requeues += plan.launch == "requeue"
-                agent, count = agent + 1, 0
+                agent, counts = agent + 1, [0] * ranks
         cycles.append((process, cycle))
-        launches.append((requeues, agent, count))
+        launches.append((requeues, agent, tuple(counts)))
         start, resumed_from = now, durable
         # the timeline every rank lives through: (kind, start, end, iteration)
         phases: list[tuple[str, int, int, int]] = []
@@ -724,10 +733,14 @@ def _resource(simulated: Simulated, rank: int, index: int) -> str:
     resource = resource_json(rank, history.ranks, _pid(simulated, rank, index), "truth")
     if history.launcher == "none":
         return resource
-    requeues, agent, count = simulated.launches[index]
-    extra = [_str("slurm.torchelastic.restart_count", str(count))]
+    requeues, agent, counts = simulated.launches[index]
+    extra = [_str("slurm.torchelastic.restart_count", str(counts[rank]))]
     if history.agent_id:  # each agent pid 1 of its own container: its start time tells
-        extra.append(_str("torchelastic.agent.id", f"b00t-{rank}/1/{1_000 + agent}"))
+        one = history.agents == "one"
+        host = "b00t" if one else f"b00t-{rank}"
+        extra.append(_str("torchelastic.agent.id", f"{host}/1/{1_000 + agent}"))
+        workers = history.ranks if one else 1
+        extra.append(int_attribute("torchelastic.agent.local_world_size", workers))
     if history.launcher == "slurm":
         extra += [_str("slurm.job.id", "4242"), _str("slurm.restart_count", str(requeues))]
     return resource[:-2] + "," + ",".join(extra) + "]}"

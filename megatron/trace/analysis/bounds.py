@@ -379,7 +379,8 @@ def _unattributed(
         bounded = [u.inc.index for u in unseen if u.ruled_out and u.until < u.successor]
         text = (
             f"after incarnations {ruled} the launchers' restart counters rule out a restart "
-            "killed before its first export (the same torchrun agent, its count one more)"
+            "killed before its first export (the same torchrun agent, of every rank, its count "
+            "one more)"
         )
         if bounded and stale_after_ns is not None:
             text += (
@@ -728,7 +729,7 @@ def restart_gap_bounds(
         if u.ruled_out:
             text = (
                 "the launchers' restart counters rule out a restart between it and the next "
-                "incarnation (the same torchrun agent, its count one more)"
+                "incarnation (the same torchrun agent, of every rank, its count one more)"
             )
             if u.until < u.successor and stale_after_ns is not None:
                 text += (

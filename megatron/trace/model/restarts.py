@@ -14,11 +14,19 @@ Only the agent itself tells them apart: ``torchelastic.agent.id``, the process's
 boot, pid and start time (this project's trainer writes it; Megatron-LM does not, and
 ``OTEL_RESOURCE_ATTRIBUTES`` set anew for each torchrun can give it).
 
-:func:`next_launch` is the rule. Both incarnations' resources carry the same agent, the
-same Slurm restart count (or none), the same job (:func:`~megatron.trace_format.jobs.job_of`),
-and torchrun counts that differ by exactly one. torchrun does not count one restart: a
-healthy group's, when a node joins an elastic job (``--nnodes MIN:MAX``); a job of a fixed
-node count has none.
+And an agent counts only the restarts after its own workers failed. One that sees another
+node waiting to join (``num_nodes_waiting``) restarts its healthy workers uncounted, "a
+membership change": on a job of several nodes, every node but the one whose worker failed
+restarts so, typically (its workers still blocked in a collective), and such a restart
+killed before its first export lies unseen between counts 0 and 1 of the same agent. Only
+an agent that started every rank of the job (``torchelastic.agent.local_world_size``, its
+``LOCAL_WORLD_SIZE``, equal to ``dl.world_size``: one node) has no other node to wait for.
+
+:func:`next_launch` is the rule. Both incarnations' resources carry the same agent, which
+started every rank, the same Slurm restart count (or none), the same job
+(:func:`~megatron.trace_format.jobs.job_of`), and torchrun counts that differ by exactly one.
+It assumes no node joins that one-node job in between: an elastic job (``--nnodes 1:MAX``)
+a node joined would have restarted uncounted; one of a fixed node count has no such restart.
 """
 
 from __future__ import annotations
@@ -29,9 +37,11 @@ from typing import Any
 from megatron.trace.model.incarnation import RECORD_LISTS, Incarnation
 from megatron.trace_format.jobs import job_of
 from megatron.trace_format.semconv import (
+    DL_WORLD_SIZE,
     SLURM_RESTART_COUNT,
     SLURM_TORCHELASTIC_RESTART_COUNT,
     TORCHELASTIC_AGENT_ID,
+    TORCHELASTIC_AGENT_LOCAL_WORLD_SIZE,
 )
 
 __all__ = ["next_launch", "resource_of"]
@@ -57,15 +67,25 @@ def _count(value: Any) -> int | None:
     return None
 
 
+def _started_every_rank(resource: Mapping[str, Any]) -> bool:
+    """Whether the torchrun agent started every rank of the job (module doc)."""
+    workers = _count(resource.get(TORCHELASTIC_AGENT_LOCAL_WORLD_SIZE))
+    world = _count(resource.get(DL_WORLD_SIZE))
+    return workers is not None and workers > 0 and workers == world
+
+
 def next_launch(earlier: Incarnation, later: Incarnation) -> bool:
     """Whether ``later`` was the launch right after ``earlier`` (of one rank, in that order):
-    the same torchrun agent restarted its worker group once between them (module doc)."""
+    the same torchrun agent, which started every rank, restarted its worker group once
+    between them (module doc)."""
     before, after = resource_of(earlier), resource_of(later)
     if before is None or after is None:
         return False
     agent = before.get(TORCHELASTIC_AGENT_ID)
     if agent in (None, "") or after.get(TORCHELASTIC_AGENT_ID) != agent:
         return False
+    if not (_started_every_rank(before) and _started_every_rank(after)):
+        return False  # other nodes' failures may have restarted it uncounted
     if str(before.get(SLURM_RESTART_COUNT)) != str(after.get(SLURM_RESTART_COUNT)):
         return False
     if job_of(before) != job_of(after):

@@ -54,6 +54,8 @@ METRICS = ("none", "trainer", "nemo_lens")
 # how each incarnation is launched after the one before: mostly torchrun's restarts
 LAUNCHERS = ("none", "torchrun", "slurm")
 LAUNCHES = ("torchrun", "torchrun", "requeue", "relaunch")
+# one torchrun agent starting every rank (one node), or one per rank (a node each)
+AGENTS = ("one", "per_rank")
 
 
 @st.composite
@@ -174,6 +176,7 @@ def histories(
         log_interval_in_resource=draw(st.booleans()),
         launcher=draw(st.sampled_from(LAUNCHERS)),
         agent_id=draw(st.booleans()),
+        agents=draw(st.sampled_from(AGENTS)),
     )
 
 
@@ -499,14 +502,16 @@ def test_killed_histories_report_the_truth_or_bounds(tmp_path: Path, history) ->
 
 # -- issue 64: the launchers' restart counters rule out a restart that left no record ------
 # torchrun puts its count of the worker group's restarts in the environment, and this
-# project's trainer puts it on the resource with the agent that started the process: two
-# incarnations of the same agent whose counts differ by one were two launches in a row,
-# with no launch killed before its first export between them.
+# project's trainer puts it on the resource with the agent that started the process and
+# how many workers it started: two incarnations of the same agent, which started every
+# rank, whose counts differ by one were two launches in a row, with no launch killed
+# before its first export between them.
 
 
 def _launched(*plans: gt.Plan, launcher: str = "torchrun", **how: Any) -> gt.History:
     """Two ranks, startups of 20 s, a save every 10, spans exported every 5 s; the resources
-    carry ``launcher``'s counters (the agent too, unless ``agent_id=False``)."""
+    carry ``launcher``'s counters (the agent too, unless ``agent_id=False``), one agent
+    starting both ranks unless ``agents="per_rank"``."""
     return gt.History(plans, ranks=2, save_interval=10, startup_s=20.0,
                       export_delay_s=(5.0, 5.0), export_phase_s=(0.5, 1.5),
                       launcher=launcher, **how)  # type: ignore[arg-type]  # fmt: skip
@@ -535,7 +540,7 @@ def test_counters_proving_the_next_launch_make_startup_exact(
     clean end; without them (or without the agent) they stay bounds."""
     history = _launched(*KILLED_THEN_RESTARTED, launcher=launcher, agent_id=agent_id)
     simulated, paths = _written(history, tmp_path)
-    assert simulated.launches == [(0, 0, 0), (0, 0, 1), (0, 0, 2)]
+    assert simulated.launches == [(0, 0, (0, 0)), (0, 0, (1, 1)), (0, 0, (2, 2))]
     report = _report(paths)
     assert_within_truth(report, simulated)
     truth, bounds = simulated.truth, report["bounds"]
@@ -573,7 +578,7 @@ def test_a_launch_the_counters_do_not_rule_out_keeps_startup_a_bound(
     simulated, paths = _written(history, tmp_path)
     shown = [launch for launch, inc in zip(simulated.launches, simulated.truth.job.incarnations,
                                            strict=True) if inc.exported]  # fmt: skip
-    assert [count for _, _, count in shown] == counts
+    assert [rank_counts[0] for _, _, rank_counts in shown] == counts
     report = _report(paths)
     assert_within_truth(report, simulated)
     truth = simulated.truth.job.accounting_ns["startup"]
@@ -582,6 +587,33 @@ def test_a_launch_the_counters_do_not_rule_out_keeps_startup_a_bound(
     assert startup["lower"] * NS < truth <= startup["upper"] * NS
     assert "a restart killed before its first export leaves no record" in startup["reason"]
     assert "incarnations.0.restart_gap_s" in report["bounds"]
+
+
+def test_a_count_one_more_after_a_restart_it_did_not_count_keeps_startup_a_bound(
+    tmp_path: Path,
+) -> None:
+    """A node each, an agent each: after a kill only the victim's agent counts the restart,
+    the others restart their healthy workers uncounted (to torchrun a membership change:
+    a node is waiting). Rank 1 killed, then a launch killed in rank 0's imports before its
+    first export: rank 0's files show counts 0 then 1 from the same agent, with a launch
+    between them. An agent that did not start every rank proves nothing by its count."""
+    plans = (
+        gt.Plan(23, "killed", into=0.5, victim=1, gap_s=60),
+        gt.Plan(0, "killed", into=0.3, in_startup="imports", gap_s=20),
+        gt.Plan(12),
+    )
+    history = _launched(*plans, agents="per_rank")
+    simulated, paths = _written(history, tmp_path)
+    assert [counts for _, _, counts in simulated.launches] == [(0, 0), (0, 1), (1, 1)]
+    assert [inc.exported for inc in simulated.truth.job.incarnations] == [True, False, True]
+    report = _report(paths)
+    assert_within_truth(report, simulated)
+    truth = simulated.truth.job.accounting_ns["startup"]
+    assert report["accounting_ns"]["startup"] < truth  # the unseen launch's startup
+    startup = report["bounds"]["badput_s.startup"]
+    assert startup["lower"] * NS < truth <= startup["upper"] * NS
+    # killed before it showed its first point: the stretch's lower bound 0
+    assert report["bounds"]["incarnations.0.restart_gap_s"]["lower"] == 0.0
 
 
 @pytest.mark.parametrize("launch", ["requeue", "relaunch"])
