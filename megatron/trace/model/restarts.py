@@ -12,7 +12,8 @@ counts 0 then 1 may be two agents' with the second's 0 unseen between them; and 
 id, Slurm's job id and restart count stay the same across a relaunch within one allocation.
 Only the agent itself tells them apart: ``torchelastic.agent.id``, the process's parent by
 boot, pid and start time (this project's trainer writes it; Megatron-LM does not, and
-``OTEL_RESOURCE_ATTRIBUTES`` set anew for each torchrun can give it).
+``OTEL_RESOURCE_ATTRIBUTES`` set anew for each torchrun can give it, and how many workers
+it started).
 
 And an agent counts only the restarts after its own workers failed. One that sees another
 node waiting to join (``num_nodes_waiting``) restarts its healthy workers uncounted, "a
