@@ -182,9 +182,9 @@ class _Unseen(NamedTuple):
     in any file), unless the launchers' restart counters rule such a launch out
     (:func:`~megatron.trace.model.restarts.next_launch`: ``ruled_out``). Then the stretch
     holds the killed one's last work until its kill, and the restart after it; and where
-    its metric points were read, the kill came at most the staleness bound (liveness's
-    ``--stale-after``: a live process's newest record is never older) after the newest of
-    them: from there (``until``) to the next start it is all restart gap."""
+    its metric points show its export period (:attr:`Sighting.export_period_ns`), the kill
+    came at most two periods after the newest of them (:func:`_killed_by`): from there
+    (``until``) to the next start it is all restart gap."""
 
     inc: Incarnation  # the incarnation before the stretch
     start: int  # where its unattributed time begins
@@ -203,13 +203,24 @@ class _Unseen(NamedTuple):
     until: int = 0
 
 
-def _unseen(
-    incs: list[Incarnation], accounting: dict[str, Any], stale_after_ns: int | None = None
-) -> list[_Unseen]:
+def _killed_by(inc: Incarnation) -> int | None:
+    """The latest a killed incarnation's kill can have come, from its metric points: two
+    export periods after its newest (None: they do not show its period). The SDK's reader
+    collects, exports, then waits its interval, so the export after the newest was
+    collected at most a period later and written before the next collection, at most a
+    period after that; a kill before that write leaves the newest in the file. A period is
+    the longest spacing between its newest four exports, so it holds while at most one of
+    them was a flush (a SIGTERM's, a hang's) and the reader's interval is the same
+    throughout."""
+    sighting = inc.sighting
+    if sighting is None or sighting.export_period_ns is None:
+        return None
+    return sighting.seen_ns + 2 * sighting.export_period_ns
+
+
+def _unseen(incs: list[Incarnation], accounting: dict[str, Any]) -> list[_Unseen]:
     """Each stretch between a rank's incarnations that no record covers (:class:`_Unseen`),
-    in order. ``stale_after_ns``: liveness's staleness bound, which bounds a kill after
-    the killed incarnation's newest metric point (None: nothing bounds it but the next
-    start)."""
+    in order."""
     found = []
     resumed = resume_ranges(incs)
     for position, inc in enumerate(incs[:-1]):
@@ -229,8 +240,9 @@ def _unseen(
             continue  # the next one began before this one's last record: no restart between
         seen = min(seen, successor)
         until = successor
-        if ruled_out and inc.sighting is not None and stale_after_ns is not None:
-            until = min(successor, seen + stale_after_ns)
+        killed_by = _killed_by(inc) if ruled_out and inc.ended == "killed" else None
+        if killed_by is not None:
+            until = max(seen, min(successor, killed_by))
         hidden = _may_hold(inc, resumed[position][0], horizon, ruled_out)
         entry = accounting["per_incarnation"][position]
         redone = (0, 0) if ruled_out else _redone(inc, resumed[position][0], horizon, entry)
@@ -302,11 +314,9 @@ class _Tail(NamedTuple):
     redone: int  # the goodput booked that may have been redone (:func:`_redone`)
 
 
-def _rank_tail(
-    incs: list[Incarnation], accounting: dict[str, Any], stale_after_ns: int | None
-) -> _Tail:
+def _rank_tail(incs: list[Incarnation], accounting: dict[str, Any]) -> _Tail:
     """The rank's :class:`_Tail`."""
-    unseen = _unseen(incs, accounting, stale_after_ns)
+    unseen = _unseen(incs, accounting)
     gap = sum(u.successor - u.start for u in unseen)
     unknown = sum(u.until - u.start for u in unseen)
     alive = sum(u.seen - u.start for u in unseen)
@@ -350,9 +360,7 @@ def _guessed(incs: list[Incarnation], accounting: dict[str, Any]) -> tuple[int, 
     return total, which
 
 
-def _unattributed(
-    rank: str, killed: list[int], gap: int, unseen: list[_Unseen], stale_after_ns: int | None
-) -> list[Clause]:
+def _unattributed(rank: str, killed: list[int], gap: int, unseen: list[_Unseen]) -> list[Clause]:
     """Why the stretches between a rank's incarnations make figures bounds."""
     on = rank_value(rank)
     clauses = [Clause(f"rank {on}: incarnations {killed} were SIGKILLed", on)] if killed else []
@@ -382,10 +390,10 @@ def _unattributed(
             "killed before its first export (the same torchrun agent, of every rank, its count "
             "one more)"
         )
-        if bounded and stale_after_ns is not None:
+        if bounded:
             text += (
-                f", and the kills of {bounded} came at most {stale_after_ns / 1e9:g} s (the "
-                "staleness bound, --stale-after) after their last metric point: the time since "
+                f", and the kills of {bounded} came at most two export periods (the longest "
+                "spacing of their newest metric points) after their last one: the time since "
                 "is restart gap"
             )
         clauses.append(Clause(text, on))
@@ -493,10 +501,8 @@ def report_bounds(
     job_rank: str,
     furthest: dict[str, Any],
     not_computed: set[str],
-    stale_after_ns: int | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """The report's ``bounds`` (module doc), from the ranks' incarnations and accounting;
-    ``stale_after_ns``: liveness's staleness bound (:func:`_unseen`)."""
+    """The report's ``bounds`` (module doc), from the ranks' incarnations and accounting."""
     bounds: dict[str, dict[str, Any]] = {}
 
     def bound(path: str, lower: Any, upper: Any, reason: Reason, source: Source | None = None):
@@ -507,7 +513,7 @@ def report_bounds(
     stretches: dict[str, bool] = {}  # per rank: whether a restart may hide between records
     for rank, (incs, acc) in ranks.items():
         killed = _killed(incs)
-        tail = _rank_tail(incs, acc, stale_after_ns)
+        tail = _rank_tail(incs, acc)
         gap, unknown, alive, doubt, spare, spare_of, open_end, unseen_list, redone = tail
         stretches[rank] = any(not u.ruled_out for u in unseen_list)
         if not killed and not unseen_list and not open_end:
@@ -515,7 +521,7 @@ def report_bounds(
         kept = spare_of[Category.GOODPUT]
         guessed, unplaced = _guessed(incs, acc)
         totals, wall = acc["totals_ns"], acc["wall_ns"]
-        clauses = _unattributed(rank, killed, gap, unseen_list, stale_after_ns)
+        clauses = _unattributed(rank, killed, gap, unseen_list)
         clauses += _alive_clauses(rank, incs, alive, open_end)
         if unplaced:
             clauses.append(
@@ -707,7 +713,6 @@ def restart_gap_bounds(
     entries: list[Any],
     incs: list[Incarnation],
     accounting: dict[str, Any],
-    stale_after_ns: int | None = None,
 ) -> dict[str, Any]:
     """The bounds of the incarnations' ``restart_gap_s`` (``entries``, the report's, of the
     job rank's ``incs``): from its end (a kill's moment) to the next one's start.
@@ -716,12 +721,12 @@ def restart_gap_bounds(
     spans say (not a kill) followed by the launch the restart counters show came next.
     After a kill, at most the time from its newest record (a metric point shows it alive)
     to the next start; at least 0, since the kill may have come just before that start,
-    unless the counters rule out a launch between and its metric points were read: then
-    the kill came at most the staleness bound after the newest (:func:`_unseen`), and the
-    gap is at least the rest. Where they do not rule one out, the stretch may hold a
+    unless the counters rule out a launch between and its metric points show their export
+    period: then the kill came at most two periods after the newest (:func:`_killed_by`),
+    and the gap is at least the rest. Where they do not rule one out, the stretch may hold a
     restart killed before its first export: the figure is then only an upper bound."""
     bounds = {}
-    for u in _unseen(incs, accounting, stale_after_ns):
+    for u in _unseen(incs, accounting):
         entry = entries[incs.index(u.inc)]
         clauses = []
         if u.inc.ended == "killed":
@@ -731,10 +736,11 @@ def restart_gap_bounds(
                 "the launchers' restart counters rule out a restart between it and the next "
                 "incarnation (the same torchrun agent, of every rank, its count one more)"
             )
-            if u.until < u.successor and stale_after_ns is not None:
+            period = u.inc.sighting.export_period_ns if u.inc.sighting is not None else None
+            if u.until < u.successor and period is not None:
                 text += (
-                    f"; its kill came at most {stale_after_ns / 1e9:g} s (the staleness bound, "
-                    "--stale-after) after its last metric point"
+                    f"; its kill came at most two export periods (2 × {period / 1e9:g} s, the "
+                    "longest spacing of its newest metric points) after its last one"
                 )
             clauses.append(Clause(text, incarnation=u.inc.index))
         else:
@@ -751,7 +757,6 @@ def advice_bounds(
     advice: dict[str, Any],
     incs: list[Incarnation],
     accounting: dict[str, Any],
-    stale_after_ns: int | None = None,
 ):
     """The checkpoint advice's measured figures where a restart killed before its first
     export may hide between the job rank's incarnations: its failure (at least the
@@ -759,7 +764,7 @@ def advice_bounds(
     and so the mean time between failures (at most the larger of what the files show and
     that time over one failure more) and the mean restart (at most what the files show: the
     same restart time over more restarts). None where the restart counters rule one out."""
-    unseen = [u for u in _unseen(incs, accounting, stale_after_ns) if not u.ruled_out]
+    unseen = [u for u in _unseen(incs, accounting) if not u.ruled_out]
     if not unseen:
         return {}
     gap = sum(u.successor - u.start for u in unseen)
@@ -788,10 +793,9 @@ def window_bounds(
     entries: list[dict[str, Any]],
     incs: list[Incarnation],
     accounting: dict[str, Any],
-    stale_after_ns: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The bounds of the job rank's ``report --window`` entries (module doc)."""
-    unseen = _unseen(incs, accounting, stale_after_ns)
+    unseen = _unseen(incs, accounting)
     open_end = _ends_open(incs[-1])
     if not unseen and not open_end:
         return {}

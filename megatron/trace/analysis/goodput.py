@@ -186,14 +186,10 @@ def build_report(
         "not_computed": not_computed,
         **_liveness_entry(incs, liveness),  # type: ignore[typeddict-item]
     }
-    # a kill came at most the staleness bound after the killed one's newest metric point
-    stale = liveness.clock.stale_after_ns if liveness is not None else None
-    report["bounds"] = report_bounds(
-        report, ranks, job_rank, furthest, not_computed_categories, stale
-    )
+    report["bounds"] = report_bounds(report, ranks, job_rank, furthest, not_computed_categories)
     report["bounds"].update(resumed_bounds(incs, resumed))
     report["bounds"].update(
-        restart_gap_bounds(report["incarnations"], incs, accounting, stale)  # type: ignore[arg-type]
+        restart_gap_bounds(report["incarnations"], incs, accounting)  # type: ignore[arg-type]
     )
     report["checkpoint_advice"] = checkpoint_advice(
         incs,
@@ -201,7 +197,7 @@ def build_report(
         iterations["median_ms"] if iterations is not None else None,
         mtbf_s,
     )
-    report["bounds"].update(advice_bounds(report["checkpoint_advice"], incs, accounting, stale))  # type: ignore[arg-type]
+    report["bounds"].update(advice_bounds(report["checkpoint_advice"], incs, accounting))  # type: ignore[arg-type]
     if window_ns is not None:
         windows = accounting["windows_ns"]
         report["windows"] = {
@@ -210,9 +206,7 @@ def build_report(
                 windows, not_computed_categories, window_iterations(incs, windows)
             ),
         }
-        report["bounds"].update(
-            window_bounds(report["windows"]["entries"], *ranks[job_rank], stale)
-        )
+        report["bounds"].update(window_bounds(report["windows"]["entries"], *ranks[job_rank]))
     return report
 
 

@@ -25,6 +25,11 @@ What they narrow (:mod:`megatron.trace.analysis.bounds` says how):
 * a killed incarnation lived until its newest point at least (``seen_ns``): the time
   from its last span to there is not restart gap; a final killed incarnation's wall
   clock runs to there;
+* its metric reader exported at least every ``export_period_ns``, the longest spacing
+  between its newest four exports (a flush, at a SIGTERM or a hang, only shortens one):
+  :mod:`~megatron.trace.analysis.bounds` takes a kill to have come at most two such
+  periods after its newest point (the SDK's reader collects, exports, then waits: the
+  next export was collected within a period and written before the one after it);
 * it completed at least :func:`completed` iterations: its wasted iterations are at
   least those past the iteration its successor resumed from;
 * :func:`known_wasted`: from where the iteration its successor resumed from began
@@ -36,13 +41,14 @@ What they narrow (:mod:`megatron.trace.analysis.bounds` says how):
 
 The points are read from the end of each file (:func:`read_sightings`), newest first:
 for each killed incarnation from where its successor started (found by bisection on the
-lines' times, a few lines read) back to its newest point and one that showed less (or to
-its start), so a week of metrics costs a few blocks per kill.
+lines' times, a few lines read) back to its newest point, one that showed less and its
+newest four exports (or to its start), so a week of metrics costs a few blocks per kill.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -77,6 +83,11 @@ __all__ = [
 _SCAN_SLACK_NS = 60 * 1_000_000_000
 # The OTLP metric kinds whose points carry ``timeUnixNano``.
 _POINT_KINDS = ("gauge", "sum", "histogram", "exponentialHistogram", "summary")
+# How many of an incarnation's newest exports its export period is measured on, and how
+# close two points' times are for one export (a collection stamps each instrument's point
+# as it reads it; a receiver may split one export over lines).
+_EXPORTS = 4
+_SAME_EXPORT_NS = 1_000_000_000
 _CUMULATIVE = 2  # AGGREGATION_TEMPORALITY_CUMULATIVE
 
 
@@ -88,6 +99,25 @@ class _Seen:
         self.log_interval: int | None = None
         self.progress: dict[str, list[int | None]] = {}  # kind -> [top, top_ns, below, at]
         self.save_start: tuple[int, int] | None = None  # (at, the save in flight's start)
+        self.exports: list[int] = []  # its newest exports' times, newest first
+
+    def note_export(self, at: int) -> None:
+        exports = self.exports
+        if any(abs(at - t) < _SAME_EXPORT_NS for t in exports):
+            return
+        if len(exports) == _EXPORTS and at < exports[-1]:
+            return
+        exports.append(at)
+        exports.sort(reverse=True)
+        del exports[_EXPORTS:]
+
+    @property
+    def export_period_ns(self) -> int | None:
+        """The longest spacing between its newest exports read (None: fewer than three)."""
+        exports = self.exports
+        if len(exports) < 3:
+            return None
+        return max(a - b for a, b in pairwise(exports))
 
     def note(self, kind: str, value: int, at: int) -> None:
         found = self.progress.get(kind)
@@ -105,7 +135,11 @@ class _Seen:
 
     @property
     def settled(self) -> bool:
-        return bool(self.seen_ns) and all(p[3] is not None for p in self.progress.values())
+        return (
+            bool(self.seen_ns)
+            and len(self.exports) == _EXPORTS
+            and all(p[3] is not None for p in self.progress.values())
+        )
 
     def sighting(self, started_at: int | None) -> Sighting:
         def progress(kind: str) -> Progress | None:
@@ -119,6 +153,7 @@ class _Seen:
             self.log_interval,
             self.save_start,
             started_at,
+            self.export_period_ns,
         )
 
 
@@ -239,6 +274,7 @@ def _scan(
                             continue
                         seen = found.setdefault(id(inc), _Seen())
                         seen.seen_ns = max(seen.seen_ns, at)
+                        seen.note_export(at)
                         if interval:
                             seen.log_interval = interval
                         if name == MEGATRON_TRAINING_ITERATION and kind == "gauge":

@@ -56,7 +56,8 @@ class Sighting:
     of any metric; ``iteration`` and ``steps`` are the progress its iteration gauge and
     its step-duration histogram (cumulative, since its process started) show,
     ``log_interval`` what its resource says the histogram's log interval is, and
-    ``save_start`` whether a checkpoint save was in flight at its newest such point.
+    ``save_start`` whether a checkpoint save was in flight at its newest such point,
+    ``export_period_ns`` how often its metric reader exported.
     :mod:`megatron.trace.analysis.sightings` reads them."""
 
     seen_ns: int
@@ -70,6 +71,10 @@ class Sighting:
     #: a load nor an iteration (its resume range is one point: the first incarnation of a
     #: rank whose next one started afresh, say); None: they do not
     started_at: int | None = None
+    #: its metric reader's export period at least: the longest spacing between its newest
+    #: exports read (up to four, points within a second of each other one export); None:
+    #: fewer than three were read
+    export_period_ns: int | None = None
     #: what the analyses worked out of it once (the report asks per figure, per rank)
     worked: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
