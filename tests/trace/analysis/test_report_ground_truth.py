@@ -170,7 +170,10 @@ def histories(
         groups=draw(st.sampled_from(groups)),
         per_rank_files=draw(st.booleans()),
         metrics=draw(st.sampled_from(METRICS)),
-        metric_period_s=draw(st.sampled_from((10.0, 10.0, 3.0))),
+        # this trainer's 10 s, and longer than liveness's 30 s (the SDK's default is 60 s)
+        metric_period_s=draw(st.sampled_from((10.0, 10.0, 3.0, 60.0))),
+        # iterations of 8 s: incarnations long enough for several exports of a minute
+        work_s=draw(st.sampled_from((1.0, 1.0, 8.0))),
         metric_phase_s=tuple(draw(st.floats(0.2, 10)) for _ in range(ranks)),
         log_interval=log_interval,
         log_interval_in_resource=draw(st.booleans()),
@@ -512,9 +515,9 @@ def _launched(*plans: gt.Plan, launcher: str = "torchrun", **how: Any) -> gt.His
     """Two ranks, startups of 20 s, a save every 10, spans exported every 5 s; the resources
     carry ``launcher``'s counters (the agent too, unless ``agent_id=False``), one agent
     starting both ranks unless ``agents="per_rank"``."""
-    return gt.History(plans, ranks=2, save_interval=10, startup_s=20.0,
-                      export_delay_s=(5.0, 5.0), export_phase_s=(0.5, 1.5),
-                      launcher=launcher, **how)  # type: ignore[arg-type]  # fmt: skip
+    settings = {"ranks": 2, "save_interval": 10, "startup_s": 20.0,
+                "export_delay_s": (5.0, 5.0), "export_phase_s": (0.5, 1.5), **how}  # fmt: skip
+    return gt.History(plans, launcher=launcher, **settings)  # type: ignore[arg-type]
 
 
 # killed in a step past its save of 20, resumed a minute later by torchrun, a clean end, then
@@ -628,31 +631,75 @@ def test_a_new_agent_keeps_startup_a_bound(tmp_path: Path, launch: str) -> None:
     assert report["bounds"]["incarnations.0.restart_gap_s"]["lower"] == 0.0
 
 
-@pytest.mark.parametrize("metrics", ["trainer", "nemo_lens"])
+@pytest.mark.parametrize(
+    ("metrics", "period", "gap"),
+    [("trainer", 10.0, 60), ("nemo_lens", 10.0, 60), ("trainer", 60.0, 300),
+     ("nemo_lens", 45.0, 300)],
+)  # fmt: skip
 def test_the_restart_gap_after_a_kill_is_at_least_the_time_since_its_last_point_s_bound(
-    tmp_path: Path, metrics: str
+    tmp_path: Path, metrics: str, period: float, gap: float
 ) -> None:
-    """Killed a minute before torchrun's restart, its metric points read: the kill came at
-    most the staleness bound (30 s) after the newest, so the restart gap is at least the
-    rest, and holds the truth; without the counters the stretch may hold a launch's
-    startup, and the lower bound is 0."""
-    plans = (gt.Plan(23, "killed", into=0.5, gap_s=60), gt.Plan(12))
+    """Killed before torchrun's restart, its metric points read: the kill came at most two
+    export periods (the spacing its points show) after the newest, so the restart gap is
+    at least the rest, and holds the truth, also where the reader exports less often than
+    liveness's 30 s staleness bound (the SDK's default is 60 s); without the counters the
+    stretch may hold a launch's startup, and the lower bound is 0."""
+    # no save before the kill: with the default groups its last span is its startup
+    plans = (gt.Plan(round(5.3 * period), "killed", into=0.5, gap_s=gap), gt.Plan(12))
     lowers = []
     for launcher in ("torchrun", "none"):
-        history = _launched(*plans, launcher=launcher, groups="default", metrics=metrics)
+        history = _launched(*plans, launcher=launcher, groups="default", metrics=metrics,
+                            metric_period_s=period, save_interval=1000)  # fmt: skip
         simulated, paths = _written(history, tmp_path)
         report = _report(paths)
         assert_within_truth(report, simulated)
         job = simulated.truth.job
-        gap = (job.seen[1].start_ns - job.seen[0].end_ns) / NS
+        truth = (job.seen[1].start_ns - job.seen[0].end_ns) / NS
         bound = report["bounds"]["incarnations.0.restart_gap_s"]
-        assert bound["lower"] <= gap <= bound["upper"]
+        assert bound["lower"] <= truth <= bound["upper"]
         whole = report["bounds"]["badput_s.restart_gap"]
         assert whole["lower"] == pytest.approx(bound["lower"], abs=1e-9)
         lowers.append(bound["lower"])
         if launcher == "torchrun":
-            assert "at most 30 s (the staleness bound" in bound["reason"]
-    assert lowers[0] > 20 and lowers[1] == 0.0
+            assert f"at most two export periods (2 × {period:g} s" in bound["reason"]
+    # the kill came within a period of the newest point, so at most 2 periods are given up
+    assert truth - 2 * period <= lowers[0] <= truth and lowers[1] == 0.0
+
+
+def _with_export(metrics: Path, before_ns: int, shift_ns: int) -> None:
+    """Add to ``metrics`` a copy of the newest line before ``before_ns`` stamped
+    ``shift_ns`` later (negative: earlier), as a flush, or a receiver splitting an export
+    over two lines, would write."""
+    lines = metrics.read_text().splitlines(keepends=True)
+    stamp = re.compile(r'"timeUnixNano":"(\d+)"')
+    at = max(i for i, line in enumerate(lines) if int(stamp.search(line)[1]) < before_ns)
+    copy = stamp.sub(lambda m: f'"timeUnixNano":"{int(m[1]) + shift_ns}"', lines[at])
+    lines.insert(at + (shift_ns > 0), copy)
+    metrics.write_text("".join(lines))
+
+
+@pytest.mark.parametrize(
+    ("shift_s", "period_said"),
+    [(-25.0, 60), (-0.001, 60), (0.001, 60)],
+    ids=["a_flush_between_the_last_two_exports", "an_export_split_over_two_lines_early",
+         "an_export_split_over_two_lines_late"],
+)  # fmt: skip
+def test_the_export_period_is_the_longest_spacing_of_the_newest_exports(
+    tmp_path: Path, shift_s: float, period_said: float
+) -> None:
+    """A flush (a SIGTERM's, a hang's) between the periodic exports of a minute shortens one
+    spacing, not the longest; a receiver splitting one export over lines a millisecond
+    apart adds no export: the period is still the minute, and the bound holds the truth."""
+    plans = (gt.Plan(318, "killed", into=0.5, gap_s=300), gt.Plan(12))
+    history = _launched(*plans, groups="default", metrics="trainer", metric_period_s=60.0,
+                        save_interval=1000)  # fmt: skip
+    simulated, paths = _written(history, tmp_path)
+    killed = simulated.truth.job.seen[0]
+    _with_export(tmp_path / "metrics.jsonl", killed.end_ns, round(shift_s * NS))
+    report = _report(paths)
+    assert_within_truth(report, simulated)
+    bound = report["bounds"]["incarnations.0.restart_gap_s"]
+    assert f"at most two export periods (2 × {period_said:g} s" in bound["reason"]
 
 
 def _after_a_clean_end(*later: gt.Plan, ranks: int = 1, **how: Any) -> gt.History:
