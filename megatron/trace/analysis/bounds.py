@@ -115,7 +115,9 @@ def furthest_waste(ranks: dict[str, tuple[list[Incarnation], dict[str, Any]]]) -
 
     A killed incarnation followed by another lost at least what the file shows past the
     iteration its successor resumed from. One killed last (no successor yet) may have
-    finished and saved a checkpoint after its last exported span: its lower bound is 0.
+    finished and saved a checkpoint after its last exported span: its lower bound is 0; so
+    is one whose successors do not show where they resumed (its horizon not placed: they
+    may have resumed from such a save).
     Without iteration spans, an interval closed at an exception or a signal says its last
     iteration from the passes begun, the one in flight too: one fewer is its lower bound.
     """
@@ -153,7 +155,8 @@ def _lower(incs: list[Incarnation], position: int, entry: dict[str, Any]) -> int
     if entry["wasted_exact"]:
         return count
     if inc.ended == "killed" or inc.ending_unsure:
-        return 0 if position == len(incs) - 1 else count
+        unplaced = inc.ended == "killed" and entry["placed_horizon"] is None
+        return 0 if position == len(incs) - 1 or unplaced else count
     if inc.ended in ("failed", "interrupted", "cut_short", "restarted") and not inc.iterations:
         return max(0, count - 1)  # its last interval may have counted the pass in flight
     return count
@@ -349,8 +352,9 @@ def _from(unseen: _Unseen, category: str) -> int:
 
 def _guessed(incs: list[Incarnation], accounting: dict[str, Any]) -> tuple[int, list[int]]:
     """(the wasted progress booked for killed incarnations, but the last, whose horizon the
-    files do not place (its ``placed_horizon`` None: 0 is a guess), which ones): it may
-    instead have been kept. The last one's is bounded as a final kill's."""
+    files do not place (its ``placed_horizon`` None: 0, or the last save the files show, is
+    a guess), which ones): it may instead have been kept. The last one's is bounded as a
+    final kill's."""
     total, which = 0, []
     for inc, entry in zip(incs[:-1], accounting["per_incarnation"], strict=False):
         guessed = entry["horizon"] is not None and entry["placed_horizon"] is None
@@ -526,9 +530,10 @@ def report_bounds(
         if unplaced:
             clauses.append(
                 Clause(
-                    f"incarnations {unplaced} show no checkpoint saved or resumed from: the "
-                    f"{seconds(guessed):.3f} s booked as their wasted progress may have been "
-                    "kept (goodput)",
+                    f"incarnations {unplaced}: no file shows where the next one resumed, past "
+                    "any checkpoint they show saved or resumed from (it may be one their kill "
+                    f"kept from the file): the {seconds(guessed):.3f} s booked as their wasted "
+                    "progress may have been kept (goodput)",
                     rank_value(rank),
                 )
             )

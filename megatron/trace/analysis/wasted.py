@@ -72,8 +72,15 @@ def _placed(inc: Incarnation, later: list[Incarnation], horizon: int | None) -> 
     guess (Megatron-LM's ``default`` groups record neither a load's iteration nor an
     iteration, and a kill within the export delay of a save loses that save's spans), and
     what a killed incarnation's metric points show past it would count iterations that
-    survived."""
-    if resumed_at(later) is not None or inc.durable_saves() or inc.first_iteration is not None:
+    survived. A killed one followed by incarnations none of which shows where it resumed
+    (killed before its load was exported) has only a guess too: its last save or start the
+    files show is the least its successor resumed from, and a save its kill kept from the
+    file, of iterations past them, may be where it did."""
+    if resumed_at(later) is not None:
+        return horizon
+    if inc.ended == "killed" and later:
+        return None
+    if inc.durable_saves() or inc.first_iteration is not None:
         return horizon
     return None
 

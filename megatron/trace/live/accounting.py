@@ -110,12 +110,12 @@ class LiveAccounting:
         wastes: dict[tuple[Any, ...], Waste],
     ) -> Waste:
         """:func:`waste_of`, kept by what it depends on: the incarnation's revision and
-        ending, and where the next incarnation resumed."""
+        ending, where the next incarnation resumed, and whether one follows at all."""
         revision = finish.revisions.of(inc)
         if revision is None:
             return waste_of(inc, later)
         resumed = resumed_at(later)
-        key = (revision, inc.ended, inc.last_closed_by_reroot, resumed)
+        key = (revision, inc.ended, inc.last_closed_by_reroot, resumed, bool(later))
         found = self._wastes.get(key)
         if found is None:
             found = waste_of(inc, later)
