@@ -768,25 +768,41 @@ def advice_bounds(
     failures the files show), its life (the time run, at most the unattributed time more),
     and so the mean time between failures (at most the larger of what the files show and
     that time over one failure more) and the mean restart (at most what the files show: the
-    same restart time over more restarts). None where the restart counters rule one out."""
+    same restart time over more restarts). None where the restart counters rule one out.
+    An incarnation read as a clean end that may have been a kill in its first iteration
+    (:attr:`Incarnation.ending_unsure`) may be one failure more, and the mean time between
+    failures at most what the files show."""
     unseen = [u for u in _unseen(incs, accounting) if not u.ruled_out]
-    if not unseen:
+    unsure = [inc.index for inc in incs if inc.ending_unsure and inc.ended != "killed"]
+    if not unseen and not unsure:
         return {}
-    gap = sum(u.successor - u.start for u in unseen)
-    reason = Reason.of(
-        "the failures and the time run are at least, the mean time between failures and "
-        "the restart at most what the files show: a restart killed before its first export "
-        "leaves no record, and the time between incarnations may hold one, with its failure, "
-        "the time it ran and its restart"
-    )
-    found = {
-        "failures": (advice["failures"], None),
-        "run_s": (advice["run_s"], seconds(round(advice["run_s"] * 1e9) + gap)),
-    }
+    said = []
+    if unseen:
+        said.append(
+            "the failures and the time run are at least, the mean time between failures and "
+            "the restart at most what the files show: a restart killed before its first "
+            "export leaves no record, and the time between incarnations may hold one, with "
+            "its failure, the time it ran and its restart"
+        )
+    if unsure:
+        said.append(
+            f"incarnations {unsure}, read as clean ends, may have been SIGKILLed in their "
+            "first iteration: one failure more each, the mean time between failures at most "
+            "what the files show"
+        )
+    reason = Reason.of(*said)
+    more_failures = None if unseen else advice["failures"] + len(unsure)
+    found: dict[str, tuple[Any, Any]] = {"failures": (advice["failures"], more_failures)}
+    if unseen:
+        gap = sum(u.successor - u.start for u in unseen)
+        found["run_s"] = (advice["run_s"], seconds(round(advice["run_s"] * 1e9) + gap))
     if advice["mtbf_source"] == "observed" and advice["mtbf_s"] is not None:
-        more = (advice["run_s"] + gap / 1e9) / (advice["failures"] + 1)
-        found["mtbf_s"] = (None, max(advice["mtbf_s"], math.ceil(more * 1e6) / 1e6))
-    if advice["restart_s"] is not None:
+        upper = advice["mtbf_s"]
+        if unseen:
+            more = (advice["run_s"] + gap / 1e9) / (advice["failures"] + 1)
+            upper = max(upper, math.ceil(more * 1e6) / 1e6)
+        found["mtbf_s"] = (None, upper)
+    if advice["restart_s"] is not None and unseen:
         found["restart_s"] = (None, advice["restart_s"])
     return {
         f"checkpoint_advice.{key}": {"lower": lower, "upper": upper, "reason": reason}
