@@ -770,11 +770,14 @@ def advice_bounds(
     that time over one failure more) and the mean restart (at most what the files show: the
     same restart time over more restarts). None where the restart counters rule one out.
     An incarnation read as a clean end that may have been a kill in its first iteration
-    (:attr:`Incarnation.ending_unsure`) may be one failure more, and the mean time between
-    failures at most what the files show."""
+    (:attr:`Incarnation.ending_unsure`) may be one failure more; and after a last one that
+    ended some unknown time after its last record (killed, or maybe: such an incarnation is
+    always followed by another or last), launches killed before their first export may have
+    followed: the failures and the time run are at least what the files show."""
     unseen = [u for u in _unseen(incs, accounting) if not u.ruled_out]
     unsure = [inc.index for inc in incs if inc.ending_unsure and inc.ended != "killed"]
-    if not unseen and not unsure:
+    open_end = bool(incs) and _ends_open(incs[-1])
+    if not unseen and not unsure and not open_end:
         return {}
     said = []
     if unseen:
@@ -787,16 +790,22 @@ def advice_bounds(
     if unsure:
         said.append(
             f"incarnations {unsure}, read as clean ends, may have been SIGKILLed in their "
-            "first iteration: one failure more each, the mean time between failures at most "
-            "what the files show"
+            "first iteration: one failure more each"
+        )
+    if open_end:
+        said.append(
+            f"incarnation {incs[-1].index}, the last, ended some unknown time after its last "
+            "record: restarts after it killed before their first export leave no record, "
+            "each a failure more"
         )
     reason = Reason.of(*said)
-    more_failures = None if unseen else advice["failures"] + len(unsure)
-    found: dict[str, tuple[Any, Any]] = {"failures": (advice["failures"], more_failures)}
+    found: dict[str, tuple[Any, Any]] = {"failures": (advice["failures"], None)}
     if unseen:
         gap = sum(u.successor - u.start for u in unseen)
         found["run_s"] = (advice["run_s"], seconds(round(advice["run_s"] * 1e9) + gap))
-    if advice["mtbf_source"] == "observed" and advice["mtbf_s"] is not None:
+    elif open_end:
+        found["run_s"] = (advice["run_s"], None)
+    if advice["mtbf_source"] == "observed" and advice["mtbf_s"] is not None and (unseen or unsure):
         upper = advice["mtbf_s"]
         if unseen:
             more = (advice["run_s"] + gap / 1e9) / (advice["failures"] + 1)
