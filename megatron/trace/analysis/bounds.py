@@ -186,8 +186,10 @@ class _Unseen(NamedTuple):
     (:func:`~megatron.trace.model.restarts.next_launch`: ``ruled_out``). Then the stretch
     holds the killed one's last work until its kill, and the restart after it; and where
     its metric points show its export period (:attr:`Sighting.export_period_ns`), the kill
-    came at most two periods after the newest of them (:func:`_killed_by`): from there
-    (``until``) to the next start it is all restart gap."""
+    came at most two periods after the newest of them (:func:`_killed_by`, ``dead_by``):
+    from there (``until``) to the next start it is all restart gap. Where they do not, the
+    incarnation's own restart gap (its kill to the next start the files show) still began
+    by ``dead_by``; the job's may not have, an unseen launch's life taking some of it."""
 
     inc: Incarnation  # the incarnation before the stretch
     start: int  # where its unattributed time begins
@@ -204,6 +206,9 @@ class _Unseen(NamedTuple):
     #: where what the stretch may hold besides the restart ends: the successor's start, or
     #: the latest the kill can have come (``ruled_out``, its metric points read)
     until: int = 0
+    #: the latest its end (a kill's moment) can have come: ``until`` whether the counters
+    #: rule out a launch after it or not
+    dead_by: int = 0
 
 
 def _killed_by(inc: Incarnation) -> int | None:
@@ -242,14 +247,17 @@ def _unseen(incs: list[Incarnation], accounting: dict[str, Any]) -> list[_Unseen
         if successor <= start:
             continue  # the next one began before this one's last record: no restart between
         seen = min(seen, successor)
-        until = successor
-        killed_by = _killed_by(inc) if ruled_out and inc.ended == "killed" else None
+        dead_by = successor
+        killed_by = _killed_by(inc) if inc.ended == "killed" else None
         if killed_by is not None:
-            until = max(seen, min(successor, killed_by))
+            dead_by = max(seen, min(successor, killed_by))
+        until = dead_by if ruled_out else successor
         hidden = _may_hold(inc, resumed[position][0], horizon, ruled_out)
         entry = accounting["per_incarnation"][position]
         redone = (0, 0) if ruled_out else _redone(inc, resumed[position][0], horizon, entry)
-        found.append(_Unseen(inc, start, seen, successor, doubt, hidden, redone, ruled_out, until))
+        found.append(
+            _Unseen(inc, start, seen, successor, doubt, hidden, redone, ruled_out, until, dead_by)
+        )
     return found
 
 
@@ -725,33 +733,39 @@ def restart_gap_bounds(
     Exact where nothing can hide after it: a cycle NVRx restarted in process, or an end its
     spans say (not a kill) followed by the launch the restart counters show came next.
     After a kill, at most the time from its newest record (a metric point shows it alive)
-    to the next start; at least 0, since the kill may have come just before that start,
-    unless the counters rule out a launch between and its metric points show their export
-    period: then the kill came at most two periods after the newest (:func:`_killed_by`),
-    and the gap is at least the rest. Where they do not rule one out, the stretch may hold a
-    restart killed before its first export: the figure is then only an upper bound."""
+    to the next start; at least the time from two export periods after its newest metric
+    point (:func:`_killed_by`), where its points show their period, else 0, since the kill
+    may have come just before that start. Where the counters do not rule one out, the
+    stretch may hold a restart killed before its first export, and the next start is then
+    the later of two restarts'."""
     bounds = {}
     for u in _unseen(incs, accounting):
         entry = entries[incs.index(u.inc)]
         clauses = []
         if u.inc.ended == "killed":
             clauses.append(Clause(_KILL_MOMENT, incarnation=u.inc.index))
-        if u.ruled_out:
-            text = (
-                "the launchers' restart counters rule out a restart between it and the next "
-                "incarnation (the same torchrun agent, of every rank, its count one more)"
-            )
-            period = u.inc.sighting.export_period_ns if u.inc.sighting is not None else None
-            if u.until < u.successor and period is not None:
-                text += (
-                    f"; its kill came at most two export periods (2 × {period / 1e9:g} s, the "
-                    "longest spacing of its newest metric points) after its last one"
+        period = u.inc.sighting.export_period_ns if u.inc.sighting is not None else None
+        if u.dead_by < u.successor and period is not None:
+            clauses.append(
+                Clause(
+                    f"its kill came at most two export periods (2 × {period / 1e9:g} s, the "
+                    "longest spacing of its newest metric points) after its last one",
+                    incarnation=u.inc.index,
                 )
-            clauses.append(Clause(text, incarnation=u.inc.index))
+            )
+        if u.ruled_out:
+            clauses.append(
+                Clause(
+                    "the launchers' restart counters rule out a restart between it and the "
+                    "next incarnation (the same torchrun agent, of every rank, its count one "
+                    "more)",
+                    incarnation=u.inc.index,
+                )
+            )
         else:
             clauses.append(_HIDDEN_RESTART)
         bounds[f"incarnations.{entry['index']}.restart_gap_s"] = {
-            "lower": seconds(u.successor - u.until),
+            "lower": seconds(u.successor - u.dead_by),
             "upper": seconds(u.successor - u.seen),
             "reason": Reason(tuple(clauses)),
         }
