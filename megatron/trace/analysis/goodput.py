@@ -57,6 +57,8 @@ def _incarnation_entry(
     resumed: Resumed,
 ) -> dict:
     startup = inc.startup
+    # a killed one lived at least until its newest metric point: the gap begins no earlier
+    alive_until = max(inc.end_ns, inc.sighting.seen_ns if inc.sighting is not None else 0)
     return {
         "rank": rank_value(inc.rank),
         "index": inc.index,
@@ -66,7 +68,7 @@ def _incarnation_entry(
         "cycle": inc.cycle,
         "restart_gap_s": None
         if following is None
-        else seconds(max(0, following.start_ns - inc.end_ns)),
+        else seconds(max(0, following.start_ns - alive_until)),
         "first_iteration": inc.first_iteration,
         "last_iteration": inc.last_iteration,
         "resumed_from": resumed_figure(resumed),
