@@ -206,8 +206,8 @@ class _Unseen(NamedTuple):
     #: where what the stretch may hold besides the restart ends: the successor's start, or
     #: the latest the kill can have come (``ruled_out``, its metric points read)
     until: int = 0
-    #: the latest its end (a kill's moment) can have come: ``until`` whether the counters
-    #: rule out a launch after it or not
+    #: the latest its kill can have come (:func:`_killed_by`; the successor's start where
+    #: its metric points do not say): ``until`` too where the counters rule out a launch
     dead_by: int = 0
 
 
