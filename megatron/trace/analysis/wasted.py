@@ -73,12 +73,16 @@ def _placed(inc: Incarnation, later: list[Incarnation], horizon: int | None) -> 
     iteration, and a kill within the export delay of a save loses that save's spans), and
     what a killed incarnation's metric points show past it would count iterations that
     survived. A killed one followed by incarnations none of which shows where it resumed
-    (killed before its load was exported) has only a guess too: its last save or start the
-    files show is the least its successor resumed from, and a save its kill kept from the
-    file, of iterations past them, may be where it did."""
+    (killed before its load was exported; Megatron-LM's ``default`` groups) has only a guess
+    too: its last save or start the files show is the least its successor resumed from, and
+    a save its kill kept from the file, of iterations past them, may be where it did. Where
+    a later one trained (an interval or a save) without showing where it resumed, the spans
+    record no resume point (Megatron-LM's ``default`` groups, whose save spans carry no
+    iteration either): there the kill is assumed to have kept no save from the file, as the
+    trace README says."""
     if resumed_at(later) is not None:
         return horizon
-    if inc.ended == "killed" and later:
+    if inc.ended == "killed" and later and not any(s.intervals or s.saves for s in later):
         return None
     if inc.durable_saves() or inc.first_iteration is not None:
         return horizon
