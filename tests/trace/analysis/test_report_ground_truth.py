@@ -575,6 +575,18 @@ def test_counters_proving_the_next_launch_make_startup_exact(
     assert (said in report["bounds"]["badput_s.restart_gap"]["reason"]) is ruled_out
 
 
+def _startup_holds_an_unseen_launch(simulated: gt.Simulated, paths: list[Path]) -> dict:
+    """The report, checked against the truth, whose startup is short of the truth by an
+    unseen launch's startup and a bound holding it; returns the report."""
+    report = _report(paths)
+    assert_within_truth(report, simulated)
+    truth = simulated.truth.job.accounting_ns["startup"]
+    assert report["accounting_ns"]["startup"] < truth  # the unseen launch's startup
+    startup = report["bounds"]["badput_s.startup"]
+    assert startup["lower"] * NS < truth <= startup["upper"] * NS
+    return report
+
+
 @pytest.mark.parametrize(
     ("unseen", "counts"),
     [
@@ -597,12 +609,8 @@ def test_a_launch_the_counters_do_not_rule_out_keeps_startup_a_bound(
     shown = [launch for launch, inc in zip(simulated.launches, simulated.truth.job.incarnations,
                                            strict=True) if inc.exported]  # fmt: skip
     assert [rank_counts[0] for _, _, rank_counts in shown] == counts
-    report = _report(paths)
-    assert_within_truth(report, simulated)
-    truth = simulated.truth.job.accounting_ns["startup"]
-    assert report["accounting_ns"]["startup"] < truth  # the unseen launch's startup
+    report = _startup_holds_an_unseen_launch(simulated, paths)
     startup = report["bounds"]["badput_s.startup"]
-    assert startup["lower"] * NS < truth <= startup["upper"] * NS
     assert "a restart killed before its first export leaves no record" in startup["reason"]
     assert "incarnations.0.restart_gap_s" in report["bounds"]
 
@@ -624,12 +632,7 @@ def test_a_count_one_more_after_a_restart_it_did_not_count_keeps_startup_a_bound
     simulated, paths = _written(history, tmp_path)
     assert [counts for _, _, counts in simulated.launches] == [(0, 0), (0, 1), (1, 1)]
     assert [inc.exported for inc in simulated.truth.job.incarnations] == [True, False, True]
-    report = _report(paths)
-    assert_within_truth(report, simulated)
-    truth = simulated.truth.job.accounting_ns["startup"]
-    assert report["accounting_ns"]["startup"] < truth  # the unseen launch's startup
-    startup = report["bounds"]["badput_s.startup"]
-    assert startup["lower"] * NS < truth <= startup["upper"] * NS
+    report = _startup_holds_an_unseen_launch(simulated, paths)
     # killed before it showed its first point: the stretch's lower bound 0
     assert report["bounds"]["incarnations.0.restart_gap_s"]["lower"] == 0.0
 
